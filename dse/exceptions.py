@@ -1,0 +1,60 @@
+"""The one exception hierarchy of dse.
+
+Expected trial failures (OOM, invalid configuration, hang, NaN loss) are *values*
+(:class:`dse.records.Outcome`), never exceptions. Exceptions are for bad input and bugs.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DSEError",
+    "SpaceError",
+    "UnknownKnobError",
+    "StorageError",
+    "StudyNotFoundError",
+    "DuplicatedStudyError",
+    "TrialNotFoundError",
+    "SchemaVersionError",
+    "TrialLaunchError",
+    "WorkloadError",
+]
+
+
+class DSEError(Exception):
+    """Root of every error dse raises on purpose."""
+
+
+class SpaceError(DSEError, ValueError):
+    """A space file is malformed or impossible. The message names the file and field."""
+
+
+class UnknownKnobError(SpaceError):
+    """A knob name that the catalog does not know."""
+
+
+class StorageError(DSEError):
+    """A database operation failed (translated from the driver's error)."""
+
+
+class StudyNotFoundError(StorageError, LookupError):
+    """No study of that name in the storage."""
+
+
+class DuplicatedStudyError(StorageError):
+    """A study of that name already exists with a different space."""
+
+
+class TrialNotFoundError(StorageError, LookupError):
+    """No trial with that id."""
+
+
+class SchemaVersionError(StorageError):
+    """The database was written by a newer dse than this one."""
+
+
+class TrialLaunchError(DSEError):
+    """The runner could not start a trial process at all (infrastructure, not the config)."""
+
+
+class WorkloadError(DSEError):
+    """A workload is misconfigured (missing table, unknown backend)."""

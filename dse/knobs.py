@@ -1,0 +1,360 @@
+"""The knob catalog: every execution knob dse can explore and the exact fields it sets.
+
+A knob's value is turned into *field assignments* on Megatron-Core's config objects
+(``TransformerConfig`` / ``ModelParallelConfig`` = section ``model``,
+``DistributedDataParallelConfig`` = ``ddp``, ``OptimizerConfig`` = ``optimizer``, the
+training loop = ``train``). The exporters turn those assignments into Megatron-LM arguments,
+Megatron-Bridge ``ConfigContainer`` overrides and NeMo 2.0 (nemo_run) overrides.
+Sources: reference knob catalog (megatron-core transformer_config.py, model_parallel_config.py,
+optimizer_config.py, distributed_data_parallel_config.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dse.exceptions import UnknownKnobError
+
+__all__ = [
+    "KNOBS",
+    "Knob",
+    "FieldAssignment",
+    "Section",
+    "get_knob",
+    "assignments",
+    "to_megatron_args",
+    "to_bridge_overrides",
+    "to_nemo_overrides",
+    "FEATURES",
+]
+
+Section = Literal["model", "ddp", "optimizer", "train"]
+
+#: Optional software features a knob value may need where the trial runs.
+FEATURES = ("transformer_engine", "apex", "deepep", "hybridep", "flash_attn")
+
+
+@dataclass(frozen=True)
+class FieldAssignment:
+    """One Megatron-Core config field set by a knob value."""
+
+    section: Section
+    field: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A catalog entry.
+
+    Attributes:
+        name: the knob's name in space files (the Megatron field name where it maps 1:1).
+        kind: ``int``, ``bool`` or ``choice``.
+        choices: the values the real stack accepts, for ``choice`` knobs.
+        default: Megatron-Core's default (used for the baseline when a space does not say).
+        fields: value -> field assignments.
+        requires: value -> features that value needs (e.g. ``transformer_engine``).
+        description: what the knob does.
+    """
+
+    name: str
+    kind: Literal["int", "bool", "choice"]
+    default: Any
+    description: str
+    fields: Callable[[Any], list[FieldAssignment]]
+    choices: tuple[Any, ...] = ()
+    requires: Callable[[Any], tuple[str, ...]] = field(default=lambda v: ())
+    min_value: int = 1
+
+    def check_value(self, value: Any) -> str | None:
+        """Return why ``value`` is not a value of this knob, or None when it is."""
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else f"expected true/false, got {value!r}"
+        if self.kind == "int":
+            if value is None and self.default is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"expected an integer, got {value!r}"
+            if value < self.min_value:
+                return f"expected an integer >= {self.min_value}, got {value}"
+            return None
+        if value not in self.choices:
+            return f"expected one of {list(self.choices)}, got {value!r}"
+        return None
+
+
+def _one(section: Section, name: str) -> Callable[[Any], list[FieldAssignment]]:
+    return lambda v: [FieldAssignment(section, name, v)]
+
+
+def _recompute_fields(v: Any) -> list[FieldAssignment]:
+    if v == "none":
+        return [FieldAssignment("model", "recompute_granularity", None)]
+    if v == "selective":
+        # Megatron's default selective modules: ["core_attn"].
+        return [
+            FieldAssignment("model", "recompute_granularity", "selective"),
+            FieldAssignment("model", "recompute_modules", ["core_attn"]),
+        ]
+    # full: uniform, one layer per checkpoint (Megatron-LM --recompute-num-layers 1)
+    return [
+        FieldAssignment("model", "recompute_granularity", "full"),
+        FieldAssignment("model", "recompute_method", "uniform"),
+        FieldAssignment("model", "recompute_num_layers", 1),
+    ]
+
+
+def _attention_fields(v: Any) -> list[FieldAssignment]:
+    if v == "unfused":
+        return [
+            FieldAssignment("model", "transformer_impl", "local"),
+            FieldAssignment("model", "attention_backend", "unfused"),
+        ]
+    if v == "sdpa":
+        # dse's built-in trainer swaps the local spec's core attention for
+        # torch.nn.functional.scaled_dot_product_attention. Megatron-LM/Bridge have no such
+        # value; their nearest equivalent is the TE flash backend (exporters say so).
+        return [
+            FieldAssignment("model", "transformer_impl", "local"),
+            FieldAssignment("model", "attention_backend", "flash"),
+        ]
+    if v == "te":
+        return [
+            FieldAssignment("model", "transformer_impl", "transformer_engine"),
+            FieldAssignment("model", "attention_backend", "auto"),
+        ]
+    return [
+        FieldAssignment("model", "transformer_impl", "transformer_engine"),
+        FieldAssignment("model", "attention_backend", v),
+    ]
+
+
+def _te_if(*values: Any) -> Callable[[Any], tuple[str, ...]]:
+    return lambda v: ("transformer_engine",) if v in values else ()
+
+
+def _knobs() -> dict[str, Knob]:
+    ks = [
+        Knob("tensor_model_parallel_size", "int", 1, "Tensor parallel size (TP).",
+             _one("model", "tensor_model_parallel_size")),
+        Knob("pipeline_model_parallel_size", "int", 1, "Pipeline parallel size (PP).",
+             _one("model", "pipeline_model_parallel_size")),
+        Knob("virtual_pipeline_model_parallel_size", "int", None,
+             "Virtual pipeline stages per PP rank (VPP, interleaved 1F1B); needs PP>1.",
+             _one("model", "virtual_pipeline_model_parallel_size")),
+        Knob("context_parallel_size", "int", 1, "Context parallel size (CP).",
+             _one("model", "context_parallel_size")),
+        Knob("expert_model_parallel_size", "int", 1, "Expert parallel size (EP), MoE only.",
+             _one("model", "expert_model_parallel_size")),
+        Knob("expert_tensor_parallel_size", "int", None,
+             "Tensor parallel size inside experts (ETP); Megatron default: TP.",
+             _one("model", "expert_tensor_parallel_size")),
+        Knob("sequence_parallel", "bool", False,
+             "Sequence parallelism over the TP group; needs TP>1 and a TE or apex norm.",
+             _one("model", "sequence_parallel"),
+             requires=lambda v: ("transformer_engine",) if v else ()),
+        Knob("micro_batch_size", "int", 1, "Micro-batch size (MBS).",
+             _one("train", "micro_batch_size")),
+        Knob("recompute", "choice", "none",
+             "Activation recompute: none; selective (recompute_granularity=selective, "
+             "recompute_modules=[core_attn]); full (granularity=full, method=uniform, "
+             "num_layers=1).",
+             _recompute_fields, choices=("none", "selective", "full")),
+        Knob("attention_backend", "choice", "unfused",
+             "Core attention: unfused (Megatron-Core local spec DotProductAttention), sdpa "
+             "(torch scaled_dot_product_attention in the local spec, dse trainer), te/flash/"
+             "fused (Transformer Engine DotProductAttention).",
+             _attention_fields, choices=("unfused", "sdpa", "te", "flash", "fused"),
+             requires=_te_if("te", "flash", "fused")),
+        Knob("bias_activation_fusion", "bool", False,
+             "Fuse bias + activation (gelu/silu/swiglu only).",
+             _one("model", "bias_activation_fusion")),
+        Knob("bias_dropout_fusion", "bool", False, "Fuse bias + dropout + add.",
+             _one("model", "bias_dropout_fusion")),
+        Knob("masked_softmax_fusion", "bool", False,
+             "Fused scaled masked softmax (local attention; needs the Megatron CUDA extension).",
+             _one("model", "masked_softmax_fusion"), requires=lambda v: ("apex",) if v else ()),
+        Knob("apply_rope_fusion", "bool", False, "Fused RoPE kernel (Transformer Engine >= 1.4).",
+             _one("model", "apply_rope_fusion"), requires=_te_if(True)),
+        Knob("cross_entropy_loss_fusion", "bool", False,
+             "Fused vocab-parallel cross entropy.", _one("model", "cross_entropy_loss_fusion")),
+        Knob("cross_entropy_fusion_impl", "choice", "native",
+             "Implementation of the fused cross entropy (te needs Transformer Engine).",
+             _one("model", "cross_entropy_fusion_impl"), choices=("native", "te"),
+             requires=_te_if("te")),
+        Knob("gradient_accumulation_fusion", "bool", False,
+             "Fuse weight-gradient accumulation into main_grad (needs apex or TE linears).",
+             _one("model", "gradient_accumulation_fusion"),
+             requires=lambda v: ("apex",) if v else ()),
+        Knob("moe_token_dispatcher_type", "choice", "allgather", "MoE token dispatcher.",
+             _one("model", "moe_token_dispatcher_type"),
+             choices=("allgather", "alltoall", "flex")),
+        Knob("moe_flex_dispatcher_backend", "choice", "deepep",
+             "Backend of the flex dispatcher.", _one("model", "moe_flex_dispatcher_backend"),
+             choices=("deepep", "hybridep"),
+             requires=lambda v: ("deepep",) if v == "deepep" else ("hybridep",)),
+        Knob("moe_grouped_gemm", "bool", False, "Grouped GEMM for the experts.",
+             _one("model", "moe_grouped_gemm")),
+        Knob("moe_permute_fusion", "bool", False, "Fused token permutation (TE >= 2.1).",
+             _one("model", "moe_permute_fusion"), requires=_te_if(True)),
+        Knob("moe_router_fusion", "bool", False, "Fused router top-k (TE >= 2.6).",
+             _one("model", "moe_router_fusion"), requires=_te_if(True)),
+        Knob("moe_shared_expert_overlap", "bool", False,
+             "Overlap shared-expert compute with dispatch (alltoall/flex only).",
+             _one("model", "moe_shared_expert_overlap")),
+        Knob("use_distributed_optimizer", "bool", False,
+             "Shard optimizer state over data-parallel ranks.",
+             lambda v: [FieldAssignment("ddp", "use_distributed_optimizer", v),
+                        FieldAssignment("optimizer", "use_distributed_optimizer", v)]),
+        Knob("overlap_grad_reduce", "bool", False, "Overlap gradient reduce with backward.",
+             _one("ddp", "overlap_grad_reduce")),
+        Knob("overlap_param_gather", "bool", False,
+             "Overlap parameter all-gather with forward (distributed optimizer only).",
+             _one("ddp", "overlap_param_gather")),
+        Knob("grad_reduce_in_fp32", "bool", False, "Reduce gradients in fp32.",
+             _one("ddp", "grad_reduce_in_fp32")),
+        Knob("use_precision_aware_optimizer", "bool", False,
+             "Precision-aware optimizer (TE FusedAdam with per-state dtypes).",
+             _one("optimizer", "use_precision_aware_optimizer"), requires=_te_if(True)),
+        Knob("main_grads_dtype", "choice", "fp32", "dtype of the main gradients.",
+             _one("optimizer", "main_grads_dtype"), choices=("fp32", "bf16")),
+        Knob("main_params_dtype", "choice", "fp32", "dtype of the master weights.",
+             _one("optimizer", "main_params_dtype"), choices=("fp32", "fp16")),
+        Knob("exp_avg_dtype", "choice", "fp32", "dtype of Adam's first moment.",
+             _one("optimizer", "exp_avg_dtype"), choices=("fp32", "fp16", "bf16", "fp8")),
+        Knob("exp_avg_sq_dtype", "choice", "fp32", "dtype of Adam's second moment.",
+             _one("optimizer", "exp_avg_sq_dtype"), choices=("fp32", "fp16", "bf16", "fp8")),
+        Knob("tp_comm_overlap", "bool", False,
+             "Overlap TP communication with GEMMs (TE userbuffers; needs SP).",
+             _one("model", "tp_comm_overlap"), requires=_te_if(True)),
+    ]
+    return {k.name: k for k in ks}
+
+
+#: name -> Knob, every knob dse knows.
+KNOBS: Mapping[str, Knob] = _knobs()
+
+
+def get_knob(name: str) -> Knob:
+    """The catalog entry of ``name``; raises :class:`UnknownKnobError` naming the known ones."""
+    try:
+        return KNOBS[name]
+    except KeyError:
+        import difflib
+
+        near = difflib.get_close_matches(name, KNOBS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise UnknownKnobError(f"unknown knob {name!r}{hint}; known knobs: {sorted(KNOBS)}")
+
+
+def assignments(params: Mapping[str, Any]) -> list[FieldAssignment]:
+    """All Megatron-Core field assignments a configuration makes, in knob order."""
+    out: list[FieldAssignment] = []
+    for name, value in params.items():
+        out.extend(get_knob(name).fields(value))
+    return out
+
+
+# --- exporters -------------------------------------------------------------------------
+
+_DTYPE_ARG = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+
+# Megatron-LM argument names that are not the kebab-case of the field.
+_MLM_ARG = {
+    "recompute_granularity": "--recompute-granularity",
+    "recompute_modules": "--recompute-modules",
+    "micro_batch_size": "--micro-batch-size",
+    "transformer_impl": "--transformer-impl",
+    "masked_softmax_fusion": "--no-masked-softmax-fusion",
+    "bias_activation_fusion": "--no-bias-swiglu-fusion",
+    "bias_dropout_fusion": "--no-bias-dropout-fusion",
+    "apply_rope_fusion": "--no-rope-fusion",
+    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
+    "virtual_pipeline_model_parallel_size": "--num-layers-per-virtual-pipeline-stage",
+}
+# Fusions that Megatron-LM turns ON by default and exposes only as --no-... flags.
+_MLM_DEFAULT_ON = {
+    "masked_softmax_fusion",
+    "bias_activation_fusion",
+    "bias_dropout_fusion",
+    "apply_rope_fusion",
+    "gradient_accumulation_fusion",
+}
+
+
+def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -> list[str]:
+    """Megatron-LM ``pretrain_gpt.py`` arguments for a configuration."""
+    args: list[str] = []
+    for a in assignments(params):
+        f, v = a.field, a.value
+        if f in _MLM_DEFAULT_ON:
+            if not v:
+                args.append(_MLM_ARG[f])
+            continue
+        if f == "virtual_pipeline_model_parallel_size":
+            if v is None:
+                continue
+            pp = int(params.get("pipeline_model_parallel_size", 1))
+            if num_layers is None:
+                raise ValueError("num_layers is needed to export a VPP size to Megatron-LM")
+            args += [_MLM_ARG[f], str(num_layers // (pp * int(v)))]
+            continue
+        if f == "recompute_granularity" and v is None:
+            continue
+        if f == "attention_backend" and params.get("attention_backend") == "unfused":
+            # local spec in Megatron-LM: --transformer-impl local selects the unfused path
+            args += ["--attention-backend", "unfused"]
+            continue
+        flag = _MLM_ARG.get(f, "--" + f.replace("_", "-"))
+        if isinstance(v, bool):
+            if v:
+                args.append(flag)
+        elif isinstance(v, list):
+            args += [flag, *map(str, v)]
+        elif v is None:
+            continue
+        else:
+            args += [flag, str(_DTYPE_ARG.get(v, v)) if isinstance(v, str) else str(v)]
+    return args
+
+
+_BRIDGE_SECTION = {"model": "model", "ddp": "ddp", "optimizer": "optimizer", "train": "train"}
+
+
+def to_bridge_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Megatron-Bridge ``ConfigContainer`` overrides (``run_recipe.py KEY=VALUE`` paths)."""
+    out: dict[str, Any] = {}
+    for a in assignments(params):
+        out[f"{_BRIDGE_SECTION[a.section]}.{a.field}"] = a.value
+    return out
+
+
+_NEMO_STRATEGY = {
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "sequence_parallel",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+}
+
+
+def to_nemo_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
+    """NeMo 2.0 (nemo_run recipe) override paths."""
+    out: dict[str, Any] = {}
+    for a in assignments(params):
+        if a.section == "model" and a.field in _NEMO_STRATEGY:
+            key = f"trainer.strategy.{a.field}"
+        elif a.section == "model":
+            key = f"model.config.{a.field}"
+        elif a.section == "ddp":
+            key = f"trainer.strategy.ddp.{a.field}"
+        elif a.section == "optimizer":
+            key = f"optim.config.{a.field}"
+        else:
+            key = f"data.{a.field}"
+        out[key] = a.value
+    return out

@@ -1,0 +1,557 @@
+"""Space files, version 1: YAML -> pydantic (``extra="forbid"``: a typo is an error).
+
+A space file names the recipe's model, the training semantics that must not change
+(data, sequence length, global batch size, steps, precision), the resources of a trial,
+the knobs to explore with their domains and conditions, extra constraints, the objective,
+the budget, the agent, the runner, the workload and the storage URL.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dse.exceptions import SpaceError
+from dse.knobs import KNOBS, get_knob
+
+__all__ = [
+    "ModelSpec",
+    "DataSpec",
+    "Semantics",
+    "Resources",
+    "ChoiceDomain",
+    "IntDomain",
+    "BoolDomain",
+    "KnobSpec",
+    "Objective",
+    "Budget",
+    "AgentSpec",
+    "RunnerSpec",
+    "WorkloadSpec",
+    "SearchSpace",
+    "load_space",
+    "parse_space",
+    "params_key",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """The architecture, in Megatron-Core ``TransformerConfig`` field names."""
+
+    num_layers: int = Field(ge=1, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, description="Hidden size h.")
+    num_attention_heads: int = Field(ge=1, description="Attention heads.")
+    num_query_groups: int | None = Field(
+        None, ge=1, description="KV groups for GQA; None means MHA (= num_attention_heads)."
+    )
+    ffn_hidden_size: int = Field(ge=1, description="MLP hidden size.")
+    vocab_size: int = Field(ge=1, description="Vocabulary size (padded by Megatron).")
+    seq_length: int | None = Field(
+        None, ge=1, description="Sequence length; must equal semantics.seq_length when given."
+    )
+    kv_channels: int | None = Field(None, ge=1, description="Head dim; default h/heads.")
+    activation: Literal["gelu", "swiglu", "silu", "relu", "squared_relu"] = Field(
+        "swiglu", description="MLP activation (swiglu = silu + gated_linear_unit)."
+    )
+    normalization: Literal["LayerNorm", "RMSNorm"] = Field(
+        "RMSNorm", description="Normalization layer."
+    )
+    position_embedding_type: Literal["rope", "learned_absolute", "none"] = Field(
+        "rope", description="Position embedding."
+    )
+    add_bias_linear: bool = Field(False, description="Bias in linear layers.")
+    untie_embeddings_and_output_weights: bool = Field(
+        True, description="Separate output layer weights (Llama style)."
+    )
+    num_moe_experts: int | None = Field(None, ge=1, description="Routed experts (MoE).")
+    moe_router_topk: int = Field(2, ge=1, description="Experts per token (MoE).")
+    moe_ffn_hidden_size: int | None = Field(None, ge=1, description="Expert FFN size (MoE).")
+    moe_shared_expert_intermediate_size: int | None = Field(
+        None, ge=1, description="Shared expert FFN size (MoE)."
+    )
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        return self.activation == "swiglu"
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @model_validator(mode="after")
+    def _moe_fields(self) -> ModelSpec:
+        if self.num_moe_experts is not None and self.moe_router_topk > self.num_moe_experts:
+            raise ValueError(
+                "moe_router_topk must not exceed num_moe_experts "
+                f"(moe_router_topk={self.moe_router_topk}, "
+                f"num_moe_experts={self.num_moe_experts})"
+            )
+        if self.num_query_groups is not None and (
+            self.num_attention_heads % self.num_query_groups
+        ):
+            raise ValueError(
+                "num_attention_heads must be a multiple of num_query_groups "
+                f"(num_attention_heads={self.num_attention_heads}, "
+                f"num_query_groups={self.num_query_groups})"
+            )
+        return self
+
+
+class DataSpec(_Strict):
+    """Training data: seeded synthetic tokens (the same for every configuration) or a file."""
+
+    kind: Literal["synthetic", "path"] = Field("synthetic", description="Data source.")
+    seed: int = Field(1234, description="Seed of the synthetic token stream.")
+    path: str | None = Field(
+        None, description="A .npy/.bin file of token ids (kind=path), read as int32/int64."
+    )
+
+    @model_validator(mode="after")
+    def _path_given(self) -> DataSpec:
+        if self.kind == "path" and not self.path:
+            raise ValueError("data.path is required when data.kind is 'path'")
+        return self
+
+
+class Semantics(_Strict):
+    """What the execution knobs must never change."""
+
+    global_batch_size: int = Field(ge=1, description="Global batch size in sequences.")
+    seq_length: int = Field(ge=1, description="Sequence length in tokens.")
+    steps: int = Field(6, ge=1, description="Training steps per trial.")
+    warmup_steps: int = Field(
+        2, ge=0, description="Steps excluded from the timing (allocation, first kernels)."
+    )
+    precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Parameter dtype.")
+    lr: float = Field(1.0e-4, gt=0, description="Adam learning rate (constant).")
+    seed: int = Field(1234, description="Model initialisation seed.")
+    data: DataSpec = Field(default_factory=lambda: DataSpec(), description="Training data.")
+
+    @model_validator(mode="after")
+    def _warmup(self) -> Semantics:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                "warmup_steps must be smaller than steps "
+                f"(warmup_steps={self.warmup_steps}, steps={self.steps})"
+            )
+        return self
+
+
+class Resources(_Strict):
+    """What one trial runs on."""
+
+    world_size: int = Field(1, ge=1, description="GPUs (or CPU ranks) per trial.")
+    gpus_per_node: int | None = Field(None, ge=1, description="GPUs per node (default: world).")
+    device: Literal["cuda", "cpu"] = Field("cuda", description="Where trials run.")
+    gpu: str | None = Field(None, description="GPU name, e.g. 'NVIDIA H200' (cost model).")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, description="Memory per GPU in GiB (cost-model pre-screen)."
+    )
+    features: list[str] | Literal["detect"] = Field(
+        "detect",
+        description="Optional software present where trials run (transformer_engine, apex, "
+        "deepep, hybridep, flash_attn), or 'detect' to probe the trial environment.",
+    )
+
+    @field_validator("features")
+    @classmethod
+    def _known_features(cls, v: Any) -> Any:
+        from dse.knobs import FEATURES
+
+        if isinstance(v, list):
+            bad = [f for f in v if f not in FEATURES]
+            if bad:
+                raise ValueError(f"unknown features {bad}; known: {list(FEATURES)}")
+        return v
+
+
+Scalar = int | bool | str | None
+
+
+class ChoiceDomain(_Strict):
+    type: Literal["choice"] = "choice"
+    values: list[Scalar] = Field(min_length=1, description="The values to explore.")
+
+    def iter_values(self) -> list[Any]:
+        return list(self.values)
+
+
+class IntDomain(_Strict):
+    type: Literal["int"] = "int"
+    low: int = Field(description="Smallest value.")
+    high: int = Field(description="Largest value.")
+    step: int = Field(1, ge=1, description="Step between values.")
+    log: bool = Field(False, description="Powers of two between low and high.")
+
+    @model_validator(mode="after")
+    def _order(self) -> IntDomain:
+        if self.low > self.high:
+            raise ValueError(f"low must be <= high ({self.low=}, {self.high=})")
+        if self.log and (self.low < 1 or self.low & (self.low - 1)):
+            raise ValueError(f"log domains start at a power of two >= 1 ({self.low=})")
+        return self
+
+    def iter_values(self) -> list[Any]:
+        if self.log:
+            out, v = [], self.low
+            while v <= self.high:
+                out.append(v)
+                v *= 2
+            return out
+        return list(range(self.low, self.high + 1, self.step))
+
+
+class BoolDomain(_Strict):
+    type: Literal["bool"] = "bool"
+
+    def iter_values(self) -> list[Any]:
+        return [False, True]
+
+
+Domain = Annotated[ChoiceDomain | IntDomain | BoolDomain, Field(discriminator="type")]
+
+
+class KnobSpec(_Strict):
+    """A knob to explore: its domain, an optional baseline value and a condition."""
+
+    domain: Domain = Field(description="The values to explore.")
+    baseline: Scalar = Field(
+        None, description="The recipe's own value (default: the catalog default)."
+    )
+    when: dict[str, Scalar | list[Scalar]] | None = Field(
+        None,
+        description="Applies only when each named knob has the value (or one of the values); "
+        "otherwise the knob is left at its baseline.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        # `{values: [...]}` / `{type: bool}` / `{type: int, low:, high:}` at the top level
+        if isinstance(data, Mapping) and "domain" not in data:
+            data = dict(data)
+            dom = {k: data.pop(k) for k in ("type", "values", "low", "high", "step", "log")
+                   if k in data}
+            if "type" not in dom:
+                dom["type"] = "choice"
+            data["domain"] = dom
+        return data
+
+    def values(self) -> list[Any]:
+        return self.domain.iter_values()
+
+
+class Objective(_Strict):
+    metric: Literal[
+        "tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"
+    ] = Field("tflops_per_gpu", description="Metric of the trial summary.")
+    direction: Literal["maximize", "minimize"] = Field("maximize", description="Direction.")
+
+
+class Budget(_Strict):
+    n_trials: int = Field(12, ge=1, description="Trials to run (baseline included).")
+    wall_clock_s: float | None = Field(None, gt=0, description="Stop launching after this.")
+    trial_timeout_s: float = Field(900, gt=0, description="Kill a trial after this long.")
+    hang_timeout_s: float = Field(
+        300, gt=0, description="Kill a trial that writes no step for this long."
+    )
+    repeats: bool = Field(False, description="Run a configuration again when proposed again.")
+
+
+class AgentSpec(_Strict):
+    name: Literal["tpe", "gp", "nsga2", "random", "grid"] = Field(
+        "tpe", description="Search agent."
+    )
+    seed: int | None = Field(None, description="Sampler seed.")
+    n_startup_trials: int = Field(4, ge=0, description="Random trials before the model.")
+    warm_start: list[dict[str, Scalar]] = Field(
+        default_factory=list, description="Configurations to try right after the baseline."
+    )
+    warm_start_study: str | None = Field(
+        None, description="Seed the agent with trials of an earlier study of the same model."
+    )
+
+
+class RunnerSpec(_Strict):
+    name: Literal["local", "ray", "slurm"] = Field("local", description="Where trials run.")
+    max_parallel: int | None = Field(
+        None, ge=1, description="Trials at once (default: free GPUs / world, 1 on CPU)."
+    )
+    gpus: list[int] | None = Field(None, description="GPU ids the local runner may use.")
+    workdir: str = Field("dse_runs", description="Folder for trial specs, metrics and logs.")
+    python: str | None = Field(None, description="Python interpreter for trial processes.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Runner-specific options (ray address, slurm ...)."
+    )
+
+
+class WorkloadSpec(_Strict):
+    name: Literal["megatron", "replay", "sim"] = Field("megatron", description="Trial kind.")
+    table: str | None = Field(None, description="Replay table (replay workload).")
+    delay_s: float = Field(0.0, ge=0, description="Replay: seconds a trial pretends to take.")
+
+    @model_validator(mode="after")
+    def _table(self) -> WorkloadSpec:
+        if self.name == "replay" and not self.table:
+            raise ValueError("workload.table is required for the replay workload")
+        return self
+
+
+class PrescreenSpec(_Strict):
+    enabled: bool = Field(True, description="Reject predicted-OOM configurations.")
+    margin: float = Field(
+        0.25, ge=0, description="Relative headroom before a prediction counts as OOM."
+    )
+
+
+class SearchSpace(_Strict):
+    """A whole space file."""
+
+    version: Literal[1] = Field(1, description="Space file format version.")
+    study: str = Field(min_length=1, max_length=128, description="Study name.")
+    recipe: str | None = Field(None, description="Recipe this space tunes (informational).")
+    model: ModelSpec = Field(description="Architecture (fixed).")
+    semantics: Semantics = Field(description="Training semantics (fixed).")
+    resources: Resources = Field(default_factory=lambda: Resources(), description="Per trial.")
+    knobs: dict[str, KnobSpec] = Field(min_length=1, description="Knobs to explore.")
+    fixed: dict[str, Scalar] = Field(
+        default_factory=dict, description="Knobs held at a value (not explored)."
+    )
+    constraints: list[str] = Field(
+        default_factory=list,
+        description="Extra constraints: Python-like boolean expressions over knob names, "
+        "world_size and dp (e.g. 'micro_batch_size * tensor_model_parallel_size <= 8').",
+    )
+    objectives: list[Objective] = Field(
+        default_factory=lambda: [Objective()], min_length=1, max_length=2,
+        description="One objective, or two for NSGA-II.",
+    )
+    budget: Budget = Field(default_factory=lambda: Budget(), description="Trial budget.")
+    agent: AgentSpec = Field(default_factory=lambda: AgentSpec(), description="Search agent.")
+    runner: RunnerSpec = Field(default_factory=lambda: RunnerSpec(), description="Runner.")
+    workload: WorkloadSpec = Field(default_factory=lambda: WorkloadSpec(), description="Trial.")
+    prescreen: PrescreenSpec = Field(
+        default_factory=lambda: PrescreenSpec(), description="Cost-model pre-screen."
+    )
+    storage: str = Field("sqlite:///dse.db", description="SQLAlchemy URL of the study database.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_alias(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "objective" in data:
+            data = dict(data)
+            if "objectives" in data:
+                raise ValueError("give either 'objective' or 'objectives', not both")
+            obj = data.pop("objective")
+            data["objectives"] = obj if isinstance(obj, list) else [obj]
+        return data
+
+    @model_validator(mode="after")
+    def _cross(self) -> SearchSpace:
+        if self.model.seq_length is not None and self.model.seq_length != self.semantics.seq_length:
+            raise ValueError(
+                "model.seq_length must equal semantics.seq_length "
+                f"(model.seq_length={self.model.seq_length}, "
+                f"semantics.seq_length={self.semantics.seq_length})"
+            )
+        for name, spec in {**self.knobs}.items():
+            knob = get_knob(name)
+            for v in spec.values():
+                why = knob.check_value(v)
+                if why:
+                    raise ValueError(f"knobs.{name}: {why}")
+            if spec.baseline is not None and spec.baseline not in spec.values():
+                raise ValueError(
+                    f"knobs.{name}.baseline {spec.baseline!r} is not in its domain "
+                    f"{spec.values()}"
+                )
+            for other, want in (spec.when or {}).items():
+                if other not in self.knobs and other not in self.fixed:
+                    raise ValueError(f"knobs.{name}.when names {other!r}, which is not a knob")
+        for name, v in self.fixed.items():
+            if name in self.knobs:
+                raise ValueError(f"fixed.{name} is also a knob; give it in one place only")
+            why = get_knob(name).check_value(v)
+            if why:
+                raise ValueError(f"fixed.{name}: {why}")
+        for i, expr in enumerate(self.constraints):
+            _check_expr(expr, f"constraints[{i}]", set(self.knobs) | set(self.fixed))
+        if self.workload.name == "megatron" and self.resources.device == "cpu":
+            if self.semantics.precision == "fp16":
+                raise ValueError("semantics.precision fp16 is not supported on CPU")
+        for ws in self.agent.warm_start:
+            for k, v in ws.items():
+                if k not in self.knobs:
+                    raise ValueError(f"agent.warm_start names {k!r}, which is not a knob")
+                if v not in self.knobs[k].values():
+                    raise ValueError(
+                        f"agent.warm_start value {k}={v!r} is not in its domain "
+                        f"{self.knobs[k].values()}"
+                    )
+        return self
+
+    # --- derived -----------------------------------------------------------------------
+    @property
+    def objective(self) -> Objective:
+        return self.objectives[0]
+
+    def baseline(self) -> dict[str, Any]:
+        """The recipe's own configuration: every knob at its baseline value."""
+        out: dict[str, Any] = {}
+        for name, spec in self.knobs.items():
+            if spec.baseline is not None:
+                out[name] = spec.baseline
+            else:
+                default = KNOBS[name].default
+                out[name] = default if default in spec.values() else spec.values()[0]
+        return self.apply_conditions(out)
+
+    def apply_conditions(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Inactive conditional knobs take their baseline value (so configs are canonical)."""
+        out = dict(params)
+        for name, spec in self.knobs.items():
+            if spec.when and not self.is_active(name, out):
+                out[name] = self._inactive_value(name)
+        return out
+
+    def _inactive_value(self, name: str) -> Any:
+        spec = self.knobs[name]
+        if spec.baseline is not None:
+            return spec.baseline
+        default = KNOBS[name].default
+        return default if default in spec.values() else spec.values()[0]
+
+    def is_active(self, name: str, params: Mapping[str, Any]) -> bool:
+        spec = self.knobs[name]
+        for other, want in (spec.when or {}).items():
+            have = params.get(other, self.fixed.get(other))
+            wants = want if isinstance(want, list) else [want]
+            if have not in wants:
+                return False
+        return True
+
+    def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Knob values plus the fixed ones: everything the trial sets."""
+        return {**self.fixed, **params}
+
+    def size(self) -> int:
+        return math.prod(len(s.values()) for s in self.knobs.values())
+
+    def iter_configs(self) -> Iterator[dict[str, Any]]:
+        """Every distinct canonical configuration of the space (conditions applied)."""
+        names = list(self.knobs)
+        seen: set[str] = set()
+        for combo in itertools.product(*(self.knobs[n].values() for n in names)):
+            p = self.apply_conditions(dict(zip(names, combo, strict=True)))
+            k = params_key(p)
+            if k not in seen:
+                seen.add(k)
+                yield p
+
+    def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
+        env = dict(self.full_params(params))
+        env["world_size"] = self.resources.world_size
+        tp = int(env.get("tensor_model_parallel_size", 1) or 1)
+        pp = int(env.get("pipeline_model_parallel_size", 1) or 1)
+        cp = int(env.get("context_parallel_size", 1) or 1)
+        env["dp"] = self.resources.world_size // max(1, tp * pp * cp)
+        return [(expr, bool(_eval_expr(expr, env))) for expr in self.constraints]
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    """A canonical string of a configuration (sorted keys), used to find duplicates."""
+    import json
+
+    return json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
+
+
+# --- constraint expressions (a tiny safe subset of Python) ---------------------------------
+
+_ALLOWED = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
+    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq,
+    ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load,
+    ast.Constant, ast.Tuple, ast.List, ast.IfExp,
+)
+
+
+def _check_expr(expr: str, where: str, names: set[str]) -> None:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"{where}: not an expression: {expr!r} ({e.msg})")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED):
+            raise ValueError(f"{where}: {type(node).__name__} is not allowed in {expr!r}")
+        if isinstance(node, ast.Name) and node.id not in names | {"world_size", "dp"}:
+            raise ValueError(
+                f"{where}: {node.id!r} in {expr!r} is not a knob (nor world_size, dp)"
+            )
+
+
+def _eval_expr(expr: str, env: Mapping[str, Any]) -> Any:
+    code = compile(ast.parse(expr, mode="eval"), "<constraint>", "eval")
+    return eval(code, {"__builtins__": {}}, dict(env))  # noqa: S307 - checked subset above
+
+
+# --- loading ---------------------------------------------------------------------------
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("choice", "int", "bool") and out.endswith("domain"):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
+    """Validate a mapping as a space; errors name ``source`` and the field path."""
+    if not isinstance(data, Mapping):
+        raise SpaceError(f"{source}: a space file must be a mapping, got {type(data).__name__}")
+    try:
+        return SearchSpace.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{source}: {_loc(err['loc'])}: {msg}")
+        raise SpaceError("\n".join(lines)) from None
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read and validate a space file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpaceError(f"{p}: cannot read the space file ({e.strerror})") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpaceError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from e
+    return parse_space(data, str(p))
