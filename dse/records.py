@@ -148,9 +148,7 @@ class TrialRecord:
     steps: tuple[StepMetrics, ...] = ()
 
 
-def summarize_steps(
-    steps: list[StepMetrics], warmup_steps: int
-) -> dict[str, Any]:
+def summarize_steps(steps: list[StepMetrics], warmup_steps: int) -> dict[str, Any]:
     """The summary of a run: medians over the measured (post-warm-up) steps."""
     measured = steps[warmup_steps:] or steps
     return {

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dse.exceptions import SpaceError
 from dse.knobs import KNOBS, get_knob
@@ -246,8 +253,11 @@ class KnobSpec(_Strict):
         # `{values: [...]}` / `{type: bool}` / `{type: int, low:, high:}` at the top level
         if isinstance(data, Mapping) and "domain" not in data:
             data = dict(data)
-            dom = {k: data.pop(k) for k in ("type", "values", "low", "high", "step", "log")
-                   if k in data}
+            dom = {
+                k: data.pop(k)
+                for k in ("type", "values", "low", "high", "step", "log")
+                if k in data
+            }
             if "type" not in dom:
                 dom["type"] = "choice"
             data["domain"] = dom
@@ -258,9 +268,9 @@ class KnobSpec(_Strict):
 
 
 class Objective(_Strict):
-    metric: Literal[
-        "tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"
-    ] = Field("tflops_per_gpu", description="Metric of the trial summary.")
+    metric: Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"] = (
+        Field("tflops_per_gpu", description="Metric of the trial summary.")
+    )
     direction: Literal["maximize", "minimize"] = Field("maximize", description="Direction.")
 
 
@@ -339,7 +349,9 @@ class SearchSpace(_Strict):
         "world_size and dp (e.g. 'micro_batch_size * tensor_model_parallel_size <= 8').",
     )
     objectives: list[Objective] = Field(
-        default_factory=lambda: [Objective()], min_length=1, max_length=2,
+        default_factory=lambda: [Objective()],
+        min_length=1,
+        max_length=2,
         description="One objective, or two for NSGA-II.",
     )
     budget: Budget = Field(default_factory=lambda: Budget(), description="Trial budget.")
@@ -364,7 +376,10 @@ class SearchSpace(_Strict):
 
     @model_validator(mode="after")
     def _cross(self) -> SearchSpace:
-        if self.model.seq_length is not None and self.model.seq_length != self.semantics.seq_length:
+        if (
+            self.model.seq_length is not None
+            and self.model.seq_length != self.semantics.seq_length
+        ):
             raise ValueError(
                 "model.seq_length must equal semantics.seq_length "
                 f"(model.seq_length={self.model.seq_length}, "
@@ -378,10 +393,9 @@ class SearchSpace(_Strict):
                     raise ValueError(f"knobs.{name}: {why}")
             if spec.baseline is not None and spec.baseline not in spec.values():
                 raise ValueError(
-                    f"knobs.{name}.baseline {spec.baseline!r} is not in its domain "
-                    f"{spec.values()}"
+                    f"knobs.{name}.baseline {spec.baseline!r} is not in its domain {spec.values()}"
                 )
-            for other, want in (spec.when or {}).items():
+            for other, _want in (spec.when or {}).items():
                 if other not in self.knobs and other not in self.fixed:
                     raise ValueError(f"knobs.{name}.when names {other!r}, which is not a knob")
         for name, v in self.fixed.items():
@@ -487,10 +501,36 @@ def params_key(params: Mapping[str, Any]) -> str:
 # --- constraint expressions (a tiny safe subset of Python) ---------------------------------
 
 _ALLOWED = (
-    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
-    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq,
-    ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load,
-    ast.Constant, ast.Tuple, ast.List, ast.IfExp,
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Pow,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Tuple,
+    ast.List,
+    ast.IfExp,
 )
 
 
@@ -514,6 +554,7 @@ def _eval_expr(expr: str, env: Mapping[str, Any]) -> Any:
 
 
 # --- loading ---------------------------------------------------------------------------
+
 
 def _loc(loc: tuple[Any, ...]) -> str:
     out = ""

@@ -1,0 +1,75 @@
+"""The agent interface: ask/tell keyed by trial id (like ``optuna.Study.ask/tell`` and Ray
+Tune's ``Searcher.suggest/on_trial_complete``).
+
+Agents know nothing of GPUs, SQL or HTTP. The study loop checks every proposal against the
+validity rules and the cost model; rejected proposals are told back as ``infeasible`` and
+never launched. Agent state is rebuilt after a restart by :meth:`BaseAgent.add_evaluated`
+from the trials in storage, so storage is the only memory a study needs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dse.space import SearchSpace
+
+__all__ = ["BaseAgent", "Proposal", "Feedback"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A configuration the agent wants measured; ``trial_id`` keys the later ``tell``."""
+
+    trial_id: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What happened to a proposal.
+
+    Attributes:
+        state: ``complete`` (measured, ``values`` set), ``infeasible`` (rules, predicted or
+            measured OOM: the agent should learn the boundary), ``failed`` (crash, hang:
+            tells nothing about the objective).
+        values: objective values in the order of ``space.objectives`` (complete only).
+        metrics: measured metrics (``peak_mem_gib`` also for OOM trials).
+        failure_class: ``invalid``, ``predicted_oom``, ``oom``, ``error``, ...
+    """
+
+    state: Literal["complete", "infeasible", "failed"]
+    values: tuple[float, ...] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    failure_class: str | None = None
+
+
+class BaseAgent(ABC):
+    """Base of every agent.
+
+    Call sequence: ``ask(n)`` returns up to ``n`` proposals, distinct from each other and
+    from every configuration already told or evaluated; each is answered exactly once with
+    ``tell(trial_id, feedback)``. ``add_evaluated(params, feedback)`` feeds history (warm
+    start, restore after restart) without a prior ``ask``. The first proposal of a fresh
+    agent is the space's baseline, then the space's ``agent.warm_start`` configurations.
+    An agent returns fewer than ``n`` proposals only when the space is exhausted.
+    """
+
+    name: str = "base"
+
+    def __init__(self, space: SearchSpace, seed: int | None = None) -> None:
+        self.space = space
+        self.seed = seed
+
+    @abstractmethod
+    def ask(self, n: int = 1) -> list[Proposal]:
+        """Up to ``n`` new proposals."""
+
+    @abstractmethod
+    def tell(self, trial_id: str, feedback: Feedback) -> None:
+        """The outcome of a proposal returned by :meth:`ask`."""
+
+    @abstractmethod
+    def add_evaluated(self, params: dict[str, Any], feedback: Feedback) -> None:
+        """A configuration evaluated elsewhere (storage, an earlier study)."""
