@@ -24,6 +24,7 @@ __all__ = [
     "Outcome",
     "StudyRecord",
     "TrialRecord",
+    "RejectionRecord",
     "read_metrics",
     "summarize_steps",
 ]
@@ -146,6 +147,21 @@ class TrialRecord:
     heartbeat_at: float | None = None
     gpu_seconds: float | None = None
     steps: tuple[StepMetrics, ...] = ()
+
+
+@dataclass(frozen=True)
+class RejectionRecord:
+    """A proposal rejected before launch (a validity rule or the cost-model pre-screen)."""
+
+    id: int
+    study_id: int
+    params: dict[str, Any]
+    params_key: str
+    kind: str  # "invalid" (a rule) | "predicted_oom" (the cost model)
+    rule: str
+    reason: str
+    values: dict[str, Any] = field(default_factory=dict)
+    created_at: float | None = None
 
 
 def summarize_steps(steps: list[StepMetrics], warmup_steps: int) -> dict[str, Any]:
