@@ -1,0 +1,479 @@
+"""The ``dse`` command line.
+
+Exit codes: 0 ok, 2 bad input (space file, arguments, unknown study), 1 anything else.
+Heavy imports (torch, megatron, ray, fastapi) happen only inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dse.exceptions import DSEError, SpaceError, StorageError, StudyNotFoundError
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_STORAGE = "sqlite:///dse.db"
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(f"dse: {text}\n")
+
+
+def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
+    if getattr(args, "storage", None):
+        return str(args.storage)
+    if os.environ.get("DSE_STORAGE"):
+        return os.environ["DSE_STORAGE"]
+    return space_url or DEFAULT_STORAGE
+
+
+# --- validate -----------------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    from dse.rules import check
+    from dse.space import load_space
+
+    space = load_space(args.space)
+    base = space.baseline()
+    feats = space.resources.features if isinstance(space.resources.features, list) else None
+    problems = check(space, base, feats)
+    if problems:
+        raise SpaceError(
+            f"{args.space}: the baseline configuration is invalid: "
+            + "; ".join(str(v) for v in problems)
+        )
+    n_total, n_valid, example = 0, 0, None
+    for cfg in space.iter_configs():
+        n_total += 1
+        if not check(space, cfg, feats):
+            n_valid += 1
+        if n_total >= 200_000:
+            break
+    if n_valid == 0:
+        raise SpaceError(f"{args.space}: no configuration of the space passes the rules")
+    _out(
+        f"{args.space}: ok: study {space.study!r}, {len(space.knobs)} knobs, "
+        f"{n_total} configurations, {n_valid} pass the rules; baseline {json.dumps(base)}"
+    )
+    del example
+    return 0
+
+
+# --- start / resume -----------------------------------------------------------------------
+def _apply_overrides(space: Any, args: argparse.Namespace) -> Any:
+    upd: dict[str, Any] = {}
+    if getattr(args, "study", None):
+        upd["study"] = args.study
+    if getattr(args, "n_trials", None):
+        upd["budget"] = space.budget.model_copy(update={"n_trials": args.n_trials})
+    if getattr(args, "agent", None):
+        upd["agent"] = space.agent.model_copy(update={"name": args.agent})
+    if getattr(args, "runner", None):
+        upd["runner"] = space.runner.model_copy(update={"name": args.runner})
+    if getattr(args, "workdir", None):
+        upd["runner"] = upd.get("runner", space.runner).model_copy(
+            update={"workdir": args.workdir}
+        )
+    if getattr(args, "max_parallel", None):
+        upd["runner"] = upd.get("runner", space.runner).model_copy(
+            update={"max_parallel": args.max_parallel}
+        )
+    if not upd:
+        return space
+    from dse.space import parse_space
+
+    data = space.model_dump()
+    for k, v in upd.items():
+        data[k] = v.model_dump() if hasattr(v, "model_dump") else v
+    return parse_space(data, str(args.space))
+
+
+def _make_runner(space: Any) -> Any:
+    name = space.runner.name
+    if name == "local":
+        from dse.workloads.runners import LocalRunner
+
+        return LocalRunner(
+            device=space.resources.device,
+            world_size=space.resources.world_size,
+            gpus=space.runner.gpus,
+            max_parallel=space.runner.max_parallel,
+        )
+    try:
+        import importlib
+
+        mod = importlib.import_module(f"dse.workloads.runners.{name}_runner")
+    except ImportError as e:
+        raise SpaceError(f"runner {name!r} is not available here: {e}") from e
+    return mod.make_runner(space)
+
+
+def _make_cost_model(space: Any) -> Any:
+    try:
+        from dse.costmodel import CostModel
+    except ImportError:
+        return None
+    return CostModel(space.model, space.semantics, space.resources)
+
+
+def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
+    from dse.agents import create_agent
+    from dse.storage import open_storage
+    from dse.study import StudyRunner, detect_trial_features
+
+    url = _storage_url(args, space.storage)
+    storage = open_storage(url)
+    try:
+        runner = _make_runner(space)
+        features = detect_trial_features(space, space.runner.python)
+        agent = create_agent(space)
+        study = StudyRunner(
+            space,
+            storage=storage,
+            runner=runner,
+            agent=agent,
+            space_yaml=space_yaml,
+            features=features,
+            cost_model=_make_cost_model(space),
+        )
+        result = study.run()
+    finally:
+        storage.close()
+    return 130 if result.stopped else 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from dse.space import load_space
+
+    space = _apply_overrides(load_space(args.space), args)
+    return _run_study(space, Path(args.space).read_text(), args)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    import yaml
+
+    from dse.space import parse_space
+    from dse.storage import open_storage
+
+    url = _storage_url(args)
+    storage = open_storage(url)
+    try:
+        rec = _pick_study(storage, args.study)
+    finally:
+        storage.close()
+    space = parse_space(yaml.safe_load(rec.space_yaml), f"study {rec.name!r} (stored space)")
+    if space.study != rec.name:
+        data = space.model_dump()
+        data["study"] = rec.name
+        space = parse_space(data, f"study {rec.name!r}")
+    args.space = f"<stored space of {rec.name}>"
+    space = _apply_overrides(space, argparse.Namespace(**{**vars(args), "study": None}))
+    return _run_study(space, rec.space_yaml, args)
+
+
+# --- status / best ------------------------------------------------------------------------
+def _pick_study(storage: Any, name: str | None) -> Any:
+    if name:
+        return storage.get_study(name)
+    studies = storage.list_studies()
+    if not studies:
+        raise StudyNotFoundError(f"no study in {storage.url}")
+    if len(studies) > 1:
+        names = ", ".join(s.name for s in studies)
+        raise StudyNotFoundError(f"several studies in {storage.url} ({names}): give --study")
+    return studies[0]
+
+
+def _trial_json(t: Any) -> dict[str, Any]:
+    return {
+        "number": t.number,
+        "state": t.state,
+        "params": t.params,
+        "value": t.value,
+        "metrics": {k: v for k, v in t.metrics.items() if k != "losses"},
+        "failure_class": t.failure_class,
+        "reason": t.reason,
+        "source": t.source,
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from dse.storage import open_storage
+
+    storage = open_storage(_storage_url(args))
+    try:
+        studies = [storage.get_study(args.study)] if args.study else storage.list_studies()
+        if not studies:
+            raise StudyNotFoundError(f"no study in {storage.url}")
+        out = []
+        for st in studies:
+            trials = storage.list_trials(st.id)
+            best = storage.best_trial(st.id, st.direction)
+            out.append(
+                {
+                    "study": st.name,
+                    "state": st.state,
+                    "metric": st.metric,
+                    "direction": st.direction,
+                    "counts": storage.count_trials(st.id),
+                    "rejections": storage.count_rejections(st.id),
+                    "best": None if best is None else _trial_json(best),
+                    "trials": [_trial_json(t) for t in trials],
+                }
+            )
+    finally:
+        storage.close()
+    if args.format == "json":
+        _out(json.dumps(out[0] if args.study or len(out) == 1 else out, indent=2))
+        return 0
+    for s in out:
+        c = s["counts"]
+        b = s["best"]
+        _out(
+            f"study {s['study']} [{s['state']}]: {c.get('total', 0)} trials "
+            f"({c.get('complete', 0)} complete, {c.get('running', 0)} running, "
+            f"{c.get('failed', 0)} failed, {c.get('infeasible', 0)} infeasible, "
+            f"{c.get('queued', 0)} queued), {sum(s['rejections'].values())} rejected before "
+            "launch"
+        )
+        if b:
+            _out(f"  best: trial {b['number']} {s['metric']}={b['value']:.2f} {b['params']}")
+        for t in s["trials"]:
+            v = f"{t['value']:.2f}" if t["value"] is not None else (t["failure_class"] or "")
+            _out(f"  {t['number']:>4} {t['state']:<10} {v:<12} {json.dumps(t['params'])}")
+    return 0
+
+
+def best_payload(storage: Any, study: Any) -> dict[str, Any]:
+    """The best feasible trial of a study as the ``dse best`` / REST payload."""
+    from dse.space import parse_space
+
+    import yaml
+
+    best = storage.best_trial(study.id, study.direction)
+    if best is None:
+        raise StudyNotFoundError(f"study {study.name!r} has no complete trial yet")
+    space = parse_space(yaml.safe_load(study.space_yaml), f"study {study.name!r}")
+    full = space.full_params(best.params)
+    m = best.metrics
+    return {
+        "study": study.name,
+        "trial": best.number,
+        "objective": {"metric": study.metric, "direction": study.direction, "value": best.value},
+        "params": full,
+        "metrics": {
+            "tflops_per_gpu": m.get("tflops_per_gpu"),
+            "peak_mem_gib": m.get("peak_mem_gib"),
+            "peak_reserved_gib": m.get("peak_reserved_gib"),
+            "step_time_s": m.get("step_time_s"),
+            "loss": m.get("loss"),
+        },
+        "source": best.source,
+        "model": study.model,
+        "hardware": study.hardware,
+    }
+
+
+def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None) -> str:
+    from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
+
+    params = payload["params"]
+    if fmt == "json":
+        return json.dumps(payload, indent=2)
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(payload, sort_keys=False)
+    if fmt == "megatron":
+        return " ".join(to_megatron_args(params, num_layers=num_layers))
+    if fmt == "bridge":
+        return " ".join(f"{k}={_ov(v)}" for k, v in to_bridge_overrides(params).items())
+    if fmt == "nemo":
+        return " ".join(f"{k}={_ov(v)}" for k, v in to_nemo_overrides(params).items())
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def _ov(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ",".join(map(str, v)) + "]"
+    return str(v)
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from dse.storage import open_storage
+
+    storage = open_storage(_storage_url(args))
+    try:
+        st = _pick_study(storage, args.study)
+        payload = best_payload(storage, st)
+    finally:
+        storage.close()
+    _out(render_best(payload, args.format, st.model.get("num_layers")))
+    return 0
+
+
+# --- export / import / serve ---------------------------------------------------------------
+def cmd_export(args: argparse.Namespace) -> int:
+    from dse.storage import open_storage
+
+    storage = open_storage(_storage_url(args))
+    try:
+        st = _pick_study(storage, args.study)
+        data = storage.export_study(st.name)
+    finally:
+        storage.close()
+    text = json.dumps(data, indent=1, sort_keys=True)
+    if args.output in (None, "-"):
+        _out(text)
+    else:
+        Path(args.output).write_text(text)
+        _err(f"exported study {st.name!r} ({len(data.get('trials', []))} trials) to {args.output}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from dse.storage import open_storage
+
+    try:
+        data = json.loads(Path(args.file).read_text())
+    except (OSError, ValueError) as e:
+        raise SpaceError(f"{args.file}: cannot read a study export: {e}") from e
+    storage = open_storage(_storage_url(args))
+    try:
+        rec = storage.import_study(data, name=args.study)
+    finally:
+        storage.close()
+    _err(f"imported study {rec.name!r}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from dse.api import create_app
+    except ImportError as e:
+        raise DSEError(f"the API needs the 'api' extra (pip install 'dse[api]'): {e}") from e
+    app = create_app(storage_url=_storage_url(args))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+# --- parser ---------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dse", description="Design-space exploration for Megatron-Core training recipes."
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def storage_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--storage",
+            help=f"SQLAlchemy URL (default: $DSE_STORAGE, the space's storage, {DEFAULT_STORAGE})",
+        )
+
+    sp = sub.add_parser("validate", help="check a space file without running anything")
+    sp.add_argument("space")
+    sp.set_defaults(fn=cmd_validate)
+
+    def run_args(sp: argparse.ArgumentParser) -> None:
+        storage_arg(sp)
+        sp.add_argument("--n-trials", type=int, help="trial budget (baseline included)")
+        sp.add_argument("--agent", choices=["tpe", "gp", "nsga2", "random", "grid"])
+        sp.add_argument("--runner", choices=["local", "ray", "slurm"])
+        sp.add_argument("--max-parallel", type=int, help="trials at once")
+        sp.add_argument("--workdir", help="folder for trial specs, metrics and logs")
+
+    sp = sub.add_parser("start", help="run a study end to end")
+    sp.add_argument("--space", required=True)
+    sp.add_argument("--study", help="study name (default: the space's)")
+    run_args(sp)
+    sp.set_defaults(fn=cmd_start)
+
+    sp = sub.add_parser("resume", help="continue a study whose controller stopped or died")
+    sp.add_argument("--study")
+    run_args(sp)
+    sp.set_defaults(fn=cmd_resume)
+
+    sp = sub.add_parser("status", help="trials so far and the best so far")
+    sp.add_argument("--study")
+    sp.add_argument("--format", choices=["text", "json"], default="text")
+    storage_arg(sp)
+    sp.set_defaults(fn=cmd_status)
+
+    sp = sub.add_parser("best", help="the best configuration and its metrics")
+    sp.add_argument("--study")
+    sp.add_argument(
+        "--format", choices=["json", "yaml", "megatron", "bridge", "nemo"], default="json"
+    )
+    storage_arg(sp)
+    sp.set_defaults(fn=cmd_best)
+
+    sp = sub.add_parser("export", help="a whole study as one JSON file")
+    sp.add_argument("--study")
+    sp.add_argument("-o", "--output", help="file (default: stdout)")
+    storage_arg(sp)
+    sp.set_defaults(fn=cmd_export)
+
+    sp = sub.add_parser("import", help="load a study exported with dse export")
+    sp.add_argument("file")
+    sp.add_argument("--study", help="new name for the imported study")
+    storage_arg(sp)
+    sp.set_defaults(fn=cmd_import)
+
+    sp = sub.add_parser("serve", help="REST API and dashboard")
+    storage_arg(sp)
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.set_defaults(fn=cmd_serve)
+
+    for mod in ("dse.costmodel.cli", "dse.bench"):
+        try:
+            import importlib
+
+            importlib.import_module(mod).register(sub)
+        except ImportError:
+            pass
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.fn(args) or 0)
+    except (SpaceError, StudyNotFoundError) as e:
+        _err(str(e))
+        return 2
+    except StorageError as e:
+        _err(f"storage: {e}")
+        return 1
+    except DSEError as e:
+        _err(str(e))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,481 @@
+"""The study loop: agent.ask -> rules + cost-model screen -> runner.submit -> storage -> tell.
+
+The database is the study's only memory: a killed controller resumes from it (trials that were
+running are reconciled from their metrics files or re-queued), and several controllers can
+work on one study because trial numbers and budget are claimed atomically in storage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dse.records import Outcome, TrialRecord, TrialSpec, read_metrics
+from dse.space import SearchSpace, params_key
+
+if TYPE_CHECKING:
+    from dse.agents import BaseAgent
+    from dse.storage import Storage
+    from dse.workloads.runners import BaseRunner
+
+__all__ = ["StudyRunner", "StudyResult", "objective_value", "detect_trial_features"]
+
+log = logging.getLogger("dse.study")
+
+HEARTBEAT_S = 5.0
+
+
+def objective_value(space: SearchSpace, outcome: Outcome) -> float | None:
+    """The primary objective of an ``ok`` outcome (None otherwise)."""
+    if not outcome.ok:
+        return None
+    v = outcome.metrics.get(space.objective.metric)
+    return None if v is None else float(v)
+
+
+def detect_trial_features(space: SearchSpace, python: str | None = None) -> set[str] | None:
+    """Optional software present where trials run (declared, or probed with the trial's
+    interpreter, never in the controller's own process)."""
+    feats = space.resources.features
+    if isinstance(feats, list):
+        return set(feats)
+    if space.workload.name != "megatron":
+        return set()
+    import subprocess
+
+    code = (
+        "import json; from dse.workloads.megatron.features import detect_features; "
+        "print(json.dumps(detect_features()))"
+    )
+    try:
+        out = subprocess.run(
+            [python or sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+        return set(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        log.warning("could not probe the trial environment's features; rules will not use them")
+        return None
+
+
+@dataclass
+class StudyResult:
+    study: str
+    counts: dict[str, int]
+    best: TrialRecord | None
+    rejections: int
+    stopped: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+class _Progress:
+    """One line per event on stderr: trials done, running, failed, the best so far."""
+
+    def __init__(self, stream: Any = None, quiet: bool = False) -> None:
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+
+    def __call__(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=self.stream, flush=True)
+
+
+class StudyRunner:
+    """Runs one study to its budget."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        *,
+        storage: Storage,
+        runner: BaseRunner,
+        agent: BaseAgent,
+        space_yaml: str,
+        features: set[str] | None,
+        progress: Callable[[str], None] | None = None,
+        cost_model: Any = None,
+    ) -> None:
+        self.space = space
+        self.storage = storage
+        self.runner = runner
+        self.agent = agent
+        self.space_yaml = space_yaml
+        self.features = features
+        self.progress = progress or _Progress()
+        self.cost_model = cost_model
+        self.owner = f"{runner.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.workdir = Path(space.runner.workdir) / space.study
+        self._trial_ids: dict[int, tuple[str, dict[str, Any], TrialRecord]] = {}
+        self._started_wall = time.time()
+
+    # --- setup ---------------------------------------------------------------------------
+    def _open_study(self) -> int:
+        s = self.space
+        rec, created = self.storage.get_or_create_study(
+            name=s.study,
+            space_yaml=self.space_yaml,
+            space_hash=s.digest(),
+            direction=s.objective.direction,
+            metric=s.objective.metric,
+            model=s.model.model_dump(),
+            hardware={
+                "gpu": s.resources.gpu,
+                "gpu_memory_gib": s.resources.gpu_memory_gib,
+                "world_size": s.resources.world_size,
+                "device": s.resources.device,
+            },
+        )
+        self.progress(
+            f"study {s.study!r}: {'created' if created else 'resumed'} in {self.storage.url}"
+        )
+        self.storage.set_study_state(s.study, "running")
+        return rec.id
+
+    def reconcile(self, study_id: int) -> int:
+        """Trials left running/queued by a dead controller: take their finished results from
+        their metrics files, kill leftovers and re-queue the rest. Returns how many."""
+        n = 0
+        for t in self.storage.list_trials(study_id, state="running"):
+            if not self._owner_dead(t):
+                continue
+            out = read_metrics(t.metrics_path) if t.metrics_path else None
+            if out is not None:
+                self.storage.finish_trial(t.id, out, value=objective_value(self.space, out))
+                self.progress(f"reconciled trial {t.number}: finished while unattended")
+            else:
+                if t.metrics_path:
+                    _kill_leftover(Path(t.metrics_path).parent)
+                self.storage.requeue_trial(t.id, reason="interrupted: controller died")
+                self.progress(f"reconciled trial {t.number}: interrupted, re-queued")
+            n += 1
+        return n
+
+    def _owner_dead(self, t: TrialRecord) -> bool:
+        """Whether the controller that ran ``t`` is gone (same host: its pid; else heartbeat)."""
+        owner = t.runner or ""
+        parts = owner.split(":")
+        if len(parts) >= 3 and parts[0] == self.runner.host:
+            try:
+                os.kill(int(parts[1]), 0)
+            except (ProcessLookupError, ValueError):
+                return True
+            except PermissionError:
+                return False
+            return int(parts[1]) == os.getpid() and parts[2] != self.owner.split(":")[2]
+        hb = t.heartbeat_at or t.started_at or 0
+        return time.time() - hb > 6 * HEARTBEAT_S
+
+    def _restore_agent(self, study_id: int) -> None:
+        from dse.proposer import feedback_from_outcome
+
+        n = 0
+        for t in self.storage.list_trials(study_id):
+            if t.state in ("complete", "infeasible", "failed"):
+                out = _outcome_of_record(t)
+                self.agent.add_evaluated(t.params, feedback_from_outcome(self.space, out))
+                n += 1
+        for r in self.storage.list_rejections(study_id):
+            out = Outcome.failure(r.kind, r.reason, source="rules")
+            self.agent.add_evaluated(r.params, feedback_from_outcome(self.space, out))
+        if n:
+            self.progress(f"agent restored from storage: {n} finished trials")
+        if self.cost_model is not None:
+            attrs = self.storage.get_study_attrs(study_id)
+            for t in self.storage.list_trials(study_id):
+                self._observe_cost(t.params, _outcome_of_record(t))
+            if "costmodel" in attrs:
+                log.debug("stored calibration: %s", attrs["costmodel"])
+
+    # --- main loop -------------------------------------------------------------------------
+    def run(self) -> StudyResult:
+        from dse.proposer import Proposer
+
+        s = self.space
+        study_id = self._open_study()
+        self.reconcile(study_id)
+        self._restore_agent(study_id)
+        proposer = Proposer(s, self.agent, self.features, prescreen=self._prescreen())
+        budget = s.budget.n_trials
+        last_hb = 0.0
+        exhausted = False
+        stopped = False
+        try:
+            while True:
+                for fin in self.runner.poll():
+                    self._on_finished(study_id, fin.trial_id, fin.outcome, fin.wall_s, fin.devices)
+                counts = self.storage.count_trials(study_id)
+                out_of_time = (
+                    s.budget.wall_clock_s is not None
+                    and time.time() - self._started_wall > s.budget.wall_clock_s
+                )
+                free = self.runner.free_slots()
+                if free > 0 and not out_of_time:
+                    launched = self._launch_queued(study_id, free)
+                    free -= launched
+                    if free > 0 and not exhausted and counts["total"] < budget:
+                        exhausted = self._launch_new(study_id, proposer, free, budget)
+                if not self.runner.running():
+                    counts = self.storage.count_trials(study_id)
+                    if (
+                        counts.get("queued", 0) == 0
+                        and (counts["total"] >= budget or exhausted or out_of_time)
+                        and counts.get("running", 0) == 0
+                    ):
+                        break
+                    if counts.get("queued", 0) == 0 and counts.get("running", 0) > 0:
+                        # another controller's trials: wait for them (or their staleness)
+                        self.reconcile(study_id)
+                now = time.monotonic()
+                if now - last_hb > HEARTBEAT_S and self.runner.running():
+                    self.storage.heartbeat(self.runner.running())
+                    last_hb = now
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            stopped = True
+            ids = self.runner.stop()
+            for tid in ids:
+                self.storage.requeue_trial(tid, reason="interrupted: stopped by the user")
+            self.progress(f"stopped; {len(ids)} running trial(s) killed and re-queued")
+        finally:
+            if self.runner.running():
+                for tid in self.runner.stop():
+                    self.storage.requeue_trial(tid, reason="interrupted: controller error")
+        counts = self.storage.count_trials(study_id)
+        state = "stopped" if stopped else "complete"
+        self.storage.set_study_state(s.study, state)
+        best = self.storage.best_trial(study_id, s.objective.direction)
+        rej = sum(self.storage.count_rejections(study_id).values())
+        self.progress(self._status_line(counts, best, rej, prefix="done:"))
+        return StudyResult(s.study, counts, best, rej, stopped=stopped)
+
+    def _prescreen(self) -> Callable[[dict[str, Any]], tuple[str, str, dict] | None] | None:
+        cm = self.cost_model
+        if cm is None or not self.space.prescreen.enabled:
+            return None
+        if self.space.resources.gpu_memory_gib is None:
+            return None
+        cap = self.space.resources.gpu_memory_gib
+
+        def screen(params: dict[str, Any]) -> tuple[str, str, dict] | None:
+            margin = cm.margin(self.space.prescreen.margin)
+            ok, pred = cm.fits(self.space.full_params(params), margin)
+            if ok:
+                return None
+            return (
+                "predicted_oom",
+                f"predicted peak {pred:.1f} GiB > {cap:.1f} GiB x (1 + margin {margin:.2f}) "
+                "(cost-model estimate)",
+                {"predicted_peak_mem_gib": round(pred, 3), "margin": round(margin, 4)},
+            )
+
+        return screen
+
+    def _launch_queued(self, study_id: int, free: int) -> int:
+        n = 0
+        for t in self.storage.list_trials(study_id, state="queued", limit=free):
+            self._submit(t)
+            n += 1
+        return n
+
+    def _launch_new(self, study_id: int, proposer: Any, free: int, budget: int) -> bool:
+        """Ask for up to ``free`` proposals and launch them; True when the space is spent."""
+        from dse.proposer import feedback_from_outcome
+
+        def lookup(key: str) -> Outcome | None:
+            if self.space.budget.repeats:
+                return None
+            t = self.storage.find_trial(study_id, key)
+            return None if t is None else _outcome_of_record(t)
+
+        result = proposer.propose(free, lookup=lookup)
+        for rej in result.rejections:
+            self.storage.add_rejection(
+                study_id=study_id,
+                params=rej.params,
+                params_key=rej.params_key,
+                kind=rej.kind,
+                rule=rej.rule,
+                reason=rej.reason,
+                values=rej.values,
+            )
+            self.progress(f"rejected before launch ({rej.kind}): {rej.rule}: {rej.reason}")
+        if not result.proposals:
+            return True
+        for prop in result.proposals:
+            t = self.storage.claim_trial(
+                study_id=study_id,
+                params=prop.params,
+                params_key=params_key(prop.params),
+                budget=budget,
+                allow_repeat=self.space.budget.repeats,
+                runner=self.owner,
+            )
+            if t is None:
+                # budget spent by now (another controller) or claimed by another writer
+                proposer.agent.tell(
+                    prop.trial_id,
+                    feedback_from_outcome(
+                        self.space, Outcome.failure("error", "claimed elsewhere")
+                    ),
+                )
+                continue
+            self._trial_ids[t.id] = (prop.trial_id, prop.params, t)
+            self._submit(t)
+        return False
+
+    def _submit(self, t: TrialRecord) -> None:
+        from dse.workloads import trial_command
+        from dse.workloads.runners import Launch
+
+        s = self.space
+        tdir = (self.workdir / f"trial-{t.number:05d}").resolve()
+        tdir.mkdir(parents=True, exist_ok=True)
+        metrics = tdir / "metrics.jsonl"
+        if metrics.exists():  # a re-queued trial starts clean
+            metrics.rename(tdir / f"metrics.{int(time.time())}.jsonl.old")
+        spec = TrialSpec(
+            study=s.study,
+            trial_number=t.number,
+            params=s.full_params(t.params),
+            model=s.model.model_dump(),
+            semantics=s.semantics.model_dump(),
+            world_size=s.resources.world_size,
+            device=s.resources.device,
+            metrics_path=str(metrics),
+            workload=s.workload.model_dump(),
+            features=None if self.features is None else sorted(self.features),
+        )
+        spec_path = tdir / "trial.json"
+        spec_path.write_text(spec.model_dump_json(indent=2))
+        argv = trial_command(
+            s.workload.name, str(spec_path), world_size=s.resources.world_size,
+            python=s.runner.python,
+        )  # fmt: skip
+        launch = Launch(
+            trial_id=t.id,
+            number=t.number,
+            argv=argv,
+            trial_dir=tdir,
+            metrics_path=metrics,
+            log_path=tdir / "log.txt",
+            world_size=s.resources.world_size,
+            device=s.resources.device,
+            timeout_s=s.budget.trial_timeout_s,
+            hang_timeout_s=s.budget.hang_timeout_s,
+        )
+        self.runner.submit(launch)
+        self.storage.start_trial(
+            t.id,
+            runner=self.owner,
+            host=self.runner.host,
+            log_path=str(launch.log_path),
+            metrics_path=str(metrics),
+        )
+        self.progress(f"trial {t.number} started: {_short(t.params)}")
+
+    def _on_finished(
+        self, study_id: int, trial_id: int, outcome: Outcome, wall_s: float, devices: int
+    ) -> None:
+        from dse.proposer import feedback_from_outcome
+
+        s = self.space
+        if outcome.failure_class == "oom" and s.resources.gpu_memory_gib:
+            outcome = Outcome(
+                outcome.status,
+                {**outcome.metrics, "gpu_memory_gib": s.resources.gpu_memory_gib},
+                outcome.failure_class,
+                outcome.reason,
+                outcome.steps,
+                outcome.source,
+            )
+        gpu_s = wall_s * devices if s.resources.device == "cuda" else None
+        rec = self.storage.finish_trial(
+            trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s
+        )
+        fb = feedback_from_outcome(s, outcome)
+        if trial_id in self._trial_ids:
+            agent_tid, _, _ = self._trial_ids.pop(trial_id)
+            self.agent.tell(agent_tid, fb)
+        else:  # re-queued trial of an earlier run: feed it as history
+            self.agent.add_evaluated(rec.params, fb)
+        self._observe_cost(rec.params, outcome)
+        if self.cost_model is not None:
+            self.storage.set_study_attr(study_id, "costmodel", self.cost_model.calibration())
+        counts = self.storage.count_trials(study_id)
+        best = self.storage.best_trial(study_id, s.objective.direction)
+        rej = sum(self.storage.count_rejections(study_id).values())
+        what = (
+            f"{s.objective.metric}={rec.value:.2f}"
+            if rec.value is not None
+            else f"{rec.failure_class}: {(rec.reason or '')[:120]}"
+        )
+        self.progress(
+            f"trial {rec.number} {rec.state} ({what}) | "
+            + self._status_line(counts, best, rej, prefix="")
+        )
+
+    def _observe_cost(self, params: dict[str, Any], outcome: Outcome) -> None:
+        cm = self.cost_model
+        if cm is None or outcome.source == "estimate":
+            return
+        peak = outcome.metrics.get("peak_mem_gib")
+        if peak is None:
+            return
+        if outcome.ok:
+            cm.observe(self.space.full_params(params), float(peak), False)
+        elif outcome.failure_class == "oom":
+            cm.observe(self.space.full_params(params), float(peak), True)
+
+    def _status_line(
+        self, counts: dict[str, int], best: TrialRecord | None, rej: int, prefix: str
+    ) -> str:
+        budget = self.space.budget.n_trials
+        done = sum(counts.get(k, 0) for k in ("complete", "failed", "infeasible"))
+        b = (
+            f"best {best.value:.2f} (trial {best.number})"
+            if best is not None and best.value is not None
+            else "best -"
+        )
+        return (
+            f"{prefix} {done}/{budget} done, {counts.get('running', 0)} running, "
+            f"{counts.get('failed', 0)} failed, {counts.get('infeasible', 0)} infeasible, "
+            f"{rej} rejected before launch, {b}"
+        ).strip()
+
+
+def _outcome_of_record(t: TrialRecord) -> Outcome:
+    if t.state == "complete":
+        return Outcome("ok", dict(t.metrics), source=t.source or "measured")  # type: ignore[arg-type]
+    return Outcome.failure(
+        t.failure_class or "error", t.reason or "", metrics=dict(t.metrics),
+        source=t.source or "measured",  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _kill_leftover(trial_dir: Path) -> None:
+    from dse.workloads.runners import kill_group
+
+    f = trial_dir / "pgid"
+    try:
+        kill_group(int(f.read_text().strip()), grace_s=2.0)
+    except (OSError, ValueError):
+        pass
+
+
+def _short(params: dict[str, Any]) -> str:
+    abbrev = {
+        "tensor_model_parallel_size": "tp",
+        "pipeline_model_parallel_size": "pp",
+        "context_parallel_size": "cp",
+        "micro_batch_size": "mbs",
+        "use_distributed_optimizer": "distopt",
+        "attention_backend": "attn",
+    }
+    return " ".join(f"{abbrev.get(k, k)}={v}" for k, v in params.items())

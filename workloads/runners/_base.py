@@ -1,0 +1,90 @@
+"""The runner interface: where trial processes run.
+
+Failure contract: a trial that fails in an expected way (OOM, invalid, hang, timeout, crash of
+the trial process) is reported by :meth:`BaseRunner.poll` as an :class:`Outcome` value; a
+runner raises only when it cannot work at all (:class:`dse.exceptions.TrialLaunchError`).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dse.records import Outcome
+
+__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One trial to start: its id, command line, folder and the devices it needs."""
+
+    trial_id: int
+    number: int
+    argv: list[str]
+    trial_dir: Path
+    metrics_path: Path
+    log_path: Path
+    world_size: int
+    device: str  # "cuda" | "cpu"
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 900.0
+    hang_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    trial_id: int
+    outcome: Outcome
+    wall_s: float
+    devices: int
+
+
+#: Named log patterns, most specific first: (failure class, compiled regex).
+LOG_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("oom", re.compile(r"(CUDA out of memory|OutOfMemoryError|out of memory)", re.I)),
+    ("nan", re.compile(r"\b(NaN|nan) (loss|detected)|loss is (nan|inf)", re.I)),
+    ("error", re.compile(r"NCCL (error|timeout)|Watchdog caught collective", re.I)),
+]
+
+
+def classify_log(text: str) -> str:
+    """The failure class a crashed trial's log suggests (``error`` when nothing matches)."""
+    for cls, rx in LOG_PATTERNS:
+        if rx.search(text):
+            return cls
+    return "error"
+
+
+class BaseRunner(ABC):
+    """Runs trial processes; the study loop asks for free slots, submits, polls."""
+
+    name = "base"
+
+    @abstractmethod
+    def free_slots(self) -> int:
+        """How many more trials can start now."""
+
+    @abstractmethod
+    def submit(self, launch: Launch) -> None:
+        """Start a trial (non-blocking)."""
+
+    @abstractmethod
+    def poll(self) -> list[Finished]:
+        """Trials that finished since the last poll (with their outcomes)."""
+
+    @abstractmethod
+    def running(self) -> list[int]:
+        """Ids of the trials still running (for heartbeats)."""
+
+    @abstractmethod
+    def stop(self) -> list[int]:
+        """Kill every running trial (whole process groups); returns their ids."""
+
+    @property
+    def host(self) -> str:
+        import socket
+
+        return socket.gethostname()

@@ -1,0 +1,205 @@
+"""Local runner: trial processes on this machine, as many at once as free devices allow."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dse.exceptions import TrialLaunchError
+from dse.records import Outcome, read_metrics
+from dse.workloads.runners._base import BaseRunner, Finished, Launch, classify_log
+
+__all__ = ["LocalRunner", "detect_gpus", "kill_group"]
+
+
+def detect_gpus() -> list[int]:
+    """GPU ids visible here, from CUDA_VISIBLE_DEVICES or ``nvidia-smi -L`` (no torch)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [int(x) for x in env.split(",") if x.strip().isdigit()]
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [i for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def kill_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM a process group, then SIGKILL what is left after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class _Proc:
+    launch: Launch
+    popen: subprocess.Popen[bytes]
+    devices: list[int]
+    started: float
+    last_progress: float
+    last_size: int
+    log: object
+
+
+class LocalRunner(BaseRunner):
+    """Runs each trial as a subprocess in its own process group.
+
+    GPU slots: the visible GPUs are split into groups of ``world_size``; a trial gets one
+    group through ``CUDA_VISIBLE_DEVICES``. On CPU, ``max_parallel`` trials at once
+    (default 1). A trial is killed (whole process group) after ``timeout_s`` or when its
+    metrics file does not grow for ``hang_timeout_s``.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        device: str,
+        world_size: int,
+        gpus: list[int] | None = None,
+        max_parallel: int | None = None,
+    ) -> None:
+        self.device = device
+        self.world_size = world_size
+        if device == "cuda":
+            self.gpus = list(gpus) if gpus is not None else detect_gpus()
+            slots = len(self.gpus) // world_size
+            if slots == 0:
+                raise TrialLaunchError(
+                    f"the local runner needs {world_size} GPU(s) per trial but sees "
+                    f"{len(self.gpus)} (CUDA_VISIBLE_DEVICES / nvidia-smi); set "
+                    "resources.device: cpu to train on CPU"
+                )
+            self.slots = min(slots, max_parallel) if max_parallel else slots
+        else:
+            self.gpus = []
+            self.slots = max_parallel or 1
+        self._free_gpus = list(self.gpus)
+        self._procs: dict[int, _Proc] = {}
+        self._done: list[Finished] = []
+
+    def free_slots(self) -> int:
+        return self.slots - len(self._procs)
+
+    def submit(self, launch: Launch) -> None:
+        devices: list[int] = []
+        env = dict(os.environ)
+        env.update(launch.env)
+        if self.device == "cuda":
+            if len(self._free_gpus) < launch.world_size:
+                raise RuntimeError("submit() called without a free slot")
+            devices = self._free_gpus[: launch.world_size]
+            del self._free_gpus[: launch.world_size]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        launch.trial_dir.mkdir(parents=True, exist_ok=True)
+        log = open(launch.log_path, "ab")  # noqa: SIM115 - closed when the trial ends
+        popen = subprocess.Popen(
+            launch.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=launch.trial_dir,
+            start_new_session=True,
+        )
+        (launch.trial_dir / "pgid").write_text(str(popen.pid))
+        now = time.monotonic()
+        self._procs[launch.trial_id] = _Proc(launch, popen, devices, now, now, 0, log)
+
+    def _finish(self, tid: int, outcome: Outcome) -> None:
+        p = self._procs.pop(tid)
+        p.log.close()  # type: ignore[attr-defined]
+        self._free_gpus.extend(p.devices)
+        self._free_gpus.sort()
+        ndev = len(p.devices) or p.launch.world_size
+        self._done.append(Finished(tid, outcome, time.monotonic() - p.started, ndev))
+
+    def poll(self) -> list[Finished]:
+        now = time.monotonic()
+        for tid, p in list(self._procs.items()):
+            rc = p.popen.poll()
+            mp = p.launch.metrics_path
+            size = mp.stat().st_size if mp.exists() else 0
+            if size != p.last_size:
+                p.last_size, p.last_progress = size, now
+            if rc is not None:
+                kill_group(p.popen.pid, grace_s=0.5)  # stray children of the trial
+                self._finish(tid, self._outcome_of(p, rc))
+            elif now - p.started > p.launch.timeout_s:
+                kill_group(p.popen.pid)
+                self._finish(
+                    tid,
+                    read_metrics(mp)
+                    or Outcome.failure(
+                        "timeout", f"trial ran past its timeout of {p.launch.timeout_s:.0f} s"
+                    ),
+                )
+            elif now - p.last_progress > p.launch.hang_timeout_s:
+                kill_group(p.popen.pid)
+                self._finish(
+                    tid,
+                    read_metrics(mp)
+                    or Outcome.failure(
+                        "hang",
+                        f"no progress for {p.launch.hang_timeout_s:.0f} s (hang timeout)",
+                    ),
+                )
+        done, self._done = self._done, []
+        return done
+
+    def _outcome_of(self, p: _Proc, rc: int) -> Outcome:
+        out = read_metrics(p.launch.metrics_path)
+        if out is not None:
+            return out
+        tail = _tail(p.launch.log_path)
+        cls = classify_log(tail)
+        last = tail.strip().splitlines()[-1] if tail.strip() else ""
+        return Outcome.failure(
+            cls, f"trial process exited with code {rc} without a result: {last[-300:]}"
+        )
+
+    def running(self) -> list[int]:
+        return list(self._procs)
+
+    def stop(self) -> list[int]:
+        ids = list(self._procs)
+        for tid in ids:
+            p = self._procs[tid]
+            kill_group(p.popen.pid, grace_s=3.0)
+            p.popen.wait()
+            p.log.close()  # type: ignore[attr-defined]
+            self._free_gpus.extend(p.devices)
+        self._procs.clear()
+        return ids
+
+
+def _tail(path: Path, n: int = 8000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
