@@ -256,9 +256,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def best_payload(storage: Any, study: Any) -> dict[str, Any]:
     """The best feasible trial of a study as the ``dse best`` / REST payload."""
-    from dse.space import parse_space
-
     import yaml
+
+    from dse.space import parse_space
 
     best = storage.best_trial(study.id, study.direction)
     if best is None:

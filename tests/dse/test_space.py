@@ -61,7 +61,8 @@ def test_int_log_domain(tiny_space_dict: dict) -> None:
         (lambda d: d["model"].update(foo=1), "model.foo: Extra inputs are not permitted"),
         (
             lambda d: d["knobs"].update(tensor_model_paralel_size={"values": [1]}),
-            "unknown knob 'tensor_model_paralel_size' (did you mean 'tensor_model_parallel_size'?)",
+            "unknown knob 'tensor_model_paralel_size' "
+            "(did you mean 'tensor_model_parallel_size'?)",
         ),
         (
             lambda d: d["knobs"]["micro_batch_size"].update(values=[0, 1]),
