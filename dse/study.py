@@ -204,6 +204,7 @@ class StudyRunner:
         proposer = Proposer(s, self.agent, self.features, prescreen=self._prescreen())
         budget = s.budget.n_trials
         last_hb = 0.0
+        last_state_check = 0.0
         exhausted = False
         stopped = False
         try:
@@ -233,6 +234,11 @@ class StudyRunner:
                         # another controller's trials: wait for them (or their staleness)
                         self.reconcile(study_id)
                 now = time.monotonic()
+                if now - last_state_check > 2.0:
+                    last_state_check = now
+                    if self.storage.get_study(s.study).state == "stopping":
+                        self.progress("stop requested (study state 'stopping')")
+                        raise KeyboardInterrupt
                 if now - last_hb > HEARTBEAT_S and self.runner.running():
                     self.storage.heartbeat(self.runner.running())
                     last_hb = now
