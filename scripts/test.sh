@@ -6,7 +6,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".[megatron,postgres,api,ray,dev]"
+.venv/bin/pip install -q -e ".[megatron,postgres,api,dev]"
 # Debian's Chromium for the dashboard browser tests (Playwright drives it; no browser download)
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: chromium not installed"
