@@ -1,0 +1,246 @@
+"""Bookkeeping every agent shares: canonical configurations, what was already asked or
+evaluated, the baseline / warm-start queue, and random unseen configurations.
+
+Subclasses implement four hooks (:meth:`SpaceAgent._suggest`, :meth:`SpaceAgent._fixed`,
+:meth:`SpaceAgent._finish`, :meth:`SpaceAgent._record`); :class:`SpaceAgent` keeps the contract
+of :class:`~dse.agents.BaseAgent`: proposals are canonical, in their domains, distinct from
+each other and from everything asked or evaluated before, and the first proposal of a fresh
+agent is the baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dse.agents._base import BaseAgent, Feedback, Proposal
+from dse.space import SearchSpace, params_key
+
+__all__ = ["SpaceAgent", "Observation", "knob_order", "canonical", "in_domain"]
+
+log = logging.getLogger("dse.agents")
+
+#: Spaces with at most this many raw combinations may be enumerated (exhaustion checks,
+#: the grid's shuffle, the prior's candidate set).
+ENUMERATE_LIMIT = 200_000
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A configuration and what happened to it (told or added)."""
+
+    params: dict[str, Any]
+    feedback: Feedback
+
+
+def knob_order(space: SearchSpace) -> list[str]:
+    """Knob names with every conditional knob after the knobs its condition names.
+
+    Sampling in this order lets ``space.is_active`` be decided from values already chosen.
+    """
+    names = list(space.knobs)
+    done: list[str] = []
+    left = list(names)
+    while left:
+        progressed = False
+        for name in list(left):
+            deps = [d for d in (space.knobs[name].when or {}) if d in space.knobs]
+            if all(d in done for d in deps):
+                done.append(name)
+                left.remove(name)
+                progressed = True
+        if not progressed:  # a cycle: keep the declared order for the rest
+            done.extend(left)
+            break
+    return done
+
+
+def canonical(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The canonical form of ``params``: every knob (missing ones at their baseline value),
+    nothing else, and inactive conditional knobs at their baseline value."""
+    base = space.baseline()
+    out = {name: params[name] if name in params else base[name] for name in space.knobs}
+    return space.apply_conditions(out)
+
+
+def in_domain(space: SearchSpace, params: Mapping[str, Any]) -> bool:
+    """Whether every knob value of ``params`` is one of its domain's values."""
+    for name, spec in space.knobs.items():
+        v = params.get(name)
+        if not any(_same(v, d) for d in spec.values()):
+            return False
+    return True
+
+
+def _same(a: Any, b: Any) -> bool:
+    # True == 1 in Python; a knob domain never mixes them, but keys must not either.
+    return type(a) is type(b) and a == b
+
+
+class SpaceAgent(BaseAgent):
+    """Base of the dse agents: the shared bookkeeping of the ask/tell contract."""
+
+    name = "base"
+
+    def __init__(self, space: SearchSpace, seed: int | None = None) -> None:
+        super().__init__(space, seed)
+        self._rng = random.Random(seed)
+        self._order = knob_order(space)
+        self._seen: set[str] = set()
+        self._pending: dict[str, tuple[dict[str, Any], Any]] = {}
+        self._observations: list[Observation] = []
+        self._all: list[dict[str, Any]] | None = None
+        start = [space.baseline()]
+        base = start[0]
+        for ws in space.agent.warm_start:
+            start.append(canonical(space, {**base, **ws}))
+        self._start: list[dict[str, Any]] = start
+
+    # --- public contract -------------------------------------------------------------------
+    @property
+    def observations(self) -> list[Observation]:
+        """Everything told or added so far, in that order."""
+        return list(self._observations)
+
+    @property
+    def n_pending(self) -> int:
+        """Proposals asked and not yet told."""
+        return len(self._pending)
+
+    def is_seen(self, params: Mapping[str, Any]) -> bool:
+        """Whether the canonical form of ``params`` was asked or evaluated already."""
+        return params_key(canonical(self.space, params)) in self._seen
+
+    def ask(self, n: int = 1) -> list[Proposal]:
+        """Up to ``n`` new, distinct, canonical proposals (fewer only when the space is spent)."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0 (n={n})")
+        out: list[Proposal] = []
+        for _ in range(n):
+            params = self._next_start()
+            if params is not None:
+                handle = self._fixed(params)
+            else:
+                got = self._suggest()
+                if got is None:
+                    break
+                params, handle = got
+            key = params_key(params)
+            if key in self._seen:  # a bug in a subclass: never hand out a repeat
+                raise RuntimeError(f"{self.name} agent proposed a known configuration {key}")
+            self._seen.add(key)
+            tid = uuid.uuid4().hex
+            self._pending[tid] = (params, handle)
+            out.append(Proposal(tid, dict(params)))
+        return out
+
+    def tell(self, trial_id: str, feedback: Feedback) -> None:
+        """The outcome of a proposal of :meth:`ask` (each is told exactly once)."""
+        try:
+            params, handle = self._pending.pop(trial_id)
+        except KeyError:
+            raise KeyError(f"unknown or already told trial id {trial_id!r}") from None
+        _check_feedback(self.space, feedback)
+        self._observations.append(Observation(params, feedback))
+        self._finish(handle, params, feedback)
+
+    def add_evaluated(self, params: dict[str, Any], feedback: Feedback) -> None:
+        """History from storage or an earlier study; values outside the domains are ignored."""
+        p = canonical(self.space, params)
+        if not in_domain(self.space, p):
+            log.debug("%s agent: ignoring an evaluated configuration outside the space", self.name)
+            return
+        _check_feedback(self.space, feedback)
+        self._seen.add(params_key(p))
+        self._observations.append(Observation(p, feedback))
+        self._record(p, feedback)
+
+    # --- hooks -----------------------------------------------------------------------------
+    def _suggest(self) -> tuple[dict[str, Any], Any] | None:
+        """A new unseen canonical configuration and an opaque handle; None when spent."""
+        p = self._random_unseen()
+        return None if p is None else (p, None)
+
+    def _fixed(self, params: dict[str, Any]) -> Any:
+        """Register a configuration the agent chose itself (baseline, warm start)."""
+        return None
+
+    def _finish(self, handle: Any, params: dict[str, Any], feedback: Feedback) -> None:
+        """Learn from the outcome of a proposal."""
+
+    def _record(self, params: dict[str, Any], feedback: Feedback) -> None:
+        """Learn from a configuration evaluated elsewhere."""
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _next_start(self) -> dict[str, Any] | None:
+        while self._start:
+            p = self._start.pop(0)
+            if params_key(p) not in self._seen:
+                return p
+        return None
+
+    def _random_config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self._order:
+            spec = self.space.knobs[name]
+            if spec.when and not self.space.is_active(name, out):
+                continue
+            out[name] = self._rng.choice(spec.values())
+        return canonical(self.space, out)
+
+    def all_configs(self) -> list[dict[str, Any]] | None:
+        """Every canonical configuration (cached), or None when the space is too large."""
+        if self._all is None:
+            if self.space.size() > ENUMERATE_LIMIT:
+                return None
+            self._all = list(self.space.iter_configs())
+        return self._all
+
+    def _unseen_configs(self) -> Iterator[dict[str, Any]]:
+        for p in self.all_configs() or []:
+            if params_key(p) not in self._seen:
+                yield p
+
+    def _random_unseen(self, tries: int = 64) -> dict[str, Any] | None:
+        """A uniformly drawn unseen configuration; None when the space is spent."""
+        for _ in range(tries):
+            p = self._random_config()
+            if params_key(p) not in self._seen:
+                return p
+        left = list(self._unseen_configs())
+        return self._rng.choice(left) if left else None
+
+    def _neighbor_unseen(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """An unseen configuration one knob away from ``params`` (random knob and value)."""
+        names = list(self.space.knobs)
+        self._rng.shuffle(names)
+        for name in names:
+            values = [v for v in self.space.knobs[name].values() if not _same(v, params[name])]
+            self._rng.shuffle(values)
+            for v in values:
+                p = canonical(self.space, {**params, name: v})
+                if params_key(p) not in self._seen:
+                    return p
+        return None
+
+    def active_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The knobs of ``params`` that are active (what a sampler decides)."""
+        out: dict[str, Any] = {}
+        for name in self._order:
+            if self.space.knobs[name].when and not self.space.is_active(name, params):
+                continue
+            out[name] = params[name]
+        return out
+
+
+def _check_feedback(space: SearchSpace, fb: Feedback) -> None:
+    if fb.state == "complete":
+        if fb.values is None or len(fb.values) != len(space.objectives):
+            raise ValueError(
+                "complete feedback needs one value per objective "
+                f"(values={fb.values}, objectives={len(space.objectives)})"
+            )

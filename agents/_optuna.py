@@ -1,0 +1,340 @@
+"""Agents backed by Optuna samplers (TPE, GP, NSGA-II) over an in-memory Optuna study.
+
+The project's SQL storage is the source of truth: the Optuna study lives in memory and is
+rebuilt after a restart from :meth:`~dse.agents.BaseAgent.add_evaluated`.
+
+Every knob is a ``CategoricalDistribution`` over its domain's values; a conditional knob is
+suggested only when it is active (Optuna sees a define-by-run conditional space, which
+``TPESampler(group=True)`` decomposes), then the configuration is canonicalized with
+``space.apply_conditions``.
+
+How feedback is told (one constraint, ``dse``, on every trial; <= 0 means feasible):
+
+* ``complete``: state COMPLETE with the objective values; the constraint is
+  ``peak_mem_gib / capacity - 1`` (<= 0) when both are known, else 0, so a constrained GP
+  also learns how close to the memory limit a region is.
+* ``infeasible`` (a rule, a predicted or a measured OOM): state COMPLETE with a placeholder
+  value, the worst value seen so far (0 for a maximized objective before any), and a
+  constraint > 0: ``0.1 + max(0, memory / capacity - 1)`` for OOMs (measured peak or
+  predicted peak), 1 for rule violations. TPE puts infeasible trials in its "bad" group,
+  the GP models P(feasible), NSGA-II ranks feasible before infeasible: all three learn the
+  boundary instead of sampling into it again.
+* ``failed`` (crash, hang, NaN): state FAIL, which every sampler ignores: it says nothing
+  about the objective.
+
+Before the sampler proposes anything, the baseline, the space's warm-start configurations
+and a structured start from a knob-semantics prior (:mod:`dse.agents._prior`) are proposed.
+When the sampler proposes a configuration already asked or evaluated, the sample is
+discarded (told FAIL) and drawn again, up to ``max_retries`` times; then an unseen
+neighbor (one knob changed) of the last sample is proposed, then a random unseen one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from dse.agents._base import Feedback
+from dse.agents._common import ENUMERATE_LIMIT, SpaceAgent, canonical
+from dse.agents._prior import PriorGuide
+from dse.space import SearchSpace, params_key
+
+__all__ = ["OptunaAgent", "TPEAgent", "GPAgent", "NSGA2Agent"]
+
+log = logging.getLogger("dse.agents")
+
+_CONSTRAINT = "dse"
+_VIOLATION_ATTR = "dse:violation"
+# Optuna >= 5 stores constraints per trial (Trial.set_constraint); older versions need a
+# constraints_func, which reads the violation from a user attribute.
+_NEW_CONSTRAINTS = hasattr(Trial, "set_constraint")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hide Optuna's experimental / deprecation notices about options set on purpose here
+    (group, constant_liar, GPSampler, ...): they are not the user's to act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"optuna(\.|$)")
+        warnings.filterwarnings("ignore", category=FutureWarning, message=r".*constraints_func")
+        yield
+
+
+def _constraints_func(trial: FrozenTrial) -> tuple[float, ...]:
+    return (float(trial.user_attrs.get(_VIOLATION_ATTR, 0.0)),)
+
+
+class OptunaAgent(SpaceAgent):
+    """An agent that proposes what an Optuna sampler samples (see the module docstring).
+
+    Args:
+        space: the search space.
+        seed: sampler seed (also seeds tie-breaks and fallbacks).
+        prior: use the knob-semantics structured start before the sampler.
+        max_retries: samples drawn again when the sampler repeats a known configuration.
+    """
+
+    name = "optuna"
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        seed: int | None = None,
+        *,
+        prior: bool = True,
+        max_retries: int = 4,
+    ) -> None:
+        super().__init__(space, seed)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.max_retries = max_retries
+        self._dists = {
+            name: CategoricalDistribution(spec.values()) for name, spec in space.knobs.items()
+        }
+        self._directions = [o.direction for o in space.objectives]
+        with _quiet():
+            self._sampler = self._make_sampler()
+            self._study = optuna.create_study(
+                storage=optuna.storages.InMemoryStorage(),
+                sampler=self._sampler,
+                directions=self._directions,
+            )
+        self._worst: list[float | None] = [None] * len(self._directions)
+        guide = PriorGuide(space, self._rng) if prior else None
+        self._guide = guide if guide is not None and guide.enabled else None
+        self._n_prior = space.agent.n_startup_trials
+        self._prior_pending: set[str] = set()
+        self._start_count = 1 + len(space.agent.warm_start)
+
+    # --- sampler ---------------------------------------------------------------------------
+    def _make_sampler(self) -> optuna.samplers.BaseSampler:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _constraint_kwargs(self) -> dict[str, Any]:
+        return {} if _NEW_CONSTRAINTS else {"constraints_func": _constraints_func}
+
+    # --- hooks -----------------------------------------------------------------------------
+    def _suggest(self) -> tuple[dict[str, Any], Any] | None:
+        if self._prior_active():
+            c = self._guide.propose(  # type: ignore[union-attr]
+                self._observations, self._prior_candidates(), self._seen
+            )
+            if c is not None:
+                trial = self._fixed(c)
+                self._prior_pending.add(params_key(c))
+                return c, trial
+        last: dict[str, Any] | None = None
+        with _quiet():
+            for _ in range(self.max_retries + 1):
+                trial = self._study.ask()
+                params = self._sample(trial)
+                if params_key(params) not in self._seen:
+                    return params, trial
+                self._study.tell(trial, state=TrialState.FAIL)
+                last = params
+        alt = self._neighbor_unseen(last) if last is not None else None
+        if alt is None:
+            alt = self._random_unseen()
+        if alt is None:
+            return None
+        return alt, self._fixed(alt)
+
+    def _fixed(self, params: dict[str, Any]) -> Any:
+        with _quiet():
+            self._study.enqueue_trial(self.active_params(params))
+            trial = self._study.ask()
+            got = self._sample(trial)
+        if params_key(got) != params_key(params):  # pragma: no cover - Optuna contract
+            raise RuntimeError(f"enqueued {params} but Optuna suggested {got}")
+        return trial
+
+    def _sample(self, trial: Trial) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self._order:
+            if self.space.knobs[name].when and not self.space.is_active(name, out):
+                continue
+            out[name] = trial.suggest_categorical(name, self._dists[name].choices)
+        return canonical(self.space, out)
+
+    def _finish(self, handle: Any, params: dict[str, Any], feedback: Feedback) -> None:
+        self._prior_pending.discard(params_key(params))
+        trial: Trial = handle
+        state, values, violation = self._translate(feedback)
+        with _quiet():
+            if state == TrialState.COMPLETE:
+                if _NEW_CONSTRAINTS:
+                    trial.set_constraint(_CONSTRAINT, violation)
+                else:
+                    trial.set_user_attr(_VIOLATION_ATTR, violation)
+                self._study.tell(trial, values=values)
+            else:
+                self._study.tell(trial, state=TrialState.FAIL)
+
+    def _record(self, params: dict[str, Any], feedback: Feedback) -> None:
+        state, values, violation = self._translate(feedback)
+        active = self.active_params(params)
+        kwargs: dict[str, Any] = {
+            "state": state,
+            "params": active,
+            "distributions": {n: self._dists[n] for n in active},
+        }
+        if state == TrialState.COMPLETE:
+            kwargs["values"] = values
+            if _NEW_CONSTRAINTS:
+                kwargs["constraints"] = {_CONSTRAINT: violation}
+            else:
+                kwargs["user_attrs"] = {_VIOLATION_ATTR: violation}
+                kwargs["system_attrs"] = {"constraints": (violation,)}
+        with _quiet():
+            self._study.add_trial(optuna.trial.create_trial(**kwargs))
+
+    # --- feedback --------------------------------------------------------------------------
+    def _translate(self, fb: Feedback) -> tuple[TrialState, list[float] | None, float]:
+        """(state, values, constraint violation) for a feedback (see the module docstring)."""
+        cap = _capacity(self.space, fb.metrics)
+        if fb.state == "complete":
+            assert fb.values is not None
+            values = [float(v) for v in fb.values]
+            if not all(math.isfinite(v) for v in values):
+                return TrialState.FAIL, None, 0.0
+            for i, v in enumerate(values):
+                w = self._worst[i]
+                if w is None or (v < w if self._directions[i] == "maximize" else v > w):
+                    self._worst[i] = v
+            mem = _num_metric(fb.metrics, "peak_mem_gib")
+            violation = min(0.0, mem / cap - 1.0) if mem is not None and cap else 0.0
+            return TrialState.COMPLETE, values, violation
+        if fb.state == "infeasible":
+            values = [
+                w if w is not None else self._unseen_placeholder(i, fb.metrics)
+                for i, w in enumerate(self._worst)
+            ]
+            return TrialState.COMPLETE, values, _violation(fb, cap)
+        return TrialState.FAIL, None, 0.0
+
+    def _unseen_placeholder(self, i: int, metrics: Mapping[str, Any]) -> float:
+        if self._directions[i] == "maximize":
+            return 0.0
+        v = _num_metric(metrics, self.space.objectives[i].metric)
+        return v if v is not None else 0.0
+
+    # --- structured start ------------------------------------------------------------------
+    def _prior_active(self) -> bool:
+        if self._guide is None:
+            return False
+        launched = sum(
+            1
+            for ob in self._observations
+            if ob.feedback.failure_class not in ("invalid", "predicted_oom")
+        )
+        return launched + len(self._prior_pending) < self._start_count + self._n_prior
+
+    def _prior_candidates(self) -> Iterator[dict[str, Any]]:
+        every = self.all_configs() if self.space.size() <= ENUMERATE_LIMIT // 4 else None
+        if every is not None:
+            yield from every
+            return
+        # a large space: the ideal configuration, moves of one or two knobs from the best
+        # so far and from the ideal, and random configurations
+        assert self._guide is not None
+        done = [ob for ob in self._observations if ob.feedback.state == "complete"]
+        sign = 1.0 if self.space.objective.direction == "maximize" else -1.0
+        inc = (
+            max(done, key=lambda ob: sign * float((ob.feedback.values or (0.0,))[0])).params
+            if done
+            else self.space.baseline()
+        )
+        ideal = self._guide.ideal(inc)
+        yield ideal
+        for root in (inc, ideal):
+            yield from self._moves(root, depth=2)
+        for _ in range(512):
+            yield self._random_config()
+
+    def _moves(self, root: Mapping[str, Any], depth: int) -> Iterator[dict[str, Any]]:
+        for name, spec in self.space.knobs.items():
+            for v in spec.values():
+                if v == root[name]:
+                    continue
+                p = canonical(self.space, {**root, name: v})
+                yield p
+                if depth > 1:
+                    yield from self._moves(p, depth - 1)
+
+
+def _num_metric(metrics: Mapping[str, Any], key: str) -> float | None:
+    v = metrics.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _capacity(space: SearchSpace, metrics: Mapping[str, Any]) -> float | None:
+    cap = _num_metric(metrics, "gpu_memory_gib")
+    return cap if cap else space.resources.gpu_memory_gib
+
+
+def _violation(fb: Feedback, cap: float | None) -> float:
+    if fb.failure_class in ("oom", "predicted_oom"):
+        mem = None
+        for key in ("predicted_peak_mem_gib", "predicted_mem_gib", "peak_mem_gib"):
+            mem = _num_metric(fb.metrics, key)
+            if mem is not None:
+                break
+        over = max(0.0, mem / cap - 1.0) if mem is not None and cap else 0.0
+        return 0.1 + over
+    return 1.0
+
+
+class TPEAgent(OptunaAgent):
+    """Optuna's TPE: multivariate, grouped (conditional knobs), constant liar (parallel asks),
+    constrained; ``space.agent.n_startup_trials`` random start-up trials."""
+
+    name = "tpe"
+
+    def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.TPESampler(
+            seed=self.seed,
+            n_startup_trials=self.space.agent.n_startup_trials,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+            **self._constraint_kwargs(),
+        )
+
+
+class GPAgent(OptunaAgent):
+    """Optuna's Gaussian-process sampler (logEI, with P(feasible) from the constraint).
+    Needs scipy and torch (CPU is enough)."""
+
+    name = "gp"
+
+    def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        kwargs = self._constraint_kwargs()
+        return optuna.samplers.GPSampler(
+            seed=self.seed,
+            n_startup_trials=self.space.agent.n_startup_trials,
+            warn_independent_sampling=False,
+            **kwargs,
+        )
+
+
+class NSGA2Agent(OptunaAgent):
+    """Optuna's NSGA-II for one or two objectives (e.g. TFLOP/s up, peak memory down); a small
+    population so that generations turn over within a GPU budget."""
+
+    name = "nsga2"
+    population_size = 8
+
+    def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.NSGAIISampler(
+            seed=self.seed,
+            population_size=self.population_size,
+            **self._constraint_kwargs(),
+        )

@@ -1,0 +1,279 @@
+"""A knob-semantics prior for the first trials of the model-based agents.
+
+Optuna's samplers need a handful of observations before their model beats random search;
+in a space of a few dozen configurations those random start-up trials are most of the
+budget. The model-based agents therefore replace them with a *structured start* built from
+what each knob does in Megatron-Core (never from any measured table):
+
+* **Throughput prior.** Each knob value gets a preference in [0, 1] and each knob a weight,
+  an order-of-magnitude guess of its effect on log step time: fused kernels and overlapped
+  communication beat unfused / exposed ones; no activation recompute beats selective, which
+  beats full (full recompute repeats the forward pass); fused attention beats torch SDPA,
+  which beats the unfused local attention; larger micro-batches use the GPU better; smaller
+  model-parallel sizes (TP, PP, CP) communicate less. A configuration's prior score is the
+  weighted sum of its preferences. (Sources: the knob catalog, reference/megatron-knobs.md;
+  Megatron-LM / NeMo performance guides.)
+* **Memory order.** Knobs that trade memory for speed (micro-batch size, recompute,
+  TP/PP/CP, sequence parallelism, the distributed optimizer, unfused attention) get a
+  monotone "uses more memory" order. Two sound inferences follow. (1) A configuration that
+  uses at least as much memory on every such knob as one that ran out of memory will run out
+  too: it is skipped. (2) Memory grows at most in proportion to the micro-batch size and to
+  1/TP, 1/PP, 1/CP (the parts that do not scale only make it grow less), so from a measured
+  peak the agent bounds the peak of a larger micro-batch or a smaller parallel size; the
+  probability that it fits is the share of the interval [measured, bound] under the GPU's
+  capacity. Memory effects with no such bound (e.g. dropping recompute) count as a coin flip.
+
+The start proposes the unseen configuration with the largest *expected prior gain*
+``P(fits) * (score(c) - score(incumbent))``, the incumbent being the best measured
+configuration; ties go to the configuration with fewer changes from the incumbent. It stops
+after ``n_startup_trials`` launched trials or as soon as no candidate promises a gain, and
+the Optuna sampler takes over with everything measured so far.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dse.agents._common import Observation
+from dse.space import SearchSpace, params_key
+
+__all__ = ["KnobPrior", "PRIORS", "PriorGuide", "SPEED_METRICS"]
+
+#: Objectives the throughput prior speaks about (metric -> the direction that is "faster").
+SPEED_METRICS = {
+    "tflops_per_gpu": "maximize",
+    "tokens_per_s_per_gpu": "maximize",
+    "step_time_s": "minimize",
+}
+
+#: Probability that an unbounded memory increase (one knob) still fits.
+P_UNKNOWN = 0.5
+
+
+def _numeric(values: Sequence[Any]) -> list[float]:
+    return sorted(
+        {float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)}
+    )
+
+
+def _larger(v: Any, values: Sequence[Any]) -> float:
+    """Preference growing with log2 of the value among the domain's numbers (None: neutral)."""
+    nums = _numeric(values)
+    if v is None or isinstance(v, bool) or len(nums) < 2:
+        return 0.5
+    lo, hi = math.log2(max(nums[0], 1e-9)), math.log2(max(nums[-1], 1e-9))
+    if hi == lo:
+        return 0.5
+    return (math.log2(max(float(v), 1e-9)) - lo) / (hi - lo)
+
+
+def _smaller(v: Any, values: Sequence[Any]) -> float:
+    return 1.0 - _larger(v, values) if v is not None else 0.5
+
+
+def _true(v: Any, values: Sequence[Any]) -> float:
+    return 1.0 if v is True else 0.0
+
+
+def _false(v: Any, values: Sequence[Any]) -> float:
+    return 1.0 if v is False else 0.0
+
+
+def _table(prefs: Mapping[Any, float]) -> Callable[[Any, Sequence[Any]], float]:
+    return lambda v, values: prefs.get(v, 0.5)
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+@dataclass(frozen=True)
+class KnobPrior:
+    """What the prior knows about one knob.
+
+    Attributes:
+        pref: preference of a value for throughput, in [0, 1] (the domain is passed along).
+        weight: rough effect of the knob on log throughput (its preference is scaled by it).
+        mem: a monotone key, larger = more memory per GPU; None when memory does not depend
+            on the knob (to first order).
+        scale: ``up``: peak memory grows at most in proportion to the value; ``down``: at most
+            in proportion to 1/value; None: no bound.
+    """
+
+    pref: Callable[[Any, Sequence[Any]], float]
+    weight: float
+    mem: Callable[[Any], float] | None = None
+    scale: Literal["up", "down"] | None = None
+
+
+_FUSION = KnobPrior(_true, 0.02)
+_OVERLAP = KnobPrior(_true, 0.03)
+
+#: Knob name -> prior; knobs not named here are neutral (no preference, no memory order).
+PRIORS: dict[str, KnobPrior] = {
+    "micro_batch_size": KnobPrior(_larger, 0.05, mem=_num, scale="up"),
+    "tensor_model_parallel_size": KnobPrior(_smaller, 0.3, mem=lambda v: -_num(v), scale="down"),
+    "pipeline_model_parallel_size": KnobPrior(_smaller, 0.2, mem=lambda v: -_num(v), scale="down"),
+    "context_parallel_size": KnobPrior(_smaller, 0.2, mem=lambda v: -_num(v), scale="down"),
+    "expert_model_parallel_size": KnobPrior(_table({}), 0.0, mem=lambda v: -_num(v), scale="down"),
+    "sequence_parallel": KnobPrior(_true, 0.03, mem=lambda v: 0.0 if v else 1.0),
+    "recompute": KnobPrior(
+        _table({"none": 1.0, "selective": 0.75, "full": 0.0}),
+        0.3,
+        mem=lambda v: {"none": 2.0, "selective": 1.0, "full": 0.0}.get(v, 1.0),
+    ),
+    "attention_backend": KnobPrior(
+        _table({"unfused": 0.0, "sdpa": 0.8, "te": 1.0, "flash": 1.0, "fused": 1.0}),
+        0.8,
+        mem=lambda v: 1.0 if v == "unfused" else 0.0,
+    ),
+    "bias_activation_fusion": _FUSION,
+    "bias_dropout_fusion": _FUSION,
+    "masked_softmax_fusion": _FUSION,
+    "apply_rope_fusion": _FUSION,
+    "cross_entropy_loss_fusion": _FUSION,
+    "gradient_accumulation_fusion": _FUSION,
+    "moe_grouped_gemm": KnobPrior(_true, 0.05),
+    "moe_permute_fusion": _FUSION,
+    "moe_router_fusion": _FUSION,
+    "moe_shared_expert_overlap": _OVERLAP,
+    "moe_token_dispatcher_type": KnobPrior(
+        _table({"allgather": 0.0, "alltoall": 1.0, "flex": 1.0}), 0.05
+    ),
+    "use_distributed_optimizer": KnobPrior(_true, 0.01, mem=lambda v: 0.0 if v else 1.0),
+    "overlap_grad_reduce": _OVERLAP,
+    "overlap_param_gather": _OVERLAP,
+    "tp_comm_overlap": _OVERLAP,
+    "grad_reduce_in_fp32": KnobPrior(_false, 0.02, mem=lambda v: 1.0 if v else 0.0),
+}
+
+
+def _mem_of(fb_metrics: Mapping[str, Any]) -> float | None:
+    vals = [
+        float(v)
+        for v in (fb_metrics.get("peak_reserved_gib"), fb_metrics.get("peak_mem_gib"))
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+    return max(vals) if vals else None
+
+
+class PriorGuide:
+    """Chooses the structured-start configurations (see the module docstring)."""
+
+    def __init__(self, space: SearchSpace, rng: random.Random) -> None:
+        self.space = space
+        self._rng = rng
+        obj = space.objective
+        self.enabled = SPEED_METRICS.get(obj.metric) == obj.direction
+        self._sign = 1.0 if obj.direction == "maximize" else -1.0
+        self._priors = {n: PRIORS[n] for n in space.knobs if n in PRIORS}
+        self._mem_knobs = [(n, p) for n, p in self._priors.items() if p.mem is not None]
+        self._cap = space.resources.gpu_memory_gib
+
+    # --- scores ----------------------------------------------------------------------------
+    def score(self, params: Mapping[str, Any]) -> float:
+        """The prior score of a configuration (weighted sum of value preferences)."""
+        s = 0.0
+        for name, pr in self._priors.items():
+            s += pr.weight * pr.pref(params[name], self.space.knobs[name].values())
+        return s
+
+    def ideal(self, start: Mapping[str, Any]) -> dict[str, Any]:
+        """``start`` with every knob moved to its most preferred value (ties: unchanged)."""
+        out = dict(start)
+        for name, pr in self._priors.items():
+            values = self.space.knobs[name].values()
+            best = max(pr.pref(v, values) for v in values)
+            if pr.pref(out[name], values) < best:
+                out[name] = next(v for v in values if pr.pref(v, values) == best)
+        return self.space.apply_conditions(out)
+
+    def _mem_geq(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        """Whether ``a`` uses at least as much memory as ``b`` on every memory knob."""
+        return all(p.mem(a[n]) >= p.mem(b[n]) for n, p in self._mem_knobs if p.mem)
+
+    def p_fits(
+        self,
+        c: Mapping[str, Any],
+        fits: Sequence[tuple[Mapping[str, Any], float | None]],
+        ooms: Sequence[Mapping[str, Any]],
+        cap: float | None,
+    ) -> float:
+        """Probability that ``c`` fits in memory, from the configurations measured so far."""
+        for o in ooms:
+            if self._mem_geq(c, o):
+                return 0.0
+        if not fits:
+            return P_UNKNOWN
+        best = 0.0
+        for f, m in fits:
+            best = max(best, self._p_from(c, f, m, cap))
+            if best >= 1.0:
+                break
+        return best
+
+    def _p_from(
+        self, c: Mapping[str, Any], f: Mapping[str, Any], m: float | None, cap: float | None
+    ) -> float:
+        ratio, unknown = 1.0, 0
+        for name, pr in self._mem_knobs:
+            assert pr.mem is not None
+            if pr.mem(c[name]) <= pr.mem(f[name]):
+                continue
+            a, b = _num(c[name]), _num(f[name])
+            if pr.scale is not None and m is not None and cap is not None and a > 0 and b > 0:
+                ratio *= a / b if pr.scale == "up" else b / a
+            else:
+                unknown += 1
+        p = 1.0
+        if ratio > 1.0 and m is not None and cap is not None:
+            bound = m * ratio
+            p = 1.0 if bound <= cap else max(0.0, (cap - m) / (bound - m))
+        return p * P_UNKNOWN**unknown
+
+    # --- choice ----------------------------------------------------------------------------
+    def propose(
+        self,
+        observations: Sequence[Observation],
+        candidates: Iterable[Mapping[str, Any]],
+        exclude: set[str],
+    ) -> dict[str, Any] | None:
+        """The candidate with the largest expected prior gain, or None when none promises one."""
+        fits: list[tuple[Mapping[str, Any], float | None]] = []
+        ooms: list[Mapping[str, Any]] = []
+        cap = self._cap
+        incumbent: Mapping[str, Any] | None = None
+        best_v = -math.inf
+        for ob in observations:
+            fb = ob.feedback
+            if cap is None and isinstance(fb.metrics.get("gpu_memory_gib"), int | float):
+                cap = float(fb.metrics["gpu_memory_gib"])
+            if fb.state == "complete" and fb.values:
+                fits.append((ob.params, _mem_of(fb.metrics)))
+                v = self._sign * float(fb.values[0])
+                if v > best_v:
+                    best_v, incumbent = v, ob.params
+            elif fb.state == "infeasible" and fb.failure_class in ("oom", "predicted_oom"):
+                ooms.append(ob.params)
+        ref = self.score(incumbent) if incumbent is not None else -math.inf
+        best: tuple[float, float] | None = None
+        choice: dict[str, Any] | None = None
+        for c in candidates:
+            if params_key(c) in exclude:
+                continue
+            s = self.score(c)
+            gain = s - ref if incumbent is not None else 1.0 + s
+            if gain <= 1e-9:
+                continue
+            p = self.p_fits(c, fits, ooms, cap)
+            if p <= 0.0:
+                continue
+            dist = 0 if incumbent is None else sum(c[k] != incumbent[k] for k in c)
+            key = (p * gain - 1e-6 * dist, self._rng.random())
+            if best is None or key > best:
+                best, choice = key, dict(c)
+        return choice

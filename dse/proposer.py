@@ -1,0 +1,263 @@
+"""Between an agent and the runner: screen proposals before a GPU is spent on them.
+
+:class:`Proposer` asks the agent, rejects proposals that break a validity rule
+(:func:`dse.rules.check`) or that a pre-screen (the cost model) predicts will run out of
+memory, answers proposals already measured from what was measured, and hands back only
+launchable ones. Every rejection and every duplicate is told to the agent, so it learns the
+boundary and never proposes the same configuration again. Used by the study loop and by
+``dse bench``. Pure Python: no storage, no runner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from dse.agents import BaseAgent, Feedback, Proposal
+from dse.records import Outcome
+from dse.rules import check
+from dse.space import SearchSpace, params_key
+
+__all__ = [
+    "Proposer",
+    "Proposed",
+    "Screened",
+    "Rejection",
+    "Duplicate",
+    "Prescreen",
+    "Lookup",
+    "feedback_from_outcome",
+]
+
+#: ``prescreen(params) -> (failure_class, reason, metrics)`` to reject, None to pass.
+Prescreen = Callable[[dict[str, Any]], "tuple[str, str, dict[str, Any]] | None"]
+#: ``lookup(params_key) -> Outcome`` of a configuration already measured, or None.
+Lookup = Callable[[str], "Outcome | None"]
+
+#: Rejections + duplicates in one :meth:`Proposer.propose` call before it gives up.
+MAX_REJECTIONS = 10_000
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A proposal that passed the screen: launch it, then tell ``trial_id``'s outcome."""
+
+    trial_id: str
+    params: dict[str, Any]
+    params_key: str
+
+    @property
+    def proposal(self) -> Proposal:
+        return Proposal(self.trial_id, self.params)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A proposal rejected before launch.
+
+    Attributes:
+        kind: ``invalid`` (a validity rule) or ``predicted_oom`` (the pre-screen; any other
+            failure class the pre-screen returns is kept as given).
+        rule: the rule's name (the first one broken), or ``prescreen`` for the pre-screen.
+        reason: a message naming the rule(s) and the values involved.
+        values: the values the (first) rule names, or the pre-screen's metrics.
+    """
+
+    params: dict[str, Any]
+    params_key: str
+    kind: str
+    rule: str
+    reason: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A proposal equal to a measured configuration: answered from ``outcome``, not run."""
+
+    params: dict[str, Any]
+    params_key: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Proposed(Sequence[Screened]):
+    """What one :meth:`Proposer.propose` call produced (a sequence of the launchable ones).
+
+    Attributes:
+        proposals: launchable proposals, at most the ``n`` asked for.
+        rejections: proposals rejected before launch in this call.
+        duplicates: proposals answered from an earlier measurement in this call.
+        exhausted: the agent has nothing left to propose (or the rejection cap was hit).
+    """
+
+    proposals: tuple[Screened, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+    duplicates: tuple[Duplicate, ...] = ()
+    exhausted: bool = False
+
+    @overload
+    def __getitem__(self, i: int) -> Screened: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Screened]: ...
+    def __getitem__(self, i: int | slice) -> Screened | Sequence[Screened]:
+        return self.proposals[i]
+
+    def __len__(self) -> int:
+        return len(self.proposals)
+
+    def __iter__(self) -> Iterator[Screened]:
+        return iter(self.proposals)
+
+
+def feedback_from_outcome(space: SearchSpace, outcome: Outcome) -> Feedback:
+    """The agent's view of a trial outcome.
+
+    * ``ok`` -> ``complete`` with one value per ``space.objectives`` (in order) taken from
+      ``outcome.metrics``; ``tokens_per_s_per_gpu`` is derived from ``step_time_s`` when
+      missing. An ok outcome without a finite objective value -> ``failed`` (``error``).
+    * ``infeasible`` (``invalid``, ``predicted_oom``, ``oom``) -> ``infeasible`` with the
+      outcome's metrics (the GPU capacity is added as ``gpu_memory_gib`` when the space
+      knows it, so OOMs can be scaled by peak vs capacity).
+    * ``failed`` (``error``, ``timeout``, ``hang``, ``nan``, ``interrupted``) -> ``failed``.
+    """
+    metrics = dict(outcome.metrics)
+    if outcome.ok:
+        values: list[float] = []
+        for obj in space.objectives:
+            v = _metric(space, metrics, obj.metric)
+            if v is None:
+                return Feedback("failed", metrics=metrics, failure_class="error")
+            values.append(v)
+        return Feedback("complete", values=tuple(values), metrics=metrics)
+    if outcome.status == "infeasible":
+        cap = space.resources.gpu_memory_gib
+        if cap is not None and outcome.failure_class in ("oom", "predicted_oom"):
+            metrics.setdefault("gpu_memory_gib", cap)
+        return Feedback("infeasible", metrics=metrics, failure_class=outcome.failure_class)
+    return Feedback("failed", metrics=metrics, failure_class=outcome.failure_class or "error")
+
+
+def _metric(space: SearchSpace, metrics: dict[str, Any], name: str) -> float | None:
+    v = metrics.get(name)
+    if v is None and name == "tokens_per_s_per_gpu":
+        st = metrics.get("step_time_s")
+        if isinstance(st, int | float) and st > 0:
+            sem = space.semantics
+            v = sem.global_batch_size * sem.seq_length / st / space.resources.world_size
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+class Proposer:
+    """Asks an agent for proposals and screens them (rules, pre-screen, measured duplicates).
+
+    Args:
+        space: the search space.
+        agent: the agent to ask and tell.
+        features: optional software present where trials run (None: unknown; the feature
+            rule is then left to the trial).
+        prescreen: ``prescreen(params) -> (failure_class, reason, metrics) | None`` with the
+            proposal's knob values (e.g. the cost model:
+            ``('predicted_oom', 'predicted 150.2 GiB > 139.8 GiB', {...})``).
+        max_rejections: rejections + duplicates in one call before it stops asking.
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        agent: BaseAgent,
+        features: Iterable[str] | None,
+        prescreen: Prescreen | None = None,
+        *,
+        max_rejections: int = MAX_REJECTIONS,
+    ) -> None:
+        self.space = space
+        self.agent = agent
+        self.features = None if features is None else set(features)
+        self.prescreen = prescreen
+        self.max_rejections = max_rejections
+        #: every rejection made by this proposer, in order
+        self.rejections: list[Rejection] = []
+        #: every duplicate answered from an earlier measurement, in order
+        self.duplicates: list[Duplicate] = []
+
+    def propose(self, n: int, lookup: Lookup | None = None) -> Proposed:
+        """Up to ``n`` launchable proposals (fewer when the agent is spent or the cap is hit).
+
+        ``lookup(params_key)`` returns the outcome of an earlier measurement of the same
+        configuration (or None); when ``space.budget.repeats`` is False such a proposal is
+        answered with that outcome and not launched.
+        """
+        launch: list[Screened] = []
+        rejected: list[Rejection] = []
+        dups: list[Duplicate] = []
+        exhausted = False
+        while len(launch) < n:
+            if len(rejected) + len(dups) >= self.max_rejections:
+                exhausted = True
+                break
+            props = self.agent.ask(n - len(launch))
+            if not props:
+                exhausted = True
+                break
+            for prop in props:
+                s = self._screen(prop, lookup, rejected, dups)
+                if s is not None:
+                    launch.append(s)
+        self.rejections.extend(rejected)
+        self.duplicates.extend(dups)
+        return Proposed(tuple(launch), tuple(rejected), tuple(dups), exhausted)
+
+    def _screen(
+        self,
+        prop: Proposal,
+        lookup: Lookup | None,
+        rejected: list[Rejection],
+        dups: list[Duplicate],
+    ) -> Screened | None:
+        key = params_key(prop.params)
+        violations = check(self.space, prop.params, self.features)
+        if violations:
+            first = violations[0]
+            rej = Rejection(
+                params=dict(prop.params),
+                params_key=key,
+                kind="invalid",
+                rule=first.rule,
+                reason="; ".join(str(v) for v in violations),
+                values=dict(first.values),
+            )
+            rejected.append(rej)
+            self.agent.tell(
+                prop.trial_id,
+                Feedback("infeasible", metrics={"rule": first.rule}, failure_class="invalid"),
+            )
+            return None
+        if self.prescreen is not None:
+            verdict = self.prescreen(dict(prop.params))
+            if verdict is not None:
+                failure_class, reason, metrics = verdict
+                rejected.append(
+                    Rejection(
+                        params=dict(prop.params),
+                        params_key=key,
+                        kind=failure_class,
+                        rule="prescreen",
+                        reason=reason,
+                        values=dict(metrics),
+                    )
+                )
+                out = Outcome.failure(failure_class, reason, metrics=metrics, source="estimate")
+                self.agent.tell(prop.trial_id, feedback_from_outcome(self.space, out))
+                return None
+        if lookup is not None and not self.space.budget.repeats:
+            earlier = lookup(key)
+            if earlier is not None:
+                dups.append(Duplicate(dict(prop.params), key, earlier))
+                self.agent.tell(prop.trial_id, feedback_from_outcome(self.space, earlier))
+                return None
+        return Screened(prop.trial_id, dict(prop.params), key)

@@ -1,0 +1,381 @@
+"""Replay of a measured table: trials that answer from measurements instead of training.
+
+A replay table is JSON Lines, one configuration per line (see the shared data README)::
+
+    {"params": {...knobs...}, "status": "ok" | "oom" | "invalid" | "error",
+     "metrics": {"tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib",
+                 "loss": [per step], "error": "..."},
+     "world_size": 1, "model": {...architecture, global_batch_size, seq_length, precision},
+     "hardware": {"gpu": "...", "gpu_memory_gib": 139.8}}
+
+The space of a table is the product of the distinct values of each parameter; a
+combination without a row is invalid. :class:`ReplayTable` answers in-process
+(:meth:`ReplayTable.outcome`, used by ``dse bench``); ``python -m dse.workloads.replay
+--spec trial.json`` is the trial process (the metrics JSONL contract, ``"source": "replay"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dse.exceptions import DSEError, WorkloadError
+from dse.records import Outcome, StepMetrics, TrialSpec
+from dse.space import params_key
+
+__all__ = ["ReplayRow", "ReplayTable", "main"]
+
+STATUSES = ("ok", "oom", "invalid", "error")
+_OK_METRICS = ("tflops_per_gpu", "step_time_s", "peak_mem_gib")
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """One measured configuration of a table."""
+
+    params: dict[str, Any]
+    status: str
+    metrics: dict[str, Any]
+    line: int
+    world_size: int = 1
+    model: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def losses(self) -> list[float]:
+        loss = self.metrics.get("loss")
+        if isinstance(loss, list):
+            return [float(x) for x in loss]
+        return [] if loss is None else [float(loss)]
+
+
+def _value_key(v: Any) -> tuple[int, Any]:
+    if v is None:
+        return (0, 0)
+    if isinstance(v, bool):
+        return (1, int(v))
+    if isinstance(v, int | float):
+        return (2, v)
+    return (3, str(v))
+
+
+class ReplayTable:
+    """A measured table, loaded and checked (see the module docstring)."""
+
+    def __init__(self, rows: Sequence[ReplayRow], path: str | Path | None = None) -> None:
+        if not rows:
+            raise WorkloadError(f"replay table {path}: no rows")
+        self.path = None if path is None else Path(path)
+        self.rows: list[ReplayRow] = list(rows)
+        self.param_names: list[str] = list(rows[0].params)
+        self._index: dict[str, ReplayRow] = {}
+        for r in self.rows:
+            if set(r.params) != set(self.param_names):
+                raise WorkloadError(
+                    f"{self.path}:{r.line}: parameters {sorted(r.params)} differ from the "
+                    f"first row's {sorted(self.param_names)}"
+                )
+            # a configuration measured twice: the first row answers
+            self._index.setdefault(params_key(r.params), r)
+
+    # --- loading ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> ReplayTable:
+        """Read a table; a missing file or a malformed line raises :class:`WorkloadError`
+        naming the file and the line."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise WorkloadError(f"replay table {p}: cannot read it ({e.strerror or e})") from e
+        rows: list[ReplayRow] = []
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise WorkloadError(f"{p}:{i}: not JSON ({e.msg})") from e
+            rows.append(_row(rec, p, i))
+        if not rows:
+            raise WorkloadError(f"replay table {p}: no rows")
+        return cls(rows, p)
+
+    # --- queries ---------------------------------------------------------------------------
+    def space_knobs(self) -> dict[str, list[Any]]:
+        """The distinct values of each parameter, sorted (None, then booleans, numbers,
+        strings), so a table's space does not depend on the order of its rows."""
+        out: dict[str, list[Any]] = {}
+        for name in self.param_names:
+            seen: dict[str, Any] = {}
+            for r in self.rows:
+                seen.setdefault(json.dumps(r.params[name]), r.params[name])
+            out[name] = sorted(seen.values(), key=_value_key)
+        return out
+
+    def lookup(self, params: Mapping[str, Any]) -> ReplayRow | None:
+        """The row measured for ``params`` (only the table's parameters are compared)."""
+        if any(n not in params for n in self.param_names):
+            return None
+        return self._index.get(params_key({n: params[n] for n in self.param_names}))
+
+    def outcome(self, params: Mapping[str, Any]) -> Outcome:
+        """The outcome a trial of ``params`` has in this table (``source="replay"``)."""
+        row = self.lookup(params)
+        if row is None:
+            return Outcome.failure(
+                "invalid", "no measured row for this configuration", source="replay"
+            )
+        return row_outcome(row)
+
+    def best(self, metric: str = "tflops_per_gpu", direction: str = "maximize") -> ReplayRow:
+        """The ok row with the best ``metric``."""
+        ok = [r for r in self.rows if r.status == "ok" and metric in r.metrics]
+        if not ok:
+            raise WorkloadError(f"replay table {self.path}: no ok row with {metric}")
+        sign = 1.0 if direction == "maximize" else -1.0
+        return max(ok, key=lambda r: sign * float(r.metrics[metric]))
+
+    # --- space -----------------------------------------------------------------------------
+    def to_space(
+        self,
+        study: str = "replay",
+        *,
+        agent: Any = None,
+        budget: Any = None,
+        baseline: Mapping[str, Any] | None = None,
+        objectives: Any = None,
+        table: str | None = None,
+        delay_s: float = 0.0,
+    ) -> Any:
+        """A :class:`~dse.space.SearchSpace` over this table.
+
+        The model, semantics and resources come from the first row; every parameter becomes
+        a choice knob over its distinct values (:meth:`space_knobs`), its baseline the first
+        row's value (or ``baseline``'s). ``agent``, ``budget`` and ``objectives`` are
+        passed through (``AgentSpec`` / ``Budget`` / a list of ``Objective``, or dicts);
+        the workload is ``replay`` with ``table`` (default: the path the table was loaded
+        from). Resources declare no optional features (``features: []``).
+        """
+        from pydantic import ValidationError
+
+        from dse.space import SearchSpace
+
+        first = self.rows[0]
+        m = first.model
+        base = dict(baseline) if baseline is not None else dict(first.params)
+        unknown = sorted(set(base) - set(self.param_names))
+        if unknown:
+            raise WorkloadError(f"baseline names {unknown}, which are not parameters of the table")
+        base = {**first.params, **base}
+        ok_losses = [r.losses for r in self.rows if r.status == "ok" and r.losses]
+        steps = len(ok_losses[0]) if ok_losses else 6
+        act = m.get("activation")
+        if m.get("gated_linear_unit"):
+            act = "swiglu"
+        data: dict[str, Any] = {
+            "study": study,
+            "model": {
+                k: v
+                for k, v in {
+                    "num_layers": m.get("num_layers"),
+                    "hidden_size": m.get("hidden_size"),
+                    "num_attention_heads": m.get("num_attention_heads"),
+                    "num_query_groups": m.get("num_query_groups"),
+                    "ffn_hidden_size": m.get("ffn_hidden_size"),
+                    "vocab_size": m.get("vocab_size"),
+                    "activation": act,
+                    "normalization": m.get("normalization"),
+                }.items()
+                if v is not None
+            },
+            "semantics": {
+                "global_batch_size": m.get("global_batch_size"),
+                "seq_length": m.get("seq_length"),
+                "precision": m.get("precision", "bf16"),
+                "steps": steps,
+                "warmup_steps": min(2, steps - 1),
+            },
+            "resources": {
+                "world_size": first.world_size,
+                "gpu": first.hardware.get("gpu"),
+                "gpu_memory_gib": first.hardware.get("gpu_memory_gib"),
+                "features": [],
+            },
+            "knobs": {
+                name: {"domain": {"type": "choice", "values": values}, "baseline": base[name]}
+                for name, values in self.space_knobs().items()
+            },
+            "workload": {
+                "name": "replay",
+                "table": table or (str(self.path) if self.path else "table.jsonl"),
+                "delay_s": delay_s,
+            },
+        }
+        if agent is not None:
+            data["agent"] = agent
+        if budget is not None:
+            data["budget"] = budget
+        if objectives is not None:
+            data["objectives"] = objectives
+        try:
+            return SearchSpace.model_validate(data)
+        except ValidationError as e:
+            raise WorkloadError(f"replay table {self.path}: not a valid space: {e}") from e
+
+
+def _row(rec: Any, path: Path, line: int) -> ReplayRow:
+    where = f"{path}:{line}"
+    if not isinstance(rec, dict):
+        raise WorkloadError(f"{where}: a row must be a JSON object")
+    params = rec.get("params")
+    if not isinstance(params, dict) or not params:
+        raise WorkloadError(f"{where}: 'params' must be a non-empty object")
+    status = rec.get("status")
+    if status not in STATUSES:
+        raise WorkloadError(f"{where}: 'status' must be one of {list(STATUSES)} (got {status!r})")
+    metrics = rec.get("metrics") or {}
+    if not isinstance(metrics, dict):
+        raise WorkloadError(f"{where}: 'metrics' must be an object")
+    if status == "ok":
+        missing = [k for k in _OK_METRICS if not isinstance(metrics.get(k), int | float)]
+        if missing:
+            raise WorkloadError(f"{where}: an ok row needs numeric metrics {missing}")
+        loss = metrics.get("loss")
+        if not (isinstance(loss, list) and loss and all(isinstance(x, int | float) for x in loss)):
+            raise WorkloadError(f"{where}: an ok row needs 'loss', a non-empty list of numbers")
+    if status == "oom" and "peak_mem_gib" in metrics:
+        if not isinstance(metrics["peak_mem_gib"], int | float):
+            raise WorkloadError(f"{where}: 'peak_mem_gib' must be a number")
+    ws = rec.get("world_size", 1)
+    if not isinstance(ws, int) or ws < 1:
+        raise WorkloadError(f"{where}: 'world_size' must be a positive integer")
+    model = rec.get("model") or {}
+    hardware = rec.get("hardware") or {}
+    if not isinstance(model, dict) or not isinstance(hardware, dict):
+        raise WorkloadError(f"{where}: 'model' and 'hardware' must be objects")
+    return ReplayRow(dict(params), status, dict(metrics), line, ws, dict(model), dict(hardware))
+
+
+def _steps(row: ReplayRow) -> tuple[StepMetrics, ...]:
+    m = row.metrics
+    peak = float(m["peak_mem_gib"])
+    return tuple(
+        StepMetrics(
+            step=i,
+            step_time_s=float(m["step_time_s"]),
+            tflops_per_gpu=float(m["tflops_per_gpu"]),
+            peak_mem_gib=peak,
+            peak_reserved_gib=float(m.get("peak_reserved_gib", peak)),
+            loss=loss,
+        )
+        for i, loss in enumerate(row.losses, start=1)
+    )
+
+
+def _summary(row: ReplayRow) -> dict[str, Any]:
+    m = row.metrics
+    peak = float(m["peak_mem_gib"])
+    losses = row.losses
+    return {
+        "tflops_per_gpu": float(m["tflops_per_gpu"]),
+        "step_time_s": float(m["step_time_s"]),
+        "peak_mem_gib": peak,
+        "peak_reserved_gib": float(m.get("peak_reserved_gib", peak)),
+        "loss": losses[-1],
+        "losses": losses,
+        "steps": len(losses),
+    }
+
+
+def _failure(row: ReplayRow) -> tuple[str, str, dict[str, Any]]:
+    m = row.metrics
+    err = str(m.get("error") or "")
+    if row.status == "oom":
+        metrics: dict[str, Any] = {}
+        if isinstance(m.get("peak_mem_gib"), int | float):
+            metrics["peak_mem_gib"] = float(m["peak_mem_gib"])
+        cap = row.hardware.get("gpu_memory_gib")
+        if isinstance(cap, int | float):
+            metrics["gpu_memory_gib"] = float(cap)
+        return "oom", err or "CUDA out of memory", metrics
+    if row.status == "invalid":
+        return "invalid", err or "rejected at build (measured table)", {}
+    return "error", err or "the trial failed (measured table)", {}
+
+
+def row_outcome(row: ReplayRow) -> Outcome:
+    """The outcome of a row, as the trial process would report it."""
+    if row.status == "ok":
+        return Outcome("ok", _summary(row), steps=_steps(row), source="replay")
+    cls, reason, metrics = _failure(row)
+    return Outcome.failure(cls, reason, metrics=metrics, source="replay")
+
+
+# --- the trial process ---------------------------------------------------------------------
+
+
+def _write(f: Any, rec: dict[str, Any]) -> None:
+    f.write(json.dumps(rec) + "\n")
+    f.flush()
+
+
+def run_trial(spec: TrialSpec, *, sleep: Any = time.sleep) -> int:
+    """Answer one trial from its table: sleep ``delay_s`` (step lines spread over it), then
+    write the steps and the summary, or the failure line. Returns the exit status."""
+    out = Path(spec.metrics_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    delay = float(spec.workload.get("delay_s") or 0.0)
+    with out.open("a") as f:
+        try:
+            table_path = spec.workload.get("table")
+            if not table_path:
+                raise WorkloadError("the replay workload needs workload.table")
+            table = ReplayTable.load(table_path)
+        except DSEError as e:
+            _write(f, {"type": "failure", "failure_class": "error", "reason": str(e),
+                       "source": "replay"})  # fmt: skip
+            return 1
+        row = table.lookup(spec.params)
+        if row is None or row.status != "ok":
+            metrics: dict[str, Any] = {}
+            if row is None:
+                cls, reason = "invalid", "no measured row for this configuration"
+            else:
+                cls, reason, metrics = _failure(row)
+            sleep(delay)
+            _write(f, {"type": "failure", "failure_class": cls, "reason": reason,
+                       "metrics": metrics, "source": "replay"})  # fmt: skip
+            return 0
+        steps = _steps(row)
+        for s in steps:
+            sleep(delay / len(steps))
+            _write(f, {"type": "step", "step": s.step, "step_time_s": s.step_time_s,
+                       "tflops_per_gpu": s.tflops_per_gpu, "peak_mem_gib": s.peak_mem_gib,
+                       "peak_reserved_gib": s.peak_reserved_gib, "loss": s.loss,
+                       "grad_norm": None, "source": "replay"})  # fmt: skip
+        _write(f, {"type": "summary", **_summary(row), "source": "replay"})
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dse.workloads.replay --spec trial.json``."""
+    ap = argparse.ArgumentParser(prog="python -m dse.workloads.replay", description=__doc__)
+    ap.add_argument("--spec", required=True, help="trial spec (JSON, dse.records.TrialSpec)")
+    args = ap.parse_args(argv)
+    try:
+        spec = TrialSpec.model_validate_json(Path(args.spec).read_text())
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"replay: bad trial spec {args.spec}: {e}\n")
+        return 2
+    return run_trial(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
