@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dse.exceptions import DSEError, SpaceError, StorageError, StudyNotFoundError
+from dse.export import best_payload, render_best
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "best_payload", "render_best"]
 
 DEFAULT_STORAGE = "sqlite:///dse.db"
 
@@ -252,65 +253,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             v = f"{t['value']:.2f}" if t["value"] is not None else (t["failure_class"] or "")
             _out(f"  {t['number']:>4} {t['state']:<10} {v:<12} {json.dumps(t['params'])}")
     return 0
-
-
-def best_payload(storage: Any, study: Any) -> dict[str, Any]:
-    """The best feasible trial of a study as the ``dse best`` / REST payload."""
-    import yaml
-
-    from dse.space import parse_space
-
-    best = storage.best_trial(study.id, study.direction)
-    if best is None:
-        raise StudyNotFoundError(f"study {study.name!r} has no complete trial yet")
-    space = parse_space(yaml.safe_load(study.space_yaml), f"study {study.name!r}")
-    full = space.full_params(best.params)
-    m = best.metrics
-    return {
-        "study": study.name,
-        "trial": best.number,
-        "objective": {"metric": study.metric, "direction": study.direction, "value": best.value},
-        "params": full,
-        "metrics": {
-            "tflops_per_gpu": m.get("tflops_per_gpu"),
-            "peak_mem_gib": m.get("peak_mem_gib"),
-            "peak_reserved_gib": m.get("peak_reserved_gib"),
-            "step_time_s": m.get("step_time_s"),
-            "loss": m.get("loss"),
-        },
-        "source": best.source,
-        "model": study.model,
-        "hardware": study.hardware,
-    }
-
-
-def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None) -> str:
-    from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
-
-    params = payload["params"]
-    if fmt == "json":
-        return json.dumps(payload, indent=2)
-    if fmt == "yaml":
-        import yaml
-
-        return yaml.safe_dump(payload, sort_keys=False)
-    if fmt == "megatron":
-        return " ".join(to_megatron_args(params, num_layers=num_layers))
-    if fmt == "bridge":
-        return " ".join(f"{k}={_ov(v)}" for k, v in to_bridge_overrides(params).items())
-    if fmt == "nemo":
-        return " ".join(f"{k}={_ov(v)}" for k, v in to_nemo_overrides(params).items())
-    raise ValueError(f"unknown format {fmt!r}")
-
-
-def _ov(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return "[" + ",".join(map(str, v)) + "]"
-    return str(v)
 
 
 def cmd_best(args: argparse.Namespace) -> int:

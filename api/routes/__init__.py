@@ -1,1 +1,15 @@
-"""dse package."""
+"""One router per resource; :data:`api_router` aggregates those under ``/api/v1``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from dse.api.routes import best, studies, system, trials
+
+__all__ = ["api_router"]
+
+api_router = APIRouter()
+api_router.include_router(system.router)
+api_router.include_router(studies.router)
+api_router.include_router(trials.router)
+api_router.include_router(best.router)

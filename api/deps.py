@@ -1,0 +1,133 @@
+"""Dependencies of the routes, as ``Annotated`` aliases (routes list only the aliases)."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from dse.api.config import Settings
+from dse.api.launch import Launcher
+from dse.exceptions import StudyNotFoundError
+from dse.records import StudyRecord
+from dse.storage import Storage, open_storage
+
+__all__ = [
+    "StorageHolder",
+    "SettingsDep",
+    "StorageDep",
+    "StudyDep",
+    "LauncherDep",
+    "WriteAccess",
+    "get_settings",
+    "get_storage",
+    "get_study",
+    "get_launcher",
+    "require_token",
+]
+
+
+class StorageHolder:
+    """Opens the study database on first use (so the app starts while it is down) and
+    closes it at shutdown. Thread-safe: sync routes run in a thread pool."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._storage: Storage | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Storage:
+        """The open storage.
+
+        Raises:
+            StorageError: the database cannot be reached or migrated (answered with 503).
+        """
+        storage = self._storage
+        if storage is not None:
+            return storage
+        with self._lock:
+            if self._storage is None:
+                self._storage = open_storage(self.url)
+            return self._storage
+
+    def close(self) -> None:
+        with self._lock:
+            if self._storage is not None:
+                self._storage.close()
+                self._storage = None
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_storage(request: Request) -> Storage:
+    holder: StorageHolder = request.app.state.storage
+    return holder.get()
+
+
+StorageDep = Annotated[Storage, Depends(get_storage)]
+
+
+def get_study(
+    storage: StorageDep,
+    name: Annotated[str, Path(min_length=1, max_length=255, description="Study name.")],
+) -> StudyRecord:
+    """The study named in the path (404 when there is none)."""
+    if any(ord(c) < 32 for c in name):  # never a stored name; PostgreSQL refuses NUL
+        raise StudyNotFoundError(f"no study named {name!r}")
+    return storage.get_study(name)
+
+
+StudyDep = Annotated[StudyRecord, Depends(get_study)]
+
+
+def get_launcher(request: Request) -> Launcher:
+    launcher: Launcher = request.app.state.launcher
+    return launcher
+
+
+LauncherDep = Annotated[Launcher, Depends(get_launcher)]
+
+_bearer = HTTPBearer(auto_error=False, description="DSE_API_TOKEN of the server.")
+
+
+def require_token(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Write access: ``Authorization: Bearer <DSE_API_TOKEN>``.
+
+    403 when the server has no token (writes disabled), 401 when the header is missing or
+    the token is wrong.
+    """
+    if not settings.writes_enabled or settings.api_token is None:
+        raise HTTPException(
+            status_code=403,
+            detail="write endpoints are disabled: the server has no API token "
+            "(set DSE_API_TOKEN and restart it)",
+        )
+    expected = settings.api_token.get_secret_value().encode()
+    given = (credentials.credentials if credentials is not None else "").encode()
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise HTTPException(
+            status_code=401,
+            detail="this endpoint needs 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not secrets.compare_digest(given, expected):
+        raise HTTPException(
+            status_code=401,
+            detail="invalid API token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+WriteAccess = Depends(require_token)

@@ -1,0 +1,108 @@
+"""Exception handlers: every error leaves as JSON ``{"detail": message}``.
+
+dse's own errors map to 4xx/503 here (the only place where they become HTTP statuses);
+anything else is a bug: logged with its traceback, answered with a bare 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from dse.api.schemas import ErrorPublic
+from dse.exceptions import (
+    DSEError,
+    DuplicatedStudyError,
+    SchemaVersionError,
+    SpaceError,
+    StorageError,
+    StudyFormatError,
+    StudyNotFoundError,
+    TrialLaunchError,
+    TrialNotFoundError,
+    WorkloadError,
+)
+
+__all__ = ["install_error_handlers", "status_of", "ERROR_RESPONSES", "error_responses"]
+
+log = logging.getLogger("dse.api")
+
+#: dse errors and their status, narrowest first.
+_STATUS: tuple[tuple[type[DSEError], int], ...] = (
+    (StudyNotFoundError, 404),
+    (TrialNotFoundError, 404),
+    (DuplicatedStudyError, 409),
+    (SchemaVersionError, 503),
+    (StorageError, 503),
+    (SpaceError, 422),
+    (StudyFormatError, 422),
+    (WorkloadError, 422),
+    (TrialLaunchError, 503),
+)
+
+_DESCRIPTIONS = {
+    401: "Missing or wrong bearer token.",
+    403: "Write endpoints are disabled (no DSE_API_TOKEN on the server).",
+    404: "No such study or trial (or nothing to answer yet).",
+    409: "Conflicts with the current state (a study of that name exists, ...).",
+    422: "Invalid parameters or body; the message names the field.",
+    503: "The study database cannot be reached.",
+}
+
+#: OpenAPI ``responses`` for each documented error status.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorPublic, "description": text} for code, text in _DESCRIPTIONS.items()
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` entries of these error statuses."""
+    return {c: ERROR_RESPONSES[c] for c in codes}
+
+
+def status_of(exc: DSEError) -> int:
+    """The HTTP status of a dse error (400 for one without a narrower mapping)."""
+    for cls, code in _STATUS:
+        if isinstance(exc, cls):
+            return code
+    return 400
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text or type(exc).__name__
+
+
+async def _dse_error(request: Request, exc: Exception) -> JSONResponse:
+    code = status_of(cast(DSEError, exc))  # registered for DSEError only
+    if code >= 500:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse({"detail": _message(exc)}, status_code=code)
+
+
+def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(p) for p in loc) or "request"
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    parts = []
+    for err in cast(RequestValidationError, exc).errors():
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{_loc(err.get('loc', ()))}: {msg}")
+    return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
+
+
+async def _bug(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse({"detail": "internal server error (logged)"}, status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers on ``app``."""
+    app.add_exception_handler(DSEError, _dse_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _bug)

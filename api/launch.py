@@ -1,0 +1,73 @@
+"""Starting a study controller (``dse resume``) as a detached process for ``?start=true``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sqlalchemy.engine import make_url
+
+from dse.exceptions import TrialLaunchError
+
+__all__ = ["Launched", "Launcher", "SubprocessLauncher", "controller_command"]
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A started controller: its pid, command line (no secrets) and log file."""
+
+    pid: int
+    command: list[str]
+    log_path: str | None
+
+
+class Launcher(Protocol):
+    """Starts ``dse resume`` for a study; tests substitute a recorder."""
+
+    def __call__(self, *, study: str, storage_url: str, workdir: str) -> Launched: ...
+
+
+def controller_command(study: str, storage_url: str) -> tuple[list[str], dict[str, str]]:
+    """The command that runs a study's controller, and extra environment variables.
+
+    A URL with a password travels in ``DSE_STORAGE`` rather than on the command line, where
+    every local user could read it.
+    """
+    argv = [sys.executable, "-m", "dse.cli", "resume", "--study", study]
+    try:
+        has_password = make_url(storage_url).password is not None
+    except Exception:  # noqa: BLE001 - an unparsable URL is passed on as given
+        has_password = False
+    if has_password:
+        return argv, {"DSE_STORAGE": storage_url}
+    return [*argv, "--storage", storage_url], {}
+
+
+class SubprocessLauncher:
+    """Runs the controller in its own session (it outlives a restarted API), output appended
+    to ``<workdir>/<study>/controller.log``; a thread reaps it when it exits."""
+
+    def __call__(self, *, study: str, storage_url: str, workdir: str) -> Launched:
+        argv, env = controller_command(study, storage_url)
+        log_path = Path(workdir) / study / "controller.log"
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **env},
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as e:
+            raise TrialLaunchError(f"cannot start the controller of study {study!r}: {e}") from e
+        threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+        return Launched(pid=proc.pid, command=argv, log_path=str(log_path))

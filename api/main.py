@@ -1,0 +1,112 @@
+"""The app factory: REST API under ``/api/v1``, dashboard at ``/``, assets under ``/static``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from dse.api.config import Settings
+from dse.api.deps import StorageHolder
+from dse.api.errors import install_error_handlers
+from dse.api.launch import SubprocessLauncher
+from dse.api.routes import api_router
+from dse.exceptions import StorageError
+
+__all__ = ["create_app", "API_PREFIX", "STATIC_DIR", "plotly_js_path"]
+
+log = logging.getLogger("dse.api")
+
+API_PREFIX = "/api/v1"
+#: Dashboard assets shipped with the package (HTML, JS, CSS; no build step).
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+def plotly_js_path() -> Path | None:
+    """``plotly.min.js`` of the installed ``plotly`` Python package (the 'api' extra), or
+    None. The dashboard loads it from the app, never from a CDN."""
+    try:
+        import plotly
+    except ImportError:
+        return None
+    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    return path if path.is_file() else None
+
+
+def create_app(storage_url: str | None = None, settings: Settings | None = None) -> FastAPI:
+    """Build the app.
+
+    Args:
+        storage_url: the study database (overrides ``settings.storage`` / ``DSE_STORAGE``).
+        settings: service settings (default: read from ``DSE_*`` environment variables).
+
+    The database is opened on first use and closed at shutdown; while it cannot be reached
+    the API answers 503 and ``/api/v1/health`` says why.
+    """
+    settings = settings or Settings()
+    if storage_url:
+        settings = settings.model_copy(update={"storage": storage_url})
+    holder = StorageHolder(settings.storage)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            holder.get()
+        except StorageError as e:  # keep serving: requests answer 503 until it is back
+            log.warning("the study database is not available yet: %s", e)
+        yield
+        holder.close()
+
+    app = FastAPI(
+        title="dse",
+        summary="Design-space exploration of Megatron-Core training recipes",
+        description="Studies, trials, best configurations (Megatron-LM, Megatron-Bridge, "
+        "NeMo-Run), Pareto fronts and pre-launch rejections. Errors are "
+        '`{"detail": message}`. Write endpoints need `Authorization: Bearer <DSE_API_TOKEN>` '
+        "and are disabled (403) when the server has no token.",
+        version=_version(),
+        lifespan=lifespan,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.storage = holder
+    app.state.launcher = SubprocessLauncher()
+    install_error_handlers(app)
+    app.include_router(api_router, prefix=API_PREFIX)
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> FileResponse:
+        path = plotly_js_path()
+        if path is None:
+            raise HTTPException(
+                status_code=404,
+                detail="plotly is not installed: pip install 'dse[api]' for the charts",
+            )
+        return FileResponse(
+            path,
+            media_type="text/javascript",
+            headers={"Cache-Control": "public, max-age=86400"},
+        )
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dse")
+    except PackageNotFoundError:
+        return "0"

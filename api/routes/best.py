@@ -1,0 +1,129 @@
+"""Best configurations: of one study (in every export format) and across studies."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import PlainTextResponse
+
+from dse.api.deps import StorageDep, StudyDep
+from dse.api.errors import error_responses
+from dse.api.schemas import BestFormat, BestPublic, BestQuery, CrossBestPublic, Metric
+from dse.api.views import best_public, best_text, cross_best
+from dse.exceptions import SpaceError
+from dse.storage import Storage
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["best"])
+
+_INT = {"ge": 1, "le": 2**31 - 1}
+
+
+@router.get(
+    "/studies/{name}/best",
+    response_model=BestPublic,
+    responses={
+        200: {
+            "description": "JSON for format=json; the text `dse best --format FORMAT` prints "
+            "(YAML, Megatron-LM arguments, Megatron-Bridge or NeMo-Run overrides) as "
+            "text/plain for the other formats.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        **error_responses(404, 409, 422, 503),
+    },
+)
+def get_best(
+    storage: StorageDep,
+    study: StudyDep,
+    fmt: Annotated[
+        BestFormat,
+        Query(
+            alias="format",
+            description="json (an object with every export) or yaml|megatron|bridge|nemo.",
+        ),
+    ] = "json",
+) -> BestPublic | PlainTextResponse:
+    """The best feasible (complete) trial of a study and its configuration.
+
+    ``format=json`` answers a JSON object whose ``exports`` hold the Megatron-LM arguments
+    and the Megatron-Bridge / NeMo-Run overrides; ``yaml``, ``megatron``, ``bridge`` and
+    ``nemo`` answer exactly what ``dse best --format ...`` prints, as text/plain. 404 while
+    the study has no complete trial.
+    """
+    try:
+        if fmt == "json":
+            return best_public(storage, study)
+        text = best_text(storage, study, fmt)
+        return PlainTextResponse(text if text.endswith("\n") else text + "\n")
+    except SpaceError as e:  # the stored space, not the request, is at fault
+        raise HTTPException(status_code=409, detail=f"the stored space no longer loads: {e}")
+
+
+@router.get(
+    "/best",
+    response_model=CrossBestPublic,
+    responses=error_responses(404, 422, 503),
+)
+def get_best_across(
+    storage: StorageDep,
+    num_layers: Annotated[int | None, Query(**_INT)] = None,
+    hidden_size: Annotated[int | None, Query(**_INT)] = None,
+    num_attention_heads: Annotated[int | None, Query(**_INT)] = None,
+    num_query_groups: Annotated[int | None, Query(**_INT)] = None,
+    ffn_hidden_size: Annotated[int | None, Query(**_INT)] = None,
+    vocab_size: Annotated[int | None, Query(**_INT)] = None,
+    num_moe_experts: Annotated[int | None, Query(**_INT)] = None,
+    gpu: Annotated[
+        str | None, Query(max_length=128, description="GPU name (any case), e.g. 'NVIDIA H200'.")
+    ] = None,
+    world_size: Annotated[int | None, Query(**_INT, description="GPUs per trial.")] = None,
+    device: Annotated[Literal["cuda", "cpu"] | None, Query()] = None,
+    metric: Annotated[Metric, Query(description="Objective the studies optimise.")] = (
+        "tflops_per_gpu"
+    ),
+) -> CrossBestPublic:
+    """The best configuration for this model on this hardware over every matching study.
+
+    Every given field must equal the study's (model fields from its space file; ``gpu``,
+    ``world_size`` and ``device`` from its resources). At least one is needed. 404 when no
+    study matches or none has a complete trial yet. ``POST /best/query`` takes any field.
+    """
+    model = {
+        k: v
+        for k, v in {
+            "num_layers": num_layers,
+            "hidden_size": hidden_size,
+            "num_attention_heads": num_attention_heads,
+            "num_query_groups": num_query_groups,
+            "ffn_hidden_size": ffn_hidden_size,
+            "vocab_size": vocab_size,
+            "num_moe_experts": num_moe_experts,
+        }.items()
+        if v is not None
+    }
+    hardware = {
+        k: v
+        for k, v in {"gpu": gpu, "world_size": world_size, "device": device}.items()
+        if v is not None
+    }
+    return _cross(storage, BestQuery(model=model, hardware=hardware, metric=metric))
+
+
+@router.post(
+    "/best/query",
+    response_model=CrossBestPublic,
+    responses=error_responses(404, 422, 503),
+)
+def query_best(storage: StorageDep, query: BestQuery) -> CrossBestPublic:
+    """Like ``GET /best`` with any model / hardware field in a JSON body (read-only)."""
+    return _cross(storage, query)
+
+
+def _cross(storage: Storage, query: BestQuery) -> CrossBestPublic:
+    if not query.model and not query.hardware:
+        raise HTTPException(
+            status_code=422, detail="give at least one model or hardware field to match by"
+        )
+    return cross_best(storage, query)

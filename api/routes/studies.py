@@ -1,0 +1,203 @@
+"""``/studies``: list, create (optionally start), read, stop; the Pareto view and rejections."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from sqlalchemy.engine import make_url
+from starlette.concurrency import run_in_threadpool
+
+from dse.api.deps import LauncherDep, SettingsDep, StorageDep, StudyDep, WriteAccess
+from dse.api.errors import error_responses
+from dse.api.schemas import (
+    LaunchPublic,
+    ParetoPublic,
+    RejectionsPublic,
+    StudiesPublic,
+    StudyCreatedPublic,
+    StudyPublic,
+)
+from dse.api.views import pareto_public, rejection_public, study_public, study_summary
+from dse.exceptions import SpaceError
+from dse.space import SearchSpace, parse_space
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain")
+_SPACE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "A space file (YAML; JSON is YAML too), as `dse start --space` reads.",
+        "content": {t: {"schema": {"type": "string"}} for t in _YAML_TYPES},
+    }
+}
+#: Study states in which a stop request makes sense.
+_STOPPABLE = ("running", "stopping")
+
+
+@router.get("", response_model=StudiesPublic, responses=error_responses(503))
+def list_studies(storage: StorageDep) -> StudiesPublic:
+    """Every study, oldest first: state, trial counts, best value, GPU-hours."""
+    data = [study_summary(storage, s) for s in storage.list_studies()]
+    return StudiesPublic(data=data, count=len(data))
+
+
+def _space_from_body(body: bytes) -> tuple[SearchSpace, str]:
+    """Validate a space file from a request body (SpaceError -> 422 names the field)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpaceError(f"request body: the space file is not UTF-8 text ({e.reason})") from e
+    if not text.strip():
+        raise SpaceError("request body: empty; send a space file (YAML)")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpaceError(
+            f"request body: not valid YAML{where}: {getattr(e, 'problem', None) or e}"
+        ) from e
+    except RecursionError as e:  # a deeply nested document
+        raise SpaceError("request body: the YAML document is nested too deeply") from e
+    space = parse_space(data, "request body")
+    name = space.study
+    if "/" in name or name in (".", "..") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise SpaceError(
+            f"request body: study: a study name must not contain '/' or control characters "
+            f"and must not be '.' or '..' (study={name!r})"
+        )
+    return space, text
+
+
+@router.post(
+    "",
+    response_model=StudyCreatedPublic,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[WriteAccess],
+    openapi_extra=_SPACE_BODY,
+    responses=error_responses(401, 403, 409, 422, 503),
+)
+async def create_study(
+    request: Request,
+    storage: StorageDep,
+    settings: SettingsDep,
+    launcher: LauncherDep,
+    start: Annotated[
+        bool, Query(description="Also start the study: `dse resume` as a detached process.")
+    ] = False,
+) -> StudyCreatedPublic:
+    """Create a study (state ``created``) from a space file in the body.
+
+    The space is validated like ``dse validate`` does: an error answers 422 with a message
+    naming the field. A study of that name answers 409. ``?start=true`` launches
+    ``dse resume --study NAME --storage URL`` in its own session (output in
+    ``<runner.workdir>/<study>/controller.log``).
+    """
+    space, text = _space_from_body(await request.body())
+    if start and _in_memory(settings.storage):
+        raise HTTPException(
+            status_code=409,
+            detail="cannot start a study controller on an in-memory database "
+            f"({settings.storage}); serve a file or server database",
+        )
+    rec = await run_in_threadpool(
+        storage.create_study,
+        name=space.study,
+        space_yaml=text,
+        space_hash=space.digest(),
+        direction=space.objective.direction,
+        metric=space.objective.metric,
+        model=space.model.model_dump(),
+        hardware={
+            "gpu": space.resources.gpu,
+            "gpu_memory_gib": space.resources.gpu_memory_gib,
+            "world_size": space.resources.world_size,
+            "device": space.resources.device,
+        },
+    )
+    launch = None
+    if start:
+        launched = await run_in_threadpool(
+            lambda: launcher(
+                study=rec.name, storage_url=settings.storage, workdir=space.runner.workdir
+            )
+        )
+        launch = LaunchPublic(
+            pid=launched.pid, command=launched.command, log_path=launched.log_path
+        )
+    public = await run_in_threadpool(study_public, storage, rec)
+    return StudyCreatedPublic(**public.model_dump(), launch=launch)
+
+
+def _in_memory(url: str) -> bool:
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - a malformed URL fails when the storage opens
+        return False
+    return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
+
+
+@router.get("/{name}", response_model=StudyPublic, responses=error_responses(404, 422, 503))
+def get_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
+    """One study: summary, the space file as given, rejections per kind."""
+    return study_public(storage, study)
+
+
+@router.post(
+    "/{name}/stop",
+    response_model=StudyPublic,
+    status_code=status.HTTP_202_ACCEPTED,
+    dependencies=[WriteAccess],
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+)
+def stop_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
+    """Ask a running study to stop: its state becomes ``stopping``; the study loop sees it
+    within seconds, kills and re-queues its running trials and sets ``stopped``."""
+    if study.state not in _STOPPABLE:
+        raise HTTPException(
+            status_code=409,
+            detail=f"study {study.name!r} is not running (state {study.state!r})",
+        )
+    storage.set_study_state(study.name, "stopping")
+    return study_public(storage, storage.get_study(study.name))
+
+
+@router.get(
+    "/{name}/pareto", response_model=ParetoPublic, responses=error_responses(404, 422, 503)
+)
+def get_pareto(storage: StorageDep, study: StudyDep) -> ParetoPublic:
+    """TFLOP/s per GPU vs peak memory: every trial (and pre-launch rejection) as a point
+    with its kind (``complete``, ``oom``, ``invalid``, ``predicted_oom``, ``error``, ...),
+    the non-dominated complete trials flagged ``on_front`` and listed in ``front``."""
+    return pareto_public(storage, study)
+
+
+@router.get(
+    "/{name}/rejections",
+    response_model=RejectionsPublic,
+    responses=error_responses(404, 422, 503),
+)
+def list_rejections(
+    storage: StorageDep,
+    study: StudyDep,
+    kind: Annotated[
+        str | None,
+        Query(max_length=64, description="Only this kind ('invalid', 'predicted_oom')."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> RejectionsPublic:
+    """Proposals rejected before launch, oldest first: the rule and its reason."""
+    counts = storage.count_rejections(study.id)
+    rows = storage.list_rejections(study.id)
+    if kind is not None:
+        rows = [r for r in rows if r.kind == kind]
+    page = rows[offset : offset + limit]
+    return RejectionsPublic(
+        data=[rejection_public(r) for r in page], count=len(rows), counts=counts
+    )

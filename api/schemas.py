@@ -1,0 +1,254 @@
+"""Response and request schemas of the REST API (never the storage records or tables).
+
+Naming follows the full-stack-fastapi-template: ``XPublic`` is what a client sees of an
+``X``, ``XsPublic`` a page of them (``{data, count}``). Non-finite numbers (a NaN loss) are
+sent as ``null``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ErrorPublic",
+    "HealthPublic",
+    "StudySummaryPublic",
+    "StudiesPublic",
+    "StudyPublic",
+    "StudyCreatedPublic",
+    "LaunchPublic",
+    "TrialPublic",
+    "TrialsPublic",
+    "StepPublic",
+    "TrialDetailPublic",
+    "ObjectivePublic",
+    "BestPublic",
+    "BestQuery",
+    "CrossBestPublic",
+    "PointPublic",
+    "ParetoPublic",
+    "RejectionPublic",
+    "RejectionsPublic",
+    "BestFormat",
+    "TrialOrder",
+    "TrialStateName",
+    "Metric",
+]
+
+#: Formats of ``GET /studies/{name}/best``: ``json`` is a JSON object, the others text/plain.
+BestFormat = Literal["json", "yaml", "megatron", "bridge", "nemo"]
+#: Orders of a trial page.
+TrialOrder = Literal["number", "-number", "value", "-value"]
+#: States of a trial.
+TrialStateName = Literal["queued", "running", "complete", "failed", "infeasible", "pruned"]
+#: Objective metrics a study may have.
+Metric = Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"]
+
+
+class ErrorPublic(BaseModel):
+    """Every error response: ``{"detail": message}``."""
+
+    detail: str = Field(description="What went wrong, naming the field or object.")
+
+
+class HealthPublic(BaseModel):
+    """``GET /api/v1/health``."""
+
+    status: Literal["ok"]
+    version: str
+    storage: str = Field(description="The database URL, password hidden.")
+    schema_revision: str
+    writes_enabled: bool = Field(description="Whether an API token is configured.")
+    poll_interval_s: float = Field(description="How often the dashboard polls a running study.")
+
+
+class StudySummaryPublic(BaseModel):
+    """A study in the list: its state, trial counts and best value so far."""
+
+    name: str
+    state: str
+    direction: str
+    metric: str
+    created_at: float
+    counts: dict[str, int] = Field(description="Trials per state, and 'total'.")
+    rejections: int = Field(description="Proposals rejected before launch.")
+    best_value: float | None = Field(description="Best objective value so far.")
+    best_trial: int | None = Field(description="Number of the best trial so far.")
+    gpu_hours: float = Field(description="GPU-hours spent by finished trials.")
+    model: dict[str, Any]
+    hardware: dict[str, Any]
+
+
+class StudiesPublic(BaseModel):
+    data: list[StudySummaryPublic]
+    count: int
+
+
+class StudyPublic(StudySummaryPublic):
+    """One study: the summary, the space file as given and rejections per kind."""
+
+    space_hash: str
+    space_yaml: str
+    rejection_counts: dict[str, int] = Field(description="Rejections per kind.")
+
+
+class LaunchPublic(BaseModel):
+    """A controller started by ``POST /studies?start=true``."""
+
+    pid: int
+    command: list[str] = Field(description="The command line (without secrets).")
+    log_path: str | None
+
+
+class StudyCreatedPublic(StudyPublic):
+    launch: LaunchPublic | None = None
+
+
+class TrialPublic(BaseModel):
+    """A trial in a page (metrics without the per-step loss list)."""
+
+    id: int
+    number: int
+    state: str
+    params: dict[str, Any]
+    value: float | None
+    metrics: dict[str, Any]
+    failure_class: str | None
+    reason: str | None
+    source: str | None
+    host: str | None
+    queued_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    gpu_seconds: float | None
+    attempts: int
+
+
+class TrialsPublic(BaseModel):
+    data: list[TrialPublic]
+    count: int = Field(description="Trials matching the filter (all pages).")
+
+
+class StepPublic(BaseModel):
+    step: int
+    step_time_s: float | None
+    tflops_per_gpu: float | None
+    peak_mem_gib: float | None
+    peak_reserved_gib: float | None
+    loss: float | None
+    grad_norm: float | None
+
+
+class TrialDetailPublic(TrialPublic):
+    """One trial with its per-step metrics and where it ran."""
+
+    study: str
+    runner: str | None
+    log_path: str | None
+    metrics_path: str | None
+    heartbeat_at: float | None
+    history: list[dict[str, Any]]
+    steps: list[StepPublic]
+
+
+class ObjectivePublic(BaseModel):
+    metric: str
+    direction: str
+    value: float | None
+
+
+class BestPublic(BaseModel):
+    """The best feasible trial of a study and its configuration in every export format."""
+
+    study: str
+    trial: int
+    objective: ObjectivePublic
+    params: dict[str, Any] = Field(description="Knob values, fixed ones included.")
+    metrics: dict[str, Any]
+    source: str | None
+    model: dict[str, Any]
+    hardware: dict[str, Any]
+    exports: dict[str, str | None] = Field(
+        description="The configuration as 'megatron' (Megatron-LM arguments), 'bridge' "
+        "(Megatron-Bridge overrides) and 'nemo' (NeMo-Run overrides) text; null where the "
+        "exporter cannot express it."
+    )
+
+
+class BestQuery(BaseModel):
+    """``POST /api/v1/best/query``: match studies by model and hardware fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: dict[str, int | str | bool | None] = Field(
+        default_factory=dict,
+        description="Model fields that must equal the study's (e.g. num_layers, hidden_size).",
+    )
+    hardware: dict[str, int | float | str | None] = Field(
+        default_factory=dict,
+        description="Hardware fields that must equal the study's (gpu, world_size, device, "
+        "gpu_memory_gib); gpu is compared without case.",
+    )
+    metric: Metric = Field("tflops_per_gpu", description="Objective the studies optimise.")
+
+
+class CrossBestPublic(BaseModel):
+    """The best trial over every study that matches a model/hardware query."""
+
+    matched: list[str] = Field(description="Studies whose model and hardware match.")
+    best: BestPublic
+
+
+class PointPublic(BaseModel):
+    """A trial (or a pre-launch rejection) as a point of TFLOP/s vs peak memory.
+
+    ``kind`` is ``complete``, the failure class of a failed or infeasible trial (``oom``,
+    ``invalid``, ``predicted_oom``, ``error``, ``timeout``, ``hang``, ``nan``, ...), or the
+    state of an unfinished one (``queued``, ``running``). Rejections have no trial number;
+    their ``peak_mem_gib`` is the cost model's prediction when there is one.
+    """
+
+    trial_id: int | None
+    number: int | None
+    state: str
+    kind: str
+    source: Literal["trial", "rejection"]
+    value: float | None
+    tflops_per_gpu: float | None
+    peak_mem_gib: float | None
+    step_time_s: float | None
+    gpu_seconds: float | None
+    on_front: bool
+    reason: str | None
+    params: dict[str, Any]
+
+
+class ParetoPublic(BaseModel):
+    """The non-dominated complete trials (max TFLOP/s, min peak memory) and every point."""
+
+    study: str
+    x_metric: Literal["tflops_per_gpu"] = "tflops_per_gpu"
+    y_metric: Literal["peak_mem_gib"] = "peak_mem_gib"
+    direction: str
+    metric: str
+    gpu_memory_gib: float | None = Field(description="Memory per GPU of the study hardware.")
+    front: list[PointPublic] = Field(description="The front, by increasing TFLOP/s.")
+    points: list[PointPublic] = Field(description="Every trial by number, then rejections.")
+
+
+class RejectionPublic(BaseModel):
+    id: int
+    params: dict[str, Any]
+    kind: str = Field(description="'invalid' (a rule) or 'predicted_oom' (the cost model).")
+    rule: str
+    reason: str
+    values: dict[str, Any]
+    created_at: float | None
+
+
+class RejectionsPublic(BaseModel):
+    data: list[RejectionPublic]
+    count: int = Field(description="Rejections matching the filter (all pages).")
+    counts: dict[str, int] = Field(description="Rejections per kind (whole study).")

@@ -1,0 +1,367 @@
+"""What the routes answer, built from storage records: summaries, pages, the Pareto front,
+best configurations (one study or across studies). No HTTP here: errors are
+:mod:`dse.exceptions`, translated by the app's exception handlers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dse.api.schemas import (
+    BestPublic,
+    BestQuery,
+    CrossBestPublic,
+    ParetoPublic,
+    PointPublic,
+    RejectionPublic,
+    StepPublic,
+    StudyPublic,
+    StudySummaryPublic,
+    TrialDetailPublic,
+    TrialPublic,
+)
+from dse.exceptions import StudyNotFoundError
+from dse.export import best_payload, render_best
+from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialRecord
+from dse.storage import Storage
+
+__all__ = [
+    "DEFAULT_DIRECTION",
+    "clean",
+    "finite",
+    "pareto_front",
+    "study_summary",
+    "study_public",
+    "trial_public",
+    "trial_detail",
+    "rejection_public",
+    "points_of",
+    "pareto_public",
+    "best_public",
+    "cross_best",
+    "study_matches",
+]
+
+#: The direction each objective metric is optimised in.
+DEFAULT_DIRECTION: dict[str, str] = {
+    "tflops_per_gpu": "maximize",
+    "tokens_per_s_per_gpu": "maximize",
+    "step_time_s": "minimize",
+    "peak_mem_gib": "minimize",
+}
+
+
+def finite(x: Any) -> float | None:
+    """``x`` as a float, or None when it is missing, not a number, NaN or infinite."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def clean(obj: Any) -> Any:
+    """A JSON-safe copy: non-finite floats become None (JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean(v) for v in obj]
+    return obj
+
+
+# --- studies ------------------------------------------------------------------------------
+
+
+def study_summary(storage: Storage, study: StudyRecord) -> StudySummaryPublic:
+    """A study's state, trial counts, best value and GPU-hours."""
+    fields, _ = _summary_fields(storage, study)
+    return StudySummaryPublic(**fields)
+
+
+def study_public(storage: Storage, study: StudyRecord) -> StudyPublic:
+    """A study's summary plus its space file and rejections per kind."""
+    fields, rejections = _summary_fields(storage, study)
+    return StudyPublic(
+        **fields,
+        space_hash=study.space_hash,
+        space_yaml=study.space_yaml,
+        rejection_counts=rejections,
+    )
+
+
+def _summary_fields(storage: Storage, study: StudyRecord) -> tuple[dict[str, Any], dict[str, int]]:
+    counts = storage.count_trials(study.id)
+    best = storage.best_trial(study.id, study.direction)
+    rejections = storage.count_rejections(study.id)
+    fields = {
+        "name": study.name,
+        "state": study.state,
+        "direction": study.direction,
+        "metric": study.metric,
+        "created_at": study.created_at,
+        "counts": counts,
+        "rejections": sum(rejections.values()),
+        "best_value": None if best is None else finite(best.value),
+        "best_trial": None if best is None else best.number,
+        "gpu_hours": storage.gpu_seconds(study.id) / 3600.0,
+        "model": clean(study.model),
+        "hardware": clean(study.hardware),
+    }
+    return fields, rejections
+
+
+# --- trials -------------------------------------------------------------------------------
+
+
+def _trial_fields(t: TrialRecord) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "number": t.number,
+        "state": t.state,
+        "params": clean(t.params),
+        "value": finite(t.value),
+        "failure_class": t.failure_class,
+        "reason": t.reason,
+        "source": t.source,
+        "host": t.host,
+        "queued_at": t.queued_at,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "gpu_seconds": finite(t.gpu_seconds),
+        "attempts": t.attempts,
+    }
+
+
+def trial_public(t: TrialRecord) -> TrialPublic:
+    """A trial for a page: metrics without the per-step ``losses`` list."""
+    metrics = {k: v for k, v in t.metrics.items() if k != "losses"}
+    return TrialPublic(**_trial_fields(t), metrics=clean(metrics))
+
+
+def _step_public(s: StepMetrics) -> StepPublic:
+    return StepPublic(
+        step=s.step,
+        step_time_s=finite(s.step_time_s),
+        tflops_per_gpu=finite(s.tflops_per_gpu),
+        peak_mem_gib=finite(s.peak_mem_gib),
+        peak_reserved_gib=finite(s.peak_reserved_gib),
+        loss=finite(s.loss),
+        grad_norm=finite(s.grad_norm),
+    )
+
+
+def trial_detail(t: TrialRecord, study: StudyRecord) -> TrialDetailPublic:
+    """A trial with everything: metrics, per-step curves, where it ran, re-queue history."""
+    return TrialDetailPublic(
+        **_trial_fields(t),
+        metrics=clean(t.metrics),
+        study=study.name,
+        runner=t.runner,
+        log_path=t.log_path,
+        metrics_path=t.metrics_path,
+        heartbeat_at=t.heartbeat_at,
+        history=clean(list(t.history)),
+        steps=[_step_public(s) for s in t.steps],
+    )
+
+
+def rejection_public(r: RejectionRecord) -> RejectionPublic:
+    return RejectionPublic(
+        id=r.id,
+        params=clean(r.params),
+        kind=r.kind,
+        rule=r.rule,
+        reason=r.reason,
+        values=clean(r.values),
+        created_at=r.created_at,
+    )
+
+
+# --- Pareto front ---------------------------------------------------------------------------
+
+
+def pareto_front(xy: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the non-dominated points when maximising x and minimising y.
+
+    A point is dominated when another has x >= and y <= with one of them strict; equal
+    points do not dominate each other (both stay). O(n log n). Returns indices by
+    increasing x.
+    """
+    order = sorted(range(len(xy)), key=lambda i: (-xy[i][0], xy[i][1]))
+    front: list[int] = []
+    best_y = math.inf
+    best_x = math.inf
+    for i in order:
+        x, y = xy[i]
+        if y < best_y:
+            front.append(i)
+            best_y, best_x = y, x
+        elif y == best_y and x == best_x:
+            front.append(i)
+    front.sort(key=lambda i: (xy[i][0], -xy[i][1]))
+    return front
+
+
+def _trial_point(t: TrialRecord) -> PointPublic:
+    kind = t.state if t.state != "complete" else "complete"
+    if t.state in ("failed", "infeasible", "pruned"):
+        kind = t.failure_class or t.state
+    m = t.metrics
+    return PointPublic(
+        trial_id=t.id,
+        number=t.number,
+        state=t.state,
+        kind=kind,
+        source="trial",
+        value=finite(t.value),
+        tflops_per_gpu=finite(m.get("tflops_per_gpu")),
+        peak_mem_gib=finite(m.get("peak_mem_gib")),
+        step_time_s=finite(m.get("step_time_s")),
+        gpu_seconds=finite(t.gpu_seconds),
+        on_front=False,
+        reason=t.reason,
+        params=clean(t.params),
+    )
+
+
+def _rejection_point(r: RejectionRecord) -> PointPublic:
+    return PointPublic(
+        trial_id=None,
+        number=None,
+        state="rejected",
+        kind=r.kind,
+        source="rejection",
+        value=None,
+        tflops_per_gpu=None,
+        peak_mem_gib=finite(r.values.get("predicted_peak_mem_gib")),
+        step_time_s=None,
+        gpu_seconds=None,
+        on_front=False,
+        reason=f"{r.rule}: {r.reason}",
+        params=clean(r.params),
+    )
+
+
+def points_of(
+    trials: Iterable[TrialRecord], rejections: Iterable[RejectionRecord]
+) -> tuple[list[PointPublic], list[PointPublic]]:
+    """Every trial and rejection as a point, the front flagged; returns (points, front)."""
+    points = [_trial_point(t) for t in trials]
+    candidates = [
+        i
+        for i, p in enumerate(points)
+        if p.state == "complete" and p.tflops_per_gpu is not None and p.peak_mem_gib is not None
+    ]
+    xy = [(points[i].tflops_per_gpu or 0.0, points[i].peak_mem_gib or 0.0) for i in candidates]
+    front = []
+    for j in pareto_front(xy):
+        p = points[candidates[j]]
+        p.on_front = True
+        front.append(p)
+    points += [_rejection_point(r) for r in rejections]
+    return points, front
+
+
+def pareto_public(storage: Storage, study: StudyRecord) -> ParetoPublic:
+    """TFLOP/s vs peak memory of a study: every point, the front flagged and listed."""
+    trials = storage.list_trials(study.id, order="number")
+    rejections = storage.list_rejections(study.id)
+    points, front = points_of(trials, rejections)
+    return ParetoPublic(
+        study=study.name,
+        direction=study.direction,
+        metric=study.metric,
+        gpu_memory_gib=finite(study.hardware.get("gpu_memory_gib")),
+        front=front,
+        points=points,
+    )
+
+
+# --- best ----------------------------------------------------------------------------------
+
+
+def _exports(payload: dict[str, Any], num_layers: int | None) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for fmt in ("megatron", "bridge", "nemo"):
+        try:
+            out[fmt] = render_best(payload, fmt, num_layers)
+        except (ValueError, KeyError):
+            out[fmt] = None
+    return out
+
+
+def best_public(storage: Storage, study: StudyRecord) -> BestPublic:
+    """The best feasible trial of a study with its configuration in every export format.
+
+    Raises:
+        StudyNotFoundError: the study has no complete trial yet (404).
+        SpaceError: the stored space no longer validates.
+    """
+    payload = best_payload(storage, study)
+    exports = _exports(payload, _num_layers(study))
+    return BestPublic(**clean(payload), exports=exports)
+
+
+def best_text(storage: Storage, study: StudyRecord, fmt: str) -> str:
+    """What ``dse best --format fmt`` prints for the study."""
+    payload = best_payload(storage, study)
+    return render_best(clean(payload), fmt, _num_layers(study))
+
+
+def _num_layers(study: StudyRecord) -> int | None:
+    n = study.model.get("num_layers")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def study_matches(study: StudyRecord, query: BestQuery) -> bool:
+    """Whether a study optimises the query's metric on that model and hardware."""
+    if study.metric != query.metric:
+        return False
+    if study.direction != DEFAULT_DIRECTION.get(query.metric, study.direction):
+        return False
+    for key, want in query.model.items():
+        if study.model.get(key) != want:
+            return False
+    for key, want in query.hardware.items():
+        have = study.hardware.get(key)
+        if key == "gpu" and isinstance(want, str) and isinstance(have, str):
+            if have.casefold() != want.casefold():
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
+    """The best complete trial over every study that matches ``query``.
+
+    Raises:
+        StudyNotFoundError: no study matches, or none has a complete trial (404).
+    """
+    matched = [s for s in storage.list_studies() if study_matches(s, query)]
+    if not matched:
+        raise StudyNotFoundError(f"no study matches {_describe(query)}")
+    best: tuple[float, StudyRecord] | None = None
+    maximize = DEFAULT_DIRECTION.get(query.metric, "maximize") == "maximize"
+    for study in matched:
+        t = storage.best_trial(study.id, study.direction)
+        v = None if t is None else finite(t.value)
+        if v is None:
+            continue
+        if best is None or (v > best[0] if maximize else v < best[0]):
+            best = (v, study)
+    if best is None:
+        names = ", ".join(s.name for s in matched)
+        raise StudyNotFoundError(
+            f"no complete trial yet in the studies that match {_describe(query)} ({names})"
+        )
+    return CrossBestPublic(matched=[s.name for s in matched], best=best_public(storage, best[1]))
+
+
+def _describe(query: BestQuery) -> str:
+    parts = [f"model.{k}={v!r}" for k, v in query.model.items()]
+    parts += [f"hardware.{k}={v!r}" for k, v in query.hardware.items()]
+    parts.append(f"metric={query.metric!r}")
+    return ", ".join(parts)

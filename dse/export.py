@@ -1,0 +1,86 @@
+"""The best configuration of a study as a payload and as launcher text.
+
+Shared by ``dse best`` (:mod:`dse.cli`) and the REST API (:mod:`dse.api`), so both print the
+same thing. Heavy or optional imports (PyYAML, the knob exporters) happen inside the calls.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dse.exceptions import StudyNotFoundError
+
+__all__ = ["BEST_FORMATS", "best_payload", "render_best"]
+
+#: The formats :func:`render_best` knows.
+BEST_FORMATS: tuple[str, ...] = ("json", "yaml", "megatron", "bridge", "nemo")
+
+
+def best_payload(storage: Any, study: Any) -> dict[str, Any]:
+    """The best feasible trial of a study as the ``dse best`` / REST payload.
+
+    Raises:
+        StudyNotFoundError: the study has no complete trial yet.
+        SpaceError: the stored space of the study no longer validates.
+    """
+    import yaml
+
+    from dse.space import parse_space
+
+    best = storage.best_trial(study.id, study.direction)
+    if best is None:
+        raise StudyNotFoundError(f"study {study.name!r} has no complete trial yet")
+    space = parse_space(yaml.safe_load(study.space_yaml), f"study {study.name!r}")
+    full = space.full_params(best.params)
+    m = best.metrics
+    return {
+        "study": study.name,
+        "trial": best.number,
+        "objective": {"metric": study.metric, "direction": study.direction, "value": best.value},
+        "params": full,
+        "metrics": {
+            "tflops_per_gpu": m.get("tflops_per_gpu"),
+            "peak_mem_gib": m.get("peak_mem_gib"),
+            "peak_reserved_gib": m.get("peak_reserved_gib"),
+            "step_time_s": m.get("step_time_s"),
+            "loss": m.get("loss"),
+        },
+        "source": best.source,
+        "model": study.model,
+        "hardware": study.hardware,
+    }
+
+
+def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None) -> str:
+    """``payload`` as JSON, YAML, Megatron-LM arguments or Bridge / NeMo-Run overrides.
+
+    Raises:
+        ValueError: an unknown format, or a configuration the exporter cannot express.
+    """
+    from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
+
+    params = payload["params"]
+    if fmt == "json":
+        return json.dumps(payload, indent=2)
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(payload, sort_keys=False)
+    if fmt == "megatron":
+        return " ".join(to_megatron_args(params, num_layers=num_layers))
+    if fmt == "bridge":
+        return " ".join(f"{k}={_ov(v)}" for k, v in to_bridge_overrides(params).items())
+    if fmt == "nemo":
+        return " ".join(f"{k}={_ov(v)}" for k, v in to_nemo_overrides(params).items())
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def _ov(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ",".join(map(str, v)) + "]"
+    return str(v)

@@ -1,0 +1,125 @@
+"""Fixtures of the API tests: seeded study databases on every backend, clients of the real app.
+
+Backends: a SQLite file and a PostgreSQL database on 127.0.0.1:5432 (one uniquely named
+database per session, dropped at its end; tests marked ``postgres``). Without a reachable
+server the PostgreSQL cases are skipped, except in CI (``CI`` set), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from dse.api import Settings, create_app
+from dse.storage import open_storage
+from tests.api.seed import Seeded, seed_all
+
+with warnings.catch_warnings():
+    # starlette prefers httpx2; with plain httpx its TestClient only warns
+    warnings.filterwarnings("ignore", message=r".*httpx2.*")
+    from starlette.testclient import TestClient
+
+__all__ = ["TestClient", "TOKEN", "make_client"]
+
+PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+TOKEN = "test-token-" + uuid.uuid4().hex[:8]
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+class PgDatabases:
+    """Creates uniquely named databases on the server and drops them all at the end."""
+
+    def __init__(self, admin: Engine) -> None:
+        self.admin = admin
+        self.names: list[str] = []
+
+    def create(self) -> str:
+        name = f"dse_api_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        self.names.append(name)
+        return f"{PG_SERVER}/{name}"
+
+    def drop_all(self) -> None:
+        with self.admin.connect() as conn:
+            for name in self.names:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def pg_databases() -> Iterator[PgDatabases]:
+    """Database factory on the local server (skip when down; fail when ``CI`` is set)."""
+    admin = create_engine(
+        f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
+    )
+    try:
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as e:
+        admin.dispose()
+        msg = f"PostgreSQL is not reachable at {PG_SERVER}: {str(e).splitlines()[0]}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{msg} (CI is set: the PostgreSQL tests must run)")
+        pytest.skip(msg)
+    dbs = PgDatabases(admin)
+    try:
+        yield dbs
+    finally:
+        dbs.drop_all()
+        admin.dispose()
+
+
+def new_url(backend: str, request: pytest.FixtureRequest, folder: Path) -> str:
+    """An empty database of that backend."""
+    if backend == "postgresql":
+        dbs: PgDatabases = request.getfixturevalue("pg_databases")
+        return dbs.create()
+    return f"sqlite:///{folder / ('dse-' + uuid.uuid4().hex[:8] + '.db')}"
+
+
+def make_client(url: str, *, token: str | None = TOKEN, **kw: Any) -> TestClient:
+    """A client of the real app on ``url`` (enter it with ``with``)."""
+    settings = Settings(storage=url, api_token=token, poll_interval_s=1.0)
+    return TestClient(create_app(settings=settings), **kw)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def seeded(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, dict[str, Seeded]]:
+    """A database seeded through the storage API (read-only for the tests): its URL and
+    what is in it."""
+    url = new_url(request.param, request, tmp_path_factory.mktemp("seeded"))
+    storage = open_storage(url)
+    try:
+        seeds = seed_all(storage)
+    finally:
+        storage.close()
+    return url, seeds
+
+
+@pytest.fixture(scope="module")
+def client(seeded: tuple[str, dict[str, Seeded]]) -> Iterator[TestClient]:
+    """A client of the app on the seeded database (write endpoints enabled)."""
+    with make_client(seeded[0]) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def seeds(seeded: tuple[str, dict[str, Seeded]]) -> dict[str, Seeded]:
+    return seeded[1]
+
+
+@pytest.fixture(params=BACKENDS)
+def writable_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database per test, for the write endpoints."""
+    return new_url(request.param, request, tmp_path)
