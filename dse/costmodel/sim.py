@@ -1,0 +1,148 @@
+"""The ``sim`` workload: a trial process that answers from the cost model, not a GPU.
+
+``python -m dse.costmodel.sim --spec trial.json`` reads a :class:`dse.records.TrialSpec`
+and writes the metrics JSONL contract of :mod:`dse.records` to ``spec.metrics_path``: one
+``step`` line per ``semantics.steps`` with the estimated step time, TFLOP/s and peak
+memory, then a ``summary`` line; or, when the configuration is predicted not to fit, one
+``failure`` line of class ``oom``. Every line carries ``"source": "estimate"``. The loss is
+not simulated: step lines carry ``loss: 0.0`` to satisfy the contract.
+
+The trial spec has no GPU description, so the GPU's name and memory come from
+``--gpu`` / ``--gpu-memory-gib``, else the environment (``DSE_SIM_GPU``,
+``DSE_SIM_GPU_MEMORY_GIB``), else the keys ``gpu`` / ``gpu_memory_gib`` of the spec's
+``workload`` mapping; without a capacity everything fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from dse.costmodel.model import CostModel
+from dse.exceptions import DSEError
+from dse.records import TrialSpec
+from dse.space import ModelSpec, Resources, Semantics
+
+__all__ = ["main", "run_trial", "simulate"]
+
+
+def _write(f: IO[str], rec: dict[str, Any]) -> None:
+    f.write(json.dumps(rec) + "\n")
+    f.flush()
+
+
+def simulate(
+    spec: TrialSpec, gpu: str | None = None, gpu_memory_gib: float | None = None
+) -> list[dict[str, Any]]:
+    """The metrics lines of a simulated trial (without writing them)."""
+    model = ModelSpec.model_validate(spec.model)
+    sem = Semantics.model_validate(spec.semantics)
+    wl = spec.workload or {}
+    gpu = gpu or os.environ.get("DSE_SIM_GPU") or wl.get("gpu")
+    if gpu_memory_gib is None:
+        env = os.environ.get("DSE_SIM_GPU_MEMORY_GIB")
+        raw = env if env else wl.get("gpu_memory_gib")
+        gpu_memory_gib = float(raw) if raw not in (None, "") else None
+    res = Resources.model_validate(
+        {
+            "world_size": spec.world_size,
+            "device": spec.device,
+            "gpu": gpu,
+            "gpu_memory_gib": gpu_memory_gib if spec.device == "cuda" else None,
+            "features": list(spec.features) if spec.features is not None else "detect",
+        }
+    )
+    cm = CostModel(model, sem, res)
+    mem = cm.predict_memory(spec.params)
+    fits, total = cm.fits(spec.params, 0.0)
+    if not fits:
+        return [{
+            "type": "failure",
+            "failure_class": "oom",
+            "reason": (
+                f"predicted peak {total:.2f} GiB > {res.gpu_memory_gib} GiB per GPU "
+                f"({mem.peak_phase}, cost-model estimate)"
+            ),
+            "metrics": {"peak_mem_gib": round(mem.allocated_gib, 4),
+                        "predicted_total_gib": round(total, 4)},
+            "source": "estimate",
+        }]  # fmt: skip
+    thr = cm.estimate_throughput(spec.params)
+    peak = round(mem.allocated_gib, 4)
+    reserved = round(mem.allocated_gib + mem.fragmentation_gib, 4)
+    lines: list[dict[str, Any]] = []
+    for step in range(sem.steps):
+        lines.append({
+            "type": "step", "step": step, "step_time_s": thr["step_time_s"],
+            "tflops_per_gpu": thr["tflops_per_gpu"], "peak_mem_gib": peak,
+            "peak_reserved_gib": reserved, "loss": 0.0, "grad_norm": None,
+            "source": "estimate",
+        })  # fmt: skip
+    lines.append(
+        {
+            "type": "summary",
+            "step_time_s": thr["step_time_s"],
+            "tflops_per_gpu": thr["tflops_per_gpu"],
+            "tokens_per_s_per_gpu": thr["tokens_per_s_per_gpu"],
+            "peak_mem_gib": peak,
+            "peak_reserved_gib": reserved,
+            "loss": 0.0,
+            "losses": [0.0] * sem.steps,
+            "steps": sem.steps,
+            "memory": mem.as_dict() | {"details": None},
+            "throughput_breakdown_s": thr["breakdown_s"],
+            "gpu": thr["gpu"],
+            "source": "estimate",
+        }
+    )
+    return lines
+
+
+def run_trial(spec: TrialSpec, gpu: str | None = None, gpu_memory_gib: float | None = None) -> int:
+    """Write the simulated trial's metrics JSONL to ``spec.metrics_path``; 0 on success."""
+    try:
+        lines = simulate(spec, gpu, gpu_memory_gib)
+    except (DSEError, ValidationError, ValueError) as e:
+        lines = [{"type": "failure", "failure_class": "error",
+                  "reason": f"cost model could not estimate the configuration: {e}",
+                  "metrics": {}, "source": "estimate"}]  # fmt: skip
+    delay = float((spec.workload or {}).get("delay_s") or 0.0)
+    if delay > 0:
+        time.sleep(delay)
+    path = Path(spec.metrics_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for rec in lines:
+            _write(f, rec)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dse.costmodel.sim --spec trial.json``."""
+    ap = argparse.ArgumentParser(
+        prog="python -m dse.costmodel.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--spec", required=True, help="trial spec (JSON, dse.records.TrialSpec)")
+    ap.add_argument("--gpu", help="GPU name, e.g. 'NVIDIA H200'")
+    ap.add_argument("--gpu-memory-gib", type=float, help="GPU memory per device (GiB)")
+    args = ap.parse_args(argv)
+    try:
+        spec = TrialSpec.model_validate_json(Path(args.spec).read_text())
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"sim: bad trial spec {args.spec}: {e}\n")
+        return 2
+    return run_trial(spec, args.gpu, args.gpu_memory_gib)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
