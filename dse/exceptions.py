@@ -15,6 +15,7 @@ __all__ = [
     "DuplicatedStudyError",
     "TrialNotFoundError",
     "SchemaVersionError",
+    "StudyFormatError",
     "TrialLaunchError",
     "WorkloadError",
 ]
@@ -50,6 +51,10 @@ class TrialNotFoundError(StorageError, LookupError):
 
 class SchemaVersionError(StorageError):
     """The database was written by a newer dse than this one."""
+
+
+class StudyFormatError(DSEError, ValueError):
+    """An exported study file is malformed or of an unknown format version."""
 
 
 class TrialLaunchError(DSEError):

@@ -147,6 +147,11 @@ class TrialRecord:
     heartbeat_at: float | None = None
     gpu_seconds: float | None = None
     steps: tuple[StepMetrics, ...] = ()
+    #: How many times the trial was re-queued after an interruption (0: never).
+    attempts: int = 0
+    #: One entry per re-queue: ``{"at", "reason", "state", "runner", "host", "started_at",
+    #: "log_path"}`` (what was interrupted, where and why).
+    history: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

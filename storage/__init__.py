@@ -1,1 +1,33 @@
-"""dse package."""
+"""dse.storage: the study database (SQLite embedded, PostgreSQL for several writers).
+
+One database holds everything a study has: the space file as given (and its hash), trials
+with their state, parameters, objective value, per-step metrics, classified failures, log
+locations, owner/host, timings and GPU-seconds, plus the proposals rejected before launch.
+The schema is created and upgraded by the Alembic migrations shipped in
+``dse/storage/migrations`` whenever a database is opened; a database from a newer dse is
+refused (:class:`~dse.exceptions.SchemaVersionError`).
+
+Everything read comes back as frozen records (:mod:`dse.records`), never ORM rows; every
+database error as :class:`~dse.exceptions.StorageError`.
+
+Example::
+
+    from dse.storage import open_storage
+
+    with open_storage("sqlite:///dse_runs/studies.db") as storage:
+        study, created = storage.get_or_create_study(
+            name="llama-8b", space_yaml=text, space_hash=digest, direction="maximize",
+            metric="tflops_per_gpu", model={}, hardware={},
+        )
+        trial = storage.claim_trial(
+            study_id=study.id, params=p, params_key=key, budget=40, runner="me"
+        )
+"""
+
+from __future__ import annotations
+
+from dse.storage._engine import head_revision
+from dse.storage._export import FORMAT, FORMAT_VERSION
+from dse.storage._repository import Storage, open_storage
+
+__all__ = ["Storage", "open_storage", "head_revision", "FORMAT", "FORMAT_VERSION"]

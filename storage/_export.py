@@ -1,0 +1,295 @@
+"""A whole study as one JSON document, and back.
+
+Format (``format_version`` 1)::
+
+    {
+      "format": "dse-study",
+      "format_version": 1,
+      "schema_revision": "0001",          # the database schema it was exported from
+      "exported_at": 1767225600.0,
+      "study": {"name", "space_yaml", "space_hash", "state", "direction", "metric",
+                "model", "hardware", "created_at", "updated_at"},
+      "attrs": {"<key>": <JSON value>, ...},
+      "trials": [{"number", "state", "params", "params_key", "metrics", "value",
+                  "failure_class", "reason", "source", "runner", "host", "log_path",
+                  "metrics_path", "queued_at", "started_at", "finished_at", "heartbeat_at",
+                  "gpu_seconds", "attempts", "history",
+                  "steps": [{"step", "step_time_s", "tflops_per_gpu", "peak_mem_gib",
+                             "peak_reserved_gib", "loss", "grad_norm"}, ...]}, ...],
+      "rejections": [{"params", "params_key", "kind", "rule", "reason", "values",
+                      "created_at"}, ...]
+    }
+
+Database ids are not exported (trials are identified by number). Non-finite floats (a NaN
+loss) are written as Python's ``json`` writes them (``NaN``), which Python reads back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dse.exceptions import StudyFormatError
+from dse.storage._models import (
+    STUDY_STATES,
+    TRIAL_STATES,
+    RejectionModel,
+    StudyAttrModel,
+    StudyModel,
+    TrialModel,
+    TrialParamModel,
+    TrialStepModel,
+)
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "StudyExport", "dump_study", "parse_export", "load_study"]
+
+FORMAT = "dse-study"
+FORMAT_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepExport(_Strict):
+    step: int
+    step_time_s: float | None
+    tflops_per_gpu: float | None
+    peak_mem_gib: float | None
+    peak_reserved_gib: float | None
+    loss: float | None
+    grad_norm: float | None = None
+
+
+class TrialExport(_Strict):
+    number: int = Field(ge=0)
+    state: str
+    params: dict[str, Any]
+    params_key: str
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    value: float | None = None
+    failure_class: str | None = None
+    reason: str | None = None
+    source: str | None = None
+    runner: str | None = None
+    host: str | None = None
+    log_path: str | None = None
+    metrics_path: str | None = None
+    queued_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    heartbeat_at: float | None = None
+    gpu_seconds: float | None = None
+    attempts: int = 0
+    history: list[dict[str, Any]] = Field(default_factory=list)
+    steps: list[StepExport] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known_state(self) -> TrialExport:
+        if self.state not in TRIAL_STATES:
+            raise ValueError(
+                f"trial {self.number}: state must be one of {TRIAL_STATES}, got {self.state!r}"
+            )
+        return self
+
+
+class RejectionExport(_Strict):
+    params: dict[str, Any]
+    params_key: str
+    kind: str
+    rule: str
+    reason: str
+    values: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+
+
+class StudyMetaExport(_Strict):
+    name: str = Field(min_length=1, max_length=255)
+    space_yaml: str
+    space_hash: str
+    state: str
+    direction: Literal["minimize", "maximize"]
+    metric: str
+    model: dict[str, Any] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+    updated_at: float | None = None
+
+    @model_validator(mode="after")
+    def _known_state(self) -> StudyMetaExport:
+        if self.state not in STUDY_STATES:
+            raise ValueError(f"study state must be one of {STUDY_STATES}, got {self.state!r}")
+        return self
+
+
+class StudyExport(_Strict):
+    """The validated form of an export document."""
+
+    format: Literal["dse-study"]
+    format_version: int
+    schema_revision: str | None = None
+    exported_at: float | None = None
+    study: StudyMetaExport
+    attrs: dict[str, Any] = Field(default_factory=dict)
+    trials: list[TrialExport] = Field(default_factory=list)
+    rejections: list[RejectionExport] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _checks(self) -> StudyExport:
+        if not 1 <= self.format_version <= FORMAT_VERSION:
+            raise ValueError(
+                f"format_version {self.format_version} is not readable by this dse "
+                f"(it reads 1..{FORMAT_VERSION}); export it with this dse's version"
+            )
+        numbers = [t.number for t in self.trials]
+        dup = sorted({n for n in numbers if numbers.count(n) > 1})
+        if dup:
+            raise ValueError(f"trial numbers must be unique, repeated: {dup}")
+        return self
+
+
+def parse_export(data: Any) -> StudyExport:
+    """Validate an export document.
+
+    Raises:
+        StudyFormatError: not a dse study export this dse can read (the message says why).
+    """
+    if not isinstance(data, dict):
+        raise StudyFormatError(f"a study export must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise StudyFormatError(
+            f"not a dse study export: 'format' is {data.get('format')!r}, expected {FORMAT!r}"
+        )
+    try:
+        return StudyExport.model_validate(data)
+    except ValidationError as e:
+        raise StudyFormatError(f"invalid dse study export: {e}") from e
+
+
+def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any]:
+    """Everything ``study`` has, as a JSON-serializable dict (inside the caller's session)."""
+    from dse.storage._repository import _steps_of
+
+    attrs = s.scalars(
+        select(StudyAttrModel)
+        .where(StudyAttrModel.study_id == study.id)
+        .order_by(StudyAttrModel.key)
+    ).all()
+    trials = s.scalars(
+        select(TrialModel).where(TrialModel.study_id == study.id).order_by(TrialModel.number)
+    ).all()
+    steps = _steps_of(s, [t.id for t in trials]) if trials else {}
+    rejections = s.scalars(
+        select(RejectionModel)
+        .where(RejectionModel.study_id == study.id)
+        .order_by(RejectionModel.id)
+    ).all()
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "schema_revision": revision,
+        "exported_at": time.time(),
+        "study": {
+            "name": study.name,
+            "space_yaml": study.space_yaml,
+            "space_hash": study.space_hash,
+            "state": study.state,
+            "direction": study.direction,
+            "metric": study.metric,
+            "model": study.model,
+            "hardware": study.hardware,
+            "created_at": study.created_at,
+            "updated_at": study.updated_at,
+        },
+        "attrs": {a.key: a.value for a in attrs},
+        "trials": [
+            {
+                "number": t.number,
+                "state": t.state,
+                "params": t.params,
+                "params_key": t.params_key,
+                "metrics": t.metrics,
+                "value": t.value,
+                "failure_class": t.failure_class,
+                "reason": t.reason,
+                "source": t.source,
+                "runner": t.runner,
+                "host": t.host,
+                "log_path": t.log_path,
+                "metrics_path": t.metrics_path,
+                "queued_at": t.queued_at,
+                "started_at": t.started_at,
+                "finished_at": t.finished_at,
+                "heartbeat_at": t.heartbeat_at,
+                "gpu_seconds": t.gpu_seconds,
+                "attempts": t.attempts,
+                "history": list(t.history or []),
+                "steps": [
+                    {
+                        "step": st.step,
+                        "step_time_s": st.step_time_s,
+                        "tflops_per_gpu": st.tflops_per_gpu,
+                        "peak_mem_gib": st.peak_mem_gib,
+                        "peak_reserved_gib": st.peak_reserved_gib,
+                        "loss": st.loss,
+                        "grad_norm": st.grad_norm,
+                    }
+                    for st in steps.get(t.id, ())
+                ],
+            }
+            for t in trials
+        ],
+        "rejections": [
+            {
+                "params": r.params,
+                "params_key": r.params_key,
+                "kind": r.kind,
+                "rule": r.rule,
+                "reason": r.reason,
+                "values": r.values,
+                "created_at": r.created_at,
+            }
+            for r in rejections
+        ],
+    }
+
+
+def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
+    """Insert an exported study under ``name`` (inside the caller's write session)."""
+    from dse.storage._repository import _param_rows
+
+    meta = export.study
+    study = StudyModel(
+        name=name,
+        space_yaml=meta.space_yaml,
+        space_hash=meta.space_hash,
+        state=meta.state,
+        direction=meta.direction,
+        metric=meta.metric,
+        model=meta.model,
+        hardware=meta.hardware,
+        created_at=meta.created_at,
+        updated_at=meta.updated_at if meta.updated_at is not None else meta.created_at,
+    )
+    s.add(study)
+    s.flush()
+    s.add_all(StudyAttrModel(study_id=study.id, key=k, value=v) for k, v in export.attrs.items())
+    for t in export.trials:
+        row = TrialModel(
+            study_id=study.id,
+            **t.model_dump(exclude={"steps"}),
+        )
+        s.add(row)
+        s.flush()
+        s.add_all(
+            TrialParamModel(trial_id=row.id, name=n, value_json=v)
+            for n, v in _param_rows(t.params)
+        )
+        s.add_all(TrialStepModel(trial_id=row.id, **st.model_dump()) for st in t.steps)
+    s.add_all(RejectionModel(study_id=study.id, **r.model_dump()) for r in export.rejections)
+    s.flush()
+    return study

@@ -1,0 +1,194 @@
+"""SQLAlchemy 2.0 ORM models of a study database (private: records leave as frozen DTOs).
+
+The schema is owned by the Alembic migrations in ``dse/storage/migrations/versions``; these
+models must match them exactly (``tests/storage/test_migrations.py`` compares the two on every
+backend). Times are float epoch seconds (portable across SQLite and PostgreSQL). JSON is kept
+in ``TEXT`` columns through :class:`JSONText`, so values round-trip exactly on both backends,
+including non-finite floats (a NaN loss), which PostgreSQL's ``json`` type would refuse.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import (
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+__all__ = [
+    "Base",
+    "JSONText",
+    "StudyModel",
+    "StudyAttrModel",
+    "TrialModel",
+    "TrialParamModel",
+    "TrialStepModel",
+    "RejectionModel",
+    "TRIAL_STATES",
+    "STUDY_STATES",
+]
+
+#: Every state a trial row may have (mirrors :data:`dse.records.TrialState`).
+TRIAL_STATES: tuple[str, ...] = ("queued", "running", "complete", "failed", "infeasible", "pruned")
+#: Every state a study row may have.
+STUDY_STATES: tuple[str, ...] = (
+    "created",
+    "running",
+    "stopping",
+    "complete",
+    "stopped",
+    "interrupted",
+)
+
+# Deterministic constraint names, identical on every backend (Alembic relies on them).
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_N_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class JSONText(TypeDecorator[Any]):
+    """A JSON value stored as ``TEXT`` (exact round trip; NaN/Infinity allowed)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the dse schema."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class StudyModel(Base):
+    """One study: the space file as given, its hash, the objective and its state."""
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    space_yaml: Mapped[str] = mapped_column(Text)
+    space_hash: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))
+    direction: Mapped[str] = mapped_column(String(16))
+    metric: Mapped[str] = mapped_column(String(128))
+    model: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    hardware: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class StudyAttrModel(Base):
+    """A JSON attribute of a study (cost-model calibration, agent info, ...)."""
+
+    __tablename__ = "study_attrs"
+
+    study_id: Mapped[int] = mapped_column(
+        ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSONText, nullable=True)
+
+
+class TrialModel(Base):
+    """One trial: its configuration, state, outcome, where and when it ran."""
+
+    __tablename__ = "trials"
+    __table_args__ = (
+        UniqueConstraint("study_id", "number"),
+        Index("ix_trials_study_id_state", "study_id", "state"),
+        Index("ix_trials_study_id_value", "study_id", "value"),
+        Index("ix_trials_study_id_params_key", "study_id", "params_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    params: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    params_key: Mapped[str] = mapped_column(Text)
+    metrics: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    value: Mapped[float | None] = mapped_column(Float)
+    failure_class: Mapped[str | None] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text)
+    source: Mapped[str | None] = mapped_column(String(16))
+    runner: Mapped[str | None] = mapped_column(String(255))
+    host: Mapped[str | None] = mapped_column(String(255))
+    log_path: Mapped[str | None] = mapped_column(Text)
+    metrics_path: Mapped[str | None] = mapped_column(Text)
+    queued_at: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    gpu_seconds: Mapped[float | None] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer)
+    history: Mapped[Any] = mapped_column(JSONText, nullable=False)
+
+
+class TrialParamModel(Base):
+    """One knob value of a trial (the same values as ``trials.params``, queryable per knob)."""
+
+    __tablename__ = "trial_params"
+
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value_json: Mapped[str] = mapped_column(Text)
+
+
+class TrialStepModel(Base):
+    """One training step of a trial (rows are replaced as a whole when a trial finishes).
+
+    ``loss`` is nullable because SQLite stores a NaN as NULL; a NULL loss reads back as NaN.
+    """
+
+    __tablename__ = "trial_steps"
+    __table_args__ = (Index("ix_trial_steps_trial_id_step", "trial_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    tflops_per_gpu: Mapped[float | None] = mapped_column(Float)
+    peak_mem_gib: Mapped[float | None] = mapped_column(Float)
+    peak_reserved_gib: Mapped[float | None] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+    grad_norm: Mapped[float | None] = mapped_column(Float)
+
+
+class RejectionModel(Base):
+    """A proposal rejected before launch (a validity rule or the cost-model pre-screen)."""
+
+    __tablename__ = "rejections"
+    __table_args__ = (Index("ix_rejections_study_id_kind", "study_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    params: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    params_key: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(32))
+    rule: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    values: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    created_at: Mapped[float] = mapped_column(Float)

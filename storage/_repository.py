@@ -1,0 +1,1041 @@
+"""The study repository: every read and write of a study database, as frozen records.
+
+Contract (like Optuna's ``BaseStorage``):
+
+* Every method runs in its own transaction and returns frozen records
+  (:mod:`dse.records`), never live ORM rows; a record read earlier is never changed by a
+  later write.
+* Every database error leaves as :class:`~dse.exceptions.StorageError` (or a narrower
+  subclass), chained ``from`` the driver's error. Transient errors (SQLite busy, PostgreSQL
+  serialization failures and deadlocks) are retried a few times first.
+* Several processes may write one study at once (controllers, Ray workers): trial numbers
+  and the budget are claimed atomically (:meth:`Storage.claim_trial`), finishing is
+  idempotent, and racing reconcilers cannot undo a finished trial.
+* A :class:`Storage` may be shared by the threads of one process; each process opens its
+  own (do not carry one across ``fork``).
+
+Trial life cycle::
+
+    claim_trial ─► queued ─► start_trial ─► running ─► finish_trial ─► complete
+                     ▲  ▲                      │                       failed
+                     │  └──── requeue_trial ◄──┘                       infeasible
+                     └─ acquire_queued_trial (take an ownerless queued trial)
+
+``heartbeat_at`` marks a live owner: set by ``claim_trial``, ``start_trial``,
+``acquire_queued_trial`` and ``heartbeat``; ``requeue_trial`` clears it (and the owner), so a
+re-queued trial is free for any controller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy import ColumnElement, Select, case, delete, func, select, update
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import Session
+
+from dse.exceptions import (
+    DuplicatedStudyError,
+    StorageError,
+    StudyNotFoundError,
+    TrialNotFoundError,
+)
+from dse.records import Outcome, RejectionRecord, StepMetrics, StudyRecord, TrialRecord
+from dse.storage._engine import SessionScope, make_engine, migrate, normalize_url
+from dse.storage._models import (
+    STUDY_STATES,
+    TRIAL_STATES,
+    RejectionModel,
+    StudyAttrModel,
+    StudyModel,
+    TrialModel,
+    TrialParamModel,
+    TrialStepModel,
+)
+
+__all__ = ["Storage", "open_storage"]
+
+#: States in which a configuration counts as taken (no second trial unless allow_repeat).
+TAKEN_STATES: tuple[str, ...] = ("queued", "running", "complete", "infeasible")
+#: States of a finished trial.
+FINISHED_STATES: tuple[str, ...] = ("complete", "failed", "infeasible", "pruned")
+#: Trial orders accepted by :meth:`Storage.list_trials`.
+TRIAL_ORDERS: tuple[str, ...] = ("number", "-number", "value", "-value")
+DIRECTIONS: tuple[str, ...] = ("minimize", "maximize")
+
+_Sel = TypeVar("_Sel", bound=Select[Any])
+
+_OUTCOME_STATE = {"ok": "complete", "infeasible": "infeasible", "failed": "failed"}
+
+
+def open_storage(url: str) -> Storage:
+    """Open (and create or upgrade) the study database at ``url``.
+
+    Args:
+        url: a SQLAlchemy URL: ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db``,
+            ``sqlite:///:memory:`` (one process, for tests) or
+            ``postgresql+psycopg://user@host/db`` (``postgresql://`` also gets psycopg 3).
+
+    Returns:
+        A :class:`Storage` whose schema is at this dse's head revision.
+
+    Raises:
+        SchemaVersionError: the database was written by a newer dse.
+        StorageError: the database cannot be reached or migrated.
+
+    Example::
+
+        storage = open_storage("sqlite:///dse_runs/study.db")
+        study, created = storage.get_or_create_study(name="s", ...)
+    """
+    url = normalize_url(url)
+    _make_sqlite_parent(url)
+    engine = make_engine(url)
+    try:
+        revision = migrate(engine, url)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Storage(engine, url=url, revision=revision)
+
+
+class Storage:
+    """A study database: studies, trials, per-step metrics, rejections, exports.
+
+    Made by :func:`open_storage`; see the module docstring for the contract.
+    """
+
+    def __init__(self, engine: Engine, *, url: str, revision: str) -> None:
+        self.url = url
+        self.revision = revision
+        self._engine = engine
+        self._db = SessionScope(engine)
+
+    def __repr__(self) -> str:
+        return f"Storage({self._engine.url.render_as_string(hide_password=True)!r})"
+
+    def close(self) -> None:
+        """Release the connections (an in-memory database is gone after this)."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
+    # --- studies ------------------------------------------------------------------------
+
+    def create_study(
+        self,
+        *,
+        name: str,
+        space_yaml: str,
+        space_hash: str,
+        direction: str,
+        metric: str,
+        model: dict[str, Any],
+        hardware: dict[str, Any],
+    ) -> StudyRecord:
+        """Create a study in state ``created``.
+
+        Raises:
+            DuplicatedStudyError: a study of that name exists.
+            ValueError: ``direction`` is not ``minimize`` or ``maximize``.
+        """
+        _check_direction(direction)
+        _check_json(model, "model")
+        _check_json(hardware, "hardware")
+
+        def fn(s: Session) -> StudyRecord:
+            if _study_by_name(s, name) is not None:
+                raise DuplicatedStudyError(f"a study named {name!r} already exists")
+            return _study_record(
+                _insert_study(s, name, space_yaml, space_hash, direction, metric, model, hardware)
+            )
+
+        return self._db.run(fn, write=True, retry_integrity=True, what=f"create study {name!r}")
+
+    def get_or_create_study(
+        self,
+        *,
+        name: str,
+        space_yaml: str,
+        space_hash: str,
+        direction: str,
+        metric: str,
+        model: dict[str, Any],
+        hardware: dict[str, Any],
+    ) -> tuple[StudyRecord, bool]:
+        """The study of that name (``created=False``) or a new one (``True``).
+
+        Safe between processes: a racing creator's row is found on retry.
+
+        Raises:
+            DuplicatedStudyError: a study of that name exists with a different space hash.
+        """
+        _check_direction(direction)
+        _check_json(model, "model")
+        _check_json(hardware, "hardware")
+
+        def fn(s: Session) -> tuple[StudyRecord, bool]:
+            row = _study_by_name(s, name)
+            if row is not None:
+                if row.space_hash != space_hash:
+                    raise DuplicatedStudyError(
+                        f"study {name!r} exists with a different space (stored space_hash="
+                        f"{row.space_hash!r}, given space_hash={space_hash!r}); pick another "
+                        "study name or restore the original space file"
+                    )
+                return _study_record(row), False
+            row = _insert_study(
+                s, name, space_yaml, space_hash, direction, metric, model, hardware
+            )
+            return _study_record(row), True
+
+        return self._db.run(
+            fn, write=True, retry_integrity=True, what=f"get or create study {name!r}"
+        )
+
+    def get_study(self, name: str) -> StudyRecord:
+        """The study of that name.
+
+        Raises:
+            StudyNotFoundError: no such study.
+        """
+
+        def fn(s: Session) -> StudyRecord:
+            return _study_record(_study_or_raise(s, name))
+
+        return self._db.run(fn, write=False, what=f"get study {name!r}")
+
+    def get_study_by_id(self, study_id: int) -> StudyRecord:
+        """The study with that id.
+
+        Raises:
+            StudyNotFoundError: no such study.
+        """
+
+        def fn(s: Session) -> StudyRecord:
+            return _study_record(_study_id_or_raise(s, study_id))
+
+        return self._db.run(fn, write=False, what=f"get study {study_id}")
+
+    def list_studies(self) -> list[StudyRecord]:
+        """Every study, oldest first."""
+
+        def fn(s: Session) -> list[StudyRecord]:
+            rows = s.scalars(select(StudyModel).order_by(StudyModel.id)).all()
+            return [_study_record(r) for r in rows]
+
+        return self._db.run(fn, write=False, what="list studies")
+
+    def set_study_state(self, name: str, state: str) -> None:
+        """Set a study's state (one of ``STUDY_STATES``: created, running, stopping, complete,
+        stopped, interrupted).
+
+        Raises:
+            ValueError: an unknown state.
+            StudyNotFoundError: no such study.
+        """
+        if state not in STUDY_STATES:
+            raise ValueError(f"study state must be one of {STUDY_STATES}, got {state!r}")
+
+        def fn(s: Session) -> None:
+            row = _study_or_raise(s, name)
+            row.state = state
+            row.updated_at = time.time()
+
+        self._db.run(fn, write=True, what=f"set state of study {name!r}")
+
+    def delete_study(self, name: str) -> None:
+        """Delete a study and everything it has.
+
+        Raises:
+            StudyNotFoundError: no such study.
+        """
+
+        def fn(s: Session) -> None:
+            row = _study_or_raise(s, name)
+            s.execute(delete(StudyModel).where(StudyModel.id == row.id))
+
+        self._db.run(fn, write=True, what=f"delete study {name!r}")
+
+    def set_study_attr(self, study_id: int, key: str, value: Any) -> None:
+        """Set one JSON attribute of a study (cost-model calibration, agent info, ...).
+
+        Raises:
+            ValueError: ``value`` is not JSON-serializable.
+            StudyNotFoundError: no such study.
+        """
+        _check_json(value, f"study attribute {key!r}")
+
+        def fn(s: Session) -> None:
+            _study_id_or_raise(s, study_id)
+            row = s.get(StudyAttrModel, (study_id, key))
+            if row is None:
+                s.add(StudyAttrModel(study_id=study_id, key=key, value=value))
+            else:
+                row.value = value
+
+        self._db.run(fn, write=True, retry_integrity=True, what=f"set study attribute {key!r}")
+
+    def get_study_attrs(self, study_id: int) -> dict[str, Any]:
+        """Every attribute of a study (an empty dict if none; no check that it exists)."""
+
+        def fn(s: Session) -> dict[str, Any]:
+            rows = s.scalars(
+                select(StudyAttrModel)
+                .where(StudyAttrModel.study_id == study_id)
+                .order_by(StudyAttrModel.key)
+            ).all()
+            return {r.key: r.value for r in rows}
+
+        return self._db.run(fn, write=False, what="get study attributes")
+
+    # --- trials: writes -------------------------------------------------------------------
+
+    def claim_trial(
+        self,
+        *,
+        study_id: int,
+        params: dict[str, Any],
+        params_key: str,
+        budget: int,
+        allow_repeat: bool = False,
+        runner: str | None = None,
+    ) -> TrialRecord | None:
+        """Atomically add a ``queued`` trial with the next number, within the budget.
+
+        Multi-writer safe: the study row is locked for the transaction (PostgreSQL
+        ``SELECT ... FOR UPDATE``; SQLite ``BEGIN IMMEDIATE``), so numbers are contiguous
+        (0, 1, 2, ...) and the budget is never exceeded, whoever claims.
+
+        Args:
+            study_id: the study.
+            params: the configuration (JSON values).
+            params_key: its canonical key (:func:`dse.space.params_key`).
+            budget: the most trials the study may have (every trial row counts).
+            allow_repeat: claim even if a trial of this configuration is queued, running,
+                complete or infeasible (failed and pruned ones never block a retry).
+            runner: the claiming owner (e.g. ``host:pid:token``); its heartbeat starts now.
+
+        Returns:
+            The new trial, or None when the budget is spent or the configuration is taken.
+
+        Raises:
+            StudyNotFoundError: no such study.
+        """
+        _check_json(params, "params")
+        param_rows = _param_rows(params)
+
+        def fn(s: Session) -> TrialRecord | None:
+            locked = s.execute(
+                select(StudyModel.id).where(StudyModel.id == study_id).with_for_update()
+            ).scalar_one_or_none()
+            if locked is None:
+                raise StudyNotFoundError(f"no study with id {study_id}")
+            total, top = s.execute(
+                select(func.count(TrialModel.id), func.max(TrialModel.number)).where(
+                    TrialModel.study_id == study_id
+                )
+            ).one()
+            if total >= budget:
+                return None
+            if not allow_repeat:
+                taken = s.execute(
+                    select(TrialModel.id)
+                    .where(
+                        TrialModel.study_id == study_id,
+                        TrialModel.params_key == params_key,
+                        TrialModel.state.in_(TAKEN_STATES),
+                    )
+                    .limit(1)
+                ).first()
+                if taken is not None:
+                    return None
+            now = time.time()
+            row = TrialModel(
+                study_id=study_id,
+                number=0 if top is None else top + 1,
+                state="queued",
+                params=params,
+                params_key=params_key,
+                metrics={},
+                runner=runner,
+                queued_at=now,
+                heartbeat_at=now,
+                attempts=0,
+                history=[],
+            )
+            s.add(row)
+            s.flush()
+            s.add_all(
+                TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in param_rows
+            )
+            return _trial_record(row)
+
+        return self._db.run(fn, write=True, retry_integrity=True, what="claim a trial")
+
+    def acquire_queued_trial(
+        self, study_id: int, *, runner: str, older_than_s: float | None = None
+    ) -> TrialRecord | None:
+        """Atomically take the lowest-numbered ownerless ``queued`` trial for ``runner``.
+
+        A queued trial is ownerless when it has no heartbeat (re-queued, or imported), or,
+        with ``older_than_s``, when its owner's heartbeat is older than that (the claiming
+        controller died before starting it). The trial stays ``queued``; its owner and
+        heartbeat become ``runner`` and now. Two controllers never acquire the same trial.
+
+        Returns:
+            The trial, or None when there is none to take.
+        """
+
+        def fn(s: Session) -> TrialRecord | None:
+            free: ColumnElement[bool] = TrialModel.heartbeat_at.is_(None)
+            if older_than_s is not None:
+                free = free | (TrialModel.heartbeat_at < time.time() - older_than_s)
+            row = s.scalars(
+                select(TrialModel)
+                .where(TrialModel.study_id == study_id, TrialModel.state == "queued", free)
+                .order_by(TrialModel.number)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            ).first()
+            if row is None:
+                return None
+            row.runner = runner
+            row.heartbeat_at = time.time()
+            return _trial_record(row)
+
+        return self._db.run(fn, write=True, what="acquire a queued trial")
+
+    def start_trial(
+        self,
+        trial_id: int,
+        *,
+        runner: str,
+        host: str,
+        log_path: str | None,
+        metrics_path: str | None,
+    ) -> TrialRecord:
+        """Mark a trial ``running`` (started and heartbeat now) on ``runner`` at ``host``.
+
+        A trial that is already finished is returned unchanged (check ``.state``): a
+        racing controller finished it, and its result is kept.
+
+        Raises:
+            TrialNotFoundError: no such trial.
+        """
+
+        def fn(s: Session) -> TrialRecord:
+            row = _trial_or_raise(s, trial_id, for_update=True)
+            if row.state in FINISHED_STATES:
+                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+            now = time.time()
+            row.state = "running"
+            row.runner = runner
+            row.host = host
+            row.log_path = log_path
+            row.metrics_path = metrics_path
+            row.started_at = now
+            row.heartbeat_at = now
+            return _trial_record(row)
+
+        return self._db.run(fn, write=True, what=f"start trial {trial_id}")
+
+    def heartbeat(self, trial_ids: Iterable[int]) -> None:
+        """Refresh the heartbeat of these trials (those still queued or running)."""
+        ids = list(trial_ids)
+        if not ids:
+            return
+
+        def fn(s: Session) -> None:
+            s.execute(
+                update(TrialModel)
+                .where(TrialModel.id.in_(ids), TrialModel.state.in_(("queued", "running")))
+                .values(heartbeat_at=time.time())
+            )
+
+        self._db.run(fn, write=True, what="heartbeat")
+
+    def finish_trial(
+        self,
+        trial_id: int,
+        outcome: Outcome,
+        *,
+        value: float | None,
+        gpu_seconds: float | None = None,
+    ) -> TrialRecord:
+        """Store a trial's outcome: ``ok`` -> complete, else failed / infeasible.
+
+        Stores the metrics, value, failure class and reason, source, finish time, GPU-seconds
+        and the per-step metrics (replacing any earlier steps of the trial).
+
+        Idempotent and never loses a result: a ``complete`` trial is returned unchanged; a
+        trial already failed / infeasible / pruned is returned unchanged unless the new
+        outcome is ``ok`` (a result found later, e.g. in the metrics file of a trial that was
+        declared interrupted, replaces the failure).
+
+        Raises:
+            TrialNotFoundError: no such trial.
+            ValueError: the metrics are not JSON-serializable.
+        """
+        _check_json(outcome.metrics, "outcome.metrics")
+        state = _OUTCOME_STATE.get(outcome.status)
+        if state is None:
+            raise ValueError(f"unknown outcome status {outcome.status!r}")
+
+        def fn(s: Session) -> TrialRecord:
+            row = _trial_or_raise(s, trial_id, for_update=True)
+            if row.state == "complete" or (row.state in FINISHED_STATES and not outcome.ok):
+                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+            row.state = state
+            row.metrics = dict(outcome.metrics)
+            row.value = value
+            row.failure_class = outcome.failure_class
+            row.reason = outcome.reason
+            row.source = outcome.source
+            row.finished_at = time.time()
+            if gpu_seconds is not None:
+                row.gpu_seconds = gpu_seconds
+            s.execute(delete(TrialStepModel).where(TrialStepModel.trial_id == row.id))
+            s.add_all(_step_rows(row.id, outcome.steps))
+            return _trial_record(row, tuple(outcome.steps))
+
+        return self._db.run(fn, write=True, what=f"finish trial {trial_id}")
+
+    def requeue_trial(self, trial_id: int, *, reason: str) -> TrialRecord:
+        """Put an interrupted (running or queued) trial back in the queue, ownerless.
+
+        Keeps its number; clears the owner, host, start and heartbeat; counts the attempt
+        and appends ``reason`` (with what was interrupted) to its history. A finished trial
+        is returned unchanged (a racing controller finished it).
+
+        Raises:
+            TrialNotFoundError: no such trial.
+        """
+
+        def fn(s: Session) -> TrialRecord:
+            row = _trial_or_raise(s, trial_id, for_update=True)
+            if row.state in FINISHED_STATES:
+                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+            entry = {
+                "at": time.time(),
+                "reason": reason,
+                "state": row.state,
+                "runner": row.runner,
+                "host": row.host,
+                "started_at": row.started_at,
+                "log_path": row.log_path,
+            }
+            row.history = [*(row.history or []), entry]
+            row.attempts = (row.attempts or 0) + 1
+            row.state = "queued"
+            row.runner = None
+            row.host = None
+            row.started_at = None
+            row.heartbeat_at = None
+            return _trial_record(row)
+
+        return self._db.run(fn, write=True, what=f"requeue trial {trial_id}")
+
+    # --- trials: reads --------------------------------------------------------------------
+
+    def get_trial(self, trial_id: int, *, with_steps: bool = True) -> TrialRecord:
+        """The trial with that id.
+
+        Raises:
+            TrialNotFoundError: no such trial.
+        """
+
+        def fn(s: Session) -> TrialRecord:
+            row = _trial_or_raise(s, trial_id)
+            steps = _steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
+            return _trial_record(row, steps)
+
+        return self._db.run(fn, write=False, what=f"get trial {trial_id}")
+
+    def get_trial_by_number(
+        self, study_id: int, number: int, *, with_steps: bool = True
+    ) -> TrialRecord:
+        """The trial of that number in a study.
+
+        Raises:
+            TrialNotFoundError: no such trial.
+        """
+
+        def fn(s: Session) -> TrialRecord:
+            row = s.scalars(
+                select(TrialModel).where(
+                    TrialModel.study_id == study_id, TrialModel.number == number
+                )
+            ).one_or_none()
+            if row is None:
+                raise TrialNotFoundError(f"no trial number {number} in study {study_id}")
+            steps = _steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
+            return _trial_record(row, steps)
+
+        return self._db.run(fn, write=False, what=f"get trial number {number}")
+
+    def list_trials(
+        self,
+        study_id: int,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        order: str = "number",
+        with_steps: bool = False,
+    ) -> list[TrialRecord]:
+        """A study's trials.
+
+        Args:
+            state: only this state.
+            limit, offset: a page.
+            order: ``number``, ``-number``, ``value`` or ``-value`` (trials without a value
+                last, ties by number).
+            with_steps: also load the per-step metrics.
+        """
+        if state is not None and state not in TRIAL_STATES:
+            raise ValueError(f"trial state must be one of {TRIAL_STATES}, got {state!r}")
+        if order not in TRIAL_ORDERS:
+            raise ValueError(f"order must be one of {TRIAL_ORDERS}, got {order!r}")
+
+        def fn(s: Session) -> list[TrialRecord]:
+            q = select(TrialModel).where(TrialModel.study_id == study_id)
+            if state is not None:
+                q = q.where(TrialModel.state == state)
+            q = _ordered(q, order).offset(offset)
+            if limit is not None:
+                q = q.limit(limit)
+            rows = s.scalars(q).all()
+            steps = _steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
+            return [_trial_record(r, steps.get(r.id, ())) for r in rows]
+
+        return self._db.run(fn, write=False, what="list trials")
+
+    def count_trials(self, study_id: int) -> dict[str, int]:
+        """Trials per state (every state present, 0 if none) and ``"total"``."""
+
+        def fn(s: Session) -> dict[str, int]:
+            rows = s.execute(
+                select(TrialModel.state, func.count(TrialModel.id))
+                .where(TrialModel.study_id == study_id)
+                .group_by(TrialModel.state)
+            ).all()
+            counts = dict.fromkeys(TRIAL_STATES, 0)
+            for st, n in rows:
+                counts[st] = int(n)
+            counts["total"] = sum(int(n) for _, n in rows)
+            return counts
+
+        return self._db.run(fn, write=False, what="count trials")
+
+    def gpu_seconds(self, study_id: int) -> float:
+        """GPU-seconds spent by a study's trials (the sum over trials that recorded it; 0.0
+        when none did)."""
+
+        def fn(s: Session) -> float:
+            total = s.execute(
+                select(func.sum(TrialModel.gpu_seconds)).where(TrialModel.study_id == study_id)
+            ).scalar_one()
+            return float(total or 0.0)
+
+        return self._db.run(fn, write=False, what="sum GPU-seconds")
+
+    def find_trial(self, study_id: int, params_key: str) -> TrialRecord | None:
+        """The first finished (complete or infeasible) trial of that configuration, if any.
+
+        Answers a duplicate proposal from storage instead of running it again.
+        """
+
+        def fn(s: Session) -> TrialRecord | None:
+            row = s.scalars(
+                select(TrialModel)
+                .where(
+                    TrialModel.study_id == study_id,
+                    TrialModel.params_key == params_key,
+                    TrialModel.state.in_(("complete", "infeasible")),
+                )
+                .order_by(TrialModel.number)
+                .limit(1)
+            ).first()
+            return None if row is None else _trial_record(row)
+
+        return self._db.run(fn, write=False, what="find trial")
+
+    def best_trial(self, study_id: int, direction: str) -> TrialRecord | None:
+        """The complete trial with the best value (ties: the lowest number), or None."""
+        _check_direction(direction)
+
+        def fn(s: Session) -> TrialRecord | None:
+            value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            row = s.scalars(
+                select(TrialModel)
+                .where(
+                    TrialModel.study_id == study_id,
+                    TrialModel.state == "complete",
+                    TrialModel.value.is_not(None),
+                )
+                .order_by(value, TrialModel.number)
+                .limit(1)
+            ).first()
+            return None if row is None else _trial_record(row)
+
+        return self._db.run(fn, write=False, what="best trial")
+
+    def stale_trials(
+        self,
+        study_id: int,
+        *,
+        older_than_s: float,
+        states: Sequence[str] = ("running",),
+    ) -> list[TrialRecord]:
+        """Trials in ``states`` whose owner has not sent a heartbeat for ``older_than_s``.
+
+        The last sign of life is the heartbeat, else the start, else the queueing time.
+        Reconcile each with :meth:`finish_trial` (its metrics file has a result) or
+        :meth:`requeue_trial`; both are safe against a racing controller.
+        """
+        bad = [st for st in states if st not in TRIAL_STATES]
+        if bad:
+            raise ValueError(f"trial states must be among {TRIAL_STATES}, got {bad}")
+
+        def fn(s: Session) -> list[TrialRecord]:
+            seen = func.coalesce(
+                TrialModel.heartbeat_at, TrialModel.started_at, TrialModel.queued_at
+            )
+            rows = s.scalars(
+                select(TrialModel)
+                .where(
+                    TrialModel.study_id == study_id,
+                    TrialModel.state.in_(list(states)),
+                    seen < time.time() - older_than_s,
+                )
+                .order_by(TrialModel.number)
+            ).all()
+            return [_trial_record(r) for r in rows]
+
+        return self._db.run(fn, write=False, what="stale trials")
+
+    # --- rejections -----------------------------------------------------------------------
+
+    def add_rejection(
+        self,
+        *,
+        study_id: int,
+        params: dict[str, Any],
+        params_key: str,
+        kind: str,
+        rule: str,
+        reason: str,
+        values: dict[str, Any],
+    ) -> RejectionRecord:
+        """Record a proposal rejected before launch (``kind``: ``invalid`` | ``predicted_oom``).
+
+        Raises:
+            StudyNotFoundError: no such study.
+        """
+        _check_json(params, "params")
+        _check_json(values, "values")
+
+        def fn(s: Session) -> RejectionRecord:
+            _study_id_or_raise(s, study_id)
+            row = RejectionModel(
+                study_id=study_id,
+                params=params,
+                params_key=params_key,
+                kind=kind,
+                rule=rule,
+                reason=reason,
+                values=values,
+                created_at=time.time(),
+            )
+            s.add(row)
+            s.flush()
+            return _rejection_record(row)
+
+        return self._db.run(fn, write=True, what="add rejection")
+
+    def list_rejections(self, study_id: int, *, limit: int | None = None) -> list[RejectionRecord]:
+        """A study's rejections, oldest first."""
+
+        def fn(s: Session) -> list[RejectionRecord]:
+            q = (
+                select(RejectionModel)
+                .where(RejectionModel.study_id == study_id)
+                .order_by(RejectionModel.id)
+            )
+            if limit is not None:
+                q = q.limit(limit)
+            return [_rejection_record(r) for r in s.scalars(q).all()]
+
+        return self._db.run(fn, write=False, what="list rejections")
+
+    def count_rejections(
+        self, study_id: int, *, by: Literal["kind", "rule"] = "kind"
+    ) -> dict[str, int]:
+        """Rejections per kind (or per rule); no total key, so ``sum(...values())`` is it."""
+        col = RejectionModel.kind if by == "kind" else RejectionModel.rule
+
+        def fn(s: Session) -> dict[str, int]:
+            rows = s.execute(
+                select(col, func.count(RejectionModel.id))
+                .where(RejectionModel.study_id == study_id)
+                .group_by(col)
+                .order_by(col)
+            ).all()
+            return {str(k): int(n) for k, n in rows}
+
+        return self._db.run(fn, write=False, what="count rejections")
+
+    # --- export / import ------------------------------------------------------------------
+
+    def export_study(self, name: str) -> dict[str, Any]:
+        """Everything a study has as one JSON-serializable dict (see :mod:`._export`).
+
+        Raises:
+            StudyNotFoundError: no such study.
+        """
+        from dse.storage._export import dump_study
+
+        def fn(s: Session) -> dict[str, Any]:
+            return dump_study(s, _study_or_raise(s, name), revision=self.revision)
+
+        return self._db.run(fn, write=False, what=f"export study {name!r}")
+
+    def import_study(self, data: dict[str, Any], *, name: str | None = None) -> StudyRecord:
+        """Create a study from :meth:`export_study`'s dict (optionally under another name).
+
+        Trial numbers, states, timings, steps and rejections are kept; ids are new.
+
+        Raises:
+            StudyFormatError: ``data`` is not a dse study export this dse can read.
+            DuplicatedStudyError: a study of that name exists.
+        """
+        from dse.storage._export import load_study, parse_export
+
+        export = parse_export(data)
+        target = name or export.study.name
+
+        def fn(s: Session) -> StudyRecord:
+            if _study_by_name(s, target) is not None:
+                raise DuplicatedStudyError(f"a study named {target!r} already exists")
+            return _study_record(load_study(s, export, name=target))
+
+        return self._db.run(fn, write=True, retry_integrity=True, what=f"import study {target!r}")
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _make_sqlite_parent(url: str) -> None:
+    """Create the folder of a SQLite file (``sqlite:///dse_runs/studies.db`` just works)."""
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - make_engine reports a malformed URL
+        return
+    if u.get_backend_name() != "sqlite" or u.database in (None, "", ":memory:"):
+        return
+    parent = Path(u.database).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"cannot create the folder of the SQLite database {parent}: {e}") from e
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+
+
+def _check_json(value: Any, what: str) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be JSON-serializable: {e}") from e
+
+
+def _insert_study(
+    s: Session,
+    name: str,
+    space_yaml: str,
+    space_hash: str,
+    direction: str,
+    metric: str,
+    model: dict[str, Any],
+    hardware: dict[str, Any],
+) -> StudyModel:
+    now = time.time()
+    row = StudyModel(
+        name=name,
+        space_yaml=space_yaml,
+        space_hash=space_hash,
+        state="created",
+        direction=direction,
+        metric=metric,
+        model=dict(model),
+        hardware=dict(hardware),
+        created_at=now,
+        updated_at=now,
+    )
+    s.add(row)
+    s.flush()
+    return row
+
+
+def _study_by_name(s: Session, name: str) -> StudyModel | None:
+    return s.scalars(select(StudyModel).where(StudyModel.name == name)).one_or_none()
+
+
+def _study_or_raise(s: Session, name: str) -> StudyModel:
+    row = _study_by_name(s, name)
+    if row is None:
+        raise StudyNotFoundError(f"no study named {name!r}")
+    return row
+
+
+def _study_id_or_raise(s: Session, study_id: int) -> StudyModel:
+    row = s.get(StudyModel, study_id)
+    if row is None:
+        raise StudyNotFoundError(f"no study with id {study_id}")
+    return row
+
+
+def _trial_or_raise(s: Session, trial_id: int, *, for_update: bool = False) -> TrialModel:
+    q = select(TrialModel).where(TrialModel.id == trial_id)
+    if for_update:
+        q = q.with_for_update()
+    row = s.scalars(q).one_or_none()
+    if row is None:
+        raise TrialNotFoundError(f"no trial with id {trial_id}")
+    return row
+
+
+def _ordered(q: _Sel, order: str) -> _Sel:
+    if order == "number":
+        return q.order_by(TrialModel.number)
+    if order == "-number":
+        return q.order_by(TrialModel.number.desc())
+    missing = case((TrialModel.value.is_(None), 1), else_=0)
+    value = TrialModel.value if order == "value" else TrialModel.value.desc()
+    return q.order_by(missing, value, TrialModel.number)
+
+
+def _param_rows(params: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(str(k), json.dumps(v, sort_keys=True)) for k, v in params.items()]
+
+
+def _step_rows(trial_id: int, steps: Iterable[StepMetrics]) -> list[TrialStepModel]:
+    return [
+        TrialStepModel(
+            trial_id=trial_id,
+            step=st.step,
+            step_time_s=st.step_time_s,
+            tflops_per_gpu=st.tflops_per_gpu,
+            peak_mem_gib=st.peak_mem_gib,
+            peak_reserved_gib=st.peak_reserved_gib,
+            loss=st.loss,
+            grad_norm=st.grad_norm,
+        )
+        for st in steps
+    ]
+
+
+def _steps_of(s: Session, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, ...]]:
+    out: dict[int, list[StepMetrics]] = {}
+    for chunk_start in range(0, len(trial_ids), 500):
+        chunk = trial_ids[chunk_start : chunk_start + 500]
+        rows = s.scalars(
+            select(TrialStepModel)
+            .where(TrialStepModel.trial_id.in_(chunk))
+            .order_by(TrialStepModel.trial_id, TrialStepModel.step, TrialStepModel.id)
+        ).all()
+        for r in rows:
+            out.setdefault(r.trial_id, []).append(_step_record(r))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _nan_if_none(x: float | None) -> float:
+    # SQLite stores NaN as NULL: a missing required number reads back as NaN.
+    return math.nan if x is None else x
+
+
+def _step_record(r: TrialStepModel) -> StepMetrics:
+    return StepMetrics(
+        step=r.step,
+        step_time_s=_nan_if_none(r.step_time_s),
+        tflops_per_gpu=_nan_if_none(r.tflops_per_gpu),
+        peak_mem_gib=_nan_if_none(r.peak_mem_gib),
+        peak_reserved_gib=_nan_if_none(r.peak_reserved_gib),
+        loss=_nan_if_none(r.loss),
+        grad_norm=r.grad_norm,
+    )
+
+
+def _study_record(r: StudyModel) -> StudyRecord:
+    return StudyRecord(
+        id=r.id,
+        name=r.name,
+        space_yaml=r.space_yaml,
+        space_hash=r.space_hash,
+        state=r.state,
+        direction=r.direction,
+        metric=r.metric,
+        created_at=r.created_at,
+        model=dict(r.model or {}),
+        hardware=dict(r.hardware or {}),
+    )
+
+
+def _trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRecord:
+    return TrialRecord(
+        id=r.id,
+        study_id=r.study_id,
+        number=r.number,
+        state=r.state,
+        params=dict(r.params or {}),
+        params_key=r.params_key,
+        metrics=dict(r.metrics or {}),
+        value=r.value,
+        failure_class=r.failure_class,
+        reason=r.reason,
+        source=r.source,
+        runner=r.runner,
+        host=r.host,
+        log_path=r.log_path,
+        metrics_path=r.metrics_path,
+        queued_at=r.queued_at,
+        started_at=r.started_at,
+        finished_at=r.finished_at,
+        heartbeat_at=r.heartbeat_at,
+        gpu_seconds=r.gpu_seconds,
+        steps=steps,
+        attempts=r.attempts or 0,
+        history=tuple(dict(h) for h in (r.history or [])),
+    )
+
+
+def _rejection_record(r: RejectionModel) -> RejectionRecord:
+    return RejectionRecord(
+        id=r.id,
+        study_id=r.study_id,
+        params=dict(r.params or {}),
+        params_key=r.params_key,
+        kind=r.kind,
+        rule=r.rule,
+        reason=r.reason,
+        values=dict(r.values or {}),
+        created_at=r.created_at,
+    )
