@@ -140,11 +140,10 @@ class SpaceAgent(BaseAgent):
 
     def tell(self, trial_id: str, feedback: Feedback) -> None:
         """The outcome of a proposal of :meth:`ask` (each is told exactly once)."""
-        try:
-            params, handle = self._pending.pop(trial_id)
-        except KeyError:
-            raise KeyError(f"unknown or already told trial id {trial_id!r}") from None
+        if trial_id not in self._pending:
+            raise KeyError(f"unknown or already told trial id {trial_id!r}")
         _check_feedback(self.space, feedback)
+        params, handle = self._pending.pop(trial_id)
         self._observations.append(Observation(params, feedback))
         self._finish(handle, params, feedback)
 

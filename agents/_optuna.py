@@ -80,10 +80,12 @@ class OptunaAgent(SpaceAgent):
         space: the search space.
         seed: sampler seed (also seeds tie-breaks and fallbacks).
         prior: use the knob-semantics structured start before the sampler.
-        max_retries: samples drawn again when the sampler repeats a known configuration.
+        max_retries: samples drawn again when the sampler repeats a known configuration
+            (default: the class's ``default_retries``).
     """
 
     name = "optuna"
+    default_retries = 4
 
     def __init__(
         self,
@@ -91,11 +93,11 @@ class OptunaAgent(SpaceAgent):
         seed: int | None = None,
         *,
         prior: bool = True,
-        max_retries: int = 4,
+        max_retries: int | None = None,
     ) -> None:
         super().__init__(space, seed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.max_retries = max_retries
+        self.max_retries = self.default_retries if max_retries is None else max_retries
         self._dists = {
             name: CategoricalDistribution(spec.values()) for name, spec in space.knobs.items()
         }
@@ -314,6 +316,9 @@ class GPAgent(OptunaAgent):
     Needs scipy and torch (CPU is enough)."""
 
     name = "gp"
+    # A discarded sample leaves the GP's data unchanged, so drawing again mostly returns the
+    # same point at the price of another fit: go straight to an unseen neighbor instead.
+    default_retries = 0
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
         kwargs = self._constraint_kwargs()

@@ -1,0 +1,204 @@
+"""The Proposer: rules, pre-screen and duplicate screening between an agent and the runner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dse.agents import BaseAgent, Feedback, Proposal, create_agent
+from dse.proposer import Proposed, Proposer, feedback_from_outcome
+from dse.records import Outcome
+from dse.rules import check
+from dse.space import SearchSpace, params_key, parse_space
+
+
+def _space(**extra: Any) -> SearchSpace:
+    data: dict[str, Any] = {
+        "study": "proposer",
+        "model": {
+            "num_layers": 4,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "ffn_hidden_size": 512,
+            "vocab_size": 1024,
+        },
+        "semantics": {"global_batch_size": 8, "seq_length": 128},
+        "resources": {"world_size": 2, "gpu_memory_gib": 80.0, "features": []},
+        "knobs": {
+            "tensor_model_parallel_size": {"values": [1, 2, 4]},
+            "micro_batch_size": {"values": [1, 2, 4, 8]},
+        },
+    }
+    data.update(extra)
+    return parse_space(data)
+
+
+class Scripted(BaseAgent):
+    """Proposes a fixed list, records what it is told."""
+
+    name = "scripted"
+
+    def __init__(self, space: SearchSpace, script: list[dict[str, Any]]) -> None:
+        super().__init__(space)
+        self.script = list(script)
+        self.told: dict[str, Feedback] = {}
+        self.asked: dict[str, dict[str, Any]] = {}
+        self.added: list[tuple[dict[str, Any], Feedback]] = []
+
+    def ask(self, n: int = 1) -> list[Proposal]:
+        out = []
+        while self.script and len(out) < n:
+            p = self.script.pop(0)
+            tid = f"t{len(self.asked)}"
+            self.asked[tid] = p
+            out.append(Proposal(tid, p))
+        return out
+
+    def tell(self, trial_id: str, feedback: Feedback) -> None:
+        assert trial_id in self.asked and trial_id not in self.told
+        self.told[trial_id] = feedback
+
+    def add_evaluated(self, params: dict[str, Any], feedback: Feedback) -> None:
+        self.added.append((params, feedback))
+
+
+def P(tp: int, mbs: int) -> dict[str, Any]:
+    return {"tensor_model_parallel_size": tp, "micro_batch_size": mbs}
+
+
+def test_rule_rejections_are_told_and_recorded() -> None:
+    sp = _space()
+    agent = Scripted(sp, [P(4, 1), P(1, 1), P(1, 8), P(1, 2)])
+    prop = Proposer(sp, agent, features=[])
+    got = prop.propose(2)
+    assert isinstance(got, Proposed)
+    assert [s.params for s in got] == [P(1, 1), P(1, 2)]
+    assert len(got) == 2 and got[0].params == P(1, 1)
+    assert [(r.kind, r.rule) for r in got.rejections] == [
+        ("invalid", "world_divisible"),
+        ("invalid", "gbs_divisible"),
+    ]
+    r = got.rejections[0]
+    assert r.params_key == params_key(P(4, 1))
+    assert r.values == {"world_size": 2, "tp": 4, "pp": 1, "cp": 1}
+    assert "world_divisible" in r.reason
+    fb = agent.told["t0"]
+    assert (fb.state, fb.failure_class) == ("infeasible", "invalid")
+    assert prop.rejections == list(got.rejections)
+    assert not got.exhausted
+
+
+def test_prescreen_rejections() -> None:
+    sp = _space()
+    agent = Scripted(sp, [P(1, 4), P(1, 1)])
+
+    def screen(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+        if params["micro_batch_size"] >= 4:
+            return ("predicted_oom", "predicted 150.2 GiB > 80 GiB", {"predicted_mem_gib": 150.2})
+        return None
+
+    got = Proposer(sp, agent, features=[], prescreen=screen).propose(1)
+    assert [s.params for s in got] == [P(1, 1)]
+    (r,) = got.rejections
+    assert (r.kind, r.rule, r.reason) == (
+        "predicted_oom",
+        "prescreen",
+        "predicted 150.2 GiB > 80 GiB",
+    )
+    assert r.values == {"predicted_mem_gib": 150.2}
+    fb = agent.told["t0"]
+    assert (fb.state, fb.failure_class) == ("infeasible", "predicted_oom")
+    assert fb.metrics["predicted_mem_gib"] == 150.2 and fb.metrics["gpu_memory_gib"] == 80.0
+
+
+def test_measured_duplicates_are_answered_not_launched() -> None:
+    sp = _space()
+    agent = Scripted(sp, [P(1, 1), P(1, 2)])
+    done = {params_key(P(1, 1)): Outcome("ok", {"tflops_per_gpu": 99.0})}
+    got = Proposer(sp, agent, features=[]).propose(1, lookup=done.get)
+    assert [s.params for s in got] == [P(1, 2)]
+    assert [d.params for d in got.duplicates] == [P(1, 1)]
+    assert agent.told["t0"] == Feedback(
+        "complete", values=(99.0,), metrics={"tflops_per_gpu": 99.0}
+    )
+
+
+def test_repeats_allowed_launches_duplicates() -> None:
+    sp = _space(budget={"repeats": True})
+    agent = Scripted(sp, [P(1, 1)])
+    done = {params_key(P(1, 1)): Outcome("ok", {"tflops_per_gpu": 99.0})}
+    got = Proposer(sp, agent, features=[]).propose(1, lookup=done.get)
+    assert [s.params for s in got] == [P(1, 1)]
+
+
+def test_exhausted_agent_and_rejection_cap() -> None:
+    sp = _space()
+    got = Proposer(sp, Scripted(sp, [P(1, 1)]), features=[]).propose(3)
+    assert len(got) == 1 and got.exhausted
+    agent = Scripted(sp, [P(4, m) for m in (1, 2, 4, 8)] + [P(1, 1)])
+    got = Proposer(sp, agent, features=[], max_rejections=3).propose(1)
+    assert len(got) == 0 and got.exhausted and len(got.rejections) == 3
+
+
+def test_with_a_real_agent_every_launch_passes_the_rules() -> None:
+    sp = _space(agent={"name": "tpe", "seed": 0, "n_startup_trials": 2})
+    agent = create_agent(sp)
+    proposer = Proposer(sp, agent, features=[])
+    launched: list[dict[str, Any]] = []
+    while True:
+        got = proposer.propose(2)
+        if not got:
+            break
+        for s in got:
+            assert check(sp, s.params, []) == []
+            launched.append(s.params)
+            tflops = 100.0 / s.params["tensor_model_parallel_size"] + s.params["micro_batch_size"]
+            agent.tell(s.trial_id, Feedback("complete", values=(tflops,)))
+    # world 2: TP 4 never fits; GBS 8 with DP 2 rules out MBS 8 at TP 1
+    assert len(launched) == 7
+    assert {r.rule for r in proposer.rejections} == {"world_divisible", "gbs_divisible"}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state", "values", "failure_class"),
+    [
+        (
+            Outcome("ok", {"tflops_per_gpu": 120.0, "peak_mem_gib": 40.0}),
+            "complete",
+            (120.0, 40.0),
+            None,
+        ),
+        (Outcome("ok", {"peak_mem_gib": 40.0}), "failed", None, "error"),
+        (
+            Outcome.failure("oom", "CUDA OOM", metrics={"peak_mem_gib": 79.0}),
+            "infeasible",
+            None,
+            "oom",
+        ),
+        (Outcome.failure("predicted_oom", "predicted"), "infeasible", None, "predicted_oom"),
+        (Outcome.failure("invalid", "heads_tp"), "infeasible", None, "invalid"),
+        (Outcome.failure("error", "crash"), "failed", None, "error"),
+        (Outcome.failure("hang", "no step for 300 s"), "failed", None, "hang"),
+        (Outcome.failure("nan", "loss is nan"), "failed", None, "nan"),
+    ],
+)
+def test_feedback_from_outcome(
+    outcome: Outcome, state: str, values: tuple[float, ...] | None, failure_class: str | None
+) -> None:
+    sp = _space(
+        objectives=[
+            {"metric": "tflops_per_gpu", "direction": "maximize"},
+            {"metric": "peak_mem_gib", "direction": "minimize"},
+        ]
+    )
+    fb = feedback_from_outcome(sp, outcome)
+    assert (fb.state, fb.values, fb.failure_class) == (state, values, failure_class)
+    if outcome.failure_class == "oom":
+        assert fb.metrics == {"peak_mem_gib": 79.0, "gpu_memory_gib": 80.0}
+
+
+def test_feedback_derives_tokens_per_second() -> None:
+    sp = _space(objective={"metric": "tokens_per_s_per_gpu"})
+    fb = feedback_from_outcome(sp, Outcome("ok", {"step_time_s": 0.5}))
+    assert fb.values == (8 * 128 / 0.5 / 2,)
