@@ -7,11 +7,13 @@ anything else is a bug: logged with its traceback, answered with a bare 500.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dse.api.schemas import ErrorPublic
 from dse.exceptions import (
@@ -45,6 +47,7 @@ _STATUS: tuple[tuple[type[DSEError], int], ...] = (
 )
 
 _DESCRIPTIONS = {
+    400: "The body cannot be parsed (e.g. bytes that are not JSON text).",
     401: "Missing or wrong bearer token.",
     403: "Write endpoints are disabled (no DSE_API_TOKEN on the server).",
     404: "No such study or trial (or nothing to answer yet).",
@@ -96,6 +99,40 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
 
 
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """HTTP errors as FastAPI answers them, except that a 405 lists in ``Allow`` the methods
+    of *every* operation on that path (the router lists only those of the first route)."""
+    http = cast(StarletteHTTPException, exc)
+    headers = dict(http.headers or {})
+    if http.status_code == 405:
+        allowed = _allowed_methods(request.app, request.url.path)
+        if allowed:
+            headers["Allow"] = ", ".join(sorted(allowed))
+    return JSONResponse({"detail": http.detail}, status_code=http.status_code, headers=headers)
+
+
+def _allowed_methods(app: FastAPI, path: str) -> set[str]:
+    """The documented methods of ``path`` (from the OpenAPI paths, built once per app)."""
+    table: list[tuple[re.Pattern[str], set[str]]] | None = getattr(
+        app.state, "allow_table", None
+    )
+    if table is None:
+        table = []
+        for template, ops in app.openapi().get("paths", {}).items():
+            parts = re.split(r"(\{[^}]+\})", template)
+            regex = "".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts)
+            methods = {m.upper() for m in ops}
+            if "GET" in methods:
+                methods.add("HEAD")
+            table.append((re.compile(f"^{regex}$"), methods))
+        app.state.allow_table = table
+    out: set[str] = set()
+    for regex, methods in table:
+        if regex.match(path):
+            out |= methods
+    return out
+
+
 async def _bug(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse({"detail": "internal server error (logged)"}, status_code=500)
@@ -104,5 +141,6 @@ async def _bug(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers on ``app``."""
     app.add_exception_handler(DSEError, _dse_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _bug)

@@ -114,7 +114,7 @@ def get_best_across(
 @router.post(
     "/best/query",
     response_model=CrossBestPublic,
-    responses=error_responses(404, 422, 503),
+    responses=error_responses(400, 404, 422, 503),
 )
 def query_best(storage: StorageDep, query: BestQuery) -> CrossBestPublic:
     """Like ``GET /best`` with any model / hardware field in a JSON body (read-only)."""

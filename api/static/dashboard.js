@@ -212,9 +212,9 @@ function renderRejections(page) {
 // --- charts -------------------------------------------------------------------------------
 
 const LAYOUT = {
-  margin: { l: 55, r: 15, t: 10, b: 45 },
+  margin: { l: 55, r: 15, t: 30, b: 45 },
   height: 320,
-  legend: { orientation: "h", y: -0.22 },
+  legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
   hovermode: "closest",
   paper_bgcolor: "rgba(0,0,0,0)",
 };
@@ -252,16 +252,18 @@ function renderHistory(study, pareto) {
     bestY.push(best);
   }
   const traces = [
+    { type: gl, mode: "lines", name: "best so far", x: bestX, y: bestY,
+      line: { shape: "hv", color: "#2ca02c", width: 2 }, hoverinfo: "skip" },
     { type: gl, mode: "markers", name: "trial", x: done.map((p) => p.number),
       y: done.map((p) => p.value), text: done.map(pointText), hoverinfo: "x+y+text",
-      marker: { size: 6, color: "#1f77b4" } },
-    { type: gl, mode: "lines", name: "best so far", x: bestX, y: bestY,
-      line: { shape: "hv", color: "#2ca02c", width: 2 } },
+      marker: { size: 8, color: "#1f77b4", line: { width: 1, color: "#fff" } } },
   ];
   const div = $("#chart-history");
   div.dataset.points = String(done.length);
   return plot(div, traces, {
-    xaxis: { title: { text: "trial" } }, yaxis: { title: { text: study.metric } },
+    xaxis: { title: { text: "trial" }, tickformat: "d", rangemode: "tozero",
+      dtick: Math.max(1, Math.ceil((bestX[bestX.length - 1] || 1) / 10)) },
+    yaxis: { title: { text: study.metric } },
   });
 }
 
@@ -275,7 +277,7 @@ function renderPareto(study, pareto) {
   const traces = [{
     type: gl, mode: "markers", name: "complete", x: complete.map((p) => p.tflops_per_gpu),
     y: complete.map((p) => p.peak_mem_gib), text: complete.map(pointText),
-    hoverinfo: "x+y+text", marker: { size: 7, color: "#1f77b4", opacity: 0.75 },
+    hoverinfo: "x+y+text", marker: { size: 8, color: "#1f77b4", line: { width: 1, color: "#fff" } },
   }, {
     type: "scatter", mode: "lines", name: "Pareto front",
     x: pareto.front.map((p) => p.tflops_per_gpu), y: pareto.front.map((p) => p.peak_mem_gib),
@@ -300,9 +302,14 @@ function renderPareto(study, pareto) {
   div.dataset.frontCount = String(pareto.front.length);
   const shapes = memCap ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: memCap, y1: memCap,
     line: { color: "#d62728", dash: "dot", width: 1 } }] : [];
+  const xmax = Math.max(1, ...complete.map((p) => p.tflops_per_gpu));
+  const ymax = Math.max(1, memCap || 0, ...pareto.points.map((p) => p.peak_mem_gib || 0));
   return plot(div, traces, {
-    xaxis: { title: { text: "TFLOP/s per GPU" }, rangemode: "tozero" },
-    yaxis: { title: { text: "peak memory (GiB)" }, rangemode: "tozero" },
+    // failures without a measured throughput sit at x = 0, left of the complete trials
+    xaxis: { title: { text: "TFLOP/s per GPU" }, range: [-0.06 * xmax, 1.08 * xmax] },
+    yaxis: { title: { text: "peak memory (GiB)" }, range: [-0.05 * ymax, 1.1 * ymax] },
+    legend: { orientation: "v", x: 1.02, y: 1 },
+    margin: { l: 55, r: 10, t: 15, b: 45 },
     shapes,
   });
 }
@@ -363,10 +370,11 @@ async function loadTrial(id) {
   const x = steps.map((s) => s.step);
   await Promise.all([
     plot($("#chart-steps-loss"), [{ type: "scatter", mode: "lines+markers", name: "loss", x,
-      y: steps.map((s) => s.loss) }], { height: 240, xaxis: { title: { text: "step" } } }),
+      y: steps.map((s) => s.loss) }], { height: 240, showlegend: false, xaxis: { title: { text: "step" } } }),
     plot($("#chart-steps-time"), [{ type: "scatter", mode: "lines+markers", name: "step time",
       x, y: steps.map((s) => s.step_time_s), line: { color: "#ff7f0e" } }],
-    { height: 240, xaxis: { title: { text: "step" } }, yaxis: { title: { text: "s" } } }),
+    { height: 240, showlegend: false, xaxis: { title: { text: "step" } },
+      yaxis: { title: { text: "s" } } }),
   ]);
   $("#chart-steps-loss").dataset.points = String(steps.length);
 }

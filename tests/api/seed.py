@@ -200,7 +200,7 @@ def seed(storage: Storage, name: str = "llama-seeded") -> Seeded:
         "total": 9,
     }  # fmt: skip
     s.n_trials = 9
-    s.n_failed_markers = 5 + 2
+    s.n_failed_markers = 4 + 2  # oom, error, invalid, nan + two rejections
     s.front = [0, 1]
     s.best_number = 1
     s.best_value = 350.0
