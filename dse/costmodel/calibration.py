@@ -1,28 +1,29 @@
 """Calibration of the memory model's free coefficients from measured trials.
 
 Each observation is a configuration with a measured peak (``ok``: the allocator's peak) or
-an out-of-memory failure (``oom``: the memory reached before failing, a lower bound, and
-the fact that it did not fit). Around the default coefficients the prediction is linear:
+an out-of-memory failure (``oom``: the memory it had reached, a lower bound, and the fact
+that it did not fit). Around the current coefficients the prediction is linear:
 
 ``allocated = static + a * dynamic + fixed + c``   and
 ``total = allocated + f * a * dynamic + context``
 
 with ``a`` the activation scale, ``c`` the static offset and ``f`` the fragmentation
-fraction. ``(a, c)`` are fitted by a small robust least squares (numpy, Huber-weighted
-relative residuals, a weak ridge prior towards the physics defaults) with the OOM trials
-as one-sided constraints (active set: an OOM trial whose prediction would fit, or fall
-under the memory it reached, adds a row). ``f`` is then moved, only as far as needed,
-into the interval the observations allow: OOM trials ask ``total >= capacity``, trials
-that ran ask ``total <= capacity``.
+fraction. ``(a, c)`` are fitted by a small robust least squares (numpy): Huber-weighted
+relative residuals of the ok trials, a weak ridge prior towards the physics defaults, and
+the OOM trials as hard one-sided bounds (``total >= capacity`` and
+``allocated >= reached``), solved exactly (a two-unknown quadratic programme). The model is
+re-linearised at the fitted scale (the moment of the peak can change with it) and
+refitted. ``f`` is then moved, only as far as needed, into the interval the observations
+allow: OOM trials ask ``total >= capacity``, trials that ran ask ``total <= capacity``.
 
-The fit error is the median relative error on the observed points (an OOM trial counts
-its shortfall below capacity); the recommended pre-screen margin is
-``clamp(2 * error * n / (n - 2), 0.03, initial)``, and the initial margin until three
-trials have run.
+The fit error is the median relative error on the observed points (an OOM trial counts its
+shortfall below capacity). The recommended pre-screen margin is the initial one until three
+trials have run, then ``clamp(2 * error * n / (n - 2), 0.03, initial)``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,40 +33,44 @@ import numpy as np
 
 from dse.costmodel.memory import Coefficients, MemoryEstimate
 
-__all__ = ["Calibrator", "Observation", "MIN_MARGIN"]
+__all__ = ["Calibrator", "Observation", "MIN_MARGIN", "EstimateFn"]
 
 #: The smallest pre-screen margin ever recommended.
 MIN_MARGIN = 0.03
 #: Huber threshold on relative residuals.
 HUBER = 0.05
-#: Prior widths: activation scale (relative), static offset (GiB).
+#: Prior widths: activation scale (relative), static offset (GiB); and their weight
+#: relative to one observation's relative residual.
 PRIOR_SCALE_SD = 0.5
 PRIOR_OFFSET_SD = 4.0
-#: Weight of the prior rows relative to one observation.
-PRIOR_WEIGHT = 0.05
+PRIOR_WEIGHT = 1.0e-4
 #: Bounds of the fitted coefficients.
 SCALE_BOUNDS = (0.3, 3.0)
 OFFSET_BOUNDS = (-8.0, 32.0)
 FRAG_BOUNDS = (0.0, 1.0)
+#: How far past the capacity an OOM trial's predicted total is put (relative).
+FRAG_SLACK = 1.0e-4
+#: Re-linearisations of the model at the fitted scale.
+OUTER_ITERATIONS = 3
+
+#: ``estimate(params, coefficients)``: the memory estimate of a configuration.
+EstimateFn = Callable[[Mapping[str, Any], Coefficients], MemoryEstimate]
 
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured trial, with the base estimate's decomposition at default coefficients.
-
-    Attributes:
-        params: the configuration (knob values).
-        peak_gib: measured peak (ok) or memory reached before failing (oom).
-        oom: True for an out-of-memory failure.
-        static: weights + gradients + optimizer state (GiB).
-        dynamic: activation-dependent memory at the peak (GiB, activation scale 1).
-        fixed: non-scaled temporaries at the peak (optimizer step), GiB.
-        context: memory outside the allocator (GiB).
-    """
+    """One measured trial: the configuration, its measured peak, and OOM or not."""
 
     params: dict[str, Any]
     peak_gib: float
     oom: bool
+
+
+@dataclass(frozen=True)
+class _Lin:
+    """An observation linearised: ``allocated = static + a * dynamic + fixed + c``."""
+
+    obs: Observation
     static: float
     dynamic: float
     fixed: float
@@ -78,30 +83,30 @@ class Observation:
         return self.allocated(scale, offset) + frag * scale * self.dynamic + self.context
 
 
-def _decompose(est: MemoryEstimate) -> tuple[float, float, float, float]:
-    """(static, dynamic, fixed, context) of an estimate made at default coefficients."""
+def _linearise(obs: Observation, est: MemoryEstimate, scale: float) -> _Lin:
+    """Split an estimate made at activation scale ``scale`` into the linear model's parts."""
+    s = scale if scale > 0 else 1.0
     if est.peak_phase == "optimizer_step":
-        dynamic = est.activations_gib + est.attention_scores_gib + est.logits_gib
+        dynamic = (est.activations_gib + est.attention_scores_gib + est.logits_gib) / s
         fixed = est.transient_gib
     else:
-        dynamic = est.activation_dependent_gib
+        dynamic = est.activation_dependent_gib / s
         fixed = 0.0
-    return est.static_gib, dynamic, fixed, est.context_gib
+    return _Lin(obs, est.static_gib, dynamic, fixed, est.context_gib)
 
 
 class Calibrator:
     """Fits :class:`Coefficients` to observed trials; serializable with to_dict/from_dict.
 
     Args:
-        estimate: the base estimate of a configuration at the *default* coefficients
-            (anything with the right memory terms; the cost model passes its own).
+        estimate: ``estimate(params, coefficients)`` -> :class:`MemoryEstimate`.
         capacity_gib: GPU memory per device (None: OOM trials only bound from below).
         prior: the coefficients to start from (defaults: :class:`Coefficients`).
     """
 
     def __init__(
         self,
-        estimate: Callable[[Mapping[str, Any]], MemoryEstimate],
+        estimate: EstimateFn,
         capacity_gib: float | None,
         prior: Coefficients | None = None,
     ) -> None:
@@ -121,11 +126,8 @@ class Calibrator:
     def _add(self, params: Mapping[str, Any], peak_gib: float, oom: bool) -> None:
         if not math.isfinite(peak_gib) or peak_gib < 0:
             raise ValueError(f"peak memory must be a finite number >= 0 ({peak_gib=})")
-        est = self._estimate(params)
-        static, dynamic, fixed, context = _decompose(est)
-        self.observations.append(
-            Observation(dict(params), float(peak_gib), bool(oom), static, dynamic, fixed, context)
-        )
+        self._estimate(params, self.prior)  # fail now on a configuration it cannot estimate
+        self.observations.append(Observation(dict(params), float(peak_gib), bool(oom)))
 
     @property
     def n_ok(self) -> int:
@@ -136,109 +138,170 @@ class Calibrator:
         return sum(o.oom for o in self.observations)
 
     # --- fitting -------------------------------------------------------------------------------
-    def fit(self) -> Coefficients:
-        """Refit the coefficients to every observation; returns (and keeps) them."""
-        obs = self.observations
-        if not obs:
-            self.coefficients, self.error = self.prior, None
-            return self.coefficients
-        scale, offset = self._fit_scale_offset(obs)
-        frag = self._fit_fragmentation(obs, scale, offset)
-        self.coefficients = Coefficients(
-            activation_scale=scale,
-            static_offset_gib=offset,
-            fragmentation=frag,
+    def _linearised(self, co: Coefficients) -> list[_Lin]:
+        base = Coefficients(
+            activation_scale=co.activation_scale,
+            static_offset_gib=0.0,
+            fragmentation=self.prior.fragmentation,
             context_gib=self.prior.context_gib,
         )
-        self.error = self._error(obs, self.coefficients)
-        return self.coefficients
+        return [
+            _linearise(o, self._estimate(o.params, base), co.activation_scale)
+            for o in self.observations
+        ]
 
-    def _fit_scale_offset(self, obs: list[Observation]) -> tuple[float, float]:
+    def fit(self) -> Coefficients:
+        """Refit the coefficients to every observation; returns (and keeps) them."""
+        if not self.observations:
+            self.coefficients, self.error = self.prior, None
+            return self.coefficients
+        co = self.prior
+        for _ in range(OUTER_ITERATIONS):
+            lins = self._linearised(co)
+            scale, offset = self._fit_scale_offset(lins)
+            frag = self._fit_fragmentation(lins, scale, offset)
+            new = Coefficients(scale, offset, frag, self.prior.context_gib)
+            done = abs(new.activation_scale - co.activation_scale) < 1e-4
+            co = new
+            if done:
+                break
+        self.coefficients = co
+        self.error = self._error(self._linearised(co), co)
+        return co
+
+    def _system(
+        self, lins: list[_Lin], weights: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(A, b, G, h): minimise ||A x - b||^2 subject to G x >= h, x = (scale, offset).
+
+        Rows of A: the ok trials' relative residuals (Huber weights) and the prior; rows of
+        G: each OOM trial's ``total >= capacity`` and ``allocated >= reached``, and the
+        coefficient bounds.
+        """
+        p = self.prior
+        frag = p.fragmentation
+        rows: list[list[float]] = []
+        rhs: list[float] = []
+        g_rows: list[list[float]] = []
+        h_vals: list[float] = []
+        for i, x in enumerate(lins):
+            o = x.obs
+            if not o.oom:
+                y = max(o.peak_gib, 1e-3)
+                sw = math.sqrt(float(weights[i]))
+                rows.append([sw * x.dynamic / y, sw / y])
+                rhs.append(sw * (y - x.static - x.fixed) / y)
+                continue
+            cap = self.capacity
+            if cap is not None:
+                g_rows.append([(1.0 + frag) * x.dynamic / cap, 1.0 / cap])
+                h_vals.append((cap * (1.0 + FRAG_SLACK) - x.static - x.fixed - x.context) / cap)
+            y = max(o.peak_gib, 1e-3)
+            g_rows.append([x.dynamic / y, 1.0 / y])
+            h_vals.append((y - x.static - x.fixed) / y)
+        pw = math.sqrt(PRIOR_WEIGHT)
+        rows += [[pw / PRIOR_SCALE_SD, 0.0], [0.0, pw / PRIOR_OFFSET_SD]]
+        rhs += [
+            pw * p.activation_scale / PRIOR_SCALE_SD,
+            pw * p.static_offset_gib / PRIOR_OFFSET_SD,
+        ]
+        g_rows += [[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]
+        h_vals += [SCALE_BOUNDS[0], -SCALE_BOUNDS[1], OFFSET_BOUNDS[0], -OFFSET_BOUNDS[1]]
+        return (
+            np.asarray(rows, dtype=float),
+            np.asarray(rhs, dtype=float),
+            np.asarray(g_rows, dtype=float),
+            np.asarray(h_vals, dtype=float),
+        )
+
+    @staticmethod
+    def _qp(a_mat: np.ndarray, b_vec: np.ndarray, g: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Least squares in two unknowns under linear inequalities, solved exactly.
+
+        In two dimensions at most two constraints are active at the optimum, so the
+        candidates are the unconstrained minimum, the minimum on each constraint's line and
+        each pair of lines' intersection; the best feasible one wins (the least violating
+        one if none is feasible).
+        """
+        q = a_mat.T @ a_mat
+        c = a_mat.T @ b_vec
+
+        def obj(x: np.ndarray) -> float:
+            r = a_mat @ x - b_vec
+            return float(r @ r)
+
+        cands = [np.linalg.lstsq(a_mat, b_vec, rcond=None)[0]]
+        for j in range(len(h)):
+            kkt = np.zeros((3, 3))
+            kkt[:2, :2] = q
+            kkt[:2, 2] = -g[j]
+            kkt[2, :2] = g[j]
+            try:
+                cands.append(np.linalg.solve(kkt, np.array([c[0], c[1], h[j]]))[:2])
+            except np.linalg.LinAlgError:
+                continue
+        for j in range(len(h)):
+            for k in range(j + 1, len(h)):
+                m = np.array([g[j], g[k]])
+                if abs(np.linalg.det(m)) < 1e-12:
+                    continue
+                cands.append(np.linalg.solve(m, np.array([h[j], h[k]])))
+        best: tuple[float, float, np.ndarray] | None = None
+        for x in cands:
+            viol = float(np.clip(h - g @ x, 0.0, None).sum())
+            key = (viol if viol > 1e-9 else 0.0, obj(x))
+            if best is None or key < (best[0], best[1]):
+                best = (key[0], key[1], np.asarray(x, dtype=float))
+        assert best is not None
+        return best[2]
+
+    def _fit_scale_offset(self, lins: list[_Lin]) -> tuple[float, float]:
         p = self.prior
         theta = np.array([p.activation_scale, p.static_offset_gib])
-        frag = p.fragmentation
-        active: set[tuple[int, str]] = set()
-        weights = np.ones(len(obs))
+        weights = np.ones(len(lins))
         for _ in range(30):
-            rows, rhs, w = [], [], []
-            for i, o in enumerate(obs):
-                if not o.oom:
-                    y = max(o.peak_gib, 1e-3)
-                    rows.append([o.dynamic / y, 1.0 / y])
-                    rhs.append((y - o.static - o.fixed) / y)
-                    w.append(weights[i])
-            for i, kind in sorted(active):
-                o = obs[i]
-                if kind == "capacity" and self.capacity is not None:
-                    # total = static + fixed + context + (1 + f) a D + c >= capacity
-                    y = self.capacity
-                    rows.append([(1.0 + frag) * o.dynamic / y, 1.0 / y])
-                    rhs.append((y - o.static - o.fixed - o.context) / y)
-                else:
-                    # allocated >= the memory the failed trial had reached
-                    y = max(o.peak_gib, 1e-3)
-                    rows.append([o.dynamic / y, 1.0 / y])
-                    rhs.append((y - o.static - o.fixed) / y)
-                w.append(1.0)
-            # weak ridge prior towards the defaults keeps few observations well posed
-            rows += [[1.0 / PRIOR_SCALE_SD, 0.0], [0.0, 1.0 / PRIOR_OFFSET_SD]]
-            rhs += [p.activation_scale / PRIOR_SCALE_SD, p.static_offset_gib / PRIOR_OFFSET_SD]
-            w += [PRIOR_WEIGHT, PRIOR_WEIGHT]
-            sw = np.sqrt(np.asarray(w, dtype=float))
-            a_mat = np.asarray(rows, dtype=float) * sw[:, None]
-            b_vec = np.asarray(rhs, dtype=float) * sw
-            sol, *_ = np.linalg.lstsq(a_mat, b_vec, rcond=None)
-            sol[0] = float(np.clip(sol[0], *SCALE_BOUNDS))
-            sol[1] = float(np.clip(sol[1], *OFFSET_BOUNDS))
-            # Huber weights on the ok residuals, active set on the OOM bounds
-            new_w = np.ones(len(obs))
-            new_active = set(active)
-            for i, o in enumerate(obs):
-                if not o.oom:
-                    r = (o.allocated(sol[0], sol[1]) - o.peak_gib) / max(o.peak_gib, 1e-3)
+            sol = self._qp(*self._system(lins, weights))
+            new_w = np.ones(len(lins))
+            for i, x in enumerate(lins):
+                if not x.obs.oom:
+                    y = max(x.obs.peak_gib, 1e-3)
+                    r = (x.allocated(sol[0], sol[1]) - x.obs.peak_gib) / y
                     new_w[i] = 1.0 if abs(r) <= HUBER else HUBER / abs(r)
-                    continue
-                cap = self.capacity
-                if cap is not None and o.total(sol[0], sol[1], frag) < cap - 1e-9:
-                    new_active.add((i, "capacity"))
-                if o.allocated(sol[0], sol[1]) < o.peak_gib - 1e-9:
-                    new_active.add((i, "reached"))
-            converged = (
-                new_active == active
-                and np.allclose(new_w, weights, atol=1e-6)
-                and np.allclose(sol, theta, atol=1e-9)
+            done = np.allclose(sol, theta, rtol=0.0, atol=1e-10) and np.allclose(
+                new_w, weights, atol=1e-9
             )
-            theta, weights, active = sol, new_w, new_active
-            if converged:
+            theta, weights = sol, new_w
+            if done:
                 break
         return float(theta[0]), float(theta[1])
 
-    def _fit_fragmentation(self, obs: list[Observation], scale: float, offset: float) -> float:
+    def _fit_fragmentation(self, lins: list[_Lin], scale: float, offset: float) -> float:
         f0 = self.prior.fragmentation
         if self.capacity is None:
             return f0
         lo, hi = FRAG_BOUNDS
-        for o in obs:
-            dyn = scale * o.dynamic
+        for x in lins:
+            dyn = scale * x.dynamic
             if dyn <= 0:
                 continue
-            need = (self.capacity - o.context - o.allocated(scale, offset)) / dyn
-            if o.oom:
-                lo = max(lo, need)
+            need = (self.capacity - x.context - x.allocated(scale, offset)) / dyn
+            if x.obs.oom:
+                lo = max(lo, need + FRAG_SLACK * self.capacity / dyn)
             else:
                 hi = min(hi, need)
         if lo <= hi:
             return float(min(max(f0, lo), hi))
         return float(np.clip((lo + hi) / 2.0, *FRAG_BOUNDS))
 
-    def _error(self, obs: list[Observation], co: Coefficients) -> float:
+    def _error(self, lins: list[_Lin], co: Coefficients) -> float:
         errs = []
-        for o in obs:
-            alloc = o.allocated(co.activation_scale, co.static_offset_gib)
+        for x in lins:
+            o = x.obs
+            alloc = x.allocated(co.activation_scale, co.static_offset_gib)
             if not o.oom:
                 errs.append(abs(alloc - o.peak_gib) / max(o.peak_gib, 1e-3))
             elif self.capacity is not None:
-                total = o.total(co.activation_scale, co.static_offset_gib, co.fragmentation)
+                total = x.total(co.activation_scale, co.static_offset_gib, co.fragmentation)
                 errs.append(max(0.0, self.capacity - total) / self.capacity)
             else:
                 errs.append(max(0.0, o.peak_gib - alloc) / max(o.peak_gib, 1e-3))
@@ -260,7 +323,7 @@ class Calibrator:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready state: coefficients, fit error and the observations."""
-        return {
+        out = {
             "version": 1,
             "coefficients": self.coefficients.to_dict(),
             "prior": self.prior.to_dict(),
@@ -273,12 +336,13 @@ class Calibrator:
                 for o in self.observations
             ],
         }
+        return json.loads(json.dumps(out, default=str))
 
     @classmethod
     def from_dict(
         cls,
         data: Mapping[str, Any],
-        estimate: Callable[[Mapping[str, Any]], MemoryEstimate],
+        estimate: EstimateFn,
         capacity_gib: float | None = None,
     ) -> Calibrator:
         """Rebuild a calibrator from :meth:`to_dict` output (refits the observations)."""

@@ -39,7 +39,7 @@ class CostModel:
         self.semantics = semantics
         self.resources = resources
         self._prior = coefficients or Coefficients()
-        self._calibrator = Calibrator(self._base_estimate, resources.gpu_memory_gib, self._prior)
+        self._calibrator = Calibrator(self._estimate, resources.gpu_memory_gib, self._prior)
 
     # --- memory ----------------------------------------------------------------------------
     @property
@@ -52,8 +52,8 @@ class CostModel:
         """The current (calibrated) coefficients."""
         return self._calibrator.coefficients
 
-    def _base_estimate(self, params: Mapping[str, Any]) -> MemoryEstimate:
-        return estimate_memory(self.model, self.semantics, self.resources, params, self._prior)
+    def _estimate(self, params: Mapping[str, Any], coefficients: Coefficients) -> MemoryEstimate:
+        return estimate_memory(self.model, self.semantics, self.resources, params, coefficients)
 
     def predict_memory(self, params: Mapping[str, Any]) -> MemoryEstimate:
         """Per-GPU peak memory of ``params`` with the calibrated coefficients."""
@@ -82,7 +82,7 @@ class CostModel:
 
     def load_calibration(self, data: Mapping[str, Any]) -> None:
         """Restore a state returned by :meth:`calibration` (its observations are refitted)."""
-        self._calibrator = Calibrator.from_dict(data, self._base_estimate, self.capacity_gib)
+        self._calibrator = Calibrator.from_dict(data, self._estimate, self.capacity_gib)
 
     def margin(self, initial: float) -> float:
         """The pre-screen margin to use now: ``initial`` until calibrated, then smaller."""
