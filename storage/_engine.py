@@ -50,6 +50,7 @@ __all__ = [
     "migrate",
     "SessionScope",
     "is_transient",
+    "safe_url",
 ]
 
 log = logging.getLogger("dse.storage")
@@ -116,7 +117,7 @@ def make_engine(url: str) -> Engine:
         else:
             engine = create_engine(url, pool_pre_ping=True)
     except (SQLAlchemyError, ImportError, ValueError) as e:
-        raise StorageError(f"cannot create a database engine for {_safe(url)}: {e}") from e
+        raise StorageError(f"cannot create a database engine for {safe_url(url)}: {e}") from e
     return engine
 
 
@@ -143,12 +144,13 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _safe(url: str) -> str:
+def safe_url(url: str) -> str:
     """The URL with its password hidden, for messages."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        u = make_url(url)
     except Exception:  # noqa: BLE001 - a malformed URL is shown as given
         return url
+    return url if u.password is None else u.render_as_string(hide_password=True)
 
 
 # --- the session boundary ------------------------------------------------------------------
@@ -307,7 +309,7 @@ def migrate(engine: Engine, url: str) -> str:
             if current_revision(conn) == SCHEMA_HEAD:
                 return SCHEMA_HEAD
     except SQLAlchemyError as e:
-        raise StorageError(f"cannot open {_safe(url)}: {_first_line(e)}") from e
+        raise StorageError(f"cannot connect to {safe_url(url)}: {_first_line(e)}") from e
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
             return _migrate_locked(engine, url)
@@ -315,7 +317,7 @@ def migrate(engine: Engine, url: str) -> str:
             if is_transient(e) and attempt < MAX_ATTEMPTS:
                 time.sleep(_BACKOFF_S * 2**attempt)
                 continue
-            raise StorageError(f"migrating {_safe(url)} failed: {_first_line(e)}") from e
+            raise StorageError(f"migrating {safe_url(url)} failed: {_first_line(e)}") from e
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -333,16 +335,16 @@ def _migrate_locked(engine: Engine, url: str) -> str:
             return head
         if current is not None and _unknown(script, current):
             raise SchemaVersionError(
-                f"the database at {_safe(url)} has schema revision {current!r}, which this "
+                f"the database at {safe_url(url)} has schema revision {current!r}, which this "
                 f"dse does not know (its newest is {head!r}): it was written by a newer dse; "
                 "upgrade dse to open it"
             )
         if current is None and inspect(conn).has_table("studies"):
             raise StorageError(
-                f"the database at {_safe(url)} has a 'studies' table but no dse schema "
+                f"the database at {safe_url(url)} has a 'studies' table but no dse schema "
                 f"revision (expected {head!r}): not a dse database?"
             )
-        log.info("migrating %s: %s -> %s", _safe(url), current or "empty", head)
+        log.info("migrating %s: %s -> %s", safe_url(url), current or "empty", head)
         command.upgrade(alembic_config(conn), "head")
     return head
 

@@ -46,7 +46,7 @@ from dse.exceptions import (
     TrialNotFoundError,
 )
 from dse.records import Outcome, RejectionRecord, StepMetrics, StudyRecord, TrialRecord
-from dse.storage._engine import SessionScope, make_engine, migrate, normalize_url
+from dse.storage._engine import SessionScope, make_engine, migrate, normalize_url, safe_url
 from dse.storage._models import (
     STUDY_STATES,
     TRIAL_STATES,
@@ -117,7 +117,7 @@ class Storage:
         self._db = SessionScope(engine)
 
     def __repr__(self) -> str:
-        return f"Storage({self._engine.url.render_as_string(hide_password=True)!r})"
+        return f"Storage({safe_url(self.url)!r})"
 
     def close(self) -> None:
         """Release the connections (an in-memory database is gone after this)."""
