@@ -104,8 +104,10 @@ def _make_runner(space: Any) -> Any:
     if name == "local":
         from dse.workloads.runners import LocalRunner
 
+        # replay and sim trials are plain CPU processes whatever the space's device is
+        device = space.resources.device if space.workload.name == "megatron" else "cpu"
         return LocalRunner(
-            device=space.resources.device,
+            device=device,
             world_size=space.resources.world_size,
             gpus=space.runner.gpus,
             max_parallel=space.runner.max_parallel,
@@ -406,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.fn(args) or 0)
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
     except (SpaceError, StudyNotFoundError) as e:
         _err(str(e))
         return 2

@@ -453,8 +453,12 @@ _MLM_DEFAULT_ON = {
 def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for a configuration."""
     args: list[str] = []
+    seen: set[str] = set()
     for a in assignments(params):
         f, v = a.field, a.value
+        if f in seen:  # e.g. use_distributed_optimizer lives in the DDP and optimizer configs
+            continue
+        seen.add(f)
         if f in _MLM_DEFAULT_ON:
             if not v:
                 args.append(_MLM_ARG[f])

@@ -595,4 +595,18 @@ def load_space(path: str | Path) -> SearchSpace:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpaceError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from e
-    return parse_space(data, str(p))
+    space = parse_space(data, str(p))
+    return _resolve_paths(space, p.parent)
+
+
+def _resolve_paths(space: SearchSpace, base: Path) -> SearchSpace:
+    """Relative file paths in a space file are relative to the file's own folder."""
+    upd: dict[str, Any] = {}
+    table = space.workload.table
+    if table and not Path(table).is_absolute():
+        upd["workload"] = space.workload.model_copy(update={"table": str((base / table).resolve())})
+    dpath = space.semantics.data.path
+    if dpath and not Path(dpath).is_absolute():
+        data = space.semantics.data.model_copy(update={"path": str((base / dpath).resolve())})
+        upd["semantics"] = space.semantics.model_copy(update={"data": data})
+    return space.model_copy(update=upd) if upd else space
