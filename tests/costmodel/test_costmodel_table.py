@@ -1,0 +1,53 @@
+"""The figures on the shared measured table (skipped when the table is absent)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dse.costmodel.table import TableError, evaluate_rows, load_table, spearman, summarize
+
+
+def test_uncalibrated_figures_on_the_shared_table(shared_table):
+    s = summarize(evaluate_rows(load_table(shared_table)))
+    assert s["judged_rows"] >= 40
+    assert s["fits_accuracy"] >= 0.95
+    assert s["median_abs_rel_error"] <= 0.10
+    assert s["tflops_spearman"] >= 0.8
+
+
+def test_sequentially_calibrated_figures_on_the_shared_table(shared_table):
+    s = summarize(evaluate_rows(load_table(shared_table), calibrate=True))
+    assert s["fits_accuracy"] >= 0.95
+    assert s["median_abs_rel_error"] <= 0.10
+    assert s["max_abs_rel_error"] <= 0.15
+
+
+def test_rows_with_other_hardware_get_their_own_capacity(tmp_path, shared_table):
+    rows = [json.loads(line) for line in shared_table.read_text().splitlines()[:2]]
+    rows[1]["hardware"] = {"gpu": "NVIDIA A100-SXM4-40GB", "gpu_memory_gib": 39.4}
+    t = tmp_path / "t.jsonl"
+    t.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    res = evaluate_rows(load_table(t))
+    assert res[0].predicted_fits and not res[1].predicted_fits
+
+
+def test_bad_tables(tmp_path):
+    with pytest.raises(TableError, match="cannot read"):
+        load_table(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(TableError, match=":1: not JSON"):
+        load_table(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(TableError, match="no rows"):
+        load_table(empty)
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+    assert spearman([1, 2], [1, 2]) is None

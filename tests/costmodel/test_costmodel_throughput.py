@@ -1,0 +1,55 @@
+"""The throughput estimate: labelled, ordered like the physics says, model-FLOPs TFLOP/s."""
+
+from __future__ import annotations
+
+import pytest
+
+from dse.costmodel import estimate_throughput
+from dse.flops import model_flops_per_step
+from dse.space import ModelSpec, Resources, Semantics
+
+MODEL = ModelSpec(
+    num_layers=16, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
+    ffn_hidden_size=5632, vocab_size=32000,
+)  # fmt: skip
+SEM = Semantics(global_batch_size=8, seq_length=4096)
+H200 = Resources(world_size=1, gpu="NVIDIA H200", gpu_memory_gib=139.8, features=[])
+
+
+def _est(res=H200, **params):
+    return estimate_throughput(MODEL, SEM, res, params)
+
+
+def test_labelled_estimate_with_model_flops():
+    out = _est(micro_batch_size=2)
+    assert out["source"] == "estimate"
+    flops = model_flops_per_step(MODEL, SEM)
+    assert out["tflops_per_gpu"] == pytest.approx(flops / out["step_time_s"] / 1e12, rel=1e-3)
+    assert set(out["breakdown_s"]) >= {"compute", "communication", "pipeline_bubble"}
+
+
+def test_recompute_costs_time_and_sdpa_beats_unfused():
+    none = _est(recompute="none")["step_time_s"]
+    sel = _est(recompute="selective")["step_time_s"]
+    full = _est(recompute="full")["step_time_s"]
+    assert none < sel < full
+    assert _est(attention_backend="sdpa")["step_time_s"] < none
+    assert _est(bias_activation_fusion=True)["step_time_s"] < none
+
+
+def test_parallelism_adds_communication_and_bubbles():
+    two = Resources(world_size=2, gpu="NVIDIA H200", features=[])
+    dp = _est(two, attention_backend="sdpa")
+    tp = _est(two, attention_backend="sdpa", tensor_model_parallel_size=2)
+    pp = _est(two, attention_backend="sdpa", pipeline_model_parallel_size=2)
+    assert dp["breakdown_s"]["communication"] > 0
+    assert tp["breakdown_s"]["communication"] > dp["breakdown_s"]["communication"]
+    assert pp["breakdown_s"]["pipeline_bubble"] > 0
+    assert dp["tflops_per_gpu"] > tp["tflops_per_gpu"]
+
+
+def test_gpu_speed_matters():
+    a100 = Resources(world_size=1, gpu="NVIDIA A100-SXM4-80GB", features=[])
+    unknown = Resources(world_size=1, gpu="some new accelerator", features=[])
+    assert _est(a100)["step_time_s"] > _est()["step_time_s"]
+    assert _est(unknown)["gpu"].startswith("unknown")
