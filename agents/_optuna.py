@@ -295,17 +295,21 @@ def _violation(fb: Feedback, cap: float | None) -> float:
 
 
 class TPEAgent(OptunaAgent):
-    """Optuna's TPE: multivariate, grouped (conditional knobs), constant liar (parallel asks),
-    constrained; ``space.agent.n_startup_trials`` random start-up trials."""
+    """Optuna's TPE: multivariate, grouped when the space has conditional knobs, constant liar
+    (parallel asks), constrained; ``space.agent.n_startup_trials`` start-up trials."""
 
     name = "tpe"
+    # TPE's candidates are random draws, so a second draw often differs; past that, an
+    # unseen neighbor of its choice is as good a proposal and much cheaper (ask overhead).
+    default_retries = 1
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        conditional = any(spec.when for spec in self.space.knobs.values())
         return optuna.samplers.TPESampler(
             seed=self.seed,
             n_startup_trials=self.space.agent.n_startup_trials,
             multivariate=True,
-            group=True,
+            group=conditional,  # decomposes a conditional space; pure cost without one
             constant_liar=True,
             **self._constraint_kwargs(),
         )
