@@ -248,8 +248,12 @@ def _row(rec: Any, path: Path, line: int) -> ReplayRow:
         if missing:
             raise WorkloadError(f"{where}: an ok row needs numeric metrics {missing}")
         loss = metrics.get("loss")
+        if isinstance(loss, int | float):
+            loss = [loss]
         if not (isinstance(loss, list) and loss and all(isinstance(x, int | float) for x in loss)):
-            raise WorkloadError(f"{where}: an ok row needs 'loss', a non-empty list of numbers")
+            raise WorkloadError(
+                f"{where}: an ok row needs 'loss', a number or a non-empty list of numbers"
+            )
     if status == "oom" and "peak_mem_gib" in metrics:
         if not isinstance(metrics["peak_mem_gib"], int | float):
             raise WorkloadError(f"{where}: 'peak_mem_gib' must be a number")
