@@ -133,7 +133,8 @@ class StudyRunner:
             },
         )
         self.progress(
-            f"study {s.study!r}: {'created' if created else 'resumed'} in {self.storage.url}"
+            f"study {s.study!r}: {'created' if created else 'resumed'} in "
+            f"{_safe_url(self.storage.url)}"
         )
         self.storage.set_study_state(s.study, "running")
         return rec.id
@@ -142,6 +143,10 @@ class StudyRunner:
         """Trials left running/queued by a dead controller: take their finished results from
         their metrics files, kill leftovers and re-queue the rest. Returns how many."""
         n = 0
+        for t in self.storage.list_trials(study_id, state="queued"):
+            if t.runner and self._owner_dead(t):
+                self.storage.requeue_trial(t.id, reason="interrupted: controller died")
+                n += 1
         for t in self.storage.list_trials(study_id, state="running"):
             if not self._owner_dead(t):
                 continue
@@ -284,8 +289,14 @@ class StudyRunner:
         return screen
 
     def _launch_queued(self, study_id: int, free: int) -> int:
+        """Run re-queued trials first (atomically acquired: two controllers never share one)."""
         n = 0
-        for t in self.storage.list_trials(study_id, state="queued", limit=free):
+        while n < free:
+            t = self.storage.acquire_queued_trial(
+                study_id, runner=self.owner, older_than_s=6 * HEARTBEAT_S
+            )
+            if t is None:
+                break
             self._submit(t)
             n += 1
         return n
@@ -473,6 +484,15 @@ def _kill_leftover(trial_dir: Path) -> None:
         kill_group(int(f.read_text().strip()), grace_s=2.0)
     except (OSError, ValueError):
         pass
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - only for display
+        return "<storage>"
 
 
 def _short(params: dict[str, Any]) -> str:

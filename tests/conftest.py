@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 SHARED_TABLE = REPO.parent / "shared" / "data" / "h200_llama1b_unfused_1gpu.jsonl"
+REPLAY_TABLE = EXAMPLES / "tables" / "h200_llama1b_unfused_1gpu.jsonl"
+PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+PG_ADMIN_DB = "postgres"
 
 
 @pytest.fixture
@@ -31,3 +40,61 @@ def tiny_space_dict() -> dict:
             "use_distributed_optimizer": {"type": "bool"},
         },
     }
+
+
+def _admin_engine() -> Engine:
+    return create_engine(
+        f"{PG_SERVER}/{PG_ADMIN_DB}",
+        isolation_level="AUTOCOMMIT",
+        connect_args={"connect_timeout": 5},
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[Engine]:
+    """An AUTOCOMMIT engine on the server's ``postgres`` database (skip/fail if down)."""
+    engine = _admin_engine()
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as e:
+        engine.dispose()
+        msg = f"PostgreSQL is not reachable at {PG_SERVER}: {str(e).splitlines()[0]}"
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"{msg} (CI is set: the PostgreSQL tests must run)")
+        pytest.skip(msg)
+    yield engine
+    engine.dispose()
+
+
+class PgDatabases:
+    """Creates uniquely named databases and drops them all at the end."""
+
+    def __init__(self, admin: Engine) -> None:
+        self.admin = admin
+        self.names: list[str] = []
+
+    def create(self) -> str:
+        name = f"dse_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        self.names.append(name)
+        return f"{PG_SERVER}/{name}"
+
+    def drop_all(self) -> None:
+        with self.admin.connect() as conn:
+            for name in self.names:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_admin: Engine) -> Iterator[PgDatabases]:
+    dbs = PgDatabases(pg_admin)
+    yield dbs
+    dbs.drop_all()
+
+
+@pytest.fixture
+def pg_url(pg_databases: PgDatabases) -> str:
+    """A brand-new PostgreSQL database for one test (dropped at the end of the session)."""
+    return pg_databases.create()
