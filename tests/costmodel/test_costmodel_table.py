@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,19 @@ def test_spearman():
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
     assert spearman([1, 2], [1, 2]) is None
+
+
+#: Peak memory (torch.cuda.max_memory_allocated) and step time of Megatron-Core 0.16.1
+#: local-spec GPTs (the shared table's 0.9B Llama model, bf16, grad_reduce_in_fp32, torch
+#: Adam) measured for this cost model on one and two H200 GPUs: TP2, DP2 with and without
+#: the distributed optimizer, PP2 (1F1B), each recompute, unfused and SDPA attention.
+PROBE_TABLE = Path(__file__).resolve().parent / "data" / "h200_mcore016_probe.jsonl"
+
+
+def test_physics_against_megatron_measurements():
+    results = evaluate_rows(load_table(PROBE_TABLE))
+    s = summarize(results)
+    assert s["ok_rows"] == 16
+    assert s["median_abs_rel_error"] <= 0.02
+    assert s["max_abs_rel_error"] <= 0.03
+    assert s["tflops_spearman"] >= 0.9
