@@ -1,0 +1,414 @@
+"""The built-in Megatron-Core trial process (dse.workloads.megatron).
+
+Fast tests cover the torch-free parts (plan, checks, metrics file, data slicing, weight
+keys). Tests marked ``slow`` run the real trainer under torchrun on CPU (gloo) with a tiny
+GPT and compare loss curves across layouts; each torchrun costs ~10 s here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dse.records import Outcome, TrialSpec, read_metrics
+from dse.workloads.megatron._metrics import MetricsWriter
+from dse.workloads.megatron._plan import (
+    TrialFailure,
+    check_features,
+    check_local_spec,
+    make_plan,
+)
+
+HAVE_MEGATRON = (
+    importlib.util.find_spec("torch") is not None
+    and importlib.util.find_spec("megatron") is not None
+)
+needs_megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="torch/megatron-core missing")
+
+TINY_MODEL = {
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_query_groups": 2,
+    "ffn_hidden_size": 128,
+    "vocab_size": 1024,
+}
+TINY_SEM = {
+    "global_batch_size": 8,
+    "seq_length": 64,
+    "steps": 4,
+    "warmup_steps": 1,
+    "precision": "fp32",
+    "lr": 1e-3,
+}
+
+
+def make_spec(
+    tmp: Path,
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    world: int = 1,
+    model: dict[str, Any] | None = None,
+    semantics: dict[str, Any] | None = None,
+    features: list[str] | None = None,
+) -> TrialSpec:
+    return TrialSpec(
+        study="t",
+        trial_number=0,
+        params=params or {},
+        model={**TINY_MODEL, **(model or {})},
+        semantics={**TINY_SEM, **(semantics or {})},
+        world_size=world,
+        device="cpu",
+        metrics_path=str(tmp / f"{name}.jsonl"),
+        features=features,
+    )
+
+
+# --- plan and checks (no torch) ------------------------------------------------------------
+
+
+def test_plan_derives_layout_and_microbatches(tmp_path: Path) -> None:
+    spec = make_spec(
+        tmp_path,
+        "p",
+        {"tensor_model_parallel_size": 2, "micro_batch_size": 2, "attention_backend": "sdpa"},
+        world=4,
+    )
+    plan = make_plan(spec)
+    assert (plan.tp, plan.pp, plan.cp, plan.dp) == (2, 1, 1, 2)
+    assert plan.num_microbatches == 8 // (2 * 2)
+    assert plan.local_spec and plan.attention_backend == "sdpa"
+    # attention fields are the trainer's business, not copied into TransformerConfig
+    assert "attention_backend" not in plan.fields["model"]
+    assert plan.fields["train"] == {"micro_batch_size": 2}
+    assert plan.layout()["num_microbatches"] == 2
+
+
+@pytest.mark.parametrize(
+    ("params", "world", "model", "match"),
+    [
+        ({"micro_batch_size": 3}, 1, None, "global_batch_size=8, micro_batch_size=3, dp=1"),
+        ({"tensor_model_parallel_size": 2}, 3, None, "world_size=3, tp=2"),
+        ({"virtual_pipeline_model_parallel_size": 2}, 1, None, "need pipeline parallelism"),
+        ({"expert_model_parallel_size": 2}, 2, None, "needs an MoE model"),
+        ({"tensor_model_parallel_sise": 2}, 1, None, "did you mean"),
+        ({"recompute": "some"}, 1, None, "knob recompute"),
+        (
+            {"tensor_model_parallel_size": 2},
+            2,
+            {"num_moe_experts": 4},
+            "MoE with tensor parallelism needs sequence_parallel",
+        ),
+    ],
+)
+def test_plan_rejects_impossible_layouts(
+    tmp_path: Path, params: dict[str, Any], world: int, model: Any, match: str
+) -> None:
+    with pytest.raises(TrialFailure, match=match) as err:
+        make_plan(make_spec(tmp_path, "p", params, world=world, model=model))
+    assert err.value.failure_class == "invalid"
+
+
+def test_features_are_checked_against_the_knob_catalog() -> None:
+    with pytest.raises(TrialFailure, match="needs Transformer Engine") as err:
+        check_features({"attention_backend": "te"}, [])
+    assert err.value.failure_class == "invalid"
+    check_features({"attention_backend": "te"}, ["transformer_engine"])
+    with pytest.raises(TrialFailure, match="DeepEP"):
+        check_features(
+            {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}, []
+        )
+    # the backend of a dispatcher that is not used needs nothing
+    check_features(
+        {"moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": "deepep"}, []
+    )
+
+
+def test_local_spec_limits_are_invalid(tmp_path: Path) -> None:
+    sp = make_plan(
+        make_spec(
+            tmp_path, "p", {"tensor_model_parallel_size": 2, "sequence_parallel": True}, world=2
+        )
+    )
+    with pytest.raises(TrialFailure, match="sequence_parallel is not supported"):
+        check_local_spec(sp, ["transformer_engine", "apex"])  # RMSNorm: torch norm even so
+    cp = make_plan(make_spec(tmp_path, "p", {"context_parallel_size": 2}, world=2))
+    with pytest.raises(TrialFailure, match="context parallelism needs Transformer Engine"):
+        check_local_spec(cp, [])
+    te = make_plan(
+        make_spec(tmp_path, "p", {"context_parallel_size": 2, "attention_backend": "te"}, world=2)
+    )
+    check_local_spec(te, ["transformer_engine"])  # not the local spec: no local limits
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    code = (
+        "import sys, dse.workloads.megatron, dse.workloads.megatron.trainer\n"
+        "assert 'torch' not in sys.modules and 'megatron' not in sys.modules\n"
+        "print(dse.workloads.megatron.TRAINER_MODULE)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "dse.workloads.megatron.trainer"
+
+
+# --- metrics file ----------------------------------------------------------------------------
+
+
+def test_metrics_writer_round_trips_through_read_metrics(tmp_path: Path) -> None:
+    w = MetricsWriter(tmp_path / "sub" / "m.jsonl")
+    step = {
+        "step": 0,
+        "step_time_s": 0.5,
+        "tflops_per_gpu": 1.0,
+        "peak_mem_gib": 0.4,
+        "peak_reserved_gib": 0.5,
+        "loss": 6.9,
+        "grad_norm": None,
+    }
+    w.step(step)
+    assert read_metrics(w.path) is None  # not finished yet
+    assert w.summary({"step_time_s": 0.5, "loss": 6.9, "device": "cpu"})
+    assert not w.failure("error", "late")  # a final line is already there
+    out = read_metrics(w.path)
+    assert isinstance(out, Outcome) and out.ok
+    assert out.metrics["device"] == "cpu" and out.steps[0].loss == 6.9
+
+
+def test_metrics_writer_failure_keeps_only_finite_metrics(tmp_path: Path) -> None:
+    w = MetricsWriter(tmp_path / "m.jsonl")
+    assert w.failure("nan", "loss is nan at step 2", {"peak_mem_gib": 1.5, "x": float("nan")})
+    assert not w.failure("error", "second rank")
+    out = read_metrics(w.path)
+    assert out is not None and out.failure_class == "nan" and out.status == "failed"
+    assert out.metrics == {"peak_mem_gib": 1.5}
+
+
+# --- data and weights (torch, no megatron) ---------------------------------------------------
+
+
+@needs_megatron
+def test_global_batches_do_not_depend_on_the_layout(tmp_path: Path) -> None:
+    import torch
+
+    from dse.space import DataSpec
+    from dse.workloads.megatron._data import GlobalBatches
+
+    data = GlobalBatches(DataSpec(seed=7), global_batch_size=8, seq_length=16, vocab_size=50)
+    b0 = data.global_batch(3)
+    assert torch.equal(b0, data.global_batch(3)) and not torch.equal(b0, data.global_batch(4))
+    assert b0.shape == (8, 17) and int(b0.max()) < 50
+    for dp, mbs in [(1, 1), (2, 1), (2, 2), (4, 2), (8, 1)]:
+        rows = []
+        for r in range(dp):
+            for tokens, labels in data.microbatches(
+                b0, dp_rank=r, dp_size=dp, micro_batch_size=mbs
+            ):
+                assert tokens.shape == (mbs, 16) and torch.equal(tokens[:, 1:], labels[:, :-1])
+                rows.extend(torch.cat([tokens, labels[:, -1:]], dim=1))
+        assert torch.equal(
+            torch.stack(sorted(rows, key=lambda t: t.tolist())),
+            torch.stack(sorted(b0, key=lambda t: t.tolist())),
+        )
+
+
+@needs_megatron
+def test_token_file_data(tmp_path: Path) -> None:
+    import numpy as np
+
+    from dse.space import DataSpec
+    from dse.workloads.megatron._data import GlobalBatches
+
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.arange(1000, dtype=np.int32) % 97)
+    data = GlobalBatches(
+        DataSpec(kind="path", path=str(path)), global_batch_size=4, seq_length=8, vocab_size=97
+    )
+    batch = data.global_batch(1)
+    assert batch.shape == (4, 9)
+    assert batch[0].tolist() == [(32 + i) % 97 for i in range(9)]  # step 1 starts at 4 * 8
+    small = GlobalBatches(
+        DataSpec(kind="path", path=str(path)), global_batch_size=4, seq_length=8, vocab_size=50
+    )
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        small.global_batch(1)  # ids 32..64
+
+
+@needs_megatron
+def test_weight_keys_and_tensor_parallel_slices() -> None:
+    import torch
+
+    from dse.workloads.megatron._init import param_key, tp_slice
+
+    layers = {0: 5, 1: 6}
+    assert param_key("decoder.layers.1.mlp.linear_fc1.weight", layers, 0, False) == (
+        "layers.6.mlp.linear_fc1.weight"
+    )
+    assert param_key(
+        "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight", layers, 4, False
+    ) == ("layers.5.mlp.experts.5.linear_fc2.weight")
+    assert param_key("decoder.layers.0.mlp.experts.weight1", layers, 0, False) is None
+    assert param_key("output_layer.weight", layers, 0, True) == "word_embeddings"
+    assert param_key("output_layer.weight", layers, 0, False) == "output_layer"
+    full = torch.arange(8).reshape(8, 1)
+    # stride 2 (SwiGLU fc1 = [gate; up]): rank r gets gate and up rows of its partition
+    assert tp_slice(full, 0, 2, 0, 2).flatten().tolist() == [0, 1, 4, 5]
+    assert tp_slice(full, 0, 2, 1, 2).flatten().tolist() == [2, 3, 6, 7]
+    assert tp_slice(full, 0, 1, 1, 2).flatten().tolist() == [4, 5, 6, 7]
+
+
+# --- real training under torchrun (slow) ---------------------------------------------------
+
+
+def run_trial(spec: TrialSpec, tmp: Path, *, torchrun: bool = True) -> tuple[int, Outcome]:
+    path = tmp / f"{Path(spec.metrics_path).stem}.json"
+    path.write_text(spec.model_dump_json())
+    module = ["-m", "dse.workloads.megatron.trainer", "--spec", str(path)]
+    if torchrun:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={spec.world_size}",
+            *module,
+        ]
+    else:
+        cmd = [sys.executable, *module]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    out = read_metrics(spec.metrics_path)
+    assert out is not None, f"no final metrics line; rc={proc.returncode}\n{proc.stderr[-3000:]}"
+    return proc.returncode, out
+
+
+def losses(out: Outcome) -> list[float]:
+    assert out.ok, f"{out.failure_class}: {out.reason}"
+    return list(out.metrics["losses"])
+
+
+CONFIGS: dict[str, tuple[dict[str, Any], int, dict[str, Any]]] = {
+    "tp1": ({}, 1, {}),
+    "tp2": ({"tensor_model_parallel_size": 2}, 2, {}),
+    "dp2_full_recompute": ({"recompute": "full"}, 2, {}),
+    "pp2": ({"pipeline_model_parallel_size": 2}, 2, {}),
+    "pp2_vpp2": (
+        {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
+        2,
+        {},
+    ),
+    "sdpa_tp2_selective": (
+        {"attention_backend": "sdpa", "tensor_model_parallel_size": 2, "recompute": "selective"},
+        2,
+        {},
+    ),
+    "bf16_distopt": (
+        {"use_distributed_optimizer": True, "overlap_grad_reduce": True, "micro_batch_size": 2},
+        2,
+        {"precision": "bf16"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Outcome]]:
+    """Every configuration of CONFIGS, trained once for the module."""
+    if not HAVE_MEGATRON:
+        pytest.skip("torch/megatron-core missing")
+    tmp = tmp_path_factory.mktemp("megatron_trials")
+    out = {}
+    for name, (params, world, sem) in CONFIGS.items():
+        out[name] = run_trial(make_spec(tmp, name, params, world=world, semantics=sem), tmp)
+    return out
+
+
+@pytest.mark.slow
+def test_tp1_trains_and_writes_steps_and_summary(trials: dict[str, Any]) -> None:
+    rc, out = trials["tp1"]
+    assert rc == 0 and out.ok and out.source == "measured"
+    assert [s.step for s in out.steps] == [0, 1, 2, 3]
+    m = out.metrics
+    assert m["device"] == "cpu" and m["world_size"] == 1 and m["dp"] == 1
+    assert m["num_microbatches"] == 8 and m["steps"] == 4 and m["init"] == "layout_invariant"
+    assert m["loss"] == out.steps[-1].loss and len(m["losses"]) == 4
+    assert all(0 < s.loss < 10 for s in out.steps)  # ~ln(1024) = 6.93 on random tokens
+    assert m["losses"][-1] < m["losses"][0]
+    assert m["tflops_per_gpu"] > 0 and m["peak_mem_gib"] > 0.05 and m["step_time_s"] > 0
+    assert all(s.grad_norm is not None and s.grad_norm > 0 for s in out.steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tp2", "dp2_full_recompute", "pp2", "pp2_vpp2"])
+def test_layouts_reproduce_tp1_losses(trials: dict[str, Any], name: str) -> None:
+    """Same global batches and layout-invariant weights: the same loss curve (fp32)."""
+    base = losses(trials["tp1"][1])
+    rc, out = trials[name]
+    assert rc == 0
+    assert losses(out) == pytest.approx(base, abs=1e-3)
+    assert out.metrics["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_sdpa_matches_unfused_attention(trials: dict[str, Any]) -> None:
+    rc, out = trials["sdpa_tp2_selective"]
+    assert rc == 0 and out.metrics["attention_backend"] == "sdpa"
+    assert losses(out) == pytest.approx(losses(trials["tp1"][1]), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_bf16_with_distributed_optimizer(trials: dict[str, Any]) -> None:
+    rc, out = trials["bf16_distopt"]
+    assert rc == 0 and out.metrics["precision"] == "bf16"
+    assert out.metrics["num_microbatches"] == 2  # 8 / (MBS 2 x DP 2)
+    # bf16 weights and activations: close to the fp32 curve, not equal
+    assert losses(out) == pytest.approx(losses(trials["tp1"][1]), abs=0.05)
+
+
+@pytest.mark.slow
+@needs_megatron
+def test_megatron_assertion_at_build_is_an_invalid_failure(tmp_path: Path) -> None:
+    spec = make_spec(
+        tmp_path,
+        "heads",
+        {"tensor_model_parallel_size": 2},
+        world=2,
+        model={"num_attention_heads": 3, "num_query_groups": None, "kv_channels": 32},
+    )
+    rc, out = run_trial(spec, tmp_path)
+    assert rc != 0
+    assert out.failure_class == "invalid" and out.status == "infeasible"
+    assert "num_attention_heads (3) must be a multiple of tensor_model_parallel_size (2)" in (
+        out.reason or ""
+    )
+
+
+@needs_megatron
+def test_missing_transformer_engine_is_an_invalid_failure(tmp_path: Path) -> None:
+    """Rejected before torch or megatron is imported (no torchrun needed for one rank)."""
+    spec = make_spec(tmp_path, "te", {"attention_backend": "te"}, features=[])
+    rc, out = run_trial(spec, tmp_path, torchrun=False)
+    assert rc == 3
+    assert out.failure_class == "invalid" and "needs Transformer Engine" in (out.reason or "")
+    lines = [json.loads(x) for x in Path(spec.metrics_path).read_text().splitlines()]
+    assert [x["type"] for x in lines] == ["failure"]
+
+
+@pytest.mark.slow
+@needs_megatron
+def test_diverging_loss_is_a_nan_failure(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "nan", semantics={"lr": 1e30})
+    rc, out = run_trial(spec, tmp_path)
+    assert rc != 0
+    assert out.failure_class == "nan" and out.status == "failed"
+    assert "loss is" in (out.reason or "") and out.metrics["peak_mem_gib"] > 0
+    assert len(out.steps) >= 1  # the finite steps before it are kept
