@@ -217,8 +217,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         studies = [storage.get_study(args.study)] if args.study else storage.list_studies()
         if not studies:
-            raise StudyNotFoundError(f"no study in {storage.url}")
-        out = []
+            raise StudyNotFoundError(f"no study in {storage!r}")
+        out: list[dict[str, Any]] = []
         for st in studies:
             trials = storage.list_trials(st.id)
             best = storage.best_trial(st.id, st.direction)

@@ -17,5 +17,5 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy dse agents workloads storage api
+.venv/bin/python scripts/typecheck.py
 .venv/bin/python -m pytest -q "$@"
