@@ -24,6 +24,7 @@ __all__ = [
     "Outcome",
     "StudyRecord",
     "TrialRecord",
+    "TrialPoint",
     "RejectionRecord",
     "read_metrics",
     "summarize_steps",
@@ -62,6 +63,8 @@ class TrialSpec(BaseModel):
     features: list[str] | None = Field(
         None, description="Features declared present; None: detect in the trial process."
     )
+    gpu: str | None = Field(None, description="GPU name of the trial's nodes (resources.gpu).")
+    gpu_memory_gib: float | None = Field(None, description="Memory per GPU (resources).")
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,24 @@ class TrialRecord:
     #: One entry per re-queue: ``{"at", "reason", "state", "runner", "host", "started_at",
     #: "log_path"}`` (what was interrupted, where and why).
     history: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    """A trial in brief, for charts of a whole study (``Storage.list_trial_points``): no
+    steps, paths or history; the summary metrics a chart plots."""
+
+    id: int
+    number: int
+    state: str
+    params: dict[str, Any]
+    value: float | None = None
+    failure_class: str | None = None
+    reason: str | None = None
+    gpu_seconds: float | None = None
+    tflops_per_gpu: float | None = None
+    peak_mem_gib: float | None = None
+    step_time_s: float | None = None
 
 
 @dataclass(frozen=True)

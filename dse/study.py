@@ -368,6 +368,8 @@ class StudyRunner:
             metrics_path=str(metrics),
             workload=s.workload.model_dump(),
             features=None if self.features is None else sorted(self.features),
+            gpu=s.resources.gpu,
+            gpu_memory_gib=s.resources.gpu_memory_gib,
         )
         spec_path = tdir / "trial.json"
         spec_path.write_text(spec.model_dump_json(indent=2))

@@ -7,10 +7,9 @@ memory, then a ``summary`` line; or, when the configuration is predicted not to 
 ``failure`` line of class ``oom``. Every line carries ``"source": "estimate"``. The loss is
 not simulated: step lines carry ``loss: 0.0`` to satisfy the contract.
 
-The trial spec has no GPU description, so the GPU's name and memory come from
-``--gpu`` / ``--gpu-memory-gib``, else the environment (``DSE_SIM_GPU``,
-``DSE_SIM_GPU_MEMORY_GIB``), else the keys ``gpu`` / ``gpu_memory_gib`` of the spec's
-``workload`` mapping; without a capacity everything fits.
+The GPU's name and memory come from ``--gpu`` / ``--gpu-memory-gib``, else the environment
+(``DSE_SIM_GPU``, ``DSE_SIM_GPU_MEMORY_GIB``), else the trial spec (``gpu`` /
+``gpu_memory_gib``, from the space's resources); without a capacity everything fits.
 """
 
 from __future__ import annotations
@@ -46,10 +45,10 @@ def simulate(
     model = ModelSpec.model_validate(spec.model)
     sem = Semantics.model_validate(spec.semantics)
     wl = spec.workload or {}
-    gpu = gpu or os.environ.get("DSE_SIM_GPU") or wl.get("gpu")
+    gpu = gpu or os.environ.get("DSE_SIM_GPU") or spec.gpu or wl.get("gpu")
     if gpu_memory_gib is None:
         env = os.environ.get("DSE_SIM_GPU_MEMORY_GIB")
-        raw = env if env else wl.get("gpu_memory_gib")
+        raw = env if env else (spec.gpu_memory_gib or wl.get("gpu_memory_gib"))
         gpu_memory_gib = float(raw) if raw not in (None, "") else None
     res = Resources.model_validate(
         {
