@@ -343,8 +343,9 @@ def _knobs() -> dict[str, Knob]:
         Knob(
             "grad_reduce_in_fp32",
             "bool",
-            False,
-            "Reduce gradients in fp32.",
+            True,
+            "fp32 gradient buffer and reduction (Megatron-LM's bf16 default, "
+            "--accumulate-allreduce-grads-in-fp32; Bridge bf16_mixed).",
             _one("ddp", "grad_reduce_in_fp32"),
         ),
         Knob(

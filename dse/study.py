@@ -431,7 +431,7 @@ class StudyRunner:
         best = self.storage.best_trial(study_id, s.objective.direction)
         rej = sum(self.storage.count_rejections(study_id).values())
         what = (
-            f"{s.objective.metric}={rec.value:.2f}"
+            f"{s.objective.metric}={rec.value:.4g}"
             if rec.value is not None
             else f"{rec.failure_class}: {(rec.reason or '')[:120]}"
         )
@@ -458,7 +458,7 @@ class StudyRunner:
         budget = self.space.budget.n_trials
         done = sum(counts.get(k, 0) for k in ("complete", "failed", "infeasible"))
         b = (
-            f"best {best.value:.2f} (trial {best.number})"
+            f"best {best.value:.4g} (trial {best.number})"
             if best is not None and best.value is not None
             else "best -"
         )

@@ -33,6 +33,7 @@ from functools import partial
 from typing import Any
 
 from dse.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
+from dse.knobs import KNOBS
 from dse.records import StepMetrics, TrialSpec, summarize_steps
 from dse.workloads.megatron._metrics import MetricsWriter, finite_or_none
 from dse.workloads.megatron._plan import (
@@ -348,6 +349,9 @@ def build(plan: TrialPlan, device: Any) -> _Built:
         torch.cuda.reset_peak_memory_stats()
 
     ddp_kw: dict[str, Any] = dict(plan.fields["ddp"])
+    # Megatron-LM (--accumulate-allreduce-grads-in-fp32 for bf16) and Bridge's bf16_mixed
+    # keep fp32 main grads: the catalog default, unless the configuration says otherwise
+    ddp_kw.setdefault("grad_reduce_in_fp32", KNOBS["grad_reduce_in_fp32"].default)
     _known_fields(DistributedDataParallelConfig, ddp_kw, "DistributedDataParallelConfig")
     ddp_config = DistributedDataParallelConfig(**ddp_kw)
     chunks = [
