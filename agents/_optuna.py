@@ -32,6 +32,7 @@ neighbor (one knob changed) of the last sample is proposed, then a random unseen
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import math
 import warnings
@@ -45,6 +46,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from dse.agents._base import Feedback
 from dse.agents._common import ENUMERATE_LIMIT, SpaceAgent, canonical
 from dse.agents._prior import PriorGuide
+from dse.exceptions import DSEError
 from dse.space import SearchSpace, params_key
 
 __all__ = ["OptunaAgent", "TPEAgent", "GPAgent", "NSGA2Agent"]
@@ -326,6 +328,12 @@ class GPAgent(OptunaAgent):
     default_retries = 0
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        missing = [m for m in ("scipy", "torch") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise DSEError(
+                f"the gp agent needs {' and '.join(missing)} (for Optuna's GPSampler); install "
+                "it (torch: the CPU build is enough) or choose agent tpe"
+            )
         kwargs = self._constraint_kwargs()
         return optuna.samplers.GPSampler(
             seed=self.seed,
