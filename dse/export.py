@@ -7,9 +7,13 @@ same thing. Heavy or optional imports (PyYAML, the knob exporters) happen inside
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from dse.exceptions import StudyNotFoundError
+
+if TYPE_CHECKING:
+    from dse.space import SearchSpace
 
 __all__ = ["BEST_FORMATS", "best_payload", "render_best"]
 
@@ -24,14 +28,10 @@ def best_payload(storage: Any, study: Any) -> dict[str, Any]:
         StudyNotFoundError: the study has no complete trial yet.
         SpaceError: the stored space of the study no longer validates.
     """
-    import yaml
-
-    from dse.space import parse_space
-
     best = storage.best_trial(study.id, study.direction)
     if best is None:
         raise StudyNotFoundError(f"study {study.name!r} has no complete trial yet")
-    space = parse_space(yaml.safe_load(study.space_yaml), f"study {study.name!r}")
+    space = _stored_space(study.space_yaml, study.name)
     full = space.full_params(best.params)
     m = best.metrics
     return {
@@ -50,6 +50,16 @@ def best_payload(storage: Any, study: Any) -> dict[str, Any]:
         "model": study.model,
         "hardware": study.hardware,
     }
+
+
+@lru_cache(maxsize=64)
+def _stored_space(space_yaml: str, name: str) -> SearchSpace:
+    """The parsed space of a study (cached: a stored space never changes; spaces are frozen)."""
+    import yaml
+
+    from dse.space import parse_space
+
+    return parse_space(yaml.safe_load(space_yaml), f"study {name!r}")
 
 
 def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None) -> str:

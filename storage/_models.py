@@ -116,8 +116,10 @@ class TrialModel(Base):
     __tablename__ = "trials"
     __table_args__ = (
         UniqueConstraint("study_id", "number"),
-        Index("ix_trials_study_id_state", "study_id", "state"),
-        Index("ix_trials_study_id_value", "study_id", "value"),
+        # covering: trial counts per state and GPU-seconds read only the index (0002)
+        Index("ix_trials_study_id_state_gpu_seconds", "study_id", "state", "gpu_seconds"),
+        # ordered pages by value (ties by number) and the best trial walk the index (0002)
+        Index("ix_trials_study_id_value_number", "study_id", "value", "number"),
         Index("ix_trials_study_id_params_key", "study_id", "params_key"),
     )
 

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, Select, case, delete, func, select, update
+from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
@@ -45,7 +45,14 @@ from dse.exceptions import (
     StudyNotFoundError,
     TrialNotFoundError,
 )
-from dse.records import Outcome, RejectionRecord, StepMetrics, StudyRecord, TrialRecord
+from dse.records import (
+    Outcome,
+    RejectionRecord,
+    StepMetrics,
+    StudyRecord,
+    TrialPoint,
+    TrialRecord,
+)
 from dse.storage._engine import SessionScope, make_engine, migrate, normalize_url, safe_url
 from dse.storage._models import (
     STUDY_STATES,
@@ -613,17 +620,66 @@ class Storage:
             raise ValueError(f"order must be one of {TRIAL_ORDERS}, got {order!r}")
 
         def fn(s: Session) -> list[TrialRecord]:
-            q = select(TrialModel).where(TrialModel.study_id == study_id)
+            where = [TrialModel.study_id == study_id]
             if state is not None:
-                q = q.where(TrialModel.state == state)
-            q = _ordered(q, order).offset(offset)
-            if limit is not None:
-                q = q.limit(limit)
-            rows = s.scalars(q).all()
+                where.append(TrialModel.state == state)
+            rows: Sequence[TrialModel]
+            if limit is None and offset == 0:
+                rows = s.scalars(_ordered(select(TrialModel).where(*where), order)).all()
+            else:
+                # A page: sort and skip narrow id rows first, then load only the page's rows
+                # (sorting whole rows, JSON columns and all, is what made deep pages slow).
+                ids_q = _ordered(select(TrialModel.id).where(*where), order).offset(offset)
+                if limit is not None:
+                    ids_q = ids_q.limit(limit)
+                ids = list(s.scalars(ids_q))
+                by_id = {
+                    r.id: r for r in s.scalars(select(TrialModel).where(TrialModel.id.in_(ids)))
+                } if ids else {}  # fmt: skip
+                rows = [by_id[i] for i in ids]
             steps = _steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
             return [_trial_record(r, steps.get(r.id, ())) for r in rows]
 
         return self._db.run(fn, write=False, what="list trials")
+
+    def list_trial_points(self, study_id: int) -> list[TrialPoint]:
+        """Every trial of a study in brief, by number: state, value, knobs, failure, GPU-seconds
+        and the summary throughput / memory / step time (what charts of a whole study need).
+
+        Much cheaper than :meth:`list_trials` on large studies: narrow rows, no ORM objects.
+        """
+
+        def fn(s: Session) -> list[TrialPoint]:
+            t = TrialModel
+            rows = s.execute(
+                select(
+                    t.id, t.number, t.state, t.params, t.value, t.failure_class, t.reason,
+                    t.gpu_seconds, t.metrics,
+                )
+                .where(t.study_id == study_id)
+                .order_by(t.number)
+            ).all()  # fmt: skip
+            out = []
+            for r in rows:
+                m = r.metrics or {}
+                out.append(
+                    TrialPoint(
+                        id=r.id,
+                        number=r.number,
+                        state=r.state,
+                        params=dict(r.params or {}),
+                        value=r.value,
+                        failure_class=r.failure_class,
+                        reason=r.reason,
+                        gpu_seconds=r.gpu_seconds,
+                        tflops_per_gpu=_num(m.get("tflops_per_gpu")),
+                        peak_mem_gib=_num(m.get("peak_mem_gib")),
+                        step_time_s=_num(m.get("step_time_s")),
+                    )  # fmt: skip
+                )
+            return out
+
+        return self._db.run(fn, write=False, what="list trial points")
 
     def count_trials(self, study_id: int) -> dict[str, int]:
         """Trials per state (every state present, 0 if none) and ``"total"``."""
@@ -928,9 +984,10 @@ def _ordered(q: _Sel, order: str) -> _Sel:
         return q.order_by(TrialModel.number)
     if order == "-number":
         return q.order_by(TrialModel.number.desc())
-    missing = case((TrialModel.value.is_(None), 1), else_=0)
-    value = TrialModel.value if order == "value" else TrialModel.value.desc()
-    return q.order_by(missing, value, TrialModel.number)
+    # NULLS LAST (SQLite >= 3.30, PostgreSQL) rather than a CASE key: the planner can then
+    # walk ix_trials_study_id_value_number instead of sorting every row of the study.
+    value = TrialModel.value.asc() if order == "value" else TrialModel.value.desc()
+    return q.order_by(value.nulls_last(), TrialModel.number)
 
 
 def _param_rows(params: dict[str, Any]) -> list[tuple[str, str]]:
@@ -965,6 +1022,13 @@ def _steps_of(s: Session, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, 
         for r in rows:
             out.setdefault(r.trial_id, []).append(_step_record(r))
     return {k: tuple(v) for k, v in out.items()}
+
+
+def _num(x: Any) -> float | None:
+    """A metric value as a float (None when missing or not a number)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x)
 
 
 def _nan_if_none(x: float | None) -> float:

@@ -44,3 +44,62 @@ def test_stopping_is_a_study_state(storage: Storage) -> None:
     storage.set_study_state("s", "running")
     storage.set_study_state("s", "stopping")
     assert storage.get_study("s").state == "stopping"
+
+
+def _seed_mixed(storage: Storage) -> int:
+    sid = _study(storage, "mixed")
+    for n in range(12):
+        params = {"micro_batch_size": n}
+        t = storage.claim_trial(
+            study_id=sid, params=params, params_key=str(n), budget=100, runner="r"
+        )
+        assert t is not None
+        if n % 4 == 3:
+            continue  # stays queued: no value
+        storage.start_trial(t.id, runner="r", host="h", log_path=None, metrics_path=None)
+        if n % 4 == 2:
+            out = Outcome.failure("oom", "CUDA out of memory", metrics={"peak_mem_gib": 80.0})
+            storage.finish_trial(t.id, out, value=None, gpu_seconds=5.0)
+        else:
+            value = float(n % 5)  # ties on purpose
+            metrics = {"tflops_per_gpu": value, "peak_mem_gib": 10.0 + n, "step_time_s": 0.5,
+                       "losses": [1.0, float("nan")]}  # fmt: skip
+            storage.finish_trial(t.id, Outcome("ok", metrics), value=value, gpu_seconds=1.0)
+    return sid
+
+
+@pytest.mark.parametrize("order", ["number", "-number", "value", "-value"])
+def test_pages_are_slices_of_the_whole_order(storage: Storage, order: str) -> None:
+    sid = _seed_mixed(storage)
+    whole = [t.number for t in storage.list_trials(sid, order=order)]
+    assert sorted(whole) == list(range(12))
+    if order in ("value", "-value"):
+        values = [t.value for t in storage.list_trials(sid, order=order)]
+        present = [v for v in values if v is not None]
+        assert values[: len(present)] == present  # no value last
+        assert present == sorted(present, reverse=order == "-value")
+    for limit in (1, 5, 100):
+        for offset in (0, 3, 11, 12, 50):
+            page = storage.list_trials(sid, order=order, limit=limit, offset=offset)
+            assert [t.number for t in page] == whole[offset : offset + limit]
+    assert [t.number for t in storage.list_trials(sid, order=order, offset=4)] == whole[4:]
+    oom = storage.list_trials(sid, state="infeasible", order=order, limit=2, offset=1)
+    assert [t.failure_class for t in oom] == ["oom", "oom"]
+
+
+def test_trial_points(storage: Storage) -> None:
+    sid = _seed_mixed(storage)
+    points = storage.list_trial_points(sid)
+    trials = storage.list_trials(sid)
+    assert [p.number for p in points] == [t.number for t in trials]
+    for p, t in zip(points, trials, strict=True):
+        assert (p.id, p.state, p.params, p.value) == (t.id, t.state, t.params, t.value)
+        assert (p.failure_class, p.reason, p.gpu_seconds) == (
+            t.failure_class, t.reason, t.gpu_seconds,
+        )  # fmt: skip
+        assert p.tflops_per_gpu == t.metrics.get("tflops_per_gpu")
+        assert p.peak_mem_gib == t.metrics.get("peak_mem_gib")
+        assert p.step_time_s == t.metrics.get("step_time_s")
+    oom = next(p for p in points if p.failure_class == "oom")
+    assert oom.peak_mem_gib == 80.0 and oom.tflops_per_gpu is None
+    assert storage.list_trial_points(999) == []
