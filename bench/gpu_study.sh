@@ -10,6 +10,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
   --target /tmp/dse . || exit 1
 export PYTHONPATH=/tmp/dse:/tmp/site PYTHONUNBUFFERED=1
+SPACE=$(realpath "$SPACE")
+cd /tmp  # not the checkout: its dse/ folder would shadow the installed dse.* namespace
 nvidia-smi -L
 DB="sqlite:///$OUTDIR/study.db"
 python3 -m dse.cli start --space "$SPACE" --storage "$DB" --workdir /tmp/dse_runs "$@" \
