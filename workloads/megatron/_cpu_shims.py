@@ -1,10 +1,11 @@
 """Caller-side workarounds that let Megatron-Core 0.16.1 train on CPU with gloo.
 
 No file of megatron-core is edited; everything here patches the *calling* process. Call
-:func:`install` once, inside a trial process whose device is ``cpu``, before megatron is
-imported. It changes process-wide state (``torch.cuda`` functions and a TorchFunctionMode
-that maps CUDA devices to the CPU), so it must never run in the controller or in a shared
-pytest process; importing this module changes nothing.
+:func:`install` once, inside a trial process whose device is ``cpu``, before the model is
+built (the trainer calls it before anything else of megatron is imported). It changes
+process-wide state (``torch.cuda`` functions and a TorchFunctionMode that maps CUDA devices
+to the CPU), so it must never run in the controller or in a shared pytest process;
+importing this module changes nothing.
 
 The workarounds:
 

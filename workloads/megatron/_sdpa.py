@@ -21,6 +21,7 @@ softmax types other than ``vanilla``; packed sequences and attention bias at run
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from typing import Any
@@ -138,7 +139,7 @@ class SDPAttention(MegatronModule):
         if dropout > 0.0 and not self.config.sequence_parallel:
             rng: Any = tensor_parallel.get_cuda_rng_tracker().fork()
         else:
-            rng = _NullContext()
+            rng = contextlib.nullcontext()
         with rng:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal and mask is None,
@@ -146,11 +147,3 @@ class SDPAttention(MegatronModule):
             )  # fmt: skip
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
-
-
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

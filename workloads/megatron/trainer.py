@@ -64,6 +64,7 @@ _KNOWN_WARNINGS = (
     r"If you are using transformer_engine as the transformer implementation, the core_attn",
     r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
     r"`torch\.distributed\.reduce_scatter_tensor` is deprecated",
+    r"Attempting to run cuBLAS, but there was no current CUDA context",
 )
 
 #: OptimizerConfig fields whose knob values are dtype names.
@@ -654,7 +655,10 @@ def _exit(code: int) -> int:
         import torch.distributed as tdist
 
         if tdist.is_available() and tdist.is_initialized():
-            tdist.barrier()
+            if tdist.get_backend() == "nccl":
+                tdist.barrier(device_ids=[int(os.environ.get("LOCAL_RANK", "0"))])
+            else:
+                tdist.barrier()
             tdist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the metrics are written; teardown is best effort
         pass
