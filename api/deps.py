@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dse.api.config import Settings
 from dse.api.launch import Launcher
+from dse.api.views import AnswerCache
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
 from dse.storage import Storage, open_storage
@@ -21,6 +22,7 @@ __all__ = [
     "StorageDep",
     "StudyDep",
     "LauncherDep",
+    "CacheDep",
     "WriteAccess",
     "get_settings",
     "get_storage",
@@ -95,6 +97,14 @@ def get_launcher(request: Request) -> Launcher:
 
 
 LauncherDep = Annotated[Launcher, Depends(get_launcher)]
+
+
+def get_cache(request: Request) -> AnswerCache:
+    cache: AnswerCache = request.app.state.cache
+    return cache
+
+
+CacheDep = Annotated[AnswerCache, Depends(get_cache)]
 
 _bearer = HTTPBearer(auto_error=False, description="DSE_API_TOKEN of the server.")
 

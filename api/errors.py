@@ -113,18 +113,16 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 def _allowed_methods(app: FastAPI, path: str) -> set[str]:
     """The documented methods of ``path`` (from the OpenAPI paths, built once per app)."""
-    table: list[tuple[re.Pattern[str], set[str]]] | None = getattr(
-        app.state, "allow_table", None
-    )
+    table: list[tuple[re.Pattern[str], set[str]]] | None = getattr(app.state, "allow_table", None)
     if table is None:
         table = []
         for template, ops in app.openapi().get("paths", {}).items():
             parts = re.split(r"(\{[^}]+\})", template)
-            regex = "".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts)
+            pattern = "".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts)
             methods = {m.upper() for m in ops}
             if "GET" in methods:
                 methods.add("HEAD")
-            table.append((re.compile(f"^{regex}$"), methods))
+            table.append((re.compile(f"^{pattern}$"), methods))
         app.state.allow_table = table
     out: set[str] = set()
     for regex, methods in table:

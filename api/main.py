@@ -16,6 +16,7 @@ from dse.api.deps import StorageHolder
 from dse.api.errors import install_error_handlers
 from dse.api.launch import SubprocessLauncher
 from dse.api.routes import api_router
+from dse.api.views import AnswerCache
 from dse.exceptions import StorageError
 
 __all__ = ["create_app", "API_PREFIX", "STATIC_DIR", "plotly_js_path"]
@@ -78,6 +79,7 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     app.state.settings = settings
     app.state.storage = holder
     app.state.launcher = SubprocessLauncher()
+    app.state.cache = AnswerCache()
     install_error_handlers(app)
     app.include_router(api_router, prefix=API_PREFIX)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import Response
@@ -40,6 +42,9 @@ __all__ = [
     "points_of",
     "pareto_public",
     "json_response",
+    "json_bytes",
+    "AnswerCache",
+    "study_signature",
     "best_public",
     "cross_best",
     "study_matches",
@@ -73,15 +78,53 @@ def clean(obj: Any) -> Any:
     return obj
 
 
+class AnswerCache:
+    """The last answer per study of an expensive read (the Pareto view of a 10,000-trial study
+    costs a full scan), reused while the study's signature (trial counts per state,
+    rejections per kind) is unchanged: a trial changes state whenever its point can change.
+    Thread-safe; one per app (each API process keeps its own)."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._data: OrderedDict[tuple[Any, ...], tuple[str, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...], signature: str, build: Callable[[], bytes]) -> bytes:
+        """The cached answer for ``key`` if its signature matches, else ``build()`` (kept)."""
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is not None and hit[0] == signature:
+                self._data.move_to_end(key)
+                return hit[1]
+        body = build()
+        with self._lock:
+            self._data[key] = (signature, body)
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        return body
+
+
+def study_signature(storage: Storage, study: StudyRecord) -> str:
+    """What changes whenever a trial or rejection of the study does (cheap: two counts)."""
+    return json.dumps(
+        [storage.count_trials(study.id), storage.count_rejections(study.id)], sort_keys=True
+    )
+
+
+def json_bytes(data: Any) -> bytes:
+    """``data`` (JSON values) serialized once, compactly; non-finite floats become null."""
+    try:
+        return json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
+    except ValueError:  # a NaN somewhere: clean the whole answer (rare)
+        return json.dumps(clean(data), separators=(",", ":")).encode()
+
+
 def json_response(data: Any) -> Response:
     """``data`` (JSON values) as a response, serialized once without model validation (for
     large answers; the route's ``response_model`` still documents it). Non-finite floats
     become null."""
-    try:
-        body = json.dumps(data, allow_nan=False, separators=(",", ":"))
-    except ValueError:  # a NaN somewhere: clean the whole answer (rare)
-        body = json.dumps(clean(data), separators=(",", ":"))
-    return Response(body, media_type="application/json")
+    return Response(json_bytes(data), media_type="application/json")
 
 
 # --- studies ------------------------------------------------------------------------------

@@ -5,11 +5,18 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from sqlalchemy.engine import make_url
 from starlette.concurrency import run_in_threadpool
 
-from dse.api.deps import LauncherDep, SettingsDep, StorageDep, StudyDep, WriteAccess
+from dse.api.deps import (
+    CacheDep,
+    LauncherDep,
+    SettingsDep,
+    StorageDep,
+    StudyDep,
+    WriteAccess,
+)
 from dse.api.errors import error_responses
 from dse.api.schemas import (
     LaunchPublic,
@@ -19,7 +26,14 @@ from dse.api.schemas import (
     StudyCreatedPublic,
     StudyPublic,
 )
-from dse.api.views import pareto_public, rejection_public, study_public, study_summary
+from dse.api.views import (
+    json_bytes,
+    pareto_public,
+    rejection_public,
+    study_public,
+    study_signature,
+    study_summary,
+)
 from dse.exceptions import SpaceError
 from dse.space import SearchSpace, parse_space
 
@@ -170,11 +184,16 @@ def stop_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
 @router.get(
     "/{name}/pareto", response_model=ParetoPublic, responses=error_responses(404, 422, 503)
 )
-def get_pareto(storage: StorageDep, study: StudyDep) -> ParetoPublic:
+def get_pareto(storage: StorageDep, study: StudyDep, cache: CacheDep) -> Response:
     """TFLOP/s per GPU vs peak memory: every trial (and pre-launch rejection) as a point
     with its kind (``complete``, ``oom``, ``invalid``, ``predicted_oom``, ``error``, ...),
     the non-dominated complete trials flagged ``on_front`` and listed in ``front``."""
-    return pareto_public(storage, study)
+    body = cache.get(
+        ("pareto", study.id, study.name, study.created_at),
+        study_signature(storage, study),
+        lambda: json_bytes(pareto_public(storage, study)),
+    )
+    return Response(body, media_type="application/json")
 
 
 @router.get(

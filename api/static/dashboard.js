@@ -4,12 +4,16 @@
 // Stable hooks for tests: #study-list li[data-study], #trial-table tbody tr[data-trial-id],
 // badges with data-count / data-value, charts with data-rendered="true" once drawn, and
 // #study-view[data-rendered="true"] when the summary, charts and table of the selected study
-// are all on screen.
+// are all on screen (data-render-ms: when that first happened, in ms since navigation).
 "use strict";
 
 const API = "/api/v1";
 const PAGE_SIZE = 100;
-const GL_THRESHOLD = 2000; // above this many points, WebGL traces
+// Charts are SVG (no WebGL: slow or missing without a GPU). A chart of more than DRAW_MAX
+// points draws DRAW_MAX of them: the ones that matter (every new best, the Pareto front)
+// and an even sample of the rest, which looks the same at the chart's size; the figure
+// caption says how many are drawn.
+const DRAW_MAX = 1500;
 const FAILURE_STYLE = {
   oom: { name: "OOM", color: "#d62728", symbol: "x" },
   predicted_oom: { name: "predicted OOM (not run)", color: "#ff7f0e", symbol: "triangle-up-open" },
@@ -48,7 +52,12 @@ function cell(child) {
   return td;
 }
 
+function measure(name, start) {
+  try { performance.measure(`dse:${name}`, { start }); } catch (_) { /* old browser */ }
+}
+
 async function api(path) {
+  const t0 = performance.now();
   const r = await fetch(API + path, { headers: { Accept: "application/json" } });
   if (!r.ok) {
     let detail = r.statusText;
@@ -57,7 +66,9 @@ async function api(path) {
     err.status = r.status;
     throw err;
   }
-  return r.json();
+  const body = await r.json();
+  measure(`api ${path.split("?")[0]}`, t0);
+  return body;
 }
 
 function setConn(ok, text) {
@@ -70,7 +81,8 @@ function setConn(ok, text) {
 const plotlyReady = new Promise((resolve) => {
   const s = document.createElement("script");
   s.src = "/static/vendor/plotly.min.js";
-  s.onload = () => resolve(window.Plotly || null);
+  const t0 = performance.now();
+  s.onload = () => { measure("load plotly.min.js", t0); resolve(window.Plotly || null); };
   s.onerror = () => resolve(null);
   document.head.appendChild(s);
 });
@@ -236,30 +248,60 @@ async function plot(div, traces, layout) {
     div.dataset.rendered = "unavailable";
     return;
   }
+  const t0 = performance.now();
   await Plotly.react(div, traces, { ...LAYOUT, ...layout }, CONFIG);
+  measure(`plot #${div.id}`, t0);
   div.dataset.rendered = "true";
+}
+
+// At most `max` of `pts`: every `keep` point, then an even stride through the others.
+function sample(pts, max, keep = () => false) {
+  if (pts.length <= max) return pts;
+  const kept = pts.filter(keep);
+  const rest = pts.filter((p) => !keep(p));
+  const room = Math.max(0, max - kept.length);
+  const step = rest.length / Math.max(1, room);
+  const picked = [];
+  for (let i = 0; i < room && Math.floor(i * step) < rest.length; i++) {
+    picked.push(rest[Math.floor(i * step)]);
+  }
+  return kept.concat(picked);
+}
+
+function setNote(id, shown, total, what) {
+  const n = $(id);
+  n.dataset.shown = String(shown);
+  n.dataset.total = String(total);
+  n.textContent = shown < total ? ` (${shown} of ${total} ${what} drawn; same picture)` : "";
 }
 
 function renderHistory(study, pareto) {
   const done = pareto.points.filter((p) => p.source === "trial" && p.value !== null);
-  const gl = done.length > GL_THRESHOLD ? "scattergl" : "scatter";
   const maximize = study.direction === "maximize";
   const bestX = [], bestY = [];
+  const improved = new Set();
   let best = null;
   for (const p of done) {
-    if (best === null || (maximize ? p.value > best : p.value < best)) best = p.value;
-    bestX.push(p.number);
-    bestY.push(best);
+    if (best === null || (maximize ? p.value > best : p.value < best)) {
+      best = p.value;
+      improved.add(p);
+      bestX.push(p.number);
+      bestY.push(best);
+    }
   }
+  if (done.length) { bestX.push(done[done.length - 1].number); bestY.push(best); }
+  const shown = sample(done, DRAW_MAX, (p) => improved.has(p));
   const traces = [
-    { type: gl, mode: "lines", name: "best so far", x: bestX, y: bestY,
+    { type: "scatter", mode: "lines", name: "best so far", x: bestX, y: bestY,
       line: { shape: "hv", color: "#2ca02c", width: 2 }, hoverinfo: "skip" },
-    { type: gl, mode: "markers", name: "trial", x: done.map((p) => p.number),
-      y: done.map((p) => p.value), text: done.map(pointText), hoverinfo: "x+y+text",
-      marker: { size: 8, color: "#1f77b4", line: { width: 1, color: "#fff" } } },
+    { type: "scatter", mode: "markers", name: "trial", x: shown.map((p) => p.number),
+      y: shown.map((p) => p.value), text: shown.map(pointText), hoverinfo: "x+y+text",
+      marker: { size: shown.length > 500 ? 5 : 8, color: "#1f77b4",
+        line: { width: shown.length > 500 ? 0 : 1, color: "#fff" } } },
   ];
   const div = $("#chart-history");
   div.dataset.points = String(done.length);
+  setNote("#note-history", shown.length, done.length, "trials");
   return plot(div, traces, {
     xaxis: { title: { text: "trial" }, tickformat: "d", rangemode: "tozero",
       dtick: Math.max(1, Math.ceil((bestX[bestX.length - 1] || 1) / 10)) },
@@ -273,11 +315,13 @@ function renderPareto(study, pareto) {
     && p.peak_mem_gib !== null);
   const failed = pareto.points.filter((p) => p.kind !== "complete"
     && !["queued", "running"].includes(p.kind));
-  const gl = complete.length + failed.length > GL_THRESHOLD ? "scattergl" : "scatter";
+  const big = complete.length + failed.length > DRAW_MAX;
+  // complete trials get most of the budget; each failure kind at most a fifth of it
+  const drawn = sample(complete, Math.floor(DRAW_MAX * 0.6), (p) => p.on_front);
   const traces = [{
-    type: gl, mode: "markers", name: "complete", x: complete.map((p) => p.tflops_per_gpu),
-    y: complete.map((p) => p.peak_mem_gib), text: complete.map(pointText),
-    hoverinfo: "x+y+text", marker: { size: 8, color: "#1f77b4", line: { width: 1, color: "#fff" } },
+    type: "scatter", mode: "markers", name: "complete", x: drawn.map((p) => p.tflops_per_gpu),
+    y: drawn.map((p) => p.peak_mem_gib), text: drawn.map(pointText), hoverinfo: "x+y+text",
+    marker: { size: big ? 5 : 8, color: "#1f77b4", line: { width: big ? 0 : 1, color: "#fff" } },
   }, {
     type: "scatter", mode: "lines", name: "Pareto front",
     x: pareto.front.map((p) => p.tflops_per_gpu), y: pareto.front.map((p) => p.peak_mem_gib),
@@ -285,20 +329,24 @@ function renderPareto(study, pareto) {
   }];
   const groups = {};
   for (const p of failed) (groups[failureGroup(p.kind)] ||= []).push(p);
-  for (const [g, pts] of Object.entries(groups)) {
+  let drawnFailed = 0;
+  for (const [g, all] of Object.entries(groups)) {
     const st = FAILURE_STYLE[g];
+    // no measured throughput: drawn at 0 TFLOP/s; memory: measured, predicted or the cap
+    const fx = (p) => p.tflops_per_gpu ?? 0;
+    const fy = (p) => p.peak_mem_gib ?? (g === "oom" && memCap ? memCap : 0);
+    const pts = big ? sample(all, Math.floor(DRAW_MAX * 0.1)) : all;
+    drawnFailed += pts.length;
     traces.push({
-      type: gl, mode: "markers", name: `${st.name} (${pts.length})`,
-      // no measured throughput: drawn at 0 TFLOP/s; memory: measured, predicted or the cap
-      x: pts.map((p) => p.tflops_per_gpu ?? 0),
-      y: pts.map((p) => p.peak_mem_gib ?? (g === "oom" && memCap ? memCap : 0)),
-      text: pts.map(pointText), hoverinfo: "text",
+      type: "scatter", mode: "markers", name: `${st.name} (${all.length})`,
+      x: pts.map(fx), y: pts.map(fy), text: pts.map(pointText), hoverinfo: "text",
       marker: { size: 9, color: st.color, symbol: st.symbol, line: { width: 2, color: st.color } },
     });
   }
   const div = $("#chart-pareto");
   div.dataset.completeCount = String(complete.length);
   div.dataset.failedCount = String(failed.length);
+  setNote("#note-pareto", drawn.length + drawnFailed, complete.length + failed.length, "points");
   div.dataset.frontCount = String(pareto.front.length);
   const shapes = memCap ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: memCap, y1: memCap,
     line: { color: "#d62728", dash: "dot", width: 1 } }] : [];
@@ -314,6 +362,29 @@ function renderPareto(study, pareto) {
   });
 }
 
+// Parallel coordinates drawn as SVG lines (plotly's parcoords needs WebGL, which is slow or
+// missing without a GPU): one axis per knob that varies, the objective last; lines coloured
+// by objective quantile, the best drawn on top. Large studies: the best PC_BEST trials plus
+// an even sample of the rest, PC_MAX lines in all.
+const PC_MAX = 600;
+const PC_BEST = 300;
+const PC_COLORS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"];
+
+function pcAxis(label, raw) {
+  const numeric = raw.every((v) => typeof v === "number");
+  const keys = [...new Set(raw.map((v) => JSON.stringify(v ?? null)))];
+  if (numeric && keys.length > 12) { // continuous: min-max
+    const lo = Math.min(...raw), hi = Math.max(...raw);
+    const span = hi - lo || 1;
+    return { label, pos: raw.map((v) => (v - lo) / span),
+      ticks: [[0, fmt(lo)], [0.5, fmt(lo + span / 2)], [1, fmt(hi)]] };
+  }
+  keys.sort(numeric ? (a, b) => Number(a) - Number(b) : undefined);
+  const at = (k) => (keys.length === 1 ? 0.5 : keys.indexOf(k) / (keys.length - 1));
+  return { label, pos: raw.map((v) => at(JSON.stringify(v ?? null))),
+    ticks: keys.map((k) => [at(k), k.replaceAll('"', "")]) };
+}
+
 function renderParcoords(study, pareto) {
   const done = pareto.points.filter((p) => p.kind === "complete" && p.value !== null);
   const div = $("#chart-parcoords");
@@ -325,27 +396,58 @@ function renderParcoords(study, pareto) {
     return Promise.resolve();
   }
   if (div.textContent && !div.querySelector(".main-svg")) div.textContent = "";
-  const names = [...new Set(done.flatMap((p) => Object.keys(p.params)))];
-  const dims = [];
-  for (const n of names) {
-    const vals = done.map((p) => p.params[n]);
-    const distinct = [...new Set(vals.map((v) => JSON.stringify(v ?? null)))];
-    if (distinct.length < 2) continue; // a fixed knob tells nothing
-    if (vals.every((v) => typeof v === "number")) {
-      dims.push({ label: n, values: vals });
-    } else {
-      distinct.sort();
-      dims.push({ label: n, values: vals.map((v) => distinct.indexOf(JSON.stringify(v ?? null))),
-        tickvals: distinct.map((_, i) => i), ticktext: distinct.map((d) => d.replaceAll('"', "")) });
-    }
+  const maximize = study.direction === "maximize";
+  const ranked = [...done].sort((a, b) => (maximize ? b.value - a.value : a.value - b.value));
+  let shown = ranked;
+  if (ranked.length > PC_MAX) {
+    const rest = ranked.slice(PC_BEST);
+    const step = rest.length / (PC_MAX - PC_BEST);
+    shown = ranked.slice(0, PC_BEST);
+    for (let i = 0; i < PC_MAX - PC_BEST; i++) shown.push(rest[Math.floor(i * step)]);
   }
-  dims.push({ label: study.metric, values: done.map((p) => p.value) });
-  const traces = [{
-    type: "parcoords", dimensions: dims,
-    line: { color: done.map((p) => p.value), colorscale: "Viridis", showscale: true,
-      reversescale: study.direction === "minimize" },
-  }];
-  return plot(div, traces, { height: 360, margin: { l: 60, r: 60, t: 40, b: 20 } });
+  div.dataset.lines = String(shown.length);
+  const names = [...new Set(shown.flatMap((p) => Object.keys(p.params)))];
+  const axes = names.map((n) => pcAxis(n, shown.map((p) => p.params[n] ?? null)))
+    .filter((a) => a.ticks.length > 1); // a knob held fixed tells nothing
+  axes.push(pcAxis(study.metric, shown.map((p) => p.value)));
+  // colour buckets by objective rank among the shown lines (worst first, best on top)
+  const order = shown.map((_, i) => i).reverse();
+  const buckets = PC_COLORS.map(() => ({ x: [], y: [], text: [] }));
+  order.forEach((i, r) => {
+    const b = buckets[Math.min(PC_COLORS.length - 1, Math.floor(r * PC_COLORS.length / order.length))];
+    axes.forEach((a, k) => { b.x.push(k); b.y.push(a.pos[i]); });
+    b.x.push(null); b.y.push(null);
+  });
+  const quant = (q) => shown[Math.min(shown.length - 1, Math.floor((1 - q) * shown.length))].value;
+  const n = PC_COLORS.length;
+  const traces = buckets.map((b, k) => ({
+    type: "scatter", mode: "lines", x: b.x, y: b.y, hoverinfo: "skip",
+    name: `${fmt(quant(k / n))} – ${fmt(quant(Math.min(k + 1, n - 0.001) / n))}`
+      + (k === n - 1 ? " (best)" : ""),
+    line: { color: PC_COLORS[k], width: 1 }, opacity: 0.55,
+  })).filter((t) => t.x.length > 0);
+  const annotations = [];
+  axes.forEach((a, k) => {
+    annotations.push({ x: k, y: 1.04, text: `<b>${a.label}</b>`, showarrow: false,
+      yanchor: "bottom", font: { size: 11 } });
+    for (const [y, t] of a.ticks) {
+      annotations.push({ x: k, y, text: t, showarrow: false, xanchor: "right", xshift: -4,
+        font: { size: 10, color: "#374151" }, bgcolor: "rgba(255,255,255,0.7)" });
+    }
+  });
+  const shapes = axes.map((_, k) => ({ type: "line", x0: k, x1: k, y0: 0, y1: 1,
+    line: { color: "#111827", width: 1.5 } }));
+  const caption = shown.length < done.length
+    ? `${shown.length} of ${done.length} drawn: the best ${PC_BEST} and an even sample`
+    : `${done.length} trials`;
+  $("#note-parcoords").textContent = ` (${caption})`;
+  return plot(div, traces, {
+    height: 380, margin: { l: 70, r: 20, t: 40, b: 30 }, annotations, shapes,
+    xaxis: { visible: false, range: [-0.35, axes.length - 0.8] },
+    yaxis: { visible: false, range: [-0.05, 1.12] },
+    legend: { orientation: "h", x: 0, y: -0.02, yanchor: "top", font: { size: 10 } },
+    hovermode: false,
+  });
 }
 
 async function loadTrial(id) {
@@ -405,7 +507,12 @@ async function loadStudy(name, { full }) {
     renderHistory(study, pareto), renderPareto(study, pareto), renderParcoords(study, pareto),
   ]);
   if (state.trialId !== null && !full) loadTrial(state.trialId).catch(() => {});
-  $("#study-view").dataset.rendered = "true";
+  const view = $("#study-view");
+  if (view.dataset.rendered !== "true" && !view.dataset.renderMs) {
+    // ms from navigation start to the first complete render (read by bench/api_latency.py)
+    view.dataset.renderMs = String(Math.round(performance.now()));
+  }
+  view.dataset.rendered = "true";
 }
 
 async function selectStudy(name) {
@@ -473,21 +580,20 @@ function bindControls() {
 
 async function main() {
   bindControls();
-  try {
-    const health = await api("/health");
-    state.pollMs = Math.max(500, health.poll_interval_s * 1000);
-  } catch (e) {
-    setConn(false, `offline (${e.message})`);
-  }
-  let studies = [];
-  try {
-    studies = await refreshStudies();
-  } catch (e) {
-    setConn(false, `offline (${e.message})`);
-  }
+  // A study named in the URL starts loading at once, alongside the list and plotly.min.js.
   const m = /^#study=(.+)$/.exec(location.hash);
-  const wanted = m ? decodeURIComponent(m[1]) : (studies.length === 1 ? studies[0].name : null);
-  if (wanted && studies.some((s) => s.name === wanted)) await selectStudy(wanted);
+  const wanted = m ? decodeURIComponent(m[1]) : null;
+  const first = wanted ? selectStudy(wanted) : null;
+  const [health, listed] = await Promise.allSettled([api("/health"), refreshStudies()]);
+  if (health.status === "fulfilled") {
+    state.pollMs = Math.max(500, health.value.poll_interval_s * 1000);
+  } else {
+    setConn(false, `offline (${health.reason.message})`);
+  }
+  const studies = listed.status === "fulfilled" ? listed.value : [];
+  if (listed.status === "rejected") setConn(false, `offline (${listed.reason.message})`);
+  if (!wanted && studies.length === 1) await selectStudy(studies[0].name);
+  if (first) await first;
   state.timer = setTimeout(poll, state.pollMs);
 }
 

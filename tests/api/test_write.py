@@ -222,3 +222,29 @@ def test_stop(writable_url: str) -> None:
             assert "is not running" in r.json()["detail"]
         r = c.post(f"{V1}/studies/nope/stop", headers=AUTH)
         assert r.status_code == 404
+
+
+def test_pareto_follows_new_trials(writable_url: str) -> None:
+    """The Pareto answer is cached per study signature: a new trial shows at once."""
+    from tests.api.seed import _run, ok
+
+    storage = open_storage(writable_url)
+    try:
+        sid = create_study(storage, "live")
+        _run(storage, sid, {"micro_batch_size": 1}, ok(100.0, 50.0))
+        with make_client(writable_url) as c:
+            first = c.get(f"{V1}/studies/live/pareto").json()
+            assert [p["number"] for p in first["front"]] == [0]
+            assert c.get(f"{V1}/studies/live/pareto").json() == first  # cached, same answer
+            _run(storage, sid, {"micro_batch_size": 2}, ok(200.0, 40.0))  # dominates trial 0
+            second = c.get(f"{V1}/studies/live/pareto").json()
+            assert [p["number"] for p in second["front"]] == [1]
+            assert len(second["points"]) == 2
+            storage.add_rejection(
+                study_id=sid, params={"micro_batch_size": 8}, params_key="8",
+                kind="predicted_oom", rule="costmodel", reason="too big", values={},
+            )  # fmt: skip
+            third = c.get(f"{V1}/studies/live/pareto").json()
+            assert [p["kind"] for p in third["points"]][-1] == "predicted_oom"
+    finally:
+        storage.close()
