@@ -380,7 +380,7 @@ function pcAxis(label, raw) {
   }
   keys.sort(numeric ? (a, b) => Number(a) - Number(b) : undefined);
   const at = (k) => (keys.length === 1 ? 0.5 : keys.indexOf(k) / (keys.length - 1));
-  return { label, pos: raw.map((v) => at(JSON.stringify(v ?? null))),
+  return { label, discrete: true, pos: raw.map((v) => at(JSON.stringify(v ?? null))),
     ticks: keys.map((k) => [at(k), k.replaceAll('"', "")]) };
 }
 
@@ -414,7 +414,9 @@ function renderParcoords(study, pareto) {
   const buckets = PC_COLORS.map(() => ({ x: [], y: [], text: [] }));
   order.forEach((i, r) => {
     const b = buckets[Math.min(PC_COLORS.length - 1, Math.floor(r * PC_COLORS.length / order.length))];
-    axes.forEach((a, k) => { b.x.push(k); b.y.push(a.pos[i]); });
+    // a little deterministic jitter on discrete axes, so that lines sharing a value fan out
+    const jitter = ((i * 0.6180339887) % 1 - 0.5) * 0.05;
+    axes.forEach((a, k) => { b.x.push(k); b.y.push(a.pos[i] + (a.discrete ? jitter : 0)); });
     b.x.push(null); b.y.push(null);
   });
   const quant = (q) => shown[Math.min(shown.length - 1, Math.floor((1 - q) * shown.length))].value;
@@ -423,7 +425,7 @@ function renderParcoords(study, pareto) {
     type: "scatter", mode: "lines", x: b.x, y: b.y, hoverinfo: "skip",
     name: `${fmt(quant(k / n))} – ${fmt(quant(Math.min(k + 1, n - 0.001) / n))}`
       + (k === n - 1 ? " (best)" : ""),
-    line: { color: PC_COLORS[k], width: 1 }, opacity: 0.55,
+    line: { color: PC_COLORS[k], width: 1 }, opacity: shown.length > 100 ? 0.35 : 0.7,
   })).filter((t) => t.x.length > 0);
   const annotations = [];
   axes.forEach((a, k) => {
