@@ -332,6 +332,22 @@ def r_moe_knobs(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Viola
 
 
 @_rule
+def r_moe_tp_needs_sp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """MoE layers with TP > 1 need sequence parallelism in training (megatron-core raises at
+    the first MoE forward without it)."""
+    if s.model.num_moe_experts is None or L.tp < 2:
+        return None
+    if not _get(s.full_params(p), "sequence_parallel"):
+        return _v(
+            "moe_tp_needs_sp",
+            "MoE with TP > 1 needs sequence_parallel",
+            tp=L.tp,
+            sequence_parallel=False,
+        )
+    return None
+
+
+@_rule
 def r_local_spec_limits(
     s: SearchSpace, p: dict, L: Layout, f: set[str] | None
 ) -> Violation | None:
@@ -365,7 +381,14 @@ def r_features(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violat
     """A knob value that needs software absent where trials run (TE, apex, DeepEP ...)."""
     if f is None:
         return None
-    for name, value in s.full_params(p).items():
+    fp = s.full_params(p)
+    for name, value in fp.items():
+        if name == "moe_flex_dispatcher_backend" and _get(fp, "moe_token_dispatcher_type") != (
+            "flex"
+        ):
+            continue  # only read by the flex dispatcher
+        if name == "cross_entropy_fusion_impl" and not _get(fp, "cross_entropy_loss_fusion"):
+            continue  # only read when the loss fusion is on
         for feat in get_knob(name).requires(value):
             if feat not in f:
                 return _v(

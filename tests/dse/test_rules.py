@@ -123,3 +123,17 @@ def test_optimizer_rules(tiny_space_dict: dict) -> None:
 def test_every_rule_has_a_docstring() -> None:
     for name, fn in RULES.items():
         assert fn.__doc__, name
+
+
+def test_moe_tp_needs_sp_and_conditional_features(tiny_space_dict: dict) -> None:
+    d = copy.deepcopy(tiny_space_dict)
+    d["knobs"]["moe_token_dispatcher_type"] = {"values": ["allgather", "flex"]}
+    d["knobs"]["moe_flex_dispatcher_backend"] = {"values": ["deepep", "hybridep"]}
+    moe = _space(d, num_moe_experts=4, moe_router_topk=2)
+    assert "moe_tp_needs_sp" in _rules(moe, {"tensor_model_parallel_size": 2}, features=[])
+    # the flex backend is only read by the flex dispatcher: no DeepEP needed for allgather
+    allgather = {"moe_token_dispatcher_type": "allgather", "moe_flex_dispatcher_backend": "deepep"}
+    assert _rules(moe, allgather, features=[]) == []
+    flex = {**allgather, "moe_token_dispatcher_type": "flex"}
+    assert "missing_feature" in _rules(moe, flex, features=[])
+    assert "missing_feature" not in _rules(moe, flex, features=["deepep"])
