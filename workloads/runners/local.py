@@ -107,6 +107,9 @@ class LocalRunner(BaseRunner):
         devices: list[int] = []
         env = dict(os.environ)
         env.update(launch.env)
+        # each trial rank gets its share of the cores (torchrun warns and picks 1 otherwise)
+        ranks = max(1, self.slots * launch.world_size)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
         if self.device == "cuda":
             if len(self._free_gpus) < launch.world_size:
                 raise RuntimeError("submit() called without a free slot")
