@@ -363,6 +363,14 @@ class SearchSpace(_Strict):
     )
     storage: str = Field("sqlite:///dse.db", description="SQLAlchemy URL of the study database.")
 
+    @field_validator("knobs", "fixed", mode="before")
+    @classmethod
+    def _known_knobs(cls, v: Any) -> Any:
+        if isinstance(v, Mapping):
+            for name in v:
+                get_knob(str(name))  # UnknownKnobError names the known ones
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _objective_alias(cls, data: Any) -> Any:
@@ -604,7 +612,9 @@ def _resolve_paths(space: SearchSpace, base: Path) -> SearchSpace:
     upd: dict[str, Any] = {}
     table = space.workload.table
     if table and not Path(table).is_absolute():
-        upd["workload"] = space.workload.model_copy(update={"table": str((base / table).resolve())})
+        upd["workload"] = space.workload.model_copy(
+            update={"table": str((base / table).resolve())}
+        )
     dpath = space.semantics.data.path
     if dpath and not Path(dpath).is_absolute():
         data = space.semantics.data.model_copy(update={"path": str((base / dpath).resolve())})

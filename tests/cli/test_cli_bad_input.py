@@ -1,0 +1,89 @@
+"""Bad input is refused with exit code 2 and a message naming what is wrong; nothing runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dse.cli import main
+from tests.conftest import EXAMPLES
+
+
+def _write(tmp_path: Path, data: object) -> Path:
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return p
+
+
+def _tiny() -> dict:
+    return yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
+
+
+@pytest.mark.parametrize("command", ["validate", "start"])
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["model"].update(num_layerz=4), "model.num_layerz: Extra inputs"),
+        (lambda d: d["knobs"].update(micro_batch=None), "unknown knob 'micro_batch'"),
+        (
+            lambda d: d["semantics"].update(global_batch_size="eight"),
+            "semantics.global_batch_size: Input should be a valid integer",
+        ),
+        (
+            lambda d: d["knobs"]["recompute"].update(values=["none", "partial"]),
+            "knobs.recompute: expected one of ['none', 'selective', 'full'], got 'partial'",
+        ),
+        (
+            lambda d: d.update(constraints=["micro_batch_size > 100"]),
+            "the baseline configuration is invalid: space_constraint: constraint "
+            "'micro_batch_size > 100' is false (micro_batch_size=1)",
+        ),
+        (
+            lambda d: d["semantics"].update(global_batch_size=3),
+            "the baseline configuration is invalid: gbs_divisible",
+        ),
+    ],
+)
+def test_bad_space_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, mutate, message: str
+) -> None:
+    d = _tiny()
+    mutate(d)
+    p = _write(tmp_path, d)
+    db = tmp_path / "x.db"
+    args = ["validate", str(p)] if command == "validate" else [
+        "start", "--space", str(p), "--storage", f"sqlite:///{db}"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert str(p) in err
+    assert not db.exists() or command == "start"  # validate never touches storage
+
+
+def test_malformed_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = _write(tmp_path, "study: x\nknobs: {a: [1, 2}\n")
+    assert main(["validate", str(p)]) == 2
+    assert "not valid YAML at line 2" in capsys.readouterr().err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read the space file" in capsys.readouterr().err
+
+
+def test_unknown_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["best", "--storage", url, "--study", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["start", "--space"]) == 2
+
+
+def test_validate_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    for f in sorted(EXAMPLES.glob("*.yaml")):
+        assert main(["validate", str(f)]) == 0, f
+    assert "pass the rules" in capsys.readouterr().out
