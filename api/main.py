@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -19,24 +19,13 @@ from dse.api.routes import api_router
 from dse.api.views import AnswerCache
 from dse.exceptions import StorageError
 
-__all__ = ["create_app", "API_PREFIX", "STATIC_DIR", "plotly_js_path"]
+__all__ = ["create_app", "API_PREFIX", "STATIC_DIR"]
 
 log = logging.getLogger("dse.api")
 
 API_PREFIX = "/api/v1"
 #: Dashboard assets shipped with the package (HTML, JS, CSS; no build step).
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-
-
-def plotly_js_path() -> Path | None:
-    """``plotly.min.js`` of the installed ``plotly`` Python package (the 'api' extra), or
-    None. The dashboard loads it from the app, never from a CDN."""
-    try:
-        import plotly
-    except ImportError:
-        return None
-    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
-    return path if path.is_file() else None
 
 
 def create_app(storage_url: str | None = None, settings: Settings | None = None) -> FastAPI:
@@ -86,20 +75,6 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
-
-    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
-    def plotly_js() -> FileResponse:
-        path = plotly_js_path()
-        if path is None:
-            raise HTTPException(
-                status_code=404,
-                detail="plotly is not installed: pip install 'dse[api]' for the charts",
-            )
-        return FileResponse(
-            path,
-            media_type="text/javascript",
-            headers={"Cache-Control": "public, max-age=86400"},
-        )
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
