@@ -29,4 +29,6 @@ def create_agent(space: SearchSpace) -> SpaceAgent:
         raise ValueError(
             f"unknown agent {space.agent.name!r}; known agents: {sorted(AGENTS)}"
         ) from None
+    if space.agent.name in ("tpe", "gp", "nsga2"):
+        return cls(space, seed=space.agent.seed, prior=space.agent.prior)
     return cls(space, seed=space.agent.seed)

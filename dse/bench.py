@@ -46,6 +46,7 @@ class RunStats:
     trials_to_target: int | None
     trials_run: int
     oom_trials_run: int
+    oom_after_first_oom: int
     error_trials_run: int
     rule_rejections: int
     prescreen_rejections: int
@@ -83,6 +84,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--prescreen", action="store_true", help="screen with the cost model before launch"
     )
+    p.add_argument(
+        "--full-budget",
+        action="store_true",
+        help="keep running after the target until the budget is spent (OOM accounting)",
+    )
+    p.add_argument(
+        "--no-prior",
+        action="store_true",
+        help="tpe/gp/nsga2 without the knob-semantics start (random start-up trials)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=run)
     return p
@@ -111,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
             target_gap=args.target_gap,
             prescreen=args.prescreen,
             n_startup_trials=getattr(args, "n_startup_trials", None),
+            prior=not getattr(args, "no_prior", False),
+            full_budget=getattr(args, "full_budget", False),
         )
     except DSEError as e:
         return _fail(str(e))
@@ -135,6 +148,8 @@ def bench(
     target_gap: float = 0.02,
     prescreen: bool = False,
     n_startup_trials: int | None = None,
+    prior: bool = True,
+    full_budget: bool = False,
 ) -> dict[str, Any]:
     """The benchmark as a dict (the ``--json`` object)."""
     from dse.rules import check
@@ -174,7 +189,18 @@ def bench(
     per_agent: dict[str, Any] = {}
     for name in agents:
         runs = [
-            run_one(space, table, name, seed, n_budget, reached, prescreen, n_startup_trials)
+            run_one(
+                space,
+                table,
+                name,
+                seed,
+                n_budget,
+                reached,
+                prescreen,
+                n_startup_trials,
+                prior,
+                full_budget,
+            )
             for seed in range(seeds)
         ]
         ttt = [r.trials_to_target for r in runs]
@@ -183,6 +209,7 @@ def bench(
             "reached_fraction": sum(t is not None for t in ttt) / len(ttt),
             "trials_to_target": ttt,
             "oom_trials_run": sum(r.oom_trials_run for r in runs),
+            "oom_after_first_oom": sum(r.oom_after_first_oom for r in runs),
             "error_trials_run": sum(r.error_trials_run for r in runs),
             "rule_rejections": sum(r.rule_rejections for r in runs),
             "prescreen_rejections": sum(r.prescreen_rejections for r in runs),
@@ -200,6 +227,8 @@ def bench(
         "seeds": seeds,
         "budget": n_budget,
         "prescreen": prescreen,
+        "prior": prior,
+        "full_budget": full_budget,
         "agents": per_agent,
     }
 
@@ -228,14 +257,16 @@ def run_one(
     reached: Callable[[Outcome], bool],
     prescreen: bool = False,
     n_startup_trials: int | None = None,
+    prior: bool = True,
+    full_budget: bool = False,
 ) -> RunStats:
     """One agent, one seed: propose, screen, answer from the table, until the target is
-    measured or ``budget`` trials ran or the agent is spent."""
+    measured (or, with ``full_budget``, until ``budget`` trials ran) or the agent is spent."""
     from dse.agents import create_agent
-    from dse.proposer import Proposer, feedback_from_outcome
+    from dse.proposer import Proposer, cost_model_prescreen, feedback_from_outcome
 
     t0 = time.perf_counter()
-    upd: dict[str, Any] = {"name": agent_name, "seed": seed}
+    upd: dict[str, Any] = {"name": agent_name, "seed": seed, "prior": prior}
     if n_startup_trials is not None:
         upd["n_startup_trials"] = n_startup_trials
     sp = space.model_copy(update={"agent": space.agent.model_copy(update=upd)})
@@ -245,12 +276,12 @@ def run_one(
     screen = None
     if prescreen:
         cm = _cost_model_class()(sp.model, sp.semantics, sp.resources)
-        screen = _screen(sp, cm)
+        screen = cost_model_prescreen(sp, cm)
     proposer = Proposer(sp, agent, features, prescreen=screen)
     measured: dict[str, Outcome] = {}
-    trials = ooms = errors = 0
+    trials = ooms = errors = ooms_after = 0
     hit: int | None = None
-    while trials < budget and hit is None:
+    while trials < budget and (hit is None or full_budget):
         batch = proposer.propose(1, lookup=measured.get)
         if not batch.proposals:
             break
@@ -262,6 +293,7 @@ def run_one(
             out = table.outcome(s.params)
             trials += 1
             measured[s.params_key] = out
+            ooms_after += out.failure_class == "oom" and ooms > 0
             ooms += out.failure_class == "oom"
             errors += out.failure_class == "error"
             if cm is not None and isinstance(out.metrics.get("peak_mem_gib"), int | float):
@@ -270,9 +302,10 @@ def run_one(
                         sp.full_params(s.params), float(out.metrics["peak_mem_gib"]), not out.ok
                     )
             agent.tell(s.trial_id, feedback_from_outcome(sp, out))
-            if reached(out):
+            if hit is None and reached(out):
                 hit = trials
-                break
+                if not full_budget:
+                    break
     pre = [r for r in proposer.rejections if r.rule == "prescreen"]
     saved = 0
     for r in pre:
@@ -284,30 +317,13 @@ def run_one(
         trials_to_target=hit,
         trials_run=trials,
         oom_trials_run=ooms,
+        oom_after_first_oom=ooms_after,
         error_trials_run=errors,
         rule_rejections=sum(r.kind == "invalid" for r in proposer.rejections),
         prescreen_rejections=len(pre),
         prescreen_saved=saved,
         seconds=time.perf_counter() - t0,
     )
-
-
-def _screen(space: SearchSpace, cm: Any) -> Callable[[dict[str, Any]], Any]:
-    cap = space.resources.gpu_memory_gib
-
-    def screen(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
-        margin = cm.margin(space.prescreen.margin)
-        ok, pred = cm.fits(space.full_params(params), margin)
-        if ok:
-            return None
-        return (
-            "predicted_oom",
-            f"predicted peak {pred:.1f} GiB > {cap} GiB x (1 + margin {margin:.2f}) "
-            "(cost-model estimate)",
-            {"predicted_peak_mem_gib": round(float(pred), 3), "margin": round(margin, 4)},
-        )
-
-    return screen
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -318,10 +334,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"  {report['n_valid']} valid configurations, best {report['metric']} "
         f"{report['best_value']:g}, target {arrow} {report['target_value']:.4g} "
         f"(gap {report['target_gap']:.1%}), {report['seeds']} seeds, budget "
-        f"{report['budget']} trials, prescreen {'on' if report['prescreen'] else 'off'}",
+        f"{report['budget']} trials, prescreen {'on' if report['prescreen'] else 'off'}, "
+        f"prior {'on' if report.get('prior', True) else 'off'}"
+        + (", full budget" if report.get("full_budget") else ""),
         "",
         f"{'agent':<8} {'median':>7} {'reached':>8} {'% valid':>8} {'OOM run':>8} "
-        f"{'rejected':>9} {'saved':>6} {'time s':>7}   trials to target per seed",
+        f"{'OOM 2nd+':>8} {'rejected':>9} {'saved':>6} {'time s':>7}   "
+        "trials to target per seed",
     ]
     n_valid = report["n_valid"] or 1
     for name, a in report["agents"].items():
@@ -331,13 +350,15 @@ def format_report(report: dict[str, Any]) -> str:
         per = " ".join("-" if t is None else str(t) for t in a["trials_to_target"])
         lines.append(
             f"{name:<8} {med_s:>7} {a['reached_fraction']:>8.0%} {pct:>8} "
-            f"{a['oom_trials_run']:>8} {a['rule_rejections'] + a['prescreen_rejections']:>9} "
+            f"{a['oom_trials_run']:>8} {a['oom_after_first_oom']:>8} "
+            f"{a['rule_rejections'] + a['prescreen_rejections']:>9} "
             f"{a['prescreen_saved']:>6} {a['seconds']:>7.1f}   {per}"
         )
     lines += [
         "",
         "median: trials (baseline included) until one within the gap of the best was measured;",
-        "OOM run: OOM trials launched, all seeds; rejected: before launch (rules, prescreen);",
+        "OOM run: OOM trials launched, all seeds; OOM 2nd+: of those, launched after the",
+        "run had already measured an OOM; rejected: before launch (rules, prescreen);",
         "saved: prescreen rejections that the table measured as OOM.",
     ]
     return "\n".join(lines) + "\n"

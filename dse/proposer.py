@@ -29,6 +29,7 @@ __all__ = [
     "Prescreen",
     "Lookup",
     "feedback_from_outcome",
+    "cost_model_prescreen",
 ]
 
 #: ``prescreen(params) -> (failure_class, reason, metrics)`` to reject, None to pass.
@@ -138,6 +139,29 @@ def feedback_from_outcome(space: SearchSpace, outcome: Outcome) -> Feedback:
             metrics.setdefault("gpu_memory_gib", cap)
         return Feedback("infeasible", metrics=metrics, failure_class=outcome.failure_class)
     return Feedback("failed", metrics=metrics, failure_class=outcome.failure_class or "error")
+
+
+def cost_model_prescreen(space: SearchSpace, cost_model: Any) -> Prescreen | None:
+    """The pre-screen of a cost model (``fits(params, margin)``, ``margin(initial)``): a
+    configuration predicted above the GPU's memory by more than the margin is rejected as
+    ``predicted_oom``. None when the space turns it off or knows no GPU memory."""
+    cap = space.resources.gpu_memory_gib
+    if cost_model is None or not space.prescreen.enabled or cap is None:
+        return None
+
+    def screen(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+        margin = float(cost_model.margin(space.prescreen.margin))
+        ok, pred = cost_model.fits(space.full_params(params), margin)
+        if ok:
+            return None
+        return (
+            "predicted_oom",
+            f"predicted peak {pred:.1f} GiB > {cap:.1f} GiB x (1 + margin {margin:.2f}) "
+            "(cost-model estimate)",
+            {"predicted_peak_mem_gib": round(float(pred), 3), "margin": round(margin, 4)},
+        )
+
+    return screen
 
 
 def _metric(space: SearchSpace, metrics: dict[str, Any], name: str) -> float | None:

@@ -289,7 +289,15 @@ class AgentSpec(_Strict):
         "tpe", description="Search agent."
     )
     seed: int | None = Field(None, description="Sampler seed.")
-    n_startup_trials: int = Field(4, ge=0, description="Random trials before the model.")
+    n_startup_trials: int = Field(
+        4, ge=0, description="Start-up trials before the sampler's model takes over."
+    )
+    prior: bool = Field(
+        True,
+        description="tpe/gp/nsga2: fill the start-up trials from a knob-semantics prior "
+        "(fused kernels, no recompute, larger micro-batches, smaller model-parallel sizes "
+        "first, within the memory seen) instead of random samples.",
+    )
     warm_start: list[dict[str, Scalar]] = Field(
         default_factory=list, description="Configurations to try right after the baseline."
     )

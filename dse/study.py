@@ -267,26 +267,9 @@ class StudyRunner:
         return StudyResult(s.study, counts, best, rej, stopped=stopped)
 
     def _prescreen(self) -> Callable[[dict[str, Any]], tuple[str, str, dict] | None] | None:
-        cm = self.cost_model
-        if cm is None or not self.space.prescreen.enabled:
-            return None
-        if self.space.resources.gpu_memory_gib is None:
-            return None
-        cap = self.space.resources.gpu_memory_gib
+        from dse.proposer import cost_model_prescreen
 
-        def screen(params: dict[str, Any]) -> tuple[str, str, dict] | None:
-            margin = cm.margin(self.space.prescreen.margin)
-            ok, pred = cm.fits(self.space.full_params(params), margin)
-            if ok:
-                return None
-            return (
-                "predicted_oom",
-                f"predicted peak {pred:.1f} GiB > {cap:.1f} GiB x (1 + margin {margin:.2f}) "
-                "(cost-model estimate)",
-                {"predicted_peak_mem_gib": round(pred, 3), "margin": round(margin, 4)},
-            )
-
-        return screen
+        return cost_model_prescreen(self.space, self.cost_model)
 
     def _launch_queued(self, study_id: int, free: int) -> int:
         """Run re-queued trials first (atomically acquired: two controllers never share one)."""
