@@ -40,6 +40,8 @@ class CostModel:
         self.resources = resources
         self._prior = coefficients or Coefficients()
         self._calibrator = Calibrator(self._estimate, resources.gpu_memory_gib, self._prior)
+        self._floor: float | None = None
+        self._floor_key: tuple[int, Coefficients] | None = None
 
     # --- memory ----------------------------------------------------------------------------
     @property
@@ -62,12 +64,30 @@ class CostModel:
         )
 
     def fits(self, params: Mapping[str, Any], margin: float) -> tuple[bool, float]:
-        """(fits, predicted total GiB): rejected only if predicted > capacity * (1 + margin)."""
+        """(fits, predicted total GiB).
+
+        Rejected if predicted > capacity * (1 + margin), or, once an OOM was measured, if the
+        prediction is at least that of a configuration measured to run out of memory: the
+        model's order of configurations by memory is trusted even where its absolute level
+        is not calibrated yet.
+        """
         pred = self.predict_memory(params).total_gib
         cap = self.capacity_gib
         if cap is None:
             return True, pred
+        oom_floor = self._oom_floor()
+        if oom_floor is not None and pred >= oom_floor:
+            return False, pred
         return pred <= cap * (1.0 + margin), pred
+
+    def _oom_floor(self) -> float | None:
+        """The smallest current prediction among configurations measured to OOM."""
+        key = (len(self._calibrator.observations), self.coefficients)
+        if self._floor_key != key:
+            ooms = [o.params for o in self._calibrator.observations if o.oom]
+            self._floor = min((self.predict_memory(p).total_gib for p in ooms), default=None)
+            self._floor_key = key
+        return self._floor
 
     # --- calibration -------------------------------------------------------------------------
     def observe(self, params: Mapping[str, Any], peak_mem_gib: float, oom: bool) -> None:

@@ -120,3 +120,28 @@ def test_rejects_bad_peaks():
     cm = CostModel(MODEL, SEM, RES)
     with pytest.raises(ValueError):
         cm.observe({"micro_batch_size": 1}, float("nan"), oom=False)
+
+
+def test_prediction_at_or_above_a_measured_oom_does_not_fit() -> None:
+    """Once an OOM was measured, anything the model ranks at least as large is rejected,
+    even with a generous margin (the model's order is trusted before its level)."""
+    from dse.costmodel import CostModel
+    from dse.space import ModelSpec, Resources, Semantics
+
+    model = ModelSpec(
+        num_layers=16, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
+        ffn_hidden_size=5632, vocab_size=32000,
+    )  # fmt: skip
+    cm = CostModel(
+        model,
+        Semantics(global_batch_size=8, seq_length=4096),
+        Resources(world_size=1, gpu_memory_gib=139.8, features=[]),
+    )
+    small = {"micro_batch_size": 2, "recompute": "none", "attention_backend": "unfused"}
+    big = {**small, "micro_batch_size": 4}
+    bigger = {**small, "micro_batch_size": 8}
+    assert cm.fits(big, margin=10.0)[0]  # a huge margin lets everything through ...
+    cm.observe(big, 139.0, oom=True)
+    assert not cm.fits(big, margin=10.0)[0]  # ... until an OOM at or below it was measured
+    assert not cm.fits(bigger, margin=10.0)[0]
+    assert cm.fits(small, margin=10.0)[0]
