@@ -290,6 +290,14 @@ def r_precision_aware(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) ->
         k: _get(fp, k)
         for k in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
     }
+    if dtypes["main_grads_dtype"] == "bf16" and _get(fp, "grad_reduce_in_fp32"):
+        return _v(
+            "main_grads_bf16_vs_fp32_reduce",
+            "main_grads_dtype bf16 conflicts with "
+            "grad_reduce_in_fp32 (Megatron-LM accumulate_allreduce_grads_in_fp32)",
+            main_grads_dtype="bf16",
+            grad_reduce_in_fp32=True,
+        )
     if _get(fp, "use_precision_aware_optimizer"):
         if not _get(fp, "use_distributed_optimizer"):
             return _v(

@@ -49,7 +49,7 @@ def test_gradients_in_main_grad_dtype(small_model, small_semantics, one_gpu):
     bf16 = _mem(
         small_model, small_semantics, one_gpu, micro_batch_size=B,
         use_precision_aware_optimizer=True, use_distributed_optimizer=True,
-        main_grads_dtype="bf16",
+        main_grads_dtype="bf16", grad_reduce_in_fp32=False,
     )  # fmt: skip
     assert bf16.gradients_gib * GIB == pytest.approx(2 * PARAMS_TP1)
     forced = _mem(
