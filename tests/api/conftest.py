@@ -7,7 +7,6 @@ server the PostgreSQL cases are skipped, except in CI (``CI`` set), where that i
 
 from __future__ import annotations
 
-import os
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -15,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from dse.api import Settings, create_app
 from dse.storage import open_storage
 from tests.api.seed import Seeded, seed_all
+from tests.conftest import PgDatabases
 
 with warnings.catch_warnings():
     # starlette prefers httpx2; with plain httpx its TestClient only warns
@@ -30,52 +27,8 @@ with warnings.catch_warnings():
 
 __all__ = ["TestClient", "TOKEN", "make_client"]
 
-PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 TOKEN = "test-token-" + uuid.uuid4().hex[:8]
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-
-
-class PgDatabases:
-    """Creates uniquely named databases on the server and drops them all at the end."""
-
-    def __init__(self, admin: Engine) -> None:
-        self.admin = admin
-        self.names: list[str] = []
-
-    def create(self) -> str:
-        name = f"dse_api_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
-        with self.admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        self.names.append(name)
-        return f"{PG_SERVER}/{name}"
-
-    def drop_all(self) -> None:
-        with self.admin.connect() as conn:
-            for name in self.names:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-@pytest.fixture(scope="session")
-def pg_databases() -> Iterator[PgDatabases]:
-    """Database factory on the local server (skip when down; fail when ``CI`` is set)."""
-    admin = create_engine(
-        f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
-    )
-    try:
-        with admin.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except SQLAlchemyError as e:
-        admin.dispose()
-        msg = f"PostgreSQL is not reachable at {PG_SERVER}: {str(e).splitlines()[0]}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{msg} (CI is set: the PostgreSQL tests must run)")
-        pytest.skip(msg)
-    dbs = PgDatabases(admin)
-    try:
-        yield dbs
-    finally:
-        dbs.drop_all()
-        admin.dispose()
 
 
 def new_url(backend: str, request: pytest.FixtureRequest, folder: Path) -> str:
