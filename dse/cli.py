@@ -123,7 +123,10 @@ def _make_runner(space: Any) -> Any:
 
         mod = importlib.import_module(f"dse.workloads.runners.{name}_runner")
     except ImportError as e:
-        raise SpaceError(f"runner {name!r} is not available here: {e}") from e
+        raise SpaceError(
+            f"runner {name!r} is not part of this dse version (only 'local' is); "
+            "set runner.name: local"
+        ) from e
     return mod.make_runner(space)
 
 
