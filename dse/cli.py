@@ -40,30 +40,8 @@ def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
 
 
 # --- validate -----------------------------------------------------------------------------
-def check_space(space: Any, source: str) -> tuple[int, int]:
-    """Refuse a space whose baseline breaks a rule or where no configuration is valid.
-
-    Returns (configurations looked at, configurations that pass the rules)."""
-    from dse.rules import check
-
-    feats = space.resources.features if isinstance(space.resources.features, list) else None
-    problems = check(space, space.baseline(), feats)
-    if problems:
-        raise SpaceError(
-            f"{source}: the baseline configuration is invalid: "
-            + "; ".join(str(v) for v in problems)
-        )
-    n_total, n_valid = 0, 0
-    for cfg in space.iter_configs():
-        n_total += 1
-        if not check(space, cfg, feats):
-            n_valid += 1
-        if n_total >= 100_000:
-            break
-    return n_total, n_valid
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
+    from dse.rules import check_space
     from dse.space import load_space
 
     space = load_space(args.space)
@@ -165,6 +143,7 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    from dse.rules import check_space
     from dse.space import load_space
 
     space = _apply_overrides(load_space(args.space), args)

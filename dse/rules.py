@@ -10,10 +10,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dse.exceptions import SpaceError
 from dse.knobs import KNOBS, get_knob
 from dse.space import SearchSpace
 
-__all__ = ["Violation", "Layout", "RULES", "check", "layout", "first_violation"]
+__all__ = [
+    "Violation",
+    "Layout",
+    "RULES",
+    "check",
+    "check_space",
+    "layout",
+    "first_violation",
+]
 
 
 @dataclass(frozen=True)
@@ -444,3 +453,24 @@ def first_violation(
 ) -> Violation | None:
     vs = check(space, params, features)
     return vs[0] if vs else None
+
+
+def check_space(space: SearchSpace, source: str) -> tuple[int, int]:
+    """Refuse a space whose baseline breaks a rule or where no configuration is valid.
+
+    Returns (configurations looked at, configurations that pass the rules)."""
+    feats = space.resources.features if isinstance(space.resources.features, list) else None
+    problems = check(space, space.baseline(), feats)
+    if problems:
+        raise SpaceError(
+            f"{source}: the baseline configuration is invalid: "
+            + "; ".join(str(v) for v in problems)
+        )
+    n_total, n_valid = 0, 0
+    for cfg in space.iter_configs():
+        n_total += 1
+        if not check(space, cfg, feats):
+            n_valid += 1
+        if n_total >= 100_000:
+            break
+    return n_total, n_valid

@@ -46,6 +46,7 @@ __all__ = [
     "SearchSpace",
     "load_space",
     "parse_space",
+    "parse_space_text",
     "params_key",
 ]
 
@@ -503,6 +504,23 @@ class SearchSpace(_Strict):
         env["dp"] = self.resources.world_size // max(1, tp * pp * cp)
         return [(expr, bool(_eval_expr(expr, env))) for expr in self.constraints]
 
+    def study_fields(self) -> dict[str, Any]:
+        """What a study record keeps of its space (besides the file's text)."""
+        r = self.resources
+        return {
+            "name": self.study,
+            "space_hash": self.digest(),
+            "direction": self.objective.direction,
+            "metric": self.objective.metric,
+            "model": self.model.model_dump(),
+            "hardware": {
+                "gpu": r.gpu,
+                "gpu_memory_gib": r.gpu_memory_gib,
+                "world_size": r.world_size,
+                "device": r.device,
+            },
+        }
+
     def digest(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
 
@@ -598,6 +616,21 @@ def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
         raise SpaceError("\n".join(lines)) from None
 
 
+def parse_space_text(text: str, source: str) -> SearchSpace:
+    """Parse and validate a space file's YAML text; errors name ``source`` (and the line)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpaceError(
+            f"{source}: not valid YAML{where}: {getattr(e, 'problem', None) or e}"
+        ) from e
+    except RecursionError as e:  # a deeply nested document
+        raise SpaceError(f"{source}: the YAML document is nested too deeply") from e
+    return parse_space(data, source)
+
+
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a space file."""
     p = Path(path)
@@ -605,13 +638,7 @@ def load_space(path: str | Path) -> SearchSpace:
         text = p.read_text()
     except OSError as e:
         raise SpaceError(f"{p}: cannot read the space file ({e.strerror})") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpaceError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from e
-    space = parse_space(data, str(p))
+    space = parse_space_text(text, str(p))
     return _resolve_paths(space, p.parent)
 
 

@@ -119,18 +119,7 @@ class StudyRunner:
     def _open_study(self) -> int:
         s = self.space
         rec, created = self.storage.get_or_create_study(
-            name=s.study,
-            space_yaml=self.space_yaml,
-            space_hash=s.digest(),
-            direction=s.objective.direction,
-            metric=s.objective.metric,
-            model=s.model.model_dump(),
-            hardware={
-                "gpu": s.resources.gpu,
-                "gpu_memory_gib": s.resources.gpu_memory_gib,
-                "world_size": s.resources.world_size,
-                "device": s.resources.device,
-            },
+            space_yaml=self.space_yaml, **s.study_fields()
         )
         self.progress(
             f"study {s.study!r}: {'created' if created else 'resumed'} in "

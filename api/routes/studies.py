@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import yaml
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from sqlalchemy.engine import make_url
 from starlette.concurrency import run_in_threadpool
@@ -35,7 +34,8 @@ from dse.api.views import (
     study_summary,
 )
 from dse.exceptions import SpaceError
-from dse.space import SearchSpace, parse_space
+from dse.rules import check_space
+from dse.space import SearchSpace, parse_space_text
 
 __all__ = ["router"]
 
@@ -68,17 +68,8 @@ def _space_from_body(body: bytes) -> tuple[SearchSpace, str]:
         raise SpaceError(f"request body: the space file is not UTF-8 text ({e.reason})") from e
     if not text.strip():
         raise SpaceError("request body: empty; send a space file (YAML)")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpaceError(
-            f"request body: not valid YAML{where}: {getattr(e, 'problem', None) or e}"
-        ) from e
-    except RecursionError as e:  # a deeply nested document
-        raise SpaceError("request body: the YAML document is nested too deeply") from e
-    space = parse_space(data, "request body")
+    space = parse_space_text(text, "request body")
+    check_space(space, "request body")
     name = space.study
     if "/" in name or name in (".", "..") or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise SpaceError(
@@ -120,19 +111,7 @@ async def create_study(
             f"({settings.storage}); serve a file or server database",
         )
     rec = await run_in_threadpool(
-        storage.create_study,
-        name=space.study,
-        space_yaml=text,
-        space_hash=space.digest(),
-        direction=space.objective.direction,
-        metric=space.objective.metric,
-        model=space.model.model_dump(),
-        hardware={
-            "gpu": space.resources.gpu,
-            "gpu_memory_gib": space.resources.gpu_memory_gib,
-            "world_size": space.resources.world_size,
-            "device": space.resources.device,
-        },
+        lambda: storage.create_study(space_yaml=text, **space.study_fields())
     )
     launch = None
     if start:
