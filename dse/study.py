@@ -112,7 +112,8 @@ class StudyRunner:
         self.cost_model = cost_model
         self.owner = f"{runner.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.workdir = Path(space.runner.workdir) / space.study
-        self._trial_ids: dict[int, tuple[str, dict[str, Any], TrialRecord]] = {}
+        #: storage trial id -> the agent's id of the proposal it runs
+        self._agent_ids: dict[int, str] = {}
         self._started_wall = time.time()
 
     # --- setup ---------------------------------------------------------------------------
@@ -315,7 +316,7 @@ class StudyRunner:
                     ),
                 )
                 continue
-            self._trial_ids[t.id] = (prop.trial_id, prop.params, t)
+            self._agent_ids[t.id] = prop.trial_id
             self._submit(t)
         return False
 
@@ -391,8 +392,8 @@ class StudyRunner:
             trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s
         )
         fb = feedback_from_outcome(s, outcome)
-        if trial_id in self._trial_ids:
-            agent_tid, _, _ = self._trial_ids.pop(trial_id)
+        if trial_id in self._agent_ids:
+            agent_tid = self._agent_ids.pop(trial_id)
             self.agent.tell(agent_tid, fb)
         else:  # re-queued trial of an earlier run: feed it as history
             self.agent.add_evaluated(rec.params, fb)
