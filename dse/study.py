@@ -181,12 +181,53 @@ class StudyRunner:
             self.agent.add_evaluated(r.params, feedback_from_outcome(self.space, out))
         if n:
             self.progress(f"agent restored from storage: {n} finished trials")
+        if self.space.agent.warm_start_study:
+            self._warm_start_from(self.space.agent.warm_start_study)
         if self.cost_model is not None:
             attrs = self.storage.get_study_attrs(study_id)
             for t in self.storage.list_trials(study_id):
                 self._observe_cost(t.params, _outcome_of_record(t))
             if "costmodel" in attrs:
                 log.debug("stored calibration: %s", attrs["costmodel"])
+
+    def _warm_start_from(self, name: str) -> None:
+        """Feed the agent the finished trials of an earlier study of the same model as
+        history (not re-measured here; the baseline excepted): their knob values inside this
+        space's domains, the rest at this space's baseline."""
+        from dse.exceptions import StudyNotFoundError
+        from dse.proposer import feedback_from_outcome
+
+        try:
+            other = self.storage.get_study(name)
+        except StudyNotFoundError:
+            self.progress(f"warm start: no study {name!r} in this storage; skipped")
+            return
+        if other.model != self.space.model.model_dump():
+            self.progress(f"warm start: study {name!r} trains another model; skipped")
+            return
+        base = self.space.baseline()
+        n = 0
+        for t in self.storage.list_trials(other.id):
+            if t.state not in ("complete", "infeasible"):
+                continue
+            params = dict(base)
+            fits = True
+            for k, v in t.params.items():
+                if k in self.space.knobs:
+                    if v not in self.space.knobs[k].values():
+                        fits = False
+                    params[k] = v
+                elif self.space.fixed.get(k, v) != v:
+                    fits = False
+            if not fits:
+                continue
+            params = self.space.apply_conditions(params)
+            if params_key(params) == params_key(base):
+                continue  # the baseline is measured in every study (the loss reference)
+            fb = feedback_from_outcome(self.space, _outcome_of_record(t))
+            self.agent.add_evaluated(params, fb)
+            n += 1
+        self.progress(f"warm start: {n} trials of study {name!r} told to the agent")
 
     # --- main loop -------------------------------------------------------------------------
     def run(self) -> StudyResult:
