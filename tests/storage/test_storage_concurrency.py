@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import random
+import time
 from typing import Any
 
 import pytest
@@ -30,13 +31,16 @@ POOL = [
 ]
 
 
-def _worker(url: str, seed: int, start: Any, out: Any) -> None:
+def _worker(url: str, seed: int, start: Any, ready: Any, out: Any) -> None:
     storage = open_storage(url)
     start.wait(timeout=60)
     study, created = storage.get_or_create_study(
         name="shared", space_yaml="knobs: {}", space_hash="h", direction="maximize",
         metric="tflops_per_gpu", model={}, hardware={},
     )  # fmt: skip
+    # all workers hold the study before any claims, so none can drain the budget while
+    # another is still starting up (a spawned interpreter takes a second on a busy machine)
+    ready.wait(timeout=120)
     order = list(POOL)
     random.Random(seed).shuffle(order)
     claimed: list[int] = []
@@ -50,6 +54,7 @@ def _worker(url: str, seed: int, start: Any, out: Any) -> None:
             storage.start_trial(
                 t.id, runner=f"w{seed}", host="h", log_path=None, metrics_path=None
             )
+            time.sleep(0.02)  # the trial "runs"; others claim meanwhile
             storage.finish_trial(t.id, Outcome("ok", {"v": t.number}), value=float(t.number))
         elif storage.count_trials(study.id)["total"] >= BUDGET:
             break
@@ -60,8 +65,11 @@ def _worker(url: str, seed: int, start: Any, out: Any) -> None:
 def _run_workers(url: str) -> list[tuple[int, bool, list[int]]]:
     ctx = mp.get_context("spawn")
     start = ctx.Event()
+    ready = ctx.Barrier(N_WORKERS)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(url, w, start, out)) for w in range(N_WORKERS)]
+    procs = [
+        ctx.Process(target=_worker, args=(url, w, start, ready, out)) for w in range(N_WORKERS)
+    ]
     for p in procs:
         p.start()
     start.set()

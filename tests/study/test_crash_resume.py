@@ -57,7 +57,7 @@ def test_two_controllers_share_budget(pg_url: str, tmp_path: Path) -> None:
     space["workload"]["table"] = str(
         REPO / "examples" / "tables" / space["workload"]["table"].split("/")[-1]
     )
-    space["workload"]["delay_s"] = 0.3
+    space["workload"]["delay_s"] = 1.0  # a slow-starting controller still gets work
     space["budget"] = {"n_trials": 24}
     space["prescreen"] = {"enabled": False}
     space["agent"] = {"name": "tpe", "seed": 1}
