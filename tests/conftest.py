@@ -21,6 +21,14 @@ PG_ADMIN_DB = "postgres"
 
 
 @pytest.fixture
+def shared_table() -> Path:
+    """The measured table of the shared folder (next to the repository)."""
+    if not SHARED_TABLE.exists():
+        pytest.skip(f"shared table not present ({SHARED_TABLE.name})")
+    return SHARED_TABLE
+
+
+@pytest.fixture
 def tiny_space_dict() -> dict:
     return {
         "study": "t",

@@ -1,15 +1,9 @@
 """Replay of a measured table: trials that answer from measurements instead of training.
 
-A replay table is JSON Lines, one configuration per line (see the shared data README)::
-
-    {"params": {...knobs...}, "status": "ok" | "oom" | "invalid" | "error",
-     "metrics": {"tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib",
-                 "loss": [per step], "error": "..."},
-     "world_size": 1, "model": {...architecture, global_batch_size, seq_length, precision},
-     "hardware": {"gpu": "...", "gpu_memory_gib": 139.8}}
-
-The space of a table is the product of the distinct values of each parameter; a
-combination without a row is invalid. :class:`ReplayTable` answers in-process
+A replay table is JSON Lines, one configuration per line (the format, and its reader, are in
+:mod:`dse.table`); the replay also needs the metrics and losses of every ok row. The space of
+a table is the product of the distinct values of each parameter; a combination without a row
+is invalid. :class:`ReplayTable` answers in-process
 (:meth:`ReplayTable.outcome`, used by ``dse bench``); ``python -m dse.workloads.replay
 --spec trial.json`` is the trial process (the metrics JSONL contract, ``"source": "replay"``).
 """
@@ -21,38 +15,20 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dse.exceptions import DSEError, WorkloadError
 from dse.records import Outcome, StepMetrics, TrialSpec
 from dse.space import params_key
+from dse.table import MeasuredRow, read_table, space_model_fields
 
 __all__ = ["ReplayRow", "ReplayTable", "main"]
 
-STATUSES = ("ok", "oom", "invalid", "error")
 _OK_METRICS = ("tflops_per_gpu", "step_time_s", "peak_mem_gib")
 
-
-@dataclass(frozen=True)
-class ReplayRow:
-    """One measured configuration of a table."""
-
-    params: dict[str, Any]
-    status: str
-    metrics: dict[str, Any]
-    line: int
-    world_size: int = 1
-    model: dict[str, Any] = field(default_factory=dict)
-    hardware: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def losses(self) -> list[float]:
-        loss = self.metrics.get("loss")
-        if isinstance(loss, list):
-            return [float(x) for x in loss]
-        return [] if loss is None else [float(loss)]
+#: One measured configuration of a table.
+ReplayRow = MeasuredRow
 
 
 def _value_key(v: Any) -> tuple[int, Any]:
@@ -90,21 +66,9 @@ class ReplayTable:
         """Read a table; a missing file or a malformed line raises :class:`WorkloadError`
         naming the file and the line."""
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise WorkloadError(f"replay table {p}: cannot read it ({e.strerror or e})") from e
-        rows: list[ReplayRow] = []
-        for i, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise WorkloadError(f"{p}:{i}: not JSON ({e.msg})") from e
-            rows.append(_row(rec, p, i))
-        if not rows:
-            raise WorkloadError(f"replay table {p}: no rows")
+        rows = read_table(p)
+        for r in rows:
+            _check_metrics(r, f"{p}:{r.line}")
         return cls(rows, p)
 
     # --- queries ---------------------------------------------------------------------------
@@ -176,25 +140,9 @@ class ReplayTable:
         base = {**first.params, **base}
         ok_losses = [r.losses for r in self.rows if r.status == "ok" and r.losses]
         steps = len(ok_losses[0]) if ok_losses else 6
-        act = m.get("activation")
-        if m.get("gated_linear_unit"):
-            act = "swiglu"
         data: dict[str, Any] = {
             "study": study,
-            "model": {
-                k: v
-                for k, v in {
-                    "num_layers": m.get("num_layers"),
-                    "hidden_size": m.get("hidden_size"),
-                    "num_attention_heads": m.get("num_attention_heads"),
-                    "num_query_groups": m.get("num_query_groups"),
-                    "ffn_hidden_size": m.get("ffn_hidden_size"),
-                    "vocab_size": m.get("vocab_size"),
-                    "activation": act,
-                    "normalization": m.get("normalization"),
-                }.items()
-                if v is not None
-            },
+            "model": space_model_fields(m),
             "semantics": {
                 "global_batch_size": m.get("global_batch_size"),
                 "seq_length": m.get("seq_length"),
@@ -230,41 +178,21 @@ class ReplayTable:
             raise WorkloadError(f"replay table {self.path}: not a valid space: {e}") from e
 
 
-def _row(rec: Any, path: Path, line: int) -> ReplayRow:
-    where = f"{path}:{line}"
-    if not isinstance(rec, dict):
-        raise WorkloadError(f"{where}: a row must be a JSON object")
-    params = rec.get("params")
-    if not isinstance(params, dict) or not params:
-        raise WorkloadError(f"{where}: 'params' must be a non-empty object")
-    status = rec.get("status")
-    if status not in STATUSES:
-        raise WorkloadError(f"{where}: 'status' must be one of {list(STATUSES)} (got {status!r})")
-    metrics = rec.get("metrics") or {}
-    if not isinstance(metrics, dict):
-        raise WorkloadError(f"{where}: 'metrics' must be an object")
-    if status == "ok":
-        missing = [k for k in _OK_METRICS if not isinstance(metrics.get(k), int | float)]
-        if missing:
-            raise WorkloadError(f"{where}: an ok row needs numeric metrics {missing}")
-        loss = metrics.get("loss")
-        if isinstance(loss, int | float):
-            loss = [loss]
-        if not (isinstance(loss, list) and loss and all(isinstance(x, int | float) for x in loss)):
-            raise WorkloadError(
-                f"{where}: an ok row needs 'loss', a number or a non-empty list of numbers"
-            )
-    if status == "oom" and "peak_mem_gib" in metrics:
-        if not isinstance(metrics["peak_mem_gib"], int | float):
-            raise WorkloadError(f"{where}: 'peak_mem_gib' must be a number")
-    ws = rec.get("world_size", 1)
-    if not isinstance(ws, int) or ws < 1:
-        raise WorkloadError(f"{where}: 'world_size' must be a positive integer")
-    model = rec.get("model") or {}
-    hardware = rec.get("hardware") or {}
-    if not isinstance(model, dict) or not isinstance(hardware, dict):
-        raise WorkloadError(f"{where}: 'model' and 'hardware' must be objects")
-    return ReplayRow(dict(params), status, dict(metrics), line, ws, dict(model), dict(hardware))
+def _check_metrics(row: MeasuredRow, where: str) -> None:
+    """An ok row must carry what a trial reports: its metrics and its per-step losses."""
+    if row.status != "ok":
+        return
+    m = row.metrics
+    missing = [k for k in _OK_METRICS if not isinstance(m.get(k), int | float)]
+    if missing:
+        raise WorkloadError(f"{where}: an ok row needs numeric metrics {missing}")
+    loss = m.get("loss")
+    if isinstance(loss, int | float):
+        loss = [loss]
+    if not (isinstance(loss, list) and loss and all(isinstance(x, int | float) for x in loss)):
+        raise WorkloadError(
+            f"{where}: an ok row needs 'loss', a number or a non-empty list of numbers"
+        )
 
 
 def _steps(row: ReplayRow) -> tuple[StepMetrics, ...]:

@@ -11,20 +11,19 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dse.costmodel.model import CostModel
-from dse.exceptions import DSEError
 from dse.knobs import KNOBS
 from dse.space import ModelSpec, Resources, Semantics
+from dse.table import MeasuredRow, TableError, read_table, space_model_fields
 
 __all__ = [
     "TableError",
-    "TableRow",
     "load_table",
     "row_problem",
     "evaluate_rows",
@@ -33,90 +32,22 @@ __all__ = [
     "spearman",
 ]
 
-_MODEL_FIELDS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_query_groups",
-    "ffn_hidden_size",
-    "vocab_size",
-    "kv_channels",
-    "normalization",
-    "position_embedding_type",
-    "add_bias_linear",
-    "untie_embeddings_and_output_weights",
-    "num_moe_experts",
-    "moe_router_topk",
-    "moe_ffn_hidden_size",
-    "moe_shared_expert_intermediate_size",
-)
 
-
-class TableError(DSEError, ValueError):
-    """A table file is missing or a row cannot be read."""
-
-
-@dataclass(frozen=True)
-class TableRow:
-    """One row of a measured table."""
-
-    index: int
-    params: dict[str, Any]
-    status: str
-    metrics: dict[str, Any]
-    world_size: int
-    model: dict[str, Any]
-    hardware: dict[str, Any] = field(default_factory=dict)
-
-
-def load_table(path: str | Path) -> list[TableRow]:
-    """Read a replay-format JSONL table; raises :class:`TableError` naming file and line."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise TableError(f"{p}: cannot read the table ({e.strerror})") from e
-    rows: list[TableRow] = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TableError(f"{p}:{n}: not JSON ({e.msg})") from e
-        if not isinstance(rec, dict) or not isinstance(rec.get("params"), dict):
-            raise TableError(f"{p}:{n}: a row must be an object with a 'params' object")
-        if not isinstance(rec.get("model"), dict):
-            raise TableError(f"{p}:{n}: the row has no 'model' object")
-        rows.append(
-            TableRow(
-                index=len(rows),
-                params=dict(rec["params"]),
-                status=str(rec.get("status", "ok")),
-                metrics=dict(rec.get("metrics") or {}),
-                world_size=int(rec.get("world_size", 1)),
-                model=dict(rec["model"]),
-                hardware=dict(rec.get("hardware") or {}),
-            )
-        )
-    if not rows:
-        raise TableError(f"{p}: the table has no rows")
+def load_table(path: str | Path) -> list[MeasuredRow]:
+    """Read a table whose every row has a ``model``; raises :class:`TableError` naming the
+    file and the line."""
+    rows = read_table(path)
+    for r in rows:
+        if not r.model:
+            raise TableError(f"{path}:{r.line}: the row has no 'model' object")
     return rows
 
 
-def row_problem(row: TableRow) -> tuple[ModelSpec, Semantics, Resources, dict[str, Any]]:
+def row_problem(row: MeasuredRow) -> tuple[ModelSpec, Semantics, Resources, dict[str, Any]]:
     """The (model, semantics, resources, params) of a row; unknown knob names are dropped."""
     m = row.model
-    data = {k: m[k] for k in _MODEL_FIELDS if m.get(k) is not None}
-    act = m.get("activation")
-    if m.get("gated_linear_unit"):
-        act = "swiglu"
-    elif act == "swiglu":
-        act = "silu"  # an explicit non-gated table row
-    if act is not None:
-        data["activation"] = act
     try:
-        model = ModelSpec.model_validate(data)
+        model = ModelSpec.model_validate(space_model_fields(m))
         sem = Semantics.model_validate(
             {
                 "global_batch_size": int(m["global_batch_size"]),
@@ -133,7 +64,7 @@ def row_problem(row: TableRow) -> tuple[ModelSpec, Semantics, Resources, dict[st
             }
         )
     except (KeyError, TypeError, ValueError) as e:
-        raise TableError(f"row {row.index}: cannot build the model from the row ({e})") from e
+        raise TableError(f"line {row.line}: cannot build the model from the row ({e})") from e
     params = {k: v for k, v in row.params.items() if k in KNOBS}
     return model, sem, res, params
 
@@ -173,15 +104,16 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def evaluate_rows(rows: Sequence[TableRow], calibrate: bool = False) -> list[RowResult]:
-    """Predict every row; with ``calibrate``, sequentially: row i from a fit on rows < i.
+def evaluate_rows(rows: Sequence[MeasuredRow], calibrate: bool = False) -> list[RowResult]:
+    """Predict every row (``index``: its position, from 0); with ``calibrate``,
+    sequentially: row i from a fit on rows < i.
 
     Rows of one table may mix models/hardware: each distinct (model, semantics, resources)
     gets its own cost model (and calibration).
     """
     models: dict[str, CostModel] = {}
     out: list[RowResult] = []
-    for row in rows:
+    for index, row in enumerate(rows):
         model, sem, res, params = row_problem(row)
         key = json.dumps(
             [model.model_dump(), sem.model_dump(), res.model_dump()], sort_keys=True, default=str
@@ -195,7 +127,7 @@ def evaluate_rows(rows: Sequence[TableRow], calibrate: bool = False) -> list[Row
         peak = _num(row.metrics.get("peak_mem_gib"))
         out.append(
             RowResult(
-                index=row.index,
+                index=index,
                 status=row.status,
                 predicted_peak_mem_gib=est.allocated_gib,
                 predicted_total_gib=total,

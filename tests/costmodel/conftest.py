@@ -1,21 +1,10 @@
-"""Shared fixtures of the cost-model tests: a small GPT and the shared measured table."""
+"""Shared fixtures of the cost-model tests: a small GPT, its semantics and one GPU."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from dse.space import ModelSpec, Resources, Semantics
-
-#: The measured table of the shared folder (next to the repository), if present.
-SHARED_TABLE = (
-    Path(__file__).resolve().parents[2]
-    / ".."
-    / "shared"
-    / "data"
-    / "h200_llama1b_unfused_1gpu.jsonl"
-)
 
 
 @pytest.fixture
@@ -39,10 +28,3 @@ def small_semantics() -> Semantics:
 @pytest.fixture
 def one_gpu() -> Resources:
     return Resources(world_size=1, gpu="NVIDIA H200", gpu_memory_gib=139.8, features=[])
-
-
-@pytest.fixture
-def shared_table() -> Path:
-    if not SHARED_TABLE.exists():
-        pytest.skip(f"shared table not present ({SHARED_TABLE.name})")
-    return SHARED_TABLE

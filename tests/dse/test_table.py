@@ -1,0 +1,80 @@
+"""The measured-table reader shared by the replay workload and the cost model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dse.exceptions import WorkloadError
+from dse.space import ModelSpec
+from dse.table import TableError, read_table, space_model_fields
+
+
+def test_reads_rows_with_their_lines(tmp_path: Path) -> None:
+    t = tmp_path / "t.jsonl"
+    rows = [
+        {"params": {"micro_batch_size": 1}, "status": "ok", "metrics": {"loss": 2.0}},
+        {"params": {"micro_batch_size": 2}, "status": "oom", "metrics": {"peak_mem_gib": 80},
+         "world_size": 2, "hardware": {"gpu_memory_gib": 79.6}},
+    ]  # fmt: skip
+    t.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
+    got = read_table(t)
+    assert [r.line for r in got] == [1, 3]
+    assert got[0].losses == [2.0] and got[0].world_size == 1 and got[0].model == {}
+    assert got[1].status == "oom" and got[1].world_size == 2
+    assert got[1].hardware == {"gpu_memory_gib": 79.6}
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"params": {"a": 1}, "status": "ok", "world_size": 0}', r":1: 'world_size' must be"),
+        ('{"params": {"a": 1}, "status": "ok", "world_size": true}', r":1: 'world_size' must be"),
+        ('{"params": {"a": 1}, "status": "oom", "metrics": {"peak_mem_gib": "x"}}', "a number"),
+        ('{"params": {"a": 1}, "status": "ok", "model": [1]}', "must be objects"),
+        ('{"params": {"a": 1}, "status": "ok", "metrics": 3}', "'metrics' must be an object"),
+    ],
+)
+def test_bad_rows_name_the_line(tmp_path: Path, line: str, match: str) -> None:
+    t = tmp_path / "t.jsonl"
+    t.write_text(line + "\n")
+    with pytest.raises(TableError, match=match) as info:
+        read_table(t)
+    # the replay workload and the cost model both catch it as their own error type
+    assert isinstance(info.value, WorkloadError) and isinstance(info.value, ValueError)
+
+
+def test_space_model_fields_activation() -> None:
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+            "ffn_hidden_size": 128, "vocab_size": 100, "seq_length": 32,
+            "global_batch_size": 8, "precision": "bf16"}  # fmt: skip
+    assert (
+        space_model_fields({**base, "activation": "swiglu", "gated_linear_unit": True})[
+            "activation"
+        ]
+        == "swiglu"
+    )
+    assert (
+        space_model_fields({**base, "activation": "silu", "gated_linear_unit": True})["activation"]
+        == "swiglu"
+    )
+    assert (
+        space_model_fields({**base, "activation": "swiglu", "gated_linear_unit": False})[
+            "activation"
+        ]
+        == "silu"
+    )
+    assert space_model_fields({**base, "activation": "gelu"})["activation"] == "gelu"
+    fields = space_model_fields(base)
+    assert "activation" not in fields and "global_batch_size" not in fields
+    ModelSpec.model_validate(fields)  # the space's model section accepts it as is
+
+
+def test_shared_table_reads(shared_table: Path) -> None:
+    rows = read_table(shared_table)
+    assert len(rows) == 48
+    assert {r.status for r in rows} <= {"ok", "oom", "invalid", "error"}
+    m = ModelSpec.model_validate(space_model_fields(rows[0].model))
+    assert m.gated_linear_unit and m.num_layers == 16
