@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -133,7 +134,7 @@ def _install_sqlite_hooks(engine: Engine) -> None:
             cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             cur.execute("PRAGMA foreign_keys = ON")
             if not memory:
-                cur.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cur)
                 cur.execute("PRAGMA synchronous = NORMAL")
         finally:
             cur.close()
@@ -142,6 +143,28 @@ def _install_sqlite_hooks(engine: Engine) -> None:
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get(_SQLITE_BEGIN, "DEFERRED")
         conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _enable_wal(cur: Any) -> None:
+    """Switch the database file to WAL (persistent; a no-op once done).
+
+    SQLite answers "database is locked" at once, without its busy handler, when the journal
+    mode is changed while another connection holds a lock (several processes opening a fresh
+    database together), so the switch is retried here for up to the busy timeout.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            busy = "locked" in str(e) or "busy" in str(e)
+            if not busy or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 0.25)
 
 
 def safe_url(url: str) -> str:

@@ -77,3 +77,23 @@ def test_writer_waits_for_a_held_sqlite_lock(tmp_path: Path) -> None:
     assert st.get_study("s") == s
     other.close()
     st.close()
+
+
+def test_opening_waits_for_a_lock_held_while_switching_to_wal(tmp_path: Path) -> None:
+    # SQLite refuses a journal-mode change at once (no busy handler) while another connection
+    # holds a lock: what several processes opening one fresh database together run into
+    path = tmp_path / "fresh.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE other_writer (x INTEGER)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO other_writer VALUES (1)")
+    threading.Timer(0.3, other.execute, args=("COMMIT",)).start()
+    t0 = time.monotonic()
+    st = open_storage(f"sqlite:///{path}")
+    assert time.monotonic() - t0 >= 0.25  # it waited for the lock instead of failing
+    assert st.list_studies() == []
+    st.close()
+    other.close()
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    check.close()
