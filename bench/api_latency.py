@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,18 +48,12 @@ from sqlalchemy import MetaData, create_engine, insert
 from dse.space import params_key, parse_space
 from dse.storage import open_storage
 
+# the browser flags and the free-port helper of the dashboard's browser tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.api.live import CHROMIUM_ARGS, free_port  # noqa: E402
+
 STUDY = "bench"
 TARGETS_MS = {"best": 50.0, "trials_page": 100.0, "dashboard": 2000.0}
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 SPACE = {
     "version": 1,
@@ -207,12 +200,6 @@ def build_database(url: str, n_trials: int, seed: int = 0) -> dict[str, Any]:
             "rejections": len(rej_rows)}  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "DSE_API_TOKEN"}
     with open(log, "wb") as out:
@@ -324,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"database: {info['trials']} trials {info['states']}, {info['steps']} step rows, "
           f"{info['rejections']} rejections; built in {took:.1f} s")  # fmt: skip
 
-    port = _free_port()
+    port = free_port()
     server = start_server(url, port, Path(tmp.name) / "serve.log")
     base = f"http://127.0.0.1:{port}"
     results: dict[str, list[float]] = {}
