@@ -6,7 +6,7 @@ their proposals with the validity rules and the cost model and tells every outco
 after a restart their state is rebuilt from storage with :meth:`BaseAgent.add_evaluated`.
 """
 
-from dse.agents._base import BaseAgent, Feedback, Proposal
+from dse.agents._base import BaseAgent, Feedback, MemoryHint, Proposal
 from dse.agents._common import Observation, SpaceAgent
 from dse.agents._factory import AGENTS, create_agent
 from dse.agents._optuna import GPAgent, NSGA2Agent, OptunaAgent, TPEAgent
@@ -18,6 +18,7 @@ __all__ = [
     "Feedback",
     "GPAgent",
     "GridAgent",
+    "MemoryHint",
     "NSGA2Agent",
     "Observation",
     "OptunaAgent",

@@ -10,12 +10,20 @@ from the trials in storage, so storage is the only memory a study needs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dse.space import SearchSpace
 
-__all__ = ["BaseAgent", "Proposal", "Feedback"]
+__all__ = ["BaseAgent", "Proposal", "Feedback", "MemoryHint"]
+
+#: ``hint(params) -> (predicted peak GiB per GPU, relative standard deviation)`` of a
+#: configuration (its knob values), or None when it cannot say. The study loop builds one
+#: from the cost model, which it calibrates on every measured trial; an agent may use it to
+#: judge whether an unmeasured configuration fits in memory. It is an estimate, never a
+#: measurement, and never a reason to skip a configuration on its own.
+MemoryHint = Callable[[Mapping[str, Any]], "tuple[float, float] | None"]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dse.agents._base import MemoryHint
 from dse.agents._common import SpaceAgent
 from dse.agents._optuna import GPAgent, NSGA2Agent, TPEAgent
 from dse.agents._simple import GridAgent, RandomAgent
@@ -21,8 +22,11 @@ AGENTS: dict[str, Callable[..., SpaceAgent]] = {
 }
 
 
-def create_agent(space: SearchSpace) -> SpaceAgent:
-    """The agent ``space.agent.name`` names, seeded with ``space.agent.seed``."""
+def create_agent(space: SearchSpace, memory_hint: MemoryHint | None = None) -> SpaceAgent:
+    """The agent ``space.agent.name`` names, seeded with ``space.agent.seed``.
+
+    ``memory_hint`` (see :data:`MemoryHint`) goes to the model-based agents' structured start.
+    """
     try:
         cls = AGENTS[space.agent.name]
     except KeyError:
@@ -30,5 +34,5 @@ def create_agent(space: SearchSpace) -> SpaceAgent:
             f"unknown agent {space.agent.name!r}; known agents: {sorted(AGENTS)}"
         ) from None
     if space.agent.name in ("tpe", "gp", "nsga2"):
-        return cls(space, seed=space.agent.seed, prior=space.agent.prior)
+        return cls(space, seed=space.agent.seed, prior=space.agent.prior, memory_hint=memory_hint)
     return cls(space, seed=space.agent.seed)

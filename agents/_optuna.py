@@ -43,7 +43,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from dse.agents._base import Feedback
+from dse.agents._base import Feedback, MemoryHint
 from dse.agents._common import ENUMERATE_LIMIT, SpaceAgent, canonical
 from dse.agents._prior import PriorGuide
 from dse.exceptions import DSEError
@@ -82,6 +82,8 @@ class OptunaAgent(SpaceAgent):
         space: the search space.
         seed: sampler seed (also seeds tie-breaks and fallbacks).
         prior: use the knob-semantics structured start before the sampler.
+        memory_hint: predicted memory of a configuration, for the structured start (see
+            :data:`dse.agents.MemoryHint`).
         max_retries: samples drawn again when the sampler repeats a known configuration
             (default: the class's ``default_retries``).
     """
@@ -96,6 +98,7 @@ class OptunaAgent(SpaceAgent):
         *,
         prior: bool = True,
         max_retries: int | None = None,
+        memory_hint: MemoryHint | None = None,
     ) -> None:
         super().__init__(space, seed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -112,7 +115,7 @@ class OptunaAgent(SpaceAgent):
                 directions=self._directions,
             )
         self._worst: list[float | None] = [None] * len(self._directions)
-        guide = PriorGuide(space, self._rng) if prior else None
+        guide = PriorGuide(space, self._rng, memory_hint) if prior else None
         self._guide = guide if guide is not None and guide.enabled else None
         self._n_prior = space.agent.n_startup_trials
         self._prior_pending: set[str] = set()

@@ -22,6 +22,13 @@ what each knob does in Megatron-Core (never from any measured table):
   peak the agent bounds the peak of a larger micro-batch or a smaller parallel size; the
   probability that it fits is the share of the interval [measured, bound] under the GPU's
   capacity. Memory effects with no such bound (e.g. dropping recompute) count as a coin flip.
+* **Memory hint.** When the study loop hands the agent a memory hint (the cost model's
+  predicted peak and its relative uncertainty, calibrated on the trials measured so far),
+  a configuration not settled by (1) or by a bound that proves it fits gets the probability
+  that the prediction is below the capacity: ``Phi((cap - pred) / (sd * pred))``. So after
+  an OOM the start moves to the fast configurations predicted to fit (a larger TP, say)
+  instead of trying the next smaller one blindly. The hint only weighs candidates; it never
+  rejects one (that is the pre-screen's job, when it is on).
 
 The start proposes the unseen configuration with the largest *expected prior gain*
 ``P(fits) * (score(c) - score(incumbent))``, the incumbent being the best measured
@@ -38,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dse.agents._base import MemoryHint
 from dse.agents._common import Observation
 from dse.space import SearchSpace, params_key
 
@@ -164,9 +172,12 @@ def _mem_of(fb_metrics: Mapping[str, Any]) -> float | None:
 class PriorGuide:
     """Chooses the structured-start configurations (see the module docstring)."""
 
-    def __init__(self, space: SearchSpace, rng: random.Random) -> None:
+    def __init__(
+        self, space: SearchSpace, rng: random.Random, memory_hint: MemoryHint | None = None
+    ) -> None:
         self.space = space
         self._rng = rng
+        self._hint = memory_hint
         obj = space.objective
         self.enabled = SPEED_METRICS.get(obj.metric) == obj.direction
         self._sign = 1.0 if obj.direction == "maximize" else -1.0
@@ -203,18 +214,29 @@ class PriorGuide:
         ooms: Sequence[Mapping[str, Any]],
         cap: float | None,
     ) -> float:
-        """Probability that ``c`` fits in memory, from the configurations measured so far."""
+        """Probability that ``c`` fits in memory, from the configurations measured so far
+        (and the memory hint, where there is one)."""
         for o in ooms:
             if self._mem_geq(c, o):
                 return 0.0
-        if not fits:
-            return P_UNKNOWN
-        best = 0.0
+        best = 0.0 if fits else P_UNKNOWN
         for f, m in fits:
             best = max(best, self._p_from(c, f, m, cap))
             if best >= 1.0:
-                break
-        return best
+                return 1.0
+        hinted = self._p_hint(c, cap)
+        return best if hinted is None else hinted
+
+    def _p_hint(self, c: Mapping[str, Any], cap: float | None) -> float | None:
+        if self._hint is None or cap is None:
+            return None
+        got = self._hint(c)
+        if got is None:
+            return None
+        pred, sd = got
+        if not (pred > 0 and sd > 0):
+            return None
+        return 0.5 * math.erfc((pred - cap) / (sd * pred * math.sqrt(2.0)))
 
     def _p_from(
         self, c: Mapping[str, Any], f: Mapping[str, Any], m: float | None, cap: float | None

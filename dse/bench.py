@@ -94,6 +94,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="tpe/gp/nsga2 without the knob-semantics start (random start-up trials)",
     )
+    p.add_argument(
+        "--no-memory-hint",
+        action="store_true",
+        help="tpe/gp/nsga2 start without the cost model's memory predictions",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=run)
     return p
@@ -124,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
             n_startup_trials=getattr(args, "n_startup_trials", None),
             prior=not getattr(args, "no_prior", False),
             full_budget=getattr(args, "full_budget", False),
+            memory_hint=not getattr(args, "no_memory_hint", False),
         )
     except DSEError as e:
         return _fail(str(e))
@@ -150,6 +156,7 @@ def bench(
     n_startup_trials: int | None = None,
     prior: bool = True,
     full_budget: bool = False,
+    memory_hint: bool = True,
 ) -> dict[str, Any]:
     """The benchmark as a dict (the ``--json`` object)."""
     from dse.rules import check
@@ -179,6 +186,11 @@ def bench(
     n_budget = budget if budget is not None else n_valid
     if prescreen:
         _cost_model_class()  # fail early, before any run, when it is missing
+    if memory_hint:
+        try:
+            _cost_model_class()
+        except DSEError:
+            memory_hint = False  # the agents start without it
 
     def reached(out: Outcome) -> bool:
         v = out.metrics.get(obj.metric) if out.ok else None
@@ -200,6 +212,7 @@ def bench(
                 n_startup_trials,
                 prior,
                 full_budget,
+                memory_hint,
             )
             for seed in range(seeds)
         ]
@@ -229,6 +242,7 @@ def bench(
         "prescreen": prescreen,
         "prior": prior,
         "full_budget": full_budget,
+        "memory_hint": memory_hint,
         "agents": per_agent,
     }
 
@@ -259,24 +273,32 @@ def run_one(
     n_startup_trials: int | None = None,
     prior: bool = True,
     full_budget: bool = False,
+    memory_hint: bool = False,
 ) -> RunStats:
     """One agent, one seed: propose, screen, answer from the table, until the target is
     measured (or, with ``full_budget``, until ``budget`` trials ran) or the agent is spent."""
     from dse.agents import create_agent
-    from dse.proposer import Proposer, cost_model_prescreen, feedback_from_outcome
+    from dse.proposer import (
+        Proposer,
+        cost_model_memory_hint,
+        cost_model_prescreen,
+        feedback_from_outcome,
+    )
 
     t0 = time.perf_counter()
     upd: dict[str, Any] = {"name": agent_name, "seed": seed, "prior": prior}
     if n_startup_trials is not None:
         upd["n_startup_trials"] = n_startup_trials
     sp = space.model_copy(update={"agent": space.agent.model_copy(update=upd)})
-    agent = create_agent(sp)
     features = set(sp.resources.features) if isinstance(sp.resources.features, list) else None
     cm = None
     screen = None
-    if prescreen:
+    if prescreen or memory_hint:
         cm = _cost_model_class()(sp.model, sp.semantics, sp.resources)
+    if prescreen:
         screen = cost_model_prescreen(sp, cm)
+    # as in a study: the agent may weigh the calibrated cost model's memory predictions
+    agent = create_agent(sp, cost_model_memory_hint(sp, cm) if memory_hint else None)
     proposer = Proposer(sp, agent, features, prescreen=screen)
     measured: dict[str, Outcome] = {}
     trials = ooms = errors = ooms_after = 0
@@ -335,7 +357,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['best_value']:g}, target {arrow} {report['target_value']:.4g} "
         f"(gap {report['target_gap']:.1%}), {report['seeds']} seeds, budget "
         f"{report['budget']} trials, prescreen {'on' if report['prescreen'] else 'off'}, "
-        f"prior {'on' if report.get('prior', True) else 'off'}"
+        f"prior {'on' if report.get('prior', True) else 'off'}, "
+        f"memory hint {'on' if report.get('memory_hint', True) else 'off'}"
         + (", full budget" if report.get("full_budget") else ""),
         "",
         f"{'agent':<8} {'median':>7} {'reached':>8} {'% valid':>8} {'OOM run':>8} "

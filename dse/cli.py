@@ -118,6 +118,7 @@ def _make_cost_model(space: Any) -> Any:
 
 def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     from dse.agents import create_agent
+    from dse.proposer import cost_model_memory_hint
     from dse.storage import open_storage
     from dse.study import StudyRunner, detect_trial_features
 
@@ -126,7 +127,8 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     try:
         runner = _make_runner(space)
         features = detect_trial_features(space, space.runner.python)
-        agent = create_agent(space)
+        cost_model = _make_cost_model(space)
+        agent = create_agent(space, cost_model_memory_hint(space, cost_model))
         study = StudyRunner(
             space,
             storage=storage,
@@ -134,7 +136,7 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
             agent=agent,
             space_yaml=space_yaml,
             features=features,
-            cost_model=_make_cost_model(space),
+            cost_model=cost_model,
         )
         result = study.run()
     finally:

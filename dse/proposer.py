@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from dse.agents import BaseAgent, Feedback, Proposal
+from dse.agents import BaseAgent, Feedback, MemoryHint, Proposal
 from dse.records import Outcome
 from dse.rules import check
 from dse.space import SearchSpace, params_key
@@ -30,6 +30,8 @@ __all__ = [
     "Lookup",
     "feedback_from_outcome",
     "cost_model_prescreen",
+    "cost_model_memory_hint",
+    "UNCALIBRATED_SD",
 ]
 
 #: ``prescreen(params) -> (failure_class, reason, metrics)`` to reject, None to pass.
@@ -162,6 +164,31 @@ def cost_model_prescreen(space: SearchSpace, cost_model: Any) -> Prescreen | Non
         )
 
     return screen
+
+
+#: Relative uncertainty of the cost model's memory prediction before any calibration (its
+#: uncalibrated median error on measured tables is a few percent, its worst near 12%).
+UNCALIBRATED_SD = 0.10
+
+
+def cost_model_memory_hint(space: SearchSpace, cost_model: Any) -> MemoryHint | None:
+    """The memory hint (:data:`dse.agents.MemoryHint`) of a cost model: its predicted peak
+    of a configuration, with a relative uncertainty of :data:`UNCALIBRATED_SD` until
+    calibrated, then 1.5x its calibration error (at least 3%). None without a cost model or
+    a known GPU memory. Unlike the pre-screen it works whether or not the pre-screen is on."""
+    if cost_model is None or space.resources.gpu_memory_gib is None:
+        return None
+
+    def hint(params: Any) -> tuple[float, float] | None:
+        try:
+            pred = float(cost_model.predict_memory(space.full_params(params)).total_gib)
+        except (KeyError, ValueError, ArithmeticError):
+            return None
+        err = cost_model.calibration_error
+        sd = UNCALIBRATED_SD if err is None else max(0.03, 1.5 * float(err))
+        return pred, sd
+
+    return hint
 
 
 def _metric(space: SearchSpace, metrics: dict[str, Any], name: str) -> float | None:

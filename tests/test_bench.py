@@ -91,6 +91,17 @@ def test_readable_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert bench.run(_args("--table", str(t), "--agents", "random", "--seeds", "2")) == 0
     out = capsys.readouterr().out
     assert "22 valid configurations" in out and "\nrandom " in out
+    assert "memory hint on" in out
+
+
+def test_memory_hint_switch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    t = _table(tmp_path / "t.jsonl")
+    for flag, on in (([], True), (["--no-memory-hint"], False)):
+        args = _args("--table", str(t), "--agents", "tpe", "--seeds", "2", "--json", *flag)
+        assert bench.run(args) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["memory_hint"] is on
+        assert out["agents"]["tpe"]["reached_fraction"] == 1.0
 
 
 @pytest.mark.parametrize(

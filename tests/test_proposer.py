@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from dse.agents import BaseAgent, Feedback, Proposal, create_agent
-from dse.proposer import Proposed, Proposer, feedback_from_outcome
+from dse.costmodel import CostModel
+from dse.proposer import (
+    UNCALIBRATED_SD,
+    Proposed,
+    Proposer,
+    cost_model_memory_hint,
+    feedback_from_outcome,
+)
 from dse.records import Outcome
 from dse.rules import check
 from dse.space import SearchSpace, params_key, parse_space
@@ -202,3 +209,23 @@ def test_feedback_derives_tokens_per_second() -> None:
     sp = _space(objective={"metric": "tokens_per_s_per_gpu"})
     fb = feedback_from_outcome(sp, Outcome("ok", {"step_time_s": 0.5}))
     assert fb.values == (8 * 128 / 0.5 / 2,)
+
+
+def test_cost_model_memory_hint() -> None:
+    sp = _space()
+    cm = CostModel(sp.model, sp.semantics, sp.resources)
+    hint = cost_model_memory_hint(sp, cm)
+    assert hint is not None
+    pred, sd = hint(P(1, 8))
+    assert pred == pytest.approx(cm.predict_memory(sp.full_params(P(1, 8))).total_gib)
+    assert sd == UNCALIBRATED_SD
+    assert hint(P(2, 8))[0] < pred  # TP 2 halves the weights' share
+    # calibrated on measurements 20% above its prediction: predicts higher, and more surely
+    for p in (P(1, 1), P(1, 2), P(2, 4), P(4, 8)):
+        cm.observe(sp.full_params(p), 1.2 * cm.predict_memory(sp.full_params(p)).total_gib, False)
+    pred2, sd2 = hint(P(1, 8))
+    assert pred2 > pred and 0.03 <= sd2 < UNCALIBRATED_SD
+    # no GPU memory known, or no cost model: no hint
+    no_cap = _space(resources={"world_size": 2, "features": []})
+    assert cost_model_memory_hint(no_cap, cm) is None
+    assert cost_model_memory_hint(sp, None) is None

@@ -113,15 +113,30 @@ class Calibrator:
         self._estimate = estimate
         self.capacity = capacity_gib
         self.prior = prior or Coefficients()
-        self.coefficients = self.prior
+        self._coefficients = self.prior
         self.observations: list[Observation] = []
-        self.error: float | None = None
+        self._error: float | None = None
+        self._stale = False
 
     # --- observations --------------------------------------------------------------------------
     def observe(self, params: Mapping[str, Any], peak_gib: float, oom: bool) -> None:
-        """Add a measured trial and refit."""
+        """Add a measured trial; the fit follows when the coefficients are next needed."""
         self._add(params, peak_gib, oom)
-        self.fit()
+        self._stale = True
+
+    @property
+    def coefficients(self) -> Coefficients:
+        """The coefficients fitted to every observation so far."""
+        if self._stale:
+            self.fit()
+        return self._coefficients
+
+    @property
+    def error(self) -> float | None:
+        """Median relative error of the fit on the ok observations (None before any)."""
+        if self._stale:
+            self.fit()
+        return self._error
 
     def _add(self, params: Mapping[str, Any], peak_gib: float, oom: bool) -> None:
         if not math.isfinite(peak_gib) or peak_gib < 0:
@@ -152,9 +167,10 @@ class Calibrator:
 
     def fit(self) -> Coefficients:
         """Refit the coefficients to every observation; returns (and keeps) them."""
+        self._stale = False
         if not self.observations:
-            self.coefficients, self.error = self.prior, None
-            return self.coefficients
+            self._coefficients, self._error = self.prior, None
+            return self._coefficients
         co = self.prior
         for _ in range(OUTER_ITERATIONS):
             lins = self._linearised(co)
@@ -165,8 +181,8 @@ class Calibrator:
             co = new
             if done:
                 break
-        self.coefficients = co
-        self.error = self._error(self._linearised(co), co)
+        self._coefficients = co
+        self._error = self._fit_error(self._linearised(co), co)
         return co
 
     def _system(
@@ -293,7 +309,7 @@ class Calibrator:
             return float(min(max(f0, lo), hi))
         return float(np.clip((lo + hi) / 2.0, *FRAG_BOUNDS))
 
-    def _error(self, lins: list[_Lin], co: Coefficients) -> float:
+    def _fit_error(self, lins: list[_Lin], co: Coefficients) -> float:
         errs = []
         for x in lins:
             o = x.obs

@@ -285,3 +285,53 @@ def test_structured_start_learns_the_memory_boundary() -> None:
     )
     assert guide.p_fits({**oom, "recompute": "full"}, fits, [oom], 80.0) < 1  # no bound known
     assert 0.0 < guide.p_fits(oom, fits, [], 80.0) < 1.0
+
+
+def test_structured_start_weighs_a_memory_hint() -> None:
+    """With a memory hint, the start goes after an OOM to the fastest configuration the hint
+    says fits (here a larger TP) instead of the next smaller micro-batch; without one it
+    cannot tell them apart. The hint weighs candidates and never overrides what was
+    measured: a configuration at least as large as a measured OOM stays out."""
+    sp = _space(
+        {
+            "tensor_model_parallel_size": {"values": [1, 2]},
+            "micro_batch_size": {"values": [1, 2, 4]},
+            "recompute": {"values": ["none", "full"]},
+        },
+        resources={"world_size": 2, "gpu_memory_gib": 80.0, "features": []},
+        semantics={"global_batch_size": 16, "seq_length": 128},
+        agent={"name": "tpe", "seed": 0, "n_startup_trials": 3},
+    )
+    calls: list[dict[str, Any]] = []
+
+    def hint(p: Any) -> tuple[float, float]:
+        calls.append(dict(p))
+        # weights and optimizer dominate: TP1 needs over 120 GiB whatever else is set
+        act = 2.0 * p["micro_batch_size"] * (0.25 if p["recompute"] == "full" else 1.0)
+        return 120.0 / p["tensor_model_parallel_size"] + act, 0.05
+
+    oom = Feedback("infeasible", metrics={"peak_mem_gib": 80.0}, failure_class="oom")
+    agent = create_agent(sp, memory_hint=hint)
+    (base,) = agent.ask(1)
+    assert base.params["tensor_model_parallel_size"] == 1
+    agent.tell(base.trial_id, oom)
+    (second,) = agent.ask(1)
+    assert calls, "the structured start consulted the hint"
+    # the fastest configuration predicted to fit: TP2, largest micro-batch, no recompute
+    assert second.params == {
+        "tensor_model_parallel_size": 2,
+        "micro_batch_size": 4,
+        "recompute": "none",
+    }
+    guide = PriorGuide(sp, random.Random(0), memory_hint=hint)
+    big = {"tensor_model_parallel_size": 1, "micro_batch_size": 4, "recompute": "none"}
+    assert guide.p_fits(big, [], [base.params], 80.0) == 0.0  # measured OOM wins
+    small = {"tensor_model_parallel_size": 2, "micro_batch_size": 1, "recompute": "full"}
+    assert guide.p_fits(small, [], [base.params], 80.0) > 0.99
+    # not settled by the OOM (it uses less memory on recompute), but predicted not to fit
+    tp1_full = {"tensor_model_parallel_size": 1, "micro_batch_size": 1, "recompute": "full"}
+    assert guide.p_fits(tp1_full, [], [base.params], 80.0) < 0.01
+    assert PriorGuide(sp, random.Random(0)).p_fits(tp1_full, [], [base.params], 80.0) == 0.5
+    # a measured bound that proves a fit is not overridden by a pessimistic hint
+    fitted = [(small, 40.0)]
+    assert guide.p_fits(small | {"micro_batch_size": 1}, fitted, [], 80.0) == 1.0
