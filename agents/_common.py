@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,27 +207,48 @@ class SpaceAgent(BaseAgent):
             if params_key(p) not in self._seen:
                 yield p
 
-    def _random_unseen(self, tries: int = 64) -> dict[str, Any] | None:
-        """A uniformly drawn unseen configuration; None when the space is spent."""
+    def _random_unseen(
+        self, tries: int = 64, accept: Callable[[Mapping[str, Any]], bool] | None = None
+    ) -> dict[str, Any] | None:
+        """A uniformly drawn unseen configuration (with ``accept``: one it accepts, if any
+        does, else any unseen one); None when the space is spent."""
+        first: dict[str, Any] | None = None
         for _ in range(tries):
             p = self._random_config()
             if params_key(p) not in self._seen:
-                return p
+                if accept is None or accept(p):
+                    return p
+                first = first or p
+        if first is not None and accept is None:
+            return first
         left = list(self._unseen_configs())
+        if accept is not None:
+            good = [p for p in left if accept(p)]
+            left = good or left
         return self._rng.choice(left) if left else None
 
-    def _neighbor_unseen(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
-        """An unseen configuration one knob away from ``params`` (random knob and value)."""
+    def _neighbor_unseen(
+        self,
+        params: Mapping[str, Any],
+        accept: Callable[[Mapping[str, Any]], bool] | None = None,
+    ) -> dict[str, Any] | None:
+        """An unseen configuration one knob away from ``params`` (random knob and value);
+        with ``accept``, the first that it accepts, else the first unseen one."""
         names = list(self.space.knobs)
         self._rng.shuffle(names)
+        first: dict[str, Any] | None = None
         for name in names:
             values = [v for v in self.space.knobs[name].values() if not _same(v, params[name])]
             self._rng.shuffle(values)
             for v in values:
                 p = canonical(self.space, {**params, name: v})
-                if params_key(p) not in self._seen:
+                if params_key(p) in self._seen:
+                    continue
+                if accept is None or accept(p):
                     return p
-        return None
+                if first is None:
+                    first = p
+        return first
 
     def active_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The knobs of ``params`` that are active (what a sampler decides)."""

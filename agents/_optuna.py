@@ -36,7 +36,7 @@ import importlib.util
 import logging
 import math
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import optuna
@@ -58,6 +58,10 @@ _VIOLATION_ATTR = "dse:violation"
 # Optuna >= 5 stores constraints per trial (Trial.set_constraint); older versions need a
 # constraints_func, which reads the violation from a user attribute.
 _NEW_CONSTRAINTS = hasattr(Trial, "set_constraint")
+
+#: A sample below this probability of fitting in memory (see ``OptunaAgent._fit_check``) is
+#: drawn again.
+P_SKIP = 0.02
 
 
 @contextlib.contextmanager
@@ -139,20 +143,41 @@ class OptunaAgent(SpaceAgent):
                 self._prior_pending.add(params_key(c))
                 return c, trial
         last: dict[str, Any] | None = None
+        unfit: dict[str, Any] | None = None
+        fit_check = self._fit_check()
         with _quiet():
             for _ in range(self.max_retries + 1):
                 trial = self._study.ask()
                 params = self._sample(trial)
                 if params_key(params) not in self._seen:
-                    return params, trial
+                    if fit_check is None or fit_check(params):
+                        return params, trial
+                    unfit = unfit or params
                 self._study.tell(trial, state=TrialState.FAIL)
                 last = params
-        alt = self._neighbor_unseen(last) if last is not None else None
-        if alt is None:
-            alt = self._random_unseen()
+        # the sampler repeats itself (or only draws what cannot fit): a move from its last
+        # draw, else a random configuration, that fits if one does
+        alt = self._neighbor_unseen(last, fit_check) if last is not None else None
+        if alt is None or (fit_check is not None and not fit_check(alt)):
+            alt = self._random_unseen(accept=fit_check) or alt or unfit
         if alt is None:
             return None
         return alt, self._fixed(alt)
+
+    def _fit_check(self) -> Callable[[Mapping[str, Any]], bool] | None:
+        """Whether a sample is worth a trial memory-wise: once an OOM was measured, a sample
+        that the structured start's memory reasoning gives under :data:`P_SKIP` of fitting
+        (at least as large as a measured OOM on every memory knob, or predicted by the
+        memory hint far above the GPU) is drawn again, up to ``max_retries`` times, then
+        replaced by an unseen neighbour or random configuration that may fit; only when no
+        unseen configuration may fit is one that cannot taken."""
+        guide = self._guide
+        if guide is None:
+            return None
+        fits, ooms, cap = guide.memory_evidence(self._observations)
+        if not ooms:
+            return None
+        return lambda p: guide.p_fits(p, fits, ooms, cap) >= P_SKIP
 
     def _fixed(self, params: dict[str, Any]) -> Any:
         with _quiet():

@@ -257,6 +257,25 @@ class PriorGuide:
             p = 1.0 if bound <= cap else max(0.0, (cap - m) / (bound - m))
         return p * P_UNKNOWN**unknown
 
+    def memory_evidence(
+        self, observations: Sequence[Observation]
+    ) -> tuple[
+        list[tuple[Mapping[str, Any], float | None]], list[Mapping[str, Any]], float | None
+    ]:
+        """(fitting configurations with their measured peak, OOM configurations, capacity)."""
+        fits: list[tuple[Mapping[str, Any], float | None]] = []
+        ooms: list[Mapping[str, Any]] = []
+        cap = self._cap
+        for ob in observations:
+            fb = ob.feedback
+            if cap is None and isinstance(fb.metrics.get("gpu_memory_gib"), int | float):
+                cap = float(fb.metrics["gpu_memory_gib"])
+            if fb.state == "complete" and fb.values:
+                fits.append((ob.params, _mem_of(fb.metrics)))
+            elif fb.state == "infeasible" and fb.failure_class in ("oom", "predicted_oom"):
+                ooms.append(ob.params)
+        return fits, ooms, cap
+
     # --- choice ----------------------------------------------------------------------------
     def propose(
         self,
@@ -265,22 +284,15 @@ class PriorGuide:
         exclude: set[str],
     ) -> dict[str, Any] | None:
         """The candidate with the largest expected prior gain, or None when none promises one."""
-        fits: list[tuple[Mapping[str, Any], float | None]] = []
-        ooms: list[Mapping[str, Any]] = []
-        cap = self._cap
+        fits, ooms, cap = self.memory_evidence(observations)
         incumbent: Mapping[str, Any] | None = None
         best_v = -math.inf
         for ob in observations:
             fb = ob.feedback
-            if cap is None and isinstance(fb.metrics.get("gpu_memory_gib"), int | float):
-                cap = float(fb.metrics["gpu_memory_gib"])
             if fb.state == "complete" and fb.values:
-                fits.append((ob.params, _mem_of(fb.metrics)))
                 v = self._sign * float(fb.values[0])
                 if v > best_v:
                     best_v, incumbent = v, ob.params
-            elif fb.state == "infeasible" and fb.failure_class in ("oom", "predicted_oom"):
-                ooms.append(ob.params)
         ref = self.score(incumbent) if incumbent is not None else -math.inf
         best: tuple[float, float] | None = None
         choice: dict[str, Any] | None = None

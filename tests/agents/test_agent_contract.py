@@ -335,3 +335,42 @@ def test_structured_start_weighs_a_memory_hint() -> None:
     # a measured bound that proves a fit is not overridden by a pessimistic hint
     fitted = [(small, 40.0)]
     assert guide.p_fits(small | {"micro_batch_size": 1}, fitted, [], 80.0) == 1.0
+
+
+@pytest.mark.parametrize("name", ["tpe", "gp", "nsga2"])
+def test_sampler_redraws_configurations_that_cannot_fit(name: str) -> None:
+    """After the start, a sample at least as large on every memory knob as a measured OOM is
+    drawn again (it would run out of memory too), while fitting configurations remain."""
+    sp = _space(
+        {
+            "micro_batch_size": {"values": [1, 2, 4, 8]},
+            "recompute": {"values": ["none", "selective", "full"]},
+            "bias_activation_fusion": {"type": "bool"},
+            "cross_entropy_loss_fusion": {"type": "bool"},
+        },
+        agent={"name": name, "seed": 0, "n_startup_trials": 0},
+    )
+    agent = create_agent(sp)
+    order = {"none": 2, "selective": 1, "full": 0}
+
+    def runs_out(p: dict[str, Any]) -> bool:
+        return p["micro_batch_size"] >= 2 and order[p["recompute"]] >= 1
+
+    ooms: list[dict[str, Any]] = []
+    dominated = 0
+    for _ in range(12):  # 48 configurations, 12 of them fit
+        (prop,) = agent.ask(1)
+        p = prop.params
+        dominated += any(
+            p["micro_batch_size"] >= o["micro_batch_size"]
+            and order[p["recompute"]] >= order[o["recompute"]]
+            for o in ooms
+        )
+        if runs_out(p):
+            ooms.append(p)
+            agent.tell(prop.trial_id, Feedback("infeasible", metrics={"peak_mem_gib": 80.0},
+                                               failure_class="oom"))  # fmt: skip
+        else:
+            agent.tell(prop.trial_id, Feedback("complete", (_value(p),), {"peak_mem_gib": 20.0}))
+    assert ooms, "the run met the memory boundary"
+    assert dominated == 0
