@@ -210,8 +210,8 @@ class SpaceAgent(BaseAgent):
     def _random_unseen(
         self, tries: int = 64, accept: Callable[[Mapping[str, Any]], bool] | None = None
     ) -> dict[str, Any] | None:
-        """A uniformly drawn unseen configuration (with ``accept``: one it accepts, if any
-        does, else any unseen one); None when the space is spent."""
+        """A uniformly drawn unseen configuration (with ``accept``: the first of ``tries``
+        draws it accepts, else the first unseen draw); None when the space is spent."""
         first: dict[str, Any] | None = None
         for _ in range(tries):
             p = self._random_config()
@@ -219,12 +219,9 @@ class SpaceAgent(BaseAgent):
                 if accept is None or accept(p):
                     return p
                 first = first or p
-        if first is not None and accept is None:
+        if first is not None:
             return first
         left = list(self._unseen_configs())
-        if accept is not None:
-            good = [p for p in left if accept(p)]
-            left = good or left
         return self._rng.choice(left) if left else None
 
     def _neighbor_unseen(

@@ -274,7 +274,19 @@ class PriorGuide:
                 fits.append((ob.params, _mem_of(fb.metrics)))
             elif fb.state == "infeasible" and fb.failure_class in ("oom", "predicted_oom"):
                 ooms.append(ob.params)
-        return fits, ooms, cap
+        return fits, self._minimal(ooms), cap
+
+    def _minimal(self, ooms: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The OOM configurations not at least as large as another one (the others say
+        nothing more: whatever is as large as them is as large as a smaller one)."""
+        out: list[Mapping[str, Any]] = []
+        for o in sorted(ooms, key=self._mem_size):
+            if not any(self._mem_geq(o, m) for m in out):
+                out.append(o)
+        return out
+
+    def _mem_size(self, c: Mapping[str, Any]) -> float:
+        return sum(p.mem(c[n]) for n, p in self._mem_knobs if p.mem)
 
     # --- choice ----------------------------------------------------------------------------
     def propose(

@@ -52,6 +52,8 @@ FRAG_BOUNDS = (0.0, 1.0)
 FRAG_SLACK = 1.0e-4
 #: Re-linearisations of the model at the fitted scale.
 OUTER_ITERATIONS = 3
+#: Without a feasible point, pairs of constraint lines are tried up to this many constraints.
+MAX_PAIR_CONSTRAINTS = 64
 
 #: ``estimate(params, coefficients)``: the memory estimate of a configuration.
 EstimateFn = Callable[[Mapping[str, Any], Coefficients], MemoryEstimate]
@@ -93,6 +95,27 @@ def _linearise(obs: Observation, est: MemoryEstimate, scale: float) -> _Lin:
         dynamic = est.activation_dependent_gib / s
         fixed = 0.0
     return _Lin(obs, est.static_gib, dynamic, fixed, est.context_gib)
+
+
+def _feasible_polygon(g: np.ndarray, h: np.ndarray) -> list[np.ndarray]:
+    """Vertices of ``{x : g x >= h}`` within a large box (Sutherland-Hodgman clipping by one
+    half-plane at a time); empty when no point satisfies every constraint."""
+    big = 1.0e6
+    poly = [np.array(v, dtype=float) for v in ((-big, -big), (big, -big), (big, big), (-big, big))]
+    for gj, hj in zip(g, h, strict=True):
+        if not poly:
+            break
+        out: list[np.ndarray] = []
+        n = len(poly)
+        for i in range(n):
+            p, r = poly[i], poly[(i + 1) % n]
+            sp, sr = float(gj @ p - hj), float(gj @ r - hj)
+            if sp >= -1e-12:
+                out.append(p)
+            if (sp >= -1e-12) != (sr >= -1e-12) and sp != sr:
+                out.append(p + (r - p) * (sp / (sp - sr)))
+        poly = out
+    return poly
 
 
 class Calibrator:
@@ -231,52 +254,74 @@ class Calibrator:
         )
 
     @staticmethod
-    def _qp(a_mat: np.ndarray, b_vec: np.ndarray, g: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """Least squares in two unknowns under linear inequalities, solved exactly.
+    def _qp(
+        a_mat: np.ndarray,
+        b_vec: np.ndarray,
+        g: np.ndarray,
+        h: np.ndarray,
+        polygon: list[np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """Least squares in two unknowns under linear inequalities ``g x >= h``, solved
+        exactly.
 
-        In two dimensions at most two constraints are active at the optimum, so the
-        candidates are the unconstrained minimum, the minimum on each constraint's line and
-        each pair of lines' intersection; the best feasible one wins (the least violating
-        one if none is feasible).
+        The optimum of a convex quadratic over a convex polygon is its unconstrained
+        minimum, the minimum on one edge's line, or a vertex. The feasible polygon is cut
+        out of a large box by each constraint in turn (linear in the number of
+        constraints), so a study with hundreds of OOM trials fits in milliseconds. With no
+        feasible point (inconsistent measurements), the least violating candidate wins;
+        there the intersections of pairs of constraint lines are candidates too (for up to
+        :data:`MAX_PAIR_CONSTRAINTS` constraints). ``polygon``: the feasible polygon of
+        ``(g, h)`` when already known.
         """
         q = a_mat.T @ a_mat
         c = a_mat.T @ b_vec
-
-        def obj(x: np.ndarray) -> float:
-            r = a_mat @ x - b_vec
-            return float(r @ r)
-
-        cands = [np.linalg.lstsq(a_mat, b_vec, rcond=None)[0]]
-        for j in range(len(h)):
-            kkt = np.zeros((3, 3))
-            kkt[:2, :2] = q
-            kkt[:2, 2] = -g[j]
-            kkt[2, :2] = g[j]
-            try:
-                cands.append(np.linalg.solve(kkt, np.array([c[0], c[1], h[j]]))[:2])
-            except np.linalg.LinAlgError:
-                continue
-        for j in range(len(h)):
-            for k in range(j + 1, len(h)):
-                m = np.array([g[j], g[k]])
-                if abs(np.linalg.det(m)) < 1e-12:
+        x0 = np.linalg.lstsq(a_mat, b_vec, rcond=None)[0]
+        cands = [x0]
+        if len(h) and abs(np.linalg.det(q)) > 1e-12:
+            # the minimum on each line g_j x = h_j: x0 + lambda_j Q^-1 g_j (closed form)
+            qg = np.linalg.solve(q, g.T).T
+            den = (g * qg).sum(axis=1)
+            ok = np.abs(den) > 1e-15
+            lam = (h[ok] - g[ok] @ x0) / den[ok]
+            cands += list(x0[None, :] + lam[:, None] * qg[ok])
+        else:
+            for j in range(len(h)):
+                kkt = np.zeros((3, 3))
+                kkt[:2, :2] = q
+                kkt[:2, 2] = -g[j]
+                kkt[2, :2] = g[j]
+                try:
+                    cands.append(np.linalg.solve(kkt, np.array([c[0], c[1], h[j]]))[:2])
+                except np.linalg.LinAlgError:
                     continue
-                cands.append(np.linalg.solve(m, np.array([h[j], h[k]])))
-        best: tuple[float, float, np.ndarray] | None = None
-        for x in cands:
-            viol = float(np.clip(h - g @ x, 0.0, None).sum())
-            key = (viol if viol > 1e-9 else 0.0, obj(x))
-            if best is None or key < (best[0], best[1]):
-                best = (key[0], key[1], np.asarray(x, dtype=float))
-        assert best is not None
-        return best[2]
+        if polygon is None:
+            polygon = _feasible_polygon(g, h)
+        cands += polygon
+        if not polygon and len(h) <= MAX_PAIR_CONSTRAINTS:
+            for j in range(len(h)):
+                for k in range(j + 1, len(h)):
+                    m = np.array([g[j], g[k]])
+                    if abs(np.linalg.det(m)) < 1e-12:
+                        continue
+                    cands.append(np.linalg.solve(m, np.array([h[j], h[k]])))
+        xs = np.asarray(cands, dtype=float)
+        viol = np.clip(h[None, :] - xs @ g.T, 0.0, None).sum(axis=1)
+        viol = np.where(viol > 1e-9, viol, 0.0)
+        res = xs @ a_mat.T - b_vec[None, :]
+        obj = (res * res).sum(axis=1)
+        best = int(np.lexsort((obj, viol))[0])
+        return np.asarray(xs[best], dtype=float)
 
     def _fit_scale_offset(self, lins: list[_Lin]) -> tuple[float, float]:
         p = self.prior
         theta = np.array([p.activation_scale, p.static_offset_gib])
         weights = np.ones(len(lins))
+        polygon: list[np.ndarray] | None = None  # the constraints do not depend on weights
         for _ in range(30):
-            sol = self._qp(*self._system(lins, weights))
+            a_mat, b_vec, g, h = self._system(lins, weights)
+            if polygon is None:
+                polygon = _feasible_polygon(g, h)
+            sol = self._qp(a_mat, b_vec, g, h, polygon)
             new_w = np.ones(len(lins))
             for i, x in enumerate(lins):
                 if not x.obs.oom:
