@@ -167,8 +167,8 @@ class OptunaAgent(SpaceAgent):
     def _fit_check(self) -> Callable[[Mapping[str, Any]], bool] | None:
         """Whether a sample is worth a trial memory-wise: once an OOM was measured, a sample
         that the structured start's memory reasoning gives under :data:`P_SKIP` of fitting
-        (at least as large as a measured OOM on every memory knob, or predicted by the
-        memory hint far above the GPU) is drawn again, up to ``max_retries`` times, then
+        (larger than a measured OOM on some memory knob and no smaller on any, or predicted
+        by the memory hint far above the GPU) is drawn again, up to ``max_retries`` times, then
         replaced by an unseen neighbour or random configuration that may fit; only when no
         unseen configuration may fit is one that cannot taken."""
         guide = self._guide
@@ -177,7 +177,7 @@ class OptunaAgent(SpaceAgent):
         fits, ooms, cap = guide.memory_evidence(self._observations)
         if not ooms:
             return None
-        return lambda p: guide.p_fits(p, fits, ooms, cap) >= P_SKIP
+        return lambda p: guide.p_fits(p, fits, ooms, cap, strict=True) >= P_SKIP
 
     def _fixed(self, params: dict[str, Any]) -> Any:
         with _quiet():

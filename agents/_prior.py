@@ -213,11 +213,16 @@ class PriorGuide:
         fits: Sequence[tuple[Mapping[str, Any], float | None]],
         ooms: Sequence[Mapping[str, Any]],
         cap: float | None,
+        *,
+        strict: bool = False,
     ) -> float:
         """Probability that ``c`` fits in memory, from the configurations measured so far
-        (and the memory hint, where there is one)."""
+        (and the memory hint, where there is one). With ``strict``, only a configuration
+        that uses more memory than a measured OOM on some memory knob (and no less on any)
+        is certain not to fit; one equal to it on every memory knob may still fit (the
+        knobs without a memory order move memory a little too)."""
         for o in ooms:
-            if self._mem_geq(c, o):
+            if self._mem_geq(c, o) and not (strict and self._mem_geq(o, c)):
                 return 0.0
         best = 0.0 if fits else P_UNKNOWN
         for f, m in fits:

@@ -173,9 +173,10 @@ UNCALIBRATED_SD = 0.10
 
 def cost_model_memory_hint(space: SearchSpace, cost_model: Any) -> MemoryHint | None:
     """The memory hint (:data:`dse.agents.MemoryHint`) of a cost model: its predicted peak
-    of a configuration, with a relative uncertainty of :data:`UNCALIBRATED_SD` until
-    calibrated, then 1.5x its calibration error (at least 3%). None without a cost model or
-    a known GPU memory. Unlike the pre-screen it works whether or not the pre-screen is on."""
+    of a configuration, with a relative uncertainty of :data:`UNCALIBRATED_SD` until a
+    trial ran, then 1.5x the calibrated model's median error on the trials that ran (at
+    least 3%). None without a cost model or a known GPU memory. Unlike the pre-screen it
+    works whether or not the pre-screen is on."""
     if cost_model is None or space.resources.gpu_memory_gib is None:
         return None
 
@@ -184,7 +185,7 @@ def cost_model_memory_hint(space: SearchSpace, cost_model: Any) -> MemoryHint | 
             pred = float(cost_model.predict_memory(space.full_params(params)).total_gib)
         except (KeyError, ValueError, ArithmeticError):
             return None
-        err = cost_model.calibration_error
+        err = cost_model.peak_error
         sd = UNCALIBRATED_SD if err is None else max(0.03, 1.5 * float(err))
         return pred, sd
 

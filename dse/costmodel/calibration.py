@@ -139,6 +139,7 @@ class Calibrator:
         self._coefficients = self.prior
         self.observations: list[Observation] = []
         self._error: float | None = None
+        self._peak_error: float | None = None
         self._stale = False
 
     # --- observations --------------------------------------------------------------------------
@@ -156,10 +157,19 @@ class Calibrator:
 
     @property
     def error(self) -> float | None:
-        """Median relative error of the fit on the ok observations (None before any)."""
+        """Median relative error of the fit on the observations (None before any); an OOM
+        observation counts by how far its predicted total falls short of the capacity."""
         if self._stale:
             self.fit()
         return self._error
+
+    @property
+    def peak_error(self) -> float | None:
+        """Median relative error of the fitted peak on the trials that ran (None before
+        one ran): how far a prediction for a configuration that fits may be off."""
+        if self._stale:
+            self.fit()
+        return self._peak_error
 
     def _add(self, params: Mapping[str, Any], peak_gib: float, oom: bool) -> None:
         if not math.isfinite(peak_gib) or peak_gib < 0:
@@ -192,7 +202,7 @@ class Calibrator:
         """Refit the coefficients to every observation; returns (and keeps) them."""
         self._stale = False
         if not self.observations:
-            self._coefficients, self._error = self.prior, None
+            self._coefficients, self._error, self._peak_error = self.prior, None, None
             return self._coefficients
         co = self.prior
         for _ in range(OUTER_ITERATIONS):
@@ -205,7 +215,15 @@ class Calibrator:
             if done:
                 break
         self._coefficients = co
-        self._error = self._fit_error(self._linearised(co), co)
+        lins = self._linearised(co)
+        self._error = self._fit_error(lins, co)
+        ok = [
+            abs(x.allocated(co.activation_scale, co.static_offset_gib) - x.obs.peak_gib)
+            / max(x.obs.peak_gib, 1e-3)
+            for x in lins
+            if not x.obs.oom
+        ]
+        self._peak_error = float(np.median(ok)) if ok else None
         return co
 
     def _system(

@@ -113,6 +113,11 @@ class CostModel:
         """Median relative error of the fit on the observed trials (None before any)."""
         return self._calibrator.error
 
+    @property
+    def peak_error(self) -> float | None:
+        """Median relative error of the fitted peak on the trials that ran (None before)."""
+        return self._calibrator.peak_error
+
     # --- speed -------------------------------------------------------------------------------
     def estimate_throughput(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``{"tflops_per_gpu", "step_time_s", "source": "estimate", ...}`` of ``params``."""

@@ -339,8 +339,9 @@ def test_structured_start_weighs_a_memory_hint() -> None:
 
 @pytest.mark.parametrize("name", ["tpe", "gp", "nsga2"])
 def test_sampler_redraws_configurations_that_cannot_fit(name: str) -> None:
-    """After the start, a sample at least as large on every memory knob as a measured OOM is
-    drawn again (it would run out of memory too), while fitting configurations remain."""
+    """After the start, a sample larger than a measured OOM on some memory knob and no
+    smaller on any is drawn again (it would run out of memory too), while fitting
+    configurations remain."""
     sp = _space(
         {
             "micro_batch_size": {"values": [1, 2, 4, 8]},
@@ -361,9 +362,10 @@ def test_sampler_redraws_configurations_that_cannot_fit(name: str) -> None:
     for _ in range(12):  # 48 configurations, 12 of them fit
         (prop,) = agent.ask(1)
         p = prop.params
-        dominated += any(
+        dominated += any(  # larger on one memory knob, no smaller on the other
             p["micro_batch_size"] >= o["micro_batch_size"]
             and order[p["recompute"]] >= order[o["recompute"]]
+            and (p["micro_batch_size"], p["recompute"]) != (o["micro_batch_size"], o["recompute"])
             for o in ooms
         )
         if runs_out(p):

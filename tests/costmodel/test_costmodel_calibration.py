@@ -145,3 +145,17 @@ def test_prediction_at_or_above_a_measured_oom_does_not_fit() -> None:
     assert not cm.fits(big, margin=10.0)[0]  # ... until an OOM at or below it was measured
     assert not cm.fits(bigger, margin=10.0)[0]
     assert cm.fits(small, margin=10.0)[0]
+
+
+def test_peak_error_counts_only_trials_that_ran() -> None:
+    cm = CostModel(MODEL, SEM, RES)
+    assert cm.peak_error is None
+    cm.observe(CONFIGS[0], 139.8, True)  # an OOM: no peak to compare with
+    assert cm.peak_error is None and cm.calibration_error is not None
+    for p, f in zip(CONFIGS[1:6], (1.0, 1.1, 0.9, 1.0, 1.3), strict=True):
+        cm.observe(p, f * _truth(p), False)
+    errs = [
+        abs(cm.predict_memory(p).allocated_gib - f * _truth(p)) / (f * _truth(p))
+        for p, f in zip(CONFIGS[1:6], (1.0, 1.1, 0.9, 1.0, 1.3), strict=True)
+    ]
+    assert cm.peak_error == pytest.approx(statistics.median(errs), rel=1e-6)
