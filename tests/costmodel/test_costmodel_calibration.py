@@ -159,3 +159,44 @@ def test_peak_error_counts_only_trials_that_ran() -> None:
         for p, f in zip(CONFIGS[1:6], (1.0, 1.1, 0.9, 1.0, 1.3), strict=True)
     ]
     assert cm.peak_error == pytest.approx(statistics.median(errs), rel=1e-6)
+
+
+def _qp_by_every_vertex(a, b, g, h):
+    """Reference: every candidate of the two-unknown problem (unconstrained minimum, the
+    minimum on each constraint line, each pair of lines' intersection); best feasible."""
+    import numpy as np
+
+    q, c = a.T @ a, a.T @ b
+    cands = [np.linalg.lstsq(a, b, rcond=None)[0]]
+    for j in range(len(h)):
+        kkt = np.zeros((3, 3))
+        kkt[:2, :2], kkt[:2, 2], kkt[2, :2] = q, -g[j], g[j]
+        cands.append(np.linalg.solve(kkt, np.array([c[0], c[1], h[j]]))[:2])
+        for k in range(j + 1, len(h)):
+            m = np.array([g[j], g[k]])
+            if abs(np.linalg.det(m)) > 1e-12:
+                cands.append(np.linalg.solve(m, np.array([h[j], h[k]])))
+    feasible = [x for x in cands if (g @ x - h >= -1e-9).all()]
+    return min(feasible, key=lambda x: float((a @ x - b) @ (a @ x - b))) if feasible else None
+
+
+def test_qp_matches_the_exhaustive_solution() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(400):
+        m = int(rng.integers(0, 10))
+        a = rng.normal(size=(int(rng.integers(2, 8)), 2))
+        b = rng.normal(size=a.shape[0])
+        g = np.vstack([rng.normal(size=(m, 2)), [[1, 0], [-1, 0], [0, 1], [0, -1]]])
+        h = np.concatenate([rng.normal(size=m) * 0.5, [-3, -3, -3, -3]])
+        ref = _qp_by_every_vertex(a, b, g, h)
+        got = Calibrator._qp(a, b, g, h)
+        if ref is None:
+            continue
+        checked += 1
+        assert (g @ got - h >= -1e-7).all()
+        r_got, r_ref = a @ got - b, a @ ref - b
+        assert float(r_got @ r_got) <= float(r_ref @ r_ref) + 1e-7
+    assert checked > 100
