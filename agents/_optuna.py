@@ -86,10 +86,10 @@ class OptunaAgent(SpaceAgent):
         space: the search space.
         seed: sampler seed (also seeds tie-breaks and fallbacks).
         prior: use the knob-semantics structured start before the sampler.
-        memory_hint: predicted memory of a configuration, for the structured start (see
-            :data:`dse.agents.MemoryHint`).
-        max_retries: samples drawn again when the sampler repeats a known configuration
-            (default: the class's ``default_retries``).
+        memory_hint: predicted memory of a configuration, for the structured start and the
+            sampler's fit check (see :data:`dse.agents.MemoryHint`).
+        max_retries: samples drawn again when the sampler repeats a known configuration or
+            draws one that cannot fit (default: the class's ``default_retries``).
     """
 
     name = "optuna"
