@@ -232,7 +232,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     for s in out:
         c = s["counts"]
-        b = s["best"]
         _out(
             f"study {s['study']} [{s['state']}]: {c.get('total', 0)} trials "
             f"({c.get('complete', 0)} complete, {c.get('running', 0)} running, "
@@ -240,12 +239,38 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{c.get('queued', 0)} queued), {sum(s['rejections'].values())} rejected before "
             "launch"
         )
-        if b:
-            _out(f"  best: trial {b['number']} {s['metric']}={b['value']:.2f} {b['params']}")
-        for t in s["trials"]:
-            v = f"{t['value']:.2f}" if t["value"] is not None else (t["failure_class"] or "")
-            _out(f"  {t['number']:>4} {t['state']:<10} {v:<12} {json.dumps(t['params'])}")
+        if s["trials"]:
+            _out(_status_text(s))
     return 0
+
+
+def _status_text(s: dict[str, Any]) -> str:
+    """A study's best trial and trial table (figures with four significant digits)."""
+    from dse.figures import figure
+
+    lines: list[str] = []
+    b = s["best"]
+    if b:
+        m = b["metrics"]
+        lines.append(
+            f"  best: trial {b['number']} {s['metric']}={figure(b['value'])}, "
+            f"step {figure(m.get('step_time_s'))} s, peak {figure(m.get('peak_mem_gib'))} GiB: "
+            f"{json.dumps(b['params'])}"
+        )
+    if s["trials"]:
+        lines.append(
+            f"  {'#':>4} {'state':<10} {s['metric']:<14} {'step s':<8} {'peak GiB':<8} "
+            "failure / knobs"
+        )
+    for t in s["trials"]:
+        m = t["metrics"]
+        extra = f"{t['failure_class']}: " if t["failure_class"] else ""
+        lines.append(
+            f"  {t['number']:>4} {t['state']:<10} {figure(t['value']):<14} "
+            f"{figure(m.get('step_time_s')):<8} {figure(m.get('peak_mem_gib')):<8} "
+            f"{extra}{json.dumps(t['params'])}"
+        )
+    return "\n".join(lines)
 
 
 def cmd_best(args: argparse.Namespace) -> int:
