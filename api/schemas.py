@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dse.space import ModelSpec, Semantics
 
 __all__ = [
     "ErrorPublic",
@@ -26,6 +28,9 @@ __all__ = [
     "ObjectivePublic",
     "BestPublic",
     "BestQuery",
+    "HARDWARE_FIELDS",
+    "MODEL_FIELDS",
+    "SEMANTICS_FIELDS",
     "CrossBestPublic",
     "PointPublic",
     "ParetoPublic",
@@ -177,14 +182,37 @@ class BestPublic(BaseModel):
     )
 
 
+#: Fields of a study's hardware that a best query may match (``GET /best`` and the body of
+#: ``POST /best/query``); model fields are those of the space's ``model``, semantics fields
+#: those of its ``semantics``.
+HARDWARE_FIELDS = ("gpu", "gpu_memory_gib", "world_size", "device")
+MODEL_FIELDS = tuple(ModelSpec.model_fields)
+SEMANTICS_FIELDS = tuple(k for k in Semantics.model_fields if k != "data")
+
+
+def _only_known(what: str, v: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+    unknown = [k for k in v if k not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown {what} field {', '.join(map(repr, unknown))} (known: {', '.join(known)})"
+        )
+    return v
+
+
 class BestQuery(BaseModel):
-    """``POST /api/v1/best/query``: match studies by model and hardware fields."""
+    """``POST /api/v1/best/query``: match studies by model, semantics and hardware fields."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: dict[str, int | str | bool | None] = Field(
         default_factory=dict,
-        description="Model fields that must equal the study's (e.g. num_layers, hidden_size).",
+        description="Model fields that must equal the study's (e.g. num_layers, hidden_size, "
+        "seq_length).",
+    )
+    semantics: dict[str, int | float | str | None] = Field(
+        default_factory=dict,
+        description="Training semantics that must equal the study's (seq_length, "
+        "global_batch_size, precision, steps, ...).",
     )
     hardware: dict[str, int | float | str | None] = Field(
         default_factory=dict,
@@ -192,6 +220,21 @@ class BestQuery(BaseModel):
         "gpu_memory_gib); gpu is compared without case.",
     )
     metric: Metric = Field("tflops_per_gpu", description="Objective the studies optimise.")
+
+    @field_validator("model")
+    @classmethod
+    def _model_known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _only_known("model", v, MODEL_FIELDS)
+
+    @field_validator("semantics")
+    @classmethod
+    def _semantics_known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _only_known("semantics", v, SEMANTICS_FIELDS)
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware_known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _only_known("hardware", v, HARDWARE_FIELDS)
 
 
 class CrossBestPublic(BaseModel):

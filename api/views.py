@@ -4,6 +4,7 @@ best configurations (one study or across studies). No HTTP here: errors are
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -11,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import yaml
 from fastapi import Response
 
 from dse.api.schemas import (
@@ -27,6 +29,7 @@ from dse.api.schemas import (
 from dse.exceptions import StudyNotFoundError
 from dse.export import best_payload, render_best
 from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialPoint, TrialRecord
+from dse.space import Semantics
 from dse.storage import Storage
 
 __all__ = [
@@ -48,6 +51,7 @@ __all__ = [
     "best_public",
     "cross_best",
     "study_matches",
+    "study_semantics",
 ]
 
 #: The direction each objective metric is optimised in.
@@ -381,14 +385,43 @@ def _num_layers(study: StudyRecord) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
+@functools.lru_cache(maxsize=256)
+def _stored_semantics(space_yaml: str) -> dict[str, Any]:
+    """The ``semantics`` of a stored space file, defaults filled in ({} when unreadable)."""
+    try:
+        raw = yaml.safe_load(space_yaml)
+        sem = raw.get("semantics") if isinstance(raw, dict) else None
+        if not isinstance(sem, dict):
+            return {}
+        try:
+            return Semantics.model_validate(sem).model_dump()
+        except ValueError:
+            return dict(sem)
+    except yaml.YAMLError:
+        return {}
+
+
+def study_semantics(study: StudyRecord) -> dict[str, Any]:
+    """The training semantics of a study (sequence length, global batch size, ...), from
+    its stored space file."""
+    return _stored_semantics(study.space_yaml)
+
+
 def study_matches(study: StudyRecord, query: BestQuery) -> bool:
-    """Whether a study optimises the query's metric on that model and hardware."""
+    """Whether a study optimises the query's metric on that model, semantics and hardware."""
     if study.metric != query.metric:
         return False
     if study.direction != DEFAULT_DIRECTION.get(query.metric, study.direction):
         return False
+    semantics = study_semantics(study) if query.semantics or query.model else {}
     for key, want in query.model.items():
-        if study.model.get(key) != want:
+        have = study.model.get(key)
+        if key == "seq_length" and have is None:  # a record stored before it kept it
+            have = semantics.get("seq_length")
+        if have != want:
+            return False
+    for key, sem_want in query.semantics.items():
+        if semantics.get(key) != sem_want:
             return False
     for key, hw_want in query.hardware.items():
         have = study.hardware.get(key)
@@ -428,6 +461,7 @@ def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
 
 def _describe(query: BestQuery) -> str:
     parts = [f"model.{k}={v!r}" for k, v in query.model.items()]
+    parts += [f"semantics.{k}={v!r}" for k, v in query.semantics.items()]
     parts += [f"hardware.{k}={v!r}" for k, v in query.hardware.items()]
     parts.append(f"metric={query.metric!r}")
     return ", ".join(parts)

@@ -505,14 +505,16 @@ class SearchSpace(_Strict):
         return [(expr, bool(_eval_expr(expr, env))) for expr in self.constraints]
 
     def study_fields(self) -> dict[str, Any]:
-        """What a study record keeps of its space (besides the file's text)."""
+        """What a study record keeps of its space (besides the file's text). The record's
+        model carries the sequence length, which a space gives under ``semantics`` (what
+        ``GET /best?seq_length=`` and a warm start compare)."""
         r = self.resources
         return {
             "name": self.study,
             "space_hash": self.digest(),
             "direction": self.objective.direction,
             "metric": self.objective.metric,
-            "model": self.model.model_dump(),
+            "model": {**self.model.model_dump(), "seq_length": self.semantics.seq_length},
             "hardware": {
                 "gpu": r.gpu,
                 "gpu_memory_gib": r.gpu_memory_gib,

@@ -202,7 +202,11 @@ class StudyRunner:
         except StudyNotFoundError:
             self.progress(f"warm start: no study {name!r} in this storage; skipped")
             return
-        if other.model != self.space.model.model_dump():
+        mine = self.space.study_fields()["model"]
+        theirs = dict(other.model)
+        if theirs.get("seq_length") is None:  # a record stored before it kept seq_length
+            theirs["seq_length"] = mine["seq_length"]
+        if theirs != mine:
             self.progress(f"warm start: study {name!r} trains another model; skipped")
             return
         base = self.space.baseline()

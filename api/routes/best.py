@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 
 from dse.api.deps import StorageDep, StudyDep
@@ -67,6 +69,7 @@ def get_best(
     responses=error_responses(404, 422, 503),
 )
 def get_best_across(
+    request: Request,
     storage: StorageDep,
     num_layers: Annotated[int | None, Query(**_INT)] = None,
     hidden_size: Annotated[int | None, Query(**_INT)] = None,
@@ -75,6 +78,13 @@ def get_best_across(
     ffn_hidden_size: Annotated[int | None, Query(**_INT)] = None,
     vocab_size: Annotated[int | None, Query(**_INT)] = None,
     num_moe_experts: Annotated[int | None, Query(**_INT)] = None,
+    seq_length: Annotated[
+        int | None, Query(**_INT, description="Sequence length (semantics.seq_length).")
+    ] = None,
+    global_batch_size: Annotated[
+        int | None,
+        Query(**_INT, description="Global batch size in sequences (semantics)."),
+    ] = None,
     gpu: Annotated[
         str | None, Query(max_length=128, description="GPU name (any case), e.g. 'NVIDIA H200'.")
     ] = None,
@@ -86,10 +96,25 @@ def get_best_across(
 ) -> CrossBestPublic:
     """The best configuration for this model on this hardware over every matching study.
 
-    Every given field must equal the study's (model fields from its space file; ``gpu``,
-    ``world_size`` and ``device`` from its resources). At least one is needed. 404 when no
-    study matches or none has a complete trial yet. ``POST /best/query`` takes any field.
+    Every given field must equal the study's (model fields, ``seq_length`` and
+    ``global_batch_size`` from its space file; ``gpu``, ``world_size`` and ``device`` from
+    its resources). At least one is needed; an unknown parameter is a 422 naming it. 404
+    when no study matches or none has a complete trial yet. ``POST /best/query`` takes any
+    field.
     """
+    unknown = sorted(set(request.query_params) - _GET_PARAMS)
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "extra_forbidden",
+                    "loc": ("query", k),
+                    "msg": f"unknown parameter (known: {', '.join(sorted(_GET_PARAMS))})",
+                    "input": request.query_params[k],
+                }
+                for k in unknown
+            ]
+        )
     model = {
         k: v
         for k, v in {
@@ -103,12 +128,22 @@ def get_best_across(
         }.items()
         if v is not None
     }
+    semantics = {
+        k: v
+        for k, v in {"seq_length": seq_length, "global_batch_size": global_batch_size}.items()
+        if v is not None
+    }
     hardware = {
         k: v
         for k, v in {"gpu": gpu, "world_size": world_size, "device": device}.items()
         if v is not None
     }
-    return _cross(storage, BestQuery(model=model, hardware=hardware, metric=metric))
+    query = BestQuery(model=model, semantics=semantics, hardware=hardware, metric=metric)
+    return _cross(storage, query)
+
+
+#: The query parameters of ``GET /best`` (anything else is a misspelling: 422).
+_GET_PARAMS = frozenset(inspect.signature(get_best_across).parameters) - {"request", "storage"}
 
 
 @router.post(
@@ -117,13 +152,15 @@ def get_best_across(
     responses=error_responses(400, 404, 422, 503),
 )
 def query_best(storage: StorageDep, query: BestQuery) -> CrossBestPublic:
-    """Like ``GET /best`` with any model / hardware field in a JSON body (read-only)."""
+    """Like ``GET /best`` with any model / semantics / hardware field in a JSON body
+    (read-only). A field the space file does not have is a 422 naming it."""
     return _cross(storage, query)
 
 
 def _cross(storage: Storage, query: BestQuery) -> CrossBestPublic:
-    if not query.model and not query.hardware:
+    if not query.model and not query.semantics and not query.hardware:
         raise HTTPException(
-            status_code=422, detail="give at least one model or hardware field to match by"
+            status_code=422,
+            detail="give at least one model, semantics or hardware field to match by",
         )
     return cross_best(storage, query)

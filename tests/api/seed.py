@@ -15,7 +15,14 @@ from dse.storage import Storage
 GPU = "NVIDIA H200"
 
 
-def space_dict(name: str, *, num_layers: int = 4, world_size: int = 2) -> dict[str, Any]:
+def space_dict(
+    name: str,
+    *,
+    num_layers: int = 4,
+    world_size: int = 2,
+    seq_length: int = 64,
+    global_batch_size: int = 8,
+) -> dict[str, Any]:
     """A valid space file (as a mapping) for a small GPT on ``world_size`` H200s."""
     return {
         "version": 1,
@@ -28,7 +35,12 @@ def space_dict(name: str, *, num_layers: int = 4, world_size: int = 2) -> dict[s
             "ffn_hidden_size": 128,
             "vocab_size": 1024,
         },
-        "semantics": {"global_batch_size": 8, "seq_length": 64, "steps": 4, "warmup_steps": 1},
+        "semantics": {
+            "global_batch_size": global_batch_size,
+            "seq_length": seq_length,
+            "steps": 4,
+            "warmup_steps": 1,
+        },
         "resources": {
             "world_size": world_size,
             "device": "cuda",
@@ -53,20 +65,7 @@ def create_study(storage: Storage, name: str, **kw: Any) -> int:
     """Create a study as ``dse start`` would (space hash, model, hardware); its id."""
     text = space_yaml(name, **kw)
     space = parse_space(yaml.safe_load(text), name)
-    rec = storage.create_study(
-        name=name,
-        space_yaml=text,
-        space_hash=space.digest(),
-        direction=space.objective.direction,
-        metric=space.objective.metric,
-        model=space.model.model_dump(),
-        hardware={
-            "gpu": space.resources.gpu,
-            "gpu_memory_gib": space.resources.gpu_memory_gib,
-            "world_size": space.resources.world_size,
-            "device": space.resources.device,
-        },
-    )
+    rec = storage.create_study(space_yaml=text, **space.study_fields())
     return rec.id
 
 
