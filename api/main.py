@@ -83,7 +83,9 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
+    from dse import DISTRIBUTION
+
     try:
-        return version("dse")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:
         return "0"

@@ -7,6 +7,7 @@ Heavy imports (torch, megatron, ray, fastapi) happen only inside the commands th
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -322,14 +323,41 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import socket
+
+    from dse import install_hint
+
     try:
         import uvicorn
 
         from dse.api import create_app
     except ImportError as e:
-        raise DSEError(f"the API needs the 'api' extra (pip install 'dse[api]'): {e}") from e
+        raise DSEError(f"the API needs the 'api' extra ({install_hint('api')}): {e}") from e
     app = create_app(storage_url=_storage_url(args))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # bind first (uvicorn would only log the error and exit 1 without a word on stdout)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+        sock.listen(2048)  # connections wait from now on, until uvicorn accepts them
+    except OSError as e:
+        sock.close()
+        raise DSEError(
+            f"cannot listen on {args.host}:{args.port}: {e.strerror or e}"
+            + (
+                " (another server uses that port; pick another with --port)"
+                if e.errno == errno.EADDRINUSE
+                else ""
+            )
+        ) from e
+    port = sock.getsockname()[1]
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
+    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    _out(f"dse: serving the dashboard at {base}/ (API docs: {base}{app.docs_url}); Ctrl-C stops")
+    sys.stdout.flush()
+    config = uvicorn.Config(app, log_level="warning")
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter
 from sqlalchemy.engine import make_url
 
+from dse import DISTRIBUTION
 from dse.api.deps import SettingsDep, StorageDep
 from dse.api.errors import error_responses
 from dse.api.schemas import HealthPublic
@@ -18,7 +19,7 @@ router = APIRouter(tags=["system"])
 
 def _version() -> str:
     try:
-        return version("dse")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:
         return "unknown"
 

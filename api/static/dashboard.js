@@ -243,7 +243,7 @@ function pointText(p) {
 async function plot(div, traces, layout) {
   const Plotly = await plotlyReady;
   if (!Plotly) {
-    div.textContent = "charts unavailable: plotly is not installed on the server (dse[api])";
+    div.textContent = "charts unavailable: /static/vendor/plotly.min.js did not load";
     div.dataset.rendered = "unavailable";
     return;
   }

@@ -1,0 +1,37 @@
+"""pyproject.toml: the license as an SPDX expression (the table form is refused by
+setuptools from February 2027), a setuptools that reads it, and the installed metadata."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.metadata import distribution
+from pathlib import Path
+
+from packaging.licenses import canonicalize_license_expression
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from dse import DISTRIBUTION
+
+PYPROJECT = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+
+
+def test_license_is_an_spdx_expression() -> None:
+    lic = PYPROJECT["project"]["license"]
+    assert isinstance(lic, str), "license must be an SPDX string, not a table"
+    assert canonicalize_license_expression(lic) == lic == "Apache-2.0"
+    assert not any(c.startswith("License ::") for c in PYPROJECT["project"].get("classifiers", []))
+
+
+def test_build_backend_reads_spdx_licenses() -> None:
+    reqs = [Requirement(r) for r in PYPROJECT["build-system"]["requires"]]
+    setuptools = next(r for r in reqs if r.name == "setuptools")
+    # PEP 639 license expressions: setuptools 77 and later
+    assert not setuptools.specifier.contains(Version("76.9"))
+    assert setuptools.specifier.contains(Version("77.0"))
+
+
+def test_installed_metadata() -> None:
+    assert PYPROJECT["project"]["name"] == DISTRIBUTION
+    meta = distribution(DISTRIBUTION).metadata
+    assert meta["License-Expression"] == "Apache-2.0"
