@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from dse.space import parse_space
 from dse.storage import open_storage
 from tests.api.conftest import TestClient, make_client
@@ -104,4 +105,3 @@ def test_a_misspelled_query_parameter_is_422_naming_it(client: TestClient) -> No
     assert r.status_code == 422, r.text
     assert "query.num_layer" in r.json()["detail"]
     assert "num_layers" in r.json()["detail"]
-
