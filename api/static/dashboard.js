@@ -29,6 +29,9 @@ const state = {
   filter: "",
   order: "number",
   trialId: null,
+  bestTrial: null, // number of the study's best trial (highlighted in the table)
+  best: null, // GET /studies/{name}/best of the selected study (null: none yet)
+  exportFormat: "megatron",
   timer: null,
   loading: null,
 };
@@ -86,10 +89,23 @@ const plotlyReady = new Promise((resolve) => {
   s.addEventListener("error", done);
 });
 
-function fmt(x, digits = 2) {
-  if (x === null || x === undefined || Number.isNaN(x)) return "";
+// Every figure on the page goes through fmt: four significant digits, the rule of
+// dse/figures.py (the tests check both on the same numbers). Missing is "", zero "0";
+// positional from 1e-4 up to 9999.5 with trailing zeros kept ("0.5000", "350.0"), whole
+// numbers above ("12350"), "1.234e-5" below.
+function fmt(x) {
+  if (x === null || x === undefined) return "";
   if (typeof x !== "number") return String(x);
-  return Math.abs(x) >= 1000 ? x.toFixed(0) : x.toFixed(digits);
+  if (Number.isNaN(x)) return "NaN";
+  if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf";
+  if (x === 0) return "0";
+  const sign = x < 0 ? "-" : "";
+  const a = Math.abs(x);
+  const [mant, exp] = a.toExponential(3).split("e"); // rounded: 9999.7 -> "1.000e+4"
+  const e = Number(exp);
+  if (e < -4) return `${sign}${mant}e${e}`;
+  if (e >= 4) return sign + String(Math.round(Number(a.toPrecision(4))));
+  return sign + a.toPrecision(4);
 }
 
 function shortParams(p) {
@@ -145,6 +161,7 @@ function setBadge(id, n, label) {
 }
 
 function renderSummary(s) {
+  state.bestTrial = s.best_trial;
   $("#study-name").textContent = s.name;
   const st = $("#study-state");
   st.textContent = s.state;
@@ -163,7 +180,7 @@ function renderSummary(s) {
   setBadge("#badge-rejections", s.rejections, "rejected before launch");
   const gh = $("#badge-gpu-hours");
   gh.dataset.value = String(s.gpu_hours);
-  gh.replaceChildren(el("b", {}, fmt(s.gpu_hours, 3)), document.createTextNode(" GPU-hours"));
+  gh.replaceChildren(el("b", {}, fmt(s.gpu_hours)), document.createTextNode(" GPU-hours"));
   const bb = $("#badge-best");
   bb.dataset.value = s.best_value === null ? "" : String(s.best_value);
   bb.replaceChildren(
@@ -181,14 +198,22 @@ function renderTable(page) {
       "data-failure-class": t.failure_class || "",
     });
     if (t.id === state.trialId) tr.classList.add("selected");
+    const isBest = t.number === state.bestTrial && t.state === "complete";
+    const num = el("td", {}, t.number);
+    if (isBest) {
+      tr.classList.add("best");
+      tr.dataset.best = "true";
+      tr.title = "the best trial of the study";
+      num.append(el("span", { class: "best-mark", title: "best" }, "★"));
+    }
     tr.append(
-      el("td", {}, t.number),
+      num,
       cell(el("span", { class: `state state-${t.state}` }, t.state)),
       el("td", { class: "num" }, fmt(t.value)),
       el("td", { class: "num" }, fmt(m.tflops_per_gpu)),
       el("td", { class: "num" }, fmt(m.peak_mem_gib)),
-      el("td", { class: "num" }, fmt(m.step_time_s, 3)),
-      el("td", { class: "num" }, fmt(t.gpu_seconds, 0)),
+      el("td", { class: "num" }, fmt(m.step_time_s)),
+      el("td", { class: "num" }, fmt(t.gpu_seconds)),
       el("td", {}, t.failure_class || ""),
       el("td", { class: "reason", title: t.reason || "" }, t.reason || ""),
       el("td", { class: "params" }, shortParams(t.params)),
@@ -220,6 +245,99 @@ function renderRejections(page) {
     ? `(${page.count}; first ${page.data.length} shown)` : `(${page.count})`;
 }
 
+// --- best configuration --------------------------------------------------------------------
+
+const SOURCE_TEXT = {
+  measured: "measured",
+  replay: "replayed from a measured table",
+  estimate: "estimate (cost model, not measured)",
+};
+const EXPORT_FORMATS = ["megatron", "bridge", "nemo"];
+const METRIC_LABEL = {
+  tflops_per_gpu: "TFLOP/s per GPU", tokens_per_s_per_gpu: "tokens/s per GPU",
+  step_time_s: "step time (s)", peak_mem_gib: "peak memory (GiB)",
+  peak_reserved_gib: "reserved (GiB)", loss: "loss",
+};
+
+async function loadBest(name) {
+  try {
+    return await api(`/studies/${encodeURIComponent(name)}/best`);
+  } catch (e) {
+    if (e.status === 404 || e.status === 409) return null; // no complete trial yet
+    throw e;
+  }
+}
+
+function renderBest(best) {
+  state.best = best;
+  const panel = $("#best-panel");
+  panel.dataset.state = best ? "shown" : "none";
+  panel.dataset.trial = best ? String(best.trial) : "";
+  $("#best-none").hidden = Boolean(best);
+  $("#best-body").hidden = !best;
+  const src = $("#best-source");
+  src.dataset.source = best ? best.source || "" : "";
+  src.textContent = best ? SOURCE_TEXT[best.source] || best.source || "" : "";
+  src.className = best && best.source === "measured" ? "state state-complete" : "state";
+  $("#best-title").textContent = best ? `trial ${best.trial}` : "";
+  if (!best) return;
+  const m = best.metrics || {};
+  const obj = best.objective.metric;
+  const shown = ["tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib", "loss"];
+  const values = { ...m, [obj]: best.objective.value };
+  const dl = $("#best-metrics");
+  dl.replaceChildren();
+  for (const k of [obj, ...shown.filter((k) => k !== obj)]) {
+    const v = values[k];
+    if (v === null || v === undefined) continue;
+    const label = METRIC_LABEL[k] || k;
+    const div = el("div", { "data-metric": k });
+    div.append(el("dt", {}, k === obj ? `${label} (objective)` : label),
+      el("dd", { class: k === obj ? "objective" : "" }, fmt(v)));
+    dl.append(div);
+  }
+  $("#best-knobs").textContent = Object.entries(best.params || {})
+    .map(([k, v]) => `${k}=${v}`).join("  ");
+  for (const f of EXPORT_FORMATS) {
+    const tab = document.querySelector(`#best-panel .tab[data-format="${f}"]`);
+    tab.disabled = !best.exports || !best.exports[f];
+  }
+  showExport(state.exportFormat);
+}
+
+function showExport(format) {
+  state.exportFormat = format;
+  for (const tab of document.querySelectorAll("#best-panel .tab")) {
+    tab.setAttribute("aria-selected", String(tab.dataset.format === format));
+  }
+  const pre = $("#best-export");
+  pre.dataset.format = format;
+  const text = state.best && state.best.exports ? state.best.exports[format] : null;
+  pre.textContent = text || "(this launcher cannot express the configuration)";
+  const copy = $("#copy-export");
+  copy.disabled = !text;
+  copy.dataset.copied = "false";
+  copy.textContent = "Copy";
+}
+
+async function copyExport() {
+  const text = state.best && state.best.exports ? state.best.exports[state.exportFormat] : null;
+  if (!text) return;
+  const button = $("#copy-export");
+  try {
+    await navigator.clipboard.writeText(text); // secure contexts (https, localhost)
+  } catch (_) { // plain http on another host: the selection and execCommand
+    const range = document.createRange();
+    range.selectNodeContents($("#best-export"));
+    const sel = window.getSelection();
+    sel.removeAllRanges();
+    sel.addRange(range);
+    document.execCommand("copy");
+  }
+  button.dataset.copied = "true";
+  button.textContent = "Copied";
+}
+
 // --- charts -------------------------------------------------------------------------------
 
 const LAYOUT = {
@@ -237,7 +355,14 @@ function failureGroup(kind) {
 
 function pointText(p) {
   const head = p.number === null ? "rejected" : `trial ${p.number}`;
-  return `${head} (${p.kind})<br>${shortParams(p.params)}` + (p.reason ? `<br>${p.reason.slice(0, 160)}` : "");
+  const figs = [];
+  if (p.value !== null) figs.push(`objective ${fmt(p.value)}`);
+  if (p.tflops_per_gpu !== null) figs.push(`${fmt(p.tflops_per_gpu)} TFLOP/s/GPU`);
+  if (p.peak_mem_gib !== null) {
+    figs.push(`${p.source === "rejection" ? "predicted peak" : "peak"} ${fmt(p.peak_mem_gib)} GiB`);
+  }
+  return `${head} (${p.kind})` + (figs.length ? `<br>${figs.join(", ")}` : "")
+    + `<br>${shortParams(p.params)}` + (p.reason ? `<br>${p.reason.slice(0, 160)}` : "");
 }
 
 async function plot(div, traces, layout) {
@@ -294,7 +419,7 @@ function renderHistory(study, pareto) {
     { type: "scatter", mode: "lines", name: "best so far", x: bestX, y: bestY,
       line: { shape: "hv", color: "#2ca02c", width: 2 }, hoverinfo: "skip" },
     { type: "scatter", mode: "markers", name: "trial", x: shown.map((p) => p.number),
-      y: shown.map((p) => p.value), text: shown.map(pointText), hoverinfo: "x+y+text",
+      y: shown.map((p) => p.value), text: shown.map(pointText), hoverinfo: "text",
       marker: { size: shown.length > 500 ? 5 : 8, color: "#1f77b4",
         line: { width: shown.length > 500 ? 0 : 1, color: "#fff" } } },
   ];
@@ -319,27 +444,48 @@ function renderPareto(study, pareto) {
   const drawn = sample(complete, Math.floor(DRAW_MAX * 0.6), (p) => p.on_front);
   const traces = [{
     type: "scatter", mode: "markers", name: "complete", x: drawn.map((p) => p.tflops_per_gpu),
-    y: drawn.map((p) => p.peak_mem_gib), text: drawn.map(pointText), hoverinfo: "x+y+text",
+    y: drawn.map((p) => p.peak_mem_gib), text: drawn.map(pointText), hoverinfo: "text",
     marker: { size: big ? 5 : 8, color: "#1f77b4", line: { width: big ? 0 : 1, color: "#fff" } },
   }, {
     type: "scatter", mode: "lines", name: "Pareto front",
     x: pareto.front.map((p) => p.tflops_per_gpu), y: pareto.front.map((p) => p.peak_mem_gib),
     line: { shape: "hv", color: "#2ca02c", width: 2 }, hoverinfo: "skip",
   }];
+  // The axes fit what the trials measured. A prediction (a rejected configuration's
+  // estimated peak) never sets the range, nor does the GPU's memory when every trial stays
+  // far below it (the CPU demo): a point above the range is drawn on its top edge as an
+  // arrow, and its hover says where it is.
+  const measured = pareto.points.filter((p) => p.source === "trial");
+  const xs = measured.map((p) => p.tflops_per_gpu).filter((v) => v !== null);
+  const xmax = Math.max(0, ...xs) || 1;
+  const ys = measured.map((p) => p.peak_mem_gib).filter((v) => v !== null);
+  let ytop = Math.max(0, ...ys);
+  if (memCap && (ytop === 0 || ytop >= memCap / 4)) ytop = Math.max(ytop, memCap);
+  if (ytop === 0) ytop = Math.max(0, ...failed.map((p) => p.peak_mem_gib || 0)) || 1;
+  const yclip = 1.06 * ytop; // where points above the range are drawn
   const groups = {};
   for (const p of failed) (groups[failureGroup(p.kind)] ||= []).push(p);
   let drawnFailed = 0;
+  let clipped = 0;
   for (const [g, all] of Object.entries(groups)) {
     const st = FAILURE_STYLE[g];
     // no measured throughput: drawn at 0 TFLOP/s; memory: measured, predicted or the cap
     const fx = (p) => p.tflops_per_gpu ?? 0;
     const fy = (p) => p.peak_mem_gib ?? (g === "oom" && memCap ? memCap : 0);
     const pts = big ? sample(all, Math.floor(DRAW_MAX * 0.1)) : all;
+    const above = pts.map((p) => fy(p) > yclip);
+    const nAbove = above.filter(Boolean).length;
+    clipped += nAbove;
     drawnFailed += pts.length;
     traces.push({
-      type: "scatter", mode: "markers", name: `${st.name} (${all.length})`,
-      x: pts.map(fx), y: pts.map(fy), text: pts.map(pointText), hoverinfo: "text",
-      marker: { size: 9, color: st.color, symbol: st.symbol, line: { width: 2, color: st.color } },
+      type: "scatter", mode: "markers",
+      name: `${st.name} (${all.length}${nAbove ? `; ${nAbove} above the chart ↑` : ""})`,
+      x: pts.map(fx), y: pts.map((p, i) => (above[i] ? yclip : fy(p))),
+      text: pts.map((p, i) => pointText(p)
+        + (above[i] ? `<br>drawn at the top: ${fmt(fy(p))} GiB is above the chart` : "")),
+      hoverinfo: "text",
+      marker: { size: 9, color: st.color, line: { width: 2, color: st.color },
+        symbol: nAbove ? above.map((a) => (a ? "arrow-up" : st.symbol)) : st.symbol },
     });
   }
   const div = $("#chart-pareto");
@@ -347,16 +493,20 @@ function renderPareto(study, pareto) {
   div.dataset.failedCount = String(failed.length);
   setNote("#note-pareto", drawn.length + drawnFailed, complete.length + failed.length, "points");
   div.dataset.frontCount = String(pareto.front.length);
-  const shapes = memCap ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: memCap, y1: memCap,
-    line: { color: "#d62728", dash: "dot", width: 1 } }] : [];
-  const xmax = Math.max(1, ...complete.map((p) => p.tflops_per_gpu));
-  const ymax = Math.max(1, memCap || 0, ...pareto.points.map((p) => p.peak_mem_gib || 0));
+  div.dataset.clipped = String(clipped);
+  const capShown = memCap && memCap <= 1.1 * ytop;
+  const shapes = capShown ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: memCap,
+    y1: memCap, line: { color: "#d62728", dash: "dot", width: 1 } }] : [];
+  const annotations = memCap && !capShown ? [{ xref: "paper", yref: "paper", x: 1, y: 1,
+    xanchor: "right", yanchor: "top", showarrow: false, font: { size: 10, color: "#6b7280" },
+    text: `GPU memory ${fmt(memCap)} GiB (above the chart)` }] : [];
   return plot(div, traces, {
     // failures without a measured throughput sit at x = 0, left of the complete trials
     xaxis: { title: { text: "TFLOP/s per GPU" }, range: [-0.06 * xmax, 1.08 * xmax] },
-    yaxis: { title: { text: "peak memory (GiB)" }, range: [-0.05 * ymax, 1.1 * ymax] },
-    legend: { orientation: "v", x: 1.02, y: 1 },
-    margin: { l: 55, r: 10, t: 15, b: 45 },
+    yaxis: { title: { text: "peak memory (GiB)" }, range: [-0.05 * ytop, 1.1 * ytop] },
+    annotations,
+    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: { size: 11 } },
+    margin: { l: 55, r: 10, t: 50, b: 45 },
     shapes,
   });
 }
@@ -369,19 +519,21 @@ const PC_MAX = 600;
 const PC_BEST = 300;
 const PC_COLORS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"];
 
-function pcAxis(label, raw) {
+// An axis of knob values (exact) or of figures (`figures`: shown with fmt).
+function pcAxis(label, raw, figures = false) {
   const numeric = raw.every((v) => typeof v === "number");
   const keys = [...new Set(raw.map((v) => JSON.stringify(v ?? null)))];
+  const show = figures ? fmt : (v) => String(Number(v.toPrecision(4)));
   if (numeric && keys.length > 12) { // continuous: min-max
     const lo = Math.min(...raw), hi = Math.max(...raw);
     const span = hi - lo || 1;
     return { label, pos: raw.map((v) => (v - lo) / span),
-      ticks: [[0, fmt(lo)], [0.5, fmt(lo + span / 2)], [1, fmt(hi)]] };
+      ticks: [[0, show(lo)], [0.5, show(lo + span / 2)], [1, show(hi)]] };
   }
   keys.sort(numeric ? (a, b) => Number(a) - Number(b) : undefined);
   const at = (k) => (keys.length === 1 ? 0.5 : keys.indexOf(k) / (keys.length - 1));
   return { label, discrete: true, pos: raw.map((v) => at(JSON.stringify(v ?? null))),
-    ticks: keys.map((k) => [at(k), k.replaceAll('"', "")]) };
+    ticks: keys.map((k) => [at(k), figures ? fmt(JSON.parse(k)) : k.replaceAll('"', "")]) };
 }
 
 function renderParcoords(study, pareto) {
@@ -408,7 +560,7 @@ function renderParcoords(study, pareto) {
   const names = [...new Set(shown.flatMap((p) => Object.keys(p.params)))];
   const axes = names.map((n) => pcAxis(n, shown.map((p) => p.params[n] ?? null)))
     .filter((a) => a.ticks.length > 1); // a knob held fixed tells nothing
-  axes.push(pcAxis(study.metric, shown.map((p) => p.value)));
+  axes.push(pcAxis(study.metric, shown.map((p) => p.value), true));
   // colour buckets by objective rank among the shown lines (worst first, best on top)
   const order = shown.map((_, i) => i).reverse();
   const buckets = PC_COLORS.map(() => ({ x: [], y: [], text: [] }));
@@ -429,7 +581,8 @@ function renderParcoords(study, pareto) {
   })).filter((t) => t.x.length > 0);
   const annotations = [];
   axes.forEach((a, k) => {
-    annotations.push({ x: k, y: 1.04, text: `<b>${a.label}</b>`, showarrow: false,
+    // labels alternate between two heights so that long knob names do not overlap
+    annotations.push({ x: k, y: k % 2 ? 1.1 : 1.03, text: `<b>${a.label}</b>`, showarrow: false,
       yanchor: "bottom", font: { size: 11 } });
     for (const [y, t] of a.ticks) {
       annotations.push({ x: k, y, text: t, showarrow: false, xanchor: "right", xshift: -4,
@@ -443,9 +596,9 @@ function renderParcoords(study, pareto) {
     : `${done.length} trials`;
   $("#note-parcoords").textContent = ` (${caption})`;
   return plot(div, traces, {
-    height: 380, margin: { l: 70, r: 20, t: 40, b: 30 }, annotations, shapes,
-    xaxis: { visible: false, range: [-0.35, axes.length - 0.8] },
-    yaxis: { visible: false, range: [-0.05, 1.12] },
+    height: 400, margin: { l: 70, r: 20, t: 50, b: 30 }, annotations, shapes,
+    xaxis: { visible: false, range: [-0.35, axes.length - 0.55] },
+    yaxis: { visible: false, range: [-0.05, 1.17] },
     legend: { orientation: "h", x: 0, y: -0.02, yanchor: "top", font: { size: 10 } },
     hovermode: false,
   });
@@ -466,9 +619,10 @@ async function loadTrial(id) {
   st.dataset.state = t.state;
   st.className = `state state-${t.state}`;
   $("#detail-reason").textContent = t.reason || "";
-  $("#detail-params").textContent = JSON.stringify(
-    { params: t.params, metrics: Object.fromEntries(Object.entries(t.metrics)
-      .filter(([k]) => k !== "losses")), host: t.host, log: t.log_path }, null, 1);
+  const metrics = Object.entries(t.metrics).filter(([k]) => k !== "losses")
+    .map(([k, v]) => `  ${k}: ${typeof v === "number" ? fmt(v) : JSON.stringify(v)}`);
+  $("#detail-params").textContent = `knobs: ${JSON.stringify(t.params, null, 1)}\n`
+    + `metrics:\n${metrics.join("\n")}\nhost: ${t.host || ""}\nlog: ${t.log_path || ""}`;
   const steps = t.steps || [];
   const x = steps.map((s) => s.step);
   await Promise.all([
@@ -497,12 +651,14 @@ async function loadStudy(name, { full }) {
   const sig = signatureOf(study);
   if (!full && sig === state.signature) return;
   state.signature = sig;
-  const [pareto, rejections] = await Promise.all([
+  const [pareto, rejections, best] = await Promise.all([
     api(`/studies/${enc}/pareto`),
     api(`/studies/${enc}/rejections?limit=100`),
+    study.best_trial === null ? null : loadBest(name), // no 404 while there is none
     loadTable(name),
   ]);
   if (name !== state.study) return;
+  renderBest(best);
   renderRejections(rejections);
   await Promise.all([
     renderHistory(study, pareto), renderPareto(study, pareto), renderParcoords(study, pareto),
@@ -522,12 +678,14 @@ async function selectStudy(name) {
     state.offset = 0;
     state.trialId = null;
     state.signature = null;
+    state.bestTrial = null;
+    renderBest(null);
     $("#trial-detail").hidden = true;
     for (const id of ["#chart-history", "#chart-pareto", "#chart-parcoords"]) {
       $(id).dataset.rendered = "false";
     }
   }
-  history.replaceState(null, "", `#study=${encodeURIComponent(name)}`);
+  if (studyInHash() !== name) history.replaceState(null, "", `#study=${encodeURIComponent(name)}`);
   for (const li of document.querySelectorAll("#study-list li")) {
     li.classList.toggle("selected", li.dataset.study === name);
   }
@@ -558,7 +716,23 @@ async function poll() {
   state.timer = setTimeout(poll, state.pollMs);
 }
 
+function studyInHash() {
+  const m = /^#study=(.+)$/.exec(location.hash);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
 function bindControls() {
+  // a study named in the URL (typed, pasted, back/forward) is the one shown
+  window.addEventListener("hashchange", () => {
+    const wanted = studyInHash();
+    if (wanted && wanted !== state.study) selectStudy(wanted);
+  });
+  for (const tab of document.querySelectorAll("#best-panel .tab")) {
+    tab.addEventListener("click", () => showExport(tab.dataset.format));
+  }
+  $("#copy-export").addEventListener("click", () => {
+    copyExport().catch((e) => setConn(false, `copy failed: ${e.message}`));
+  });
   $("#page-prev").addEventListener("click", () => {
     state.offset = Math.max(0, state.offset - PAGE_SIZE);
     loadTable(state.study);
@@ -582,8 +756,7 @@ function bindControls() {
 async function main() {
   bindControls();
   // A study named in the URL starts loading at once, alongside the list and plotly.min.js.
-  const m = /^#study=(.+)$/.exec(location.hash);
-  const wanted = m ? decodeURIComponent(m[1]) : null;
+  const wanted = studyInHash();
   const first = wanted ? selectStudy(wanted) : null;
   const [health, listed] = await Promise.allSettled([api("/health"), refreshStudies()]);
   if (health.status === "fulfilled") {
