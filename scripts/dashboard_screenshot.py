@@ -1,0 +1,70 @@
+"""Screenshots of the dashboard in headless Chromium: the best-configuration panel and the
+whole page of one study, served by ``dse serve`` on a free port.
+
+    python scripts/dashboard_screenshot.py --storage sqlite:///dse.db --study NAME \\
+        --out docs/results/dashboard_best.png [--page docs/results/dashboard.png]
+
+Needs Playwright (the ``dev`` extra) and a Chromium (``$DSE_CHROMIUM``, default Debian's
+/usr/bin/chromium); nothing is downloaded and no other host is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update"]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--storage", required=True)
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--out", required=True, help="PNG of the best-configuration panel")
+    ap.add_argument("--page", help="PNG of the whole page (optional)")
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--format", default="megatron", choices=["megatron", "bridge", "nemo"])
+    args = ap.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "dse.cli", "serve", "--port", "0", "--storage", args.storage],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert serve.stdout is not None
+        line = serve.stdout.readline()
+        if " at http" not in line:
+            sys.stderr.write(f"dse serve did not start: {line}\n")
+            return 1
+        base = line.split(" at ", 1)[1].split("/ ", 1)[0]
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=os.environ.get("DSE_CHROMIUM", "/usr/bin/chromium"),
+                args=CHROMIUM_ARGS,
+            )
+            page = browser.new_page(viewport={"width": args.width, "height": 900})
+            page.goto(f"{base}/#study={args.study}")
+            page.wait_for_selector('#study-view[data-rendered="true"]', timeout=30_000)
+            page.wait_for_selector('#best-panel[data-state="shown"]', timeout=30_000)
+            page.click(f'#best-panel .tab[data-format="{args.format}"]')
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            page.locator("#best-panel").screenshot(path=args.out)
+            sys.stdout.write(f"wrote {args.out}\n")
+            if args.page:
+                page.screenshot(path=args.page, full_page=True)
+                sys.stdout.write(f"wrote {args.page}\n")
+            browser.close()
+    finally:
+        serve.terminate()
+        serve.wait(timeout=20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
