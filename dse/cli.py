@@ -354,7 +354,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
     base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    _out(f"dse: serving the dashboard at {base}/ (API docs: {base}{app.docs_url}); Ctrl-C stops")
+    every = f", listening on every interface ({args.host})" if host != args.host else ""
+    _out(
+        f"dse: serving the dashboard at {base}/ (API docs: {base}{app.docs_url}{every}); "
+        "Ctrl-C stops"
+    )
     sys.stdout.flush()
     config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
