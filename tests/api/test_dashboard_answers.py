@@ -259,8 +259,9 @@ def test_no_horizontal_scrolling_at_1280_px(page: Any, site: str) -> None:
         page.wait_for_function(
             "document.querySelector('#chart-steps-loss').dataset.rendered === 'true'"
         )
-        for sel in ('#best-panel .tab[data-format="nemo"]',):
-            page.click(sel)
+        nemo = page.locator('#best-panel .tab[data-format="nemo"]')
+        if nemo.count():  # the longest overrides
+            nemo.click()
         sizes = page.evaluate(
             "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
         )
