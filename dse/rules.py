@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from dse.exceptions import SpaceError
 from dse.knobs import KNOBS, get_knob
-from dse.space import SearchSpace
+from dse.layout import Layout
+from dse.space import ModelSpec, Resources, SearchSpace, Semantics
 
 __all__ = [
     "Violation",
     "Layout",
+    "Problem",
+    "RuleContext",
     "RULES",
     "check",
     "check_space",
@@ -38,54 +41,47 @@ class Violation:
         return f"{self.rule}: {self.message} ({vals})"
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Derived parallel layout of a configuration."""
-
-    world: int
-    tp: int
-    pp: int
-    vpp: int | None
-    cp: int
-    ep: int
-    etp: int
-    dp: int
-    mbs: int
-    gbs: int
+class RuleContext(Protocol):
+    """What a rule may read besides the configuration: a :class:`~dse.space.SearchSpace`
+    before launch, a :class:`Problem` in the trial process."""
 
     @property
-    def num_microbatches(self) -> int:
-        return self.gbs // (self.mbs * self.dp) if self.dp and self.mbs else 0
+    def model(self) -> ModelSpec: ...
+    @property
+    def semantics(self) -> Semantics: ...
+    @property
+    def resources(self) -> Resources: ...
+    def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]: ...
+    def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]: ...
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A rule context without a space file: the trial process checks a trial spec's
+    configuration with it (its params are already complete; a space's own constraints
+    were checked before launch)."""
+
+    model: ModelSpec
+    semantics: Semantics
+    resources: Resources
+
+    def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(params)
+
+    def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
+        return []
 
 
 def _get(params: Mapping[str, Any], name: str) -> Any:
     return params[name] if name in params else KNOBS[name].default
 
 
-def layout(space: SearchSpace, params: Mapping[str, Any]) -> Layout:
-    p = space.full_params(params)
-    tp = int(_get(p, "tensor_model_parallel_size") or 1)
-    pp = int(_get(p, "pipeline_model_parallel_size") or 1)
-    cp = int(_get(p, "context_parallel_size") or 1)
-    vpp = _get(p, "virtual_pipeline_model_parallel_size")
-    ep = int(_get(p, "expert_model_parallel_size") or 1)
-    etp = _get(p, "expert_tensor_parallel_size")
-    world = space.resources.world_size
-    return Layout(
-        world=world,
-        tp=tp,
-        pp=pp,
-        vpp=None if vpp is None else int(vpp),
-        cp=cp,
-        ep=ep,
-        etp=tp if etp is None else int(etp),
-        dp=world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else 0,
-        mbs=int(_get(p, "micro_batch_size") or 1),
-        gbs=space.semantics.global_batch_size,
-    )
+def layout(space: RuleContext, params: Mapping[str, Any]) -> Layout:
+    """The :class:`~dse.layout.Layout` of ``params`` (fixed knobs of the space included)."""
+    return Layout.resolve(space.model, space.semantics, space.resources, space.full_params(params))
 
 
-Rule = Callable[[SearchSpace, dict[str, Any], Layout, "set[str] | None"], "Violation | None"]
+Rule = Callable[[RuleContext, dict[str, Any], Layout, "set[str] | None"], "Violation | None"]
 RULES: dict[str, Rule] = {}
 
 
@@ -99,7 +95,7 @@ def _v(name: str, msg: str, **values: Any) -> Violation:
 
 
 @_rule
-def r_world_divisible(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_world_divisible(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """world % (TP*PP*CP) == 0 (megatron/core/parallel_state.py initialize_model_parallel)."""
     if L.world % (L.tp * L.pp * L.cp):
         return _v(
@@ -114,7 +110,7 @@ def r_world_divisible(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) ->
 
 
 @_rule
-def r_heads_tp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_heads_tp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """num_attention_heads % TP == 0 (TransformerConfig.__post_init__)."""
     if s.model.num_attention_heads % L.tp:
         return _v(
@@ -127,7 +123,7 @@ def r_heads_tp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violat
 
 
 @_rule
-def r_query_groups_tp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_query_groups_tp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """num_query_groups must be a multiple or divisor of TP (TransformerConfig)."""
     g = s.model.query_groups
     if g % L.tp and L.tp % g:
@@ -141,7 +137,7 @@ def r_query_groups_tp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) ->
 
 
 @_rule
-def r_ffn_tp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_ffn_tp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """ffn_hidden_size % TP == 0 (ColumnParallelLinear divide())."""
     if s.model.ffn_hidden_size % L.tp:
         return _v(
@@ -154,7 +150,7 @@ def r_ffn_tp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violatio
 
 
 @_rule
-def r_gbs_divisible(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_gbs_divisible(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """GBS % (MBS*DP) == 0 (num_microbatches_calculator.py)."""
     if L.dp == 0:
         return None  # world_divisible reports it
@@ -170,7 +166,7 @@ def r_gbs_divisible(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> V
 
 
 @_rule
-def r_layers_pp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_layers_pp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """num_layers % PP == 0 (TransformerConfig pipeline split), and % (PP*VPP) with VPP."""
     n = s.model.num_layers
     if n % L.pp:
@@ -197,7 +193,7 @@ def r_layers_pp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Viola
 
 
 @_rule
-def r_seq_cp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_seq_cp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """seq_length % (2*CP) == 0 when CP > 1 (Megatron-LM arguments.py; Bridge validate)."""
     if L.cp > 1 and s.semantics.seq_length % (2 * L.cp):
         return _v(
@@ -210,7 +206,7 @@ def r_seq_cp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violatio
 
 
 @_rule
-def r_experts_ep(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_experts_ep(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """EP needs MoE and num_moe_experts % EP == 0; expert grid world % (ETP*EP*PP) == 0."""
     e = s.model.num_moe_experts
     if e is None:
@@ -235,7 +231,7 @@ def r_experts_ep(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Viol
 
 @_rule
 def r_sequence_parallel(
-    s: SearchSpace, p: dict, L: Layout, f: set[str] | None
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
 ) -> Violation | None:
     """SP needs TP > 1 (ModelParallelConfig) and a TE or apex norm (local torch norms fail)."""
     fp = s.full_params(p)
@@ -248,7 +244,7 @@ def r_sequence_parallel(
 
 @_rule
 def r_bias_activation_fusion(
-    s: SearchSpace, p: dict, L: Layout, f: set[str] | None
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
 ) -> Violation | None:
     """bias_activation_fusion needs gelu/silu(swiglu) (TransformerConfig); gelu without GLU
     needs add_bias_linear."""
@@ -274,7 +270,7 @@ def r_bias_activation_fusion(
 
 @_rule
 def r_overlap_param_gather(
-    s: SearchSpace, p: dict, L: Layout, f: set[str] | None
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
 ) -> Violation | None:
     """overlap_param_gather needs the distributed optimizer and overlap_grad_reduce."""
     fp = s.full_params(p)
@@ -291,7 +287,7 @@ def r_overlap_param_gather(
 
 
 @_rule
-def r_precision_aware(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_precision_aware(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """Without the precision-aware optimizer all optimizer dtypes must be fp32
     (optimizer_config.py); with it, the distributed optimizer is required."""
     fp = s.full_params(p)
@@ -326,7 +322,7 @@ def r_precision_aware(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) ->
 
 
 @_rule
-def r_moe_knobs(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_moe_knobs(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """MoE-only knobs on a dense model; dispatcher combinations (TransformerConfig)."""
     fp = s.full_params(p)
     moe = s.model.num_moe_experts is not None
@@ -349,7 +345,7 @@ def r_moe_knobs(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Viola
 
 
 @_rule
-def r_moe_tp_needs_sp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_moe_tp_needs_sp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """MoE layers with TP > 1 need sequence parallelism in training (megatron-core raises at
     the first MoE forward without it)."""
     if s.model.num_moe_experts is None or L.tp < 2:
@@ -366,7 +362,7 @@ def r_moe_tp_needs_sp(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) ->
 
 @_rule
 def r_local_spec_limits(
-    s: SearchSpace, p: dict, L: Layout, f: set[str] | None
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
 ) -> Violation | None:
     """Without Transformer Engine the local spec is used: no SP (torch norms), no CP (local
     DotProductAttention asserts context_parallel_size == 1)."""
@@ -389,12 +385,26 @@ def r_local_spec_limits(
             "spec's torch norms do not support it",
             sequence_parallel=True,
             attention_backend=_get(fp, "attention_backend"),
+            normalization=s.model.normalization,
         )
     return None
 
 
 @_rule
-def r_features(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_fp16_needs_cuda(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """fp16 training needs a GPU (the trial process refuses it on CPU ranks)."""
+    if s.semantics.precision == "fp16" and s.resources.device == "cpu":
+        return _v(
+            "fp16_needs_cuda",
+            "fp16 training is not supported on CPU",
+            precision="fp16",
+            device="cpu",
+        )
+    return None
+
+
+@_rule
+def r_features(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """A knob value that needs software absent where trials run (TE, apex, DeepEP ...)."""
     if f is None:
         return None
@@ -417,7 +427,7 @@ def r_features(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violat
 
 
 @_rule
-def r_constraints(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+def r_constraints(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """Extra constraints of the space file."""
     for expr, ok in s.constraint_values(p):
         if not ok:
@@ -430,7 +440,7 @@ def r_constraints(s: SearchSpace, p: dict, L: Layout, f: set[str] | None) -> Vio
 
 
 def check(
-    space: SearchSpace, params: Mapping[str, Any], features: Iterable[str] | None = None
+    space: RuleContext, params: Mapping[str, Any], features: Iterable[str] | None = None
 ) -> list[Violation]:
     """Every rule the configuration breaks (empty: valid).
 
@@ -449,7 +459,7 @@ def check(
 
 
 def first_violation(
-    space: SearchSpace, params: Mapping[str, Any], features: Iterable[str] | None = None
+    space: RuleContext, params: Mapping[str, Any], features: Iterable[str] | None = None
 ) -> Violation | None:
     vs = check(space, params, features)
     return vs[0] if vs else None

@@ -28,6 +28,7 @@ from pydantic import (
 
 from dse.exceptions import SpaceError
 from dse.knobs import KNOBS, get_knob
+from dse.layout import Layout
 
 __all__ = [
     "ModelSpec",
@@ -497,11 +498,9 @@ class SearchSpace(_Strict):
 
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
         env = dict(self.full_params(params))
-        env["world_size"] = self.resources.world_size
-        tp = int(env.get("tensor_model_parallel_size", 1) or 1)
-        pp = int(env.get("pipeline_model_parallel_size", 1) or 1)
-        cp = int(env.get("context_parallel_size", 1) or 1)
-        env["dp"] = self.resources.world_size // max(1, tp * pp * cp)
+        layout = Layout.resolve(self.model, self.semantics, self.resources, env)
+        env["world_size"] = layout.world
+        env["dp"] = layout.dp
         return [(expr, bool(_eval_expr(expr, env))) for expr in self.constraints]
 
     def study_fields(self) -> dict[str, Any]:

@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dse.knobs import KNOBS, get_knob
+from dse.knobs import get_knob
+from dse.layout import Layout, knob_value
 from dse.space import ModelSpec, Resources, Semantics
 
-__all__ = ["Layout", "resolve", "knob", "DTYPE_BYTES", "padded_vocab"]
+__all__ = ["CostLayout", "resolve", "knob", "DTYPE_BYTES", "padded_vocab"]
 
 #: Bytes per element of the dtype names used by the optimizer knobs.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -32,8 +33,7 @@ def knob(params: Mapping[str, Any], name: str) -> Any:
     Raises :class:`dse.exceptions.UnknownKnobError` for a name the catalog does not know.
     """
     get_knob(name)
-    value = params.get(name)
-    return KNOBS[name].default if value is None else value
+    return knob_value(params, name)
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
@@ -43,21 +43,16 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Everything derived from (model, semantics, resources, params) that the models use."""
+class CostLayout:
+    """The core :class:`~dse.layout.Layout` plus the dtypes and flags the models use.
 
-    world: int
-    tp: int
-    pp: int
-    vpp: int
-    cp: int
-    ep: int
-    etp: int
-    dp: int
-    edp: int
+    The parallel sizes are the core layout's; an invalid layout (the world does not
+    divide) is still estimated, with DP, expert DP and the micro-batch count floored at 1:
+    validity is the rules' job, not the cost model's.
+    """
+
+    parallel: Layout
     sp: bool
-    mbs: int
-    num_microbatches: int
     recompute: str
     attention: str
     distributed_optimizer: bool
@@ -80,54 +75,77 @@ class Layout:
     gpus_per_node: int
 
     @property
+    def world(self) -> int:
+        return self.parallel.world
+
+    @property
+    def tp(self) -> int:
+        return self.parallel.tp
+
+    @property
+    def pp(self) -> int:
+        return self.parallel.pp
+
+    @property
+    def vpp(self) -> int:
+        """Model chunks per pipeline rank (1 without interleaving)."""
+        return self.parallel.model_chunks
+
+    @property
+    def cp(self) -> int:
+        return self.parallel.cp
+
+    @property
+    def ep(self) -> int:
+        return self.parallel.ep
+
+    @property
+    def etp(self) -> int:
+        return self.parallel.etp
+
+    @property
+    def dp(self) -> int:
+        return max(1, self.parallel.dp)
+
+    @property
+    def edp(self) -> int:
+        return max(1, self.parallel.edp)
+
+    @property
+    def mbs(self) -> int:
+        return self.parallel.mbs
+
+    @property
+    def num_microbatches(self) -> int:
+        return max(1, self.parallel.gbs // max(1, self.mbs * self.dp))
+
+    @property
     def te(self) -> bool:
         """True when the model runs on Transformer Engine modules."""
         return self.attention in TE_BACKENDS
 
 
-def _int(params: Mapping[str, Any], name: str, fallback: int) -> int:
-    v = knob(params, name)
-    return fallback if v is None else int(v)
-
-
 def resolve(
     model: ModelSpec, semantics: Semantics, resources: Resources, params: Mapping[str, Any]
-) -> Layout:
-    """Resolve knob values (catalog defaults for the missing ones) into a :class:`Layout`.
+) -> CostLayout:
+    """Resolve knob values (catalog defaults for the missing ones) into a :class:`CostLayout`.
 
-    Unknown knob names raise :class:`dse.exceptions.UnknownKnobError`. Layouts that do not
-    divide the world evenly are still estimated (sizes are floored at 1); validity is the
-    rules' job, not the cost model's.
+    Unknown knob names raise :class:`dse.exceptions.UnknownKnobError`.
     """
     for name in params:
         get_knob(name)
-    world = resources.world_size
-    tp = _int(params, "tensor_model_parallel_size", 1)
-    pp = _int(params, "pipeline_model_parallel_size", 1)
-    vpp = _int(params, "virtual_pipeline_model_parallel_size", 1) if pp > 1 else 1
-    cp = _int(params, "context_parallel_size", 1)
-    moe = model.num_moe_experts is not None
-    ep = _int(params, "expert_model_parallel_size", 1) if moe else 1
-    etp = _int(params, "expert_tensor_parallel_size", tp) if moe else tp
-    dp = max(1, world // max(1, tp * pp * cp))
-    edp = max(1, world // max(1, etp * ep * pp))
-    mbs = _int(params, "micro_batch_size", 1)
-    m = max(1, semantics.global_batch_size // max(1, mbs * dp))
+    par = Layout.resolve(model, semantics, resources, params)
+    tp = par.tp
     sp = bool(knob(params, "sequence_parallel")) and tp > 1
     attention = str(knob(params, "attention_backend"))
     precision = semantics.precision
     param_bytes = 4 if precision == "fp32" else 2
     precision_aware = bool(knob(params, "use_precision_aware_optimizer"))
-    main_grads = str(knob(params, "main_grads_dtype"))
     grad_fp32 = bool(knob(params, "grad_reduce_in_fp32"))
-    if precision == "fp32":
-        grad_bytes = 4
-    elif grad_fp32:
-        grad_bytes = 4
-    else:
-        # Megatron-LM's rule for 16-bit training: gradients accumulate and reduce in the
-        # main-grad dtype (fp32 unless the precision-aware optimizer keeps bf16 main grads).
-        grad_bytes = DTYPE_BYTES[main_grads]
+    # Megatron-Core DDP's gradient buffer: fp32 with grad_reduce_in_fp32, else the parameter
+    # dtype (distributed_data_parallel.py: grad_dtype = torch.float if grad_reduce_in_fp32
+    # else param.dtype); the optimizer copies its (shard of the) grads to fp32 at the step.
+    grad_bytes = 4 if grad_fp32 else param_bytes
     if precision_aware:
         master = DTYPE_BYTES[str(knob(params, "main_params_dtype"))]
         exp_avg = DTYPE_BYTES[str(knob(params, "exp_avg_dtype"))]
@@ -139,19 +157,9 @@ def resolve(
     features = resources.features
     declared = set(features) if isinstance(features, list) else set()
     fused_adam = attention in TE_BACKENDS or bool(declared & {"apex", "transformer_engine"})
-    return Layout(
-        world=world,
-        tp=tp,
-        pp=pp,
-        vpp=max(1, vpp),
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        dp=dp,
-        edp=edp,
+    return CostLayout(
+        parallel=par,
         sp=sp,
-        mbs=mbs,
-        num_microbatches=m,
         recompute=str(knob(params, "recompute")),
         attention=attention,
         distributed_optimizer=bool(knob(params, "use_distributed_optimizer")),
@@ -171,5 +179,5 @@ def resolve(
         tp_comm_overlap=bool(knob(params, "tp_comm_overlap")),
         moe_dispatcher=str(knob(params, "moe_token_dispatcher_type")),
         fused_adam=fused_adam,
-        gpus_per_node=resources.gpus_per_node or world,
+        gpus_per_node=resources.gpus_per_node or par.world,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dse.costmodel._layout import Layout, padded_vocab
+from dse.costmodel._layout import CostLayout, padded_vocab
 from dse.space import ModelSpec
 
 __all__ = ["StageParams", "stage_params", "total_params", "layers_on_stage", "mlp_factor"]
@@ -57,12 +57,12 @@ class StageParams:
         return self.dense + self.expert
 
 
-def layers_on_stage(model: ModelSpec, layout: Layout) -> int:
+def layers_on_stage(model: ModelSpec, layout: CostLayout) -> int:
     """Transformer layers on the most loaded pipeline stage (ceil of L / PP)."""
     return int(math.ceil(model.num_layers / layout.pp))
 
 
-def _layer_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
+def _layer_params(model: ModelSpec, layout: CostLayout) -> tuple[float, float]:
     """(dense, expert) parameters of one layer on one rank."""
     tp = layout.tp
     a_sh, a_rep = _attention_params(model)
@@ -85,7 +85,7 @@ def _layer_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
     return dense, expert
 
 
-def stage_params(model: ModelSpec, seq_length: int, layout: Layout, stage: int) -> StageParams:
+def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: int) -> StageParams:
     """Parameters on one rank of pipeline stage ``stage`` (0 = first, PP-1 = last)."""
     h = model.hidden_size
     vp = padded_vocab(model.vocab_size, layout.tp)

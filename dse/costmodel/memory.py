@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dse.costmodel._layout import Layout, padded_vocab, resolve
+from dse.costmodel._layout import CostLayout, padded_vocab, resolve
 from dse.costmodel._params import StageParams, layers_on_stage, mlp_factor, stage_params
 from dse.space import ModelSpec, Resources, Semantics
 
@@ -183,7 +183,7 @@ class MemoryEstimate:
 # --- pipeline in-flight micro-batches --------------------------------------------------------
 
 
-def inflight_layer_microbatches(layout: Layout, layers: int, stage: int) -> tuple[float, int]:
+def inflight_layer_microbatches(layout: CostLayout, layers: int, stage: int) -> tuple[float, int]:
     """(layer x micro-batch activation sets, micro-batches) alive on ``stage`` under 1F1B.
 
     Non-interleaved 1F1B: stage ``r`` runs ``PP - r`` forwards before its first backward,
@@ -222,7 +222,7 @@ class _Shapes:
     vocab_r: float  # padded vocabulary on this rank
 
 
-def _shapes(model: ModelSpec, semantics: Semantics, layout: Layout) -> _Shapes:
+def _shapes(model: ModelSpec, semantics: Semantics, layout: CostLayout) -> _Shapes:
     tp, cp = layout.tp, layout.cp
     s = semantics.seq_length
     tokens = layout.mbs * s / cp
@@ -256,7 +256,7 @@ def _qkv_kept(model: ModelSpec, sh: _Shapes) -> float:
     return qkv_out + rope
 
 
-def _act_extra(model: ModelSpec, layout: Layout, a: int, width: float) -> float:
+def _act_extra(model: ModelSpec, layout: CostLayout, a: int, width: float) -> float:
     """Bytes per token the activation function keeps beyond its input (fc1's output)."""
     if model.gated_linear_unit:
         # fused SwiGLU keeps its input and the output (fc2's input); unfused keeps
@@ -268,7 +268,7 @@ def _act_extra(model: ModelSpec, layout: Layout, a: int, width: float) -> float:
 
 
 def layer_activations(
-    model: ModelSpec, semantics: Semantics, layout: Layout, recompute: str | None = None
+    model: ModelSpec, semantics: Semantics, layout: CostLayout, recompute: str | None = None
 ) -> ActivationBreakdown:
     """Bytes one layer saves for one micro-batch on one rank under ``recompute``."""
     rc = layout.recompute if recompute is None else recompute
@@ -299,7 +299,7 @@ def layer_activations(
     return ActivationBreakdown(norms, attn, scores, mlp, masks)
 
 
-def _mlp_activations(model: ModelSpec, layout: Layout, sh: _Shapes) -> float:
+def _mlp_activations(model: ModelSpec, layout: CostLayout, sh: _Shapes) -> float:
     a, t = sh.a, sh.tokens
     fac = mlp_factor(model)
     if not model.num_moe_experts:
@@ -418,7 +418,7 @@ def estimate_memory(
     )
 
 
-def _static_parts(layout: Layout, sp: StageParams) -> tuple[float, float, float]:
+def _static_parts(layout: CostLayout, sp: StageParams) -> tuple[float, float, float]:
     weights = layout.param_bytes * sp.total
     grads = layout.grad_bytes * sp.total
     per_param = layout.master_bytes + layout.exp_avg_bytes + layout.exp_avg_sq_bytes
@@ -429,11 +429,11 @@ def _static_parts(layout: Layout, sp: StageParams) -> tuple[float, float, float]
     return weights, grads, opt
 
 
-def _static_bytes(layout: Layout, sp: StageParams) -> float:
+def _static_bytes(layout: CostLayout, sp: StageParams) -> float:
     return sum(_static_parts(layout, sp))
 
 
-def _logits_bytes(layout: Layout, sh: _Shapes) -> float:
+def _logits_bytes(layout: CostLayout, sh: _Shapes) -> float:
     """Logits and cross-entropy buffers of one micro-batch (last stage)."""
     logits = sh.a * sh.vocab_r * sh.tokens
     te_fused = layout.cross_entropy_fusion and layout.cross_entropy_impl == "te"
@@ -447,7 +447,7 @@ def _logits_bytes(layout: Layout, sh: _Shapes) -> float:
 def _phases(
     model: ModelSpec,
     semantics: Semantics,
-    layout: Layout,
+    layout: CostLayout,
     sh: _Shapes,
     stage: int,
     sp: StageParams,
@@ -551,7 +551,7 @@ def _phases(
     return phases
 
 
-def _optimizer_temporaries(layout: Layout, sp: StageParams) -> float:
+def _optimizer_temporaries(layout: CostLayout, sp: StageParams) -> float:
     """Bytes the optimizer step allocates on top of its state.
 
     torch's multi-tensor Adam (Megatron's fallback without apex/TE) allocates one fp32

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dse.costmodel._layout import Layout, padded_vocab, resolve
+from dse.costmodel._layout import CostLayout, padded_vocab, resolve
 from dse.costmodel._params import layers_on_stage, mlp_factor, stage_params
 from dse.flops import model_flops_per_step
 from dse.space import ModelSpec, Resources, Semantics
@@ -150,7 +150,7 @@ def estimate_throughput(
 
 
 def _step_parts(
-    model: ModelSpec, semantics: Semantics, lay: Layout, gpu: GPUSpec
+    model: ModelSpec, semantics: Semantics, lay: CostLayout, gpu: GPUSpec
 ) -> dict[str, float]:
     a = lay.act_bytes
     s = semantics.seq_length

@@ -19,12 +19,7 @@ import pytest
 
 from dse.records import Outcome, TrialSpec, read_metrics
 from dse.workloads.megatron._metrics import MetricsWriter
-from dse.workloads.megatron._plan import (
-    TrialFailure,
-    check_features,
-    check_local_spec,
-    make_plan,
-)
+from dse.workloads.megatron._plan import TrialFailure, make_plan
 
 HAVE_MEGATRON = (
     importlib.util.find_spec("torch") is not None
@@ -98,15 +93,15 @@ def test_plan_derives_layout_and_microbatches(tmp_path: Path) -> None:
     [
         ({"micro_batch_size": 3}, 1, None, "global_batch_size=8, micro_batch_size=3, dp=1"),
         ({"tensor_model_parallel_size": 2}, 3, None, "world_size=3, tp=2"),
-        ({"virtual_pipeline_model_parallel_size": 2}, 1, None, "need pipeline parallelism"),
-        ({"expert_model_parallel_size": 2}, 2, None, "needs an MoE model"),
+        ({"virtual_pipeline_model_parallel_size": 2}, 1, None, "virtual pipeline needs PP > 1"),
+        ({"expert_model_parallel_size": 2}, 2, None, "expert parallelism needs num_moe_experts"),
         ({"tensor_model_parallel_sise": 2}, 1, None, "did you mean"),
         ({"recompute": "some"}, 1, None, "knob recompute"),
         (
             {"tensor_model_parallel_size": 2},
             2,
             {"num_moe_experts": 4},
-            "MoE with tensor parallelism needs sequence_parallel",
+            "MoE with TP > 1 needs sequence_parallel",
         ),
     ],
 )
@@ -118,36 +113,29 @@ def test_plan_rejects_impossible_layouts(
     assert err.value.failure_class == "invalid"
 
 
-def test_features_are_checked_against_the_knob_catalog() -> None:
-    with pytest.raises(TrialFailure, match="needs Transformer Engine") as err:
-        check_features({"attention_backend": "te"}, [])
+def test_features_are_checked_against_the_knob_catalog(tmp_path: Path) -> None:
+    def plan(params: dict[str, Any], features: list[str]) -> Any:
+        return make_plan(make_spec(tmp_path, "p", params), features)
+
+    with pytest.raises(TrialFailure, match="needs transformer_engine") as err:
+        plan({"attention_backend": "te"}, [])
     assert err.value.failure_class == "invalid"
-    check_features({"attention_backend": "te"}, ["transformer_engine"])
-    with pytest.raises(TrialFailure, match="DeepEP"):
-        check_features(
-            {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}, []
-        )
+    plan({"attention_backend": "te"}, ["transformer_engine"])
+    with pytest.raises(TrialFailure, match="needs deepep"):
+        plan({"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}, [])
     # the backend of a dispatcher that is not used needs nothing
-    check_features(
-        {"moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": "deepep"}, []
-    )
+    plan({"moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": "deepep"}, [])
 
 
 def test_local_spec_limits_are_invalid(tmp_path: Path) -> None:
-    sp = make_plan(
-        make_spec(
-            tmp_path, "p", {"tensor_model_parallel_size": 2, "sequence_parallel": True}, world=2
-        )
-    )
-    with pytest.raises(TrialFailure, match="sequence_parallel is not supported"):
-        check_local_spec(sp, ["transformer_engine", "apex"])  # RMSNorm: torch norm even so
-    cp = make_plan(make_spec(tmp_path, "p", {"context_parallel_size": 2}, world=2))
+    sp = {"tensor_model_parallel_size": 2, "sequence_parallel": True}
+    with pytest.raises(TrialFailure, match="sp_needs_te_norm"):  # RMSNorm: a torch norm
+        make_plan(make_spec(tmp_path, "p", sp, world=2), ["transformer_engine", "apex"])
+    cp = make_spec(tmp_path, "p", {"context_parallel_size": 2}, world=2)
     with pytest.raises(TrialFailure, match="context parallelism needs Transformer Engine"):
-        check_local_spec(cp, [])
-    te = make_plan(
-        make_spec(tmp_path, "p", {"context_parallel_size": 2, "attention_backend": "te"}, world=2)
-    )
-    check_local_spec(te, ["transformer_engine"])  # not the local spec: no local limits
+        make_plan(cp, [])
+    te = {"context_parallel_size": 2, "attention_backend": "te"}
+    make_plan(make_spec(tmp_path, "p", te, world=2), ["transformer_engine"])
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
@@ -398,7 +386,8 @@ def test_missing_transformer_engine_is_an_invalid_failure(tmp_path: Path) -> Non
     spec = make_spec(tmp_path, "te", {"attention_backend": "te"}, features=[])
     rc, out = run_trial(spec, tmp_path, torchrun=False)
     assert rc == 3
-    assert out.failure_class == "invalid" and "needs Transformer Engine" in (out.reason or "")
+    assert out.failure_class == "invalid"
+    assert "missing_feature: attention_backend='te' needs transformer_engine" in (out.reason or "")
     lines = [json.loads(x) for x in Path(spec.metrics_path).read_text().splitlines()]
     assert [x["type"] for x in lines] == ["failure"]
 

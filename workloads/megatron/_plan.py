@@ -1,5 +1,7 @@
 """A trial's plan: the parallel layout, batch arithmetic and config fields of a trial spec,
-and the checks that reject a configuration before anything is built (no torch here).
+and the checks that reject a configuration before anything is built (no torch here). The
+layout is :meth:`dse.layout.Layout.resolve`'s and the checks are :func:`dse.rules.check`'s,
+the same as before launch.
 
 Expected failures are raised as :class:`TrialFailure` inside the trial process and turned
 into one ``{"type": "failure", ...}`` metrics line by the trainer.
@@ -7,16 +9,18 @@ into one ``{"type": "failure", ...}`` metrics line by the trainer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
+from dse import rules
 from dse.exceptions import UnknownKnobError
 from dse.knobs import assignments, get_knob
+from dse.layout import Layout, knob_value
 from dse.records import TrialSpec
-from dse.space import ModelSpec, Semantics
+from dse.space import ModelSpec, Resources, Semantics
 
 __all__ = [
     "EXIT_OK",
@@ -24,8 +28,6 @@ __all__ = [
     "TrialFailure",
     "TrialPlan",
     "make_plan",
-    "check_features",
-    "check_local_spec",
 ]
 
 #: Exit status of a trial process that wrote a summary line.
@@ -72,7 +74,7 @@ class TrialPlan:
     vpp: int | None
     cp: int
     ep: int
-    etp: int | None
+    etp: int
     dp: int
     micro_batch_size: int
     num_microbatches: int
@@ -104,20 +106,24 @@ class TrialPlan:
         }
 
 
-def _int(value: Any, default: int) -> int:
-    return default if value is None else int(value)
+def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPlan:
+    """Validate the spec and derive its layout, as the pre-launch check does.
 
-
-def make_plan(spec: TrialSpec) -> TrialPlan:
-    """Validate the spec's model, semantics and knobs and derive the layout.
-
-    Raises :class:`TrialFailure` (class ``invalid``) when the configuration cannot run:
-    unknown knobs, a world size that the parallel sizes do not divide, a global batch that
-    micro-batches times data-parallel ranks do not divide.
+    Raises :class:`TrialFailure` (class ``invalid``) when the configuration cannot run: a
+    spec that does not parse, an unknown knob or value, or the first of
+    :func:`dse.rules.check`'s violations, with the same rule name and text as before launch
+    (``features``: the software present where the trial runs; None skips the feature rules).
     """
     try:
         model = ModelSpec.model_validate(spec.model)
         semantics = Semantics.model_validate(spec.semantics)
+        resources = Resources(
+            world_size=spec.world_size,
+            device=spec.device,
+            gpu=spec.gpu,
+            gpu_memory_gib=spec.gpu_memory_gib,
+            features=sorted(features) if features is not None else "detect",
+        )
     except ValidationError as e:
         raise TrialFailure("invalid", f"bad model/semantics in the trial spec: {e}") from None
     try:
@@ -134,148 +140,32 @@ def make_plan(spec: TrialSpec) -> TrialPlan:
             f"model.seq_length must equal semantics.seq_length "
             f"(model.seq_length={model.seq_length}, semantics.seq_length={semantics.seq_length})",
         )
+    violation = rules.first_violation(
+        rules.Problem(model, semantics, resources), spec.params, features
+    )
+    if violation is not None:
+        raise TrialFailure("invalid", str(violation))
 
     fields: dict[str, dict[str, Any]] = {"model": {}, "ddp": {}, "optimizer": {}, "train": {}}
     for a in fas:
         if a.section == "model" and a.field in _ATTENTION_FIELDS:
             continue
         fields[a.section][a.field] = a.value
-    mf = fields["model"]
-    tp = _int(mf.get("tensor_model_parallel_size"), 1)
-    pp = _int(mf.get("pipeline_model_parallel_size"), 1)
-    vpp = mf.get("virtual_pipeline_model_parallel_size")
-    cp = _int(mf.get("context_parallel_size"), 1)
-    ep = _int(mf.get("expert_model_parallel_size"), 1)
-    etp = mf.get("expert_tensor_parallel_size")
-    mbs = _int(fields["train"].get("micro_batch_size"), 1)
-    world = spec.world_size
-    gbs = semantics.global_batch_size
-
-    if world % (tp * pp * cp):
-        raise TrialFailure(
-            "invalid",
-            "world size must be a multiple of TP x PP x CP "
-            f"(world_size={world}, tp={tp}, pp={pp}, cp={cp})",
-        )
-    dp = world // (tp * pp * cp)
-    if gbs % (mbs * dp):
-        raise TrialFailure(
-            "invalid",
-            "global batch size must be a multiple of micro-batch size x data-parallel size "
-            f"(global_batch_size={gbs}, micro_batch_size={mbs}, dp={dp})",
-        )
-    if vpp is not None and pp < 2:
-        raise TrialFailure(
-            "invalid",
-            "virtual pipeline stages need pipeline parallelism "
-            f"(virtual_pipeline_model_parallel_size={vpp}, pipeline_model_parallel_size={pp})",
-        )
-    if model.num_moe_experts is None and (ep > 1 or (etp is not None and etp > 1)):
-        raise TrialFailure(
-            "invalid",
-            f"expert parallelism needs an MoE model (expert_model_parallel_size={ep}, "
-            f"expert_tensor_parallel_size={etp}, num_moe_experts=None)",
-        )
-    expert_grid = (etp if etp is not None else tp) * ep * pp
-    if world % expert_grid:
-        raise TrialFailure(
-            "invalid",
-            "world size must be a multiple of ETP x EP x PP "
-            f"(world_size={world}, etp={etp if etp is not None else tp}, ep={ep}, pp={pp})",
-        )
-    if semantics.seq_length % (2 * cp) and cp > 1:
-        raise TrialFailure(
-            "invalid",
-            "sequence length must be a multiple of 2 x CP "
-            f"(seq_length={semantics.seq_length}, cp={cp})",
-        )
-    if (
-        model.num_moe_experts is not None
-        and tp > 1
-        and not fields["model"].get("sequence_parallel", False)
-    ):
-        raise TrialFailure(
-            "invalid",
-            "MoE with tensor parallelism needs sequence_parallel in training "
-            f"(megatron-core raises at the first MoE forward; tensor_model_parallel_size={tp}, "
-            "sequence_parallel=False)",
-        )
-    if semantics.precision == "fp16" and spec.device == "cpu":
-        raise TrialFailure("invalid", "fp16 training is not supported on CPU")
+    lay = Layout.resolve(model, semantics, resources, spec.params)
     return TrialPlan(
         spec=spec,
         model=model,
         semantics=semantics,
-        world_size=world,
-        tp=tp,
-        pp=pp,
-        vpp=None if vpp is None else int(vpp),
-        cp=cp,
-        ep=ep,
-        etp=None if etp is None else int(etp),
-        dp=dp,
-        micro_batch_size=mbs,
-        num_microbatches=gbs // (mbs * dp),
-        attention_backend=str(spec.params.get("attention_backend", "unfused")),
+        world_size=lay.world,
+        tp=lay.tp,
+        pp=lay.pp,
+        vpp=lay.vpp,
+        cp=lay.cp,
+        ep=lay.ep,
+        etp=lay.etp,
+        dp=lay.dp,
+        micro_batch_size=lay.mbs,
+        num_microbatches=lay.num_microbatches,
+        attention_backend=str(knob_value(spec.params, "attention_backend")),
         fields=fields,
     )
-
-
-_FEATURE_NAMES = {
-    "transformer_engine": "Transformer Engine",
-    "apex": "NVIDIA apex",
-    "deepep": "DeepEP",
-    "hybridep": "DeepEP HybridEP (hybrid-ep branch)",
-    "flash_attn": "flash-attn",
-}
-
-
-#: Knobs whose value has no effect (so needs nothing) unless another knob enables them.
-_EFFECTIVE_WHEN: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "moe_flex_dispatcher_backend": lambda p: p.get("moe_token_dispatcher_type") == "flex",
-    "cross_entropy_fusion_impl": lambda p: bool(p.get("cross_entropy_loss_fusion", False)),
-}
-
-
-def check_features(params: dict[str, Any], features: Iterable[str]) -> None:
-    """Raise an ``invalid`` :class:`TrialFailure` naming the first knob value whose required
-    feature (:meth:`dse.knobs.Knob.requires`) is not among ``features``.
-
-    A knob that only matters when another knob enables it (the flex dispatcher's backend,
-    the fused cross-entropy implementation) needs nothing while it is disabled.
-    """
-    have = set(features)
-    for name, value in params.items():
-        effective = _EFFECTIVE_WHEN.get(name)
-        if effective is not None and not effective(params):
-            continue
-        missing = [f for f in get_knob(name).requires(value) if f not in have]
-        if missing:
-            what = ", ".join(_FEATURE_NAMES.get(f, f) for f in missing)
-            raise TrialFailure(
-                "invalid",
-                f"{name}={value!r} needs {what} ({', '.join(missing)}), "
-                "which is not available where the trial runs",
-            )
-
-
-def check_local_spec(plan: TrialPlan, features: Iterable[str]) -> None:
-    """Known limits of Megatron-Core 0.16.1's local layer spec, as ``invalid`` failures."""
-    if not plan.local_spec:
-        return
-    have = set(features)
-    if plan.sequence_parallel and (plan.model.normalization == "RMSNorm" or "apex" not in have):
-        raise TrialFailure(
-            "invalid",
-            "sequence_parallel is not supported by the local spec's torch norms "
-            f"(attention_backend={plan.attention_backend}, "
-            f"normalization={plan.model.normalization}); it needs Transformer Engine "
-            "(or apex for LayerNorm)",
-        )
-    if plan.cp > 1:
-        raise TrialFailure(
-            "invalid",
-            "context parallelism needs Transformer Engine attention; the local spec's "
-            f"core attention does not support it (context_parallel_size={plan.cp}, "
-            f"attention_backend={plan.attention_backend})",
-        )

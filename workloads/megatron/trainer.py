@@ -41,8 +41,6 @@ from dse.workloads.megatron._plan import (
     EXIT_OK,
     TrialFailure,
     TrialPlan,
-    check_features,
-    check_local_spec,
     make_plan,
 )
 from dse.workloads.megatron.features import detect_features
@@ -553,10 +551,8 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
             f"launched with {dist.world_size} ranks but the trial spec says "
             f"world_size={spec.world_size}",
         )
-    plan = make_plan(spec)
     features = spec.features if spec.features is not None else detect_features()
-    check_features(spec.params, features)
-    check_local_spec(plan, features)
+    plan = make_plan(spec, features)
 
     if spec.device == "cpu":
         from dse.workloads.megatron import _cpu_shims
