@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from dse.exceptions import DSEError, UnknownKnobError
-from dse.knobs import get_knob
+from dse.knobs import Knob, get_knob
 
 __all__ = ["register", "run", "parse_value"]
 
@@ -55,21 +55,25 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def parse_value(text: str) -> Any:
-    """A ``--set`` value: true/false, null/none, an integer, a number, else the string."""
-    low = text.strip().lower()
+def parse_value(text: str, knob: Knob | None = None) -> Any:
+    """A ``--set`` value: a choice of ``knob`` spelled as is (``recompute=none`` is the
+    string ``"none"``), else true/false, null/none, an integer, a number, or the string."""
+    raw = text.strip()
+    if knob is not None and raw in {c for c in knob.choices if isinstance(c, str)}:
+        return raw
+    low = raw.lower()
     if low in ("true", "false"):
         return low == "true"
     if low in ("none", "null"):
         return None
     try:
-        return int(text)
+        return int(raw)
     except ValueError:
         pass
     try:
-        return float(text)
+        return float(raw)
     except ValueError:
-        return text.strip()
+        return raw
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +100,7 @@ def _parse_sets(sets: list[str]) -> dict[str, Any] | str:
         name, raw = item.split("=", 1)
         name = name.strip()
         knob = get_knob(name)  # raises UnknownKnobError naming the known knobs
-        value = parse_value(raw)
+        value = parse_value(raw, knob)
         why = knob.check_value(value)
         if why:
             return f"--set {name}: {why}"
@@ -106,6 +110,7 @@ def _parse_sets(sets: list[str]) -> dict[str, Any] | str:
 
 def _run_space(args: argparse.Namespace) -> int:
     from dse.costmodel.model import CostModel
+    from dse.rules import check
     from dse.space import load_space
 
     space = load_space(args.space)
@@ -113,6 +118,13 @@ def _run_space(args: argparse.Namespace) -> int:
     if isinstance(sets, str):
         return _fail(sets)
     params = space.full_params(space.apply_conditions({**space.baseline(), **sets}))
+    feats = space.resources.features
+    violations = check(space, params, feats if isinstance(feats, list) else None)
+    if violations:
+        return _fail(
+            "the configuration breaks a rule (it would be rejected before launch): "
+            + "; ".join(str(v) for v in violations)
+        )
     cm = CostModel(space.model, space.semantics, space.resources)
     mem = cm.predict_memory(params)
     fits, total = cm.fits(params, 0.0)

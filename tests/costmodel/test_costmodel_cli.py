@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dse.costmodel import cli
+from dse.knobs import get_knob
 
 SPACE = """\
 study: t
@@ -129,3 +130,28 @@ def test_parse_value():
     assert cli.parse_value("true") is True and cli.parse_value("False") is False
     assert cli.parse_value("4") == 4 and cli.parse_value("none") is None
     assert cli.parse_value("selective") == "selective"
+
+
+def test_set_takes_a_choice_spelled_none(space, capsys):
+    """``recompute=none`` is the choice "none", not a missing value."""
+    assert _run(["estimate", "--space", space, "--set", "recompute=none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"]["recompute"] == "none"
+    assert cli.parse_value("none") is None  # without a knob: null
+    assert cli.parse_value(" full ", get_knob("recompute")) == "full"
+
+
+def test_estimate_applies_the_rules(tmp_path, capsys):
+    """TP 4 on 2 ranks is rejected with the rule's text (exit 2), not estimated to fit."""
+    p = tmp_path / "s2.yaml"
+    p.write_text(
+        SPACE.replace("world_size: 1", "world_size: 2").replace(
+            "knobs:\n", "knobs:\n  tensor_model_parallel_size: {values: [1, 2]}\n"
+        )
+    )
+    assert _run(["estimate", "--space", str(p), "--set", "tensor_model_parallel_size=2"]) == 0
+    capsys.readouterr()
+    assert _run(["estimate", "--space", str(p), "--set", "tensor_model_parallel_size=4"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert "world_divisible: world size must be divisible by TP*PP*CP" in cap.err
+    assert "world_size=2, tp=4" in cap.err
