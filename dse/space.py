@@ -56,6 +56,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: ModelSpec fields added after studies were first stored (left out of the digest at 0).
+_LATER_MODEL_FIELDS = ("hidden_dropout", "attention_dropout")
+
+
 class ModelSpec(_Strict):
     """The architecture, in Megatron-Core ``TransformerConfig`` field names."""
 
@@ -83,6 +87,12 @@ class ModelSpec(_Strict):
     add_bias_linear: bool = Field(False, description="Bias in linear layers.")
     untie_embeddings_and_output_weights: bool = Field(
         True, description="Separate output layer weights (Llama style)."
+    )
+    hidden_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Dropout after attention, MLP and embedding."
+    )
+    attention_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Dropout on the attention probabilities."
     )
     num_moe_experts: int | None = Field(None, ge=1, description="Routed experts (MoE).")
     moe_router_topk: int = Field(2, ge=1, description="Experts per token (MoE).")
@@ -523,7 +533,10 @@ class SearchSpace(_Strict):
         }
 
     def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+        # model fields added later count only when set, so earlier studies keep their hash
+        unset = {k for k in _LATER_MODEL_FIELDS if getattr(self.model, k) == 0.0}
+        text = self.model_dump_json(exclude={"model": unset} if unset else None)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 def params_key(params: Mapping[str, Any]) -> str:

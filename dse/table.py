@@ -41,6 +41,8 @@ _MODEL_FIELDS = (
     "position_embedding_type",
     "add_bias_linear",
     "untie_embeddings_and_output_weights",
+    "hidden_dropout",
+    "attention_dropout",
     "num_moe_experts",
     "moe_router_topk",
     "moe_ffn_hidden_size",

@@ -278,6 +278,9 @@ def layer_activations(
         # uniform method, one layer per checkpoint: only the layer's input is kept.
         return ActivationBreakdown(a * sh.h * tr, 0.0, 0.0, 0.0, 0.0)
     norms = 4 * a * sh.h * tr  # two norms: input and output (the next linear's input)
+    # hidden dropout: the two bias-dropout-adds keep a bool mask of the residual stream,
+    # which TP shards only with sequence parallelism (like the norms)
+    norms += _hidden_dropout_mask(model, tr, sh.h) * 2
     scores = masks = 0.0
     if rc == "selective":
         attn = (_qkv_kept(model, sh) + a * sh.q_r) * t  # checkpoint inputs + its output
@@ -289,7 +292,9 @@ def layer_activations(
         else:
             qkv = _qkv_kept(model, sh)
         attn = (qkv + a * sh.q_r) * t  # + the context (proj's input), a contiguous copy
-        scores = (SOFTMAX_BYTES + a) * sh.scores  # fp32 softmax output + bf16 probabilities
+        # fp32 softmax output + bf16 probabilities (with attention dropout: the dropped
+        # probabilities, which bmm keeps instead, and dropout's bool mask)
+        scores = (SOFTMAX_BYTES + a + _attn_dropout_mask(model)) * sh.scores
         masks = sh.mask
     else:
         # SDPA / flash / fused kernels keep q, k, v, the output (also proj's input) and the
@@ -297,6 +302,16 @@ def layer_activations(
         attn = (_qkv_kept(model, sh) + a * sh.q_r + 4 * sh.heads_r) * t
     mlp = _mlp_activations(model, layout, sh)
     return ActivationBreakdown(norms, attn, scores, mlp, masks)
+
+
+def _hidden_dropout_mask(model: ModelSpec, tokens: float, width: float) -> float:
+    """Bytes of one hidden-dropout mask (torch keeps a bool per element; 0 without dropout)."""
+    return tokens * width if model.hidden_dropout > 0 else 0.0
+
+
+def _attn_dropout_mask(model: ModelSpec) -> int:
+    """Bytes per ``s x s`` element of the attention-dropout mask of unfused attention."""
+    return 1 if model.attention_dropout > 0 else 0
 
 
 def _mlp_activations(model: ModelSpec, layout: CostLayout, sh: _Shapes) -> float:
@@ -465,12 +480,16 @@ def _phases(
     saved_scores = lm * (kept.scores + kept.masks)
     if last:
         saved_act += mb * 2 * a * sh.h * sh.tokens_r  # final norm input and output
+    if stage == 0:
+        saved_act += mb * _hidden_dropout_mask(model, sh.tokens_r, sh.h)  # embedding dropout
     if unfused:
         saved_scores += a * sh.scores  # Megatron's persistent buffer for the score matmul
 
     # working sets of one layer's backward
     sm_work = SOFTMAX_BYTES if a < 4 else a
     score_bwd = (SOFTMAX_BYTES + 3 * sm_work) * sh.scores if unfused else 0.0
+    if unfused and _attn_dropout_mask(model):
+        score_bwd += (1 + a) * sh.scores  # dropout's mask and its gradient
     fac = mlp_factor(model)
     f_width = (
         (model.moe_ffn_hidden_size or model.ffn_hidden_size) / layout.etp * model.moe_router_topk

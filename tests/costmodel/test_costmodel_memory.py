@@ -263,3 +263,44 @@ def test_gpu_spec_lookup():
     assert gpu_spec("NVIDIA A100-SXM4-80GB").bf16_tflops == 312.0
     assert isinstance(gpu_spec("mystery accelerator"), GPUSpec)
     assert gpu_spec(None).name.startswith("unknown")
+
+
+def test_gradient_buffer_follows_grad_reduce_in_fp32(small_model, small_semantics, one_gpu):
+    """Megatron-Core DDP's grad buffer is fp32 with grad_reduce_in_fp32, else the parameter
+    dtype (bf16), whatever the optimizer's main_grads_dtype says."""
+    bf16 = _mem(
+        small_model, small_semantics, one_gpu, micro_batch_size=B, grad_reduce_in_fp32=False
+    )
+    assert bf16.gradients_gib * GIB == pytest.approx(2 * PARAMS_TP1)
+    assert bf16.details["grad_bytes_per_param"] == 2
+    fp32 = _mem(
+        small_model, small_semantics, one_gpu, micro_batch_size=B, grad_reduce_in_fp32=True
+    )
+    assert fp32.gradients_gib * GIB == pytest.approx(4 * PARAMS_TP1)
+
+
+def test_dropout_masks_are_counted_where_tp_does_not_shard_them(small_model, small_semantics):
+    two = Resources(world_size=2, gpu_memory_gib=80.0, features=[])
+    drop = small_model.model_copy(update={"hidden_dropout": 0.1, "attention_dropout": 0.1})
+
+    def layer(model: ModelSpec, **params):
+        p = {"tensor_model_parallel_size": 2, "micro_batch_size": B, **params}
+        return layer_activations(model, small_semantics, resolve(model, small_semantics, two, p))
+
+    base, d = layer(small_model), layer(drop)
+    # two bool masks of the residual stream (bias-dropout-add after attention and MLP): TP
+    # leaves the whole sequence on every rank without sequence parallelism
+    assert d.norms - base.norms == pytest.approx(2 * H * T)
+    # a bool mask per attention probability; TP splits the heads
+    assert d.scores - base.scores == pytest.approx(B * (N // 2) * S * S)
+    sp = {"sequence_parallel": True}
+    assert layer(drop, **sp).norms - layer(small_model, **sp).norms == pytest.approx(H * T)
+    full = {"recompute": "full"}
+    assert layer(drop, **full).total == layer(small_model, **full).total  # recomputed
+    est = estimate_memory(
+        drop, small_semantics, two, {"tensor_model_parallel_size": 2, "micro_batch_size": B}
+    )
+    est0 = estimate_memory(
+        small_model, small_semantics, two, {"tensor_model_parallel_size": 2, "micro_batch_size": B}
+    )
+    assert est.allocated_gib > est0.allocated_gib

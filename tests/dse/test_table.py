@@ -78,3 +78,9 @@ def test_shared_table_reads(shared_table: Path) -> None:
     assert {r.status for r in rows} <= {"ok", "oom", "invalid", "error"}
     m = ModelSpec.model_validate(space_model_fields(rows[0].model))
     assert m.gated_linear_unit and m.num_layers == 16
+
+
+def test_space_model_fields_keep_dropout() -> None:
+    """A table measured with dropout on is estimated with its dropout masks."""
+    got = space_model_fields({"num_layers": 2, "hidden_dropout": 0.1, "attention_dropout": 0.1})
+    assert got["hidden_dropout"] == 0.1 and got["attention_dropout"] == 0.1

@@ -401,3 +401,17 @@ def test_diverging_loss_is_a_nan_failure(tmp_path: Path) -> None:
     assert out.failure_class == "nan" and out.status == "failed"
     assert "loss is" in (out.reason or "") and out.metrics["peak_mem_gib"] > 0
     assert len(out.steps) >= 1  # the finite steps before it are kept
+
+
+@needs_megatron
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_dropout_comes_from_the_model_spec(tmp_path: Path) -> None:
+    """The cost model counts dropout's masks from the model spec; the trainer sets the same
+    TransformerConfig fields (off unless the model declares them)."""
+    from dse.workloads.megatron.trainer import transformer_config_kwargs
+
+    off = transformer_config_kwargs(make_plan(make_spec(tmp_path, "p"), []))
+    assert (off["hidden_dropout"], off["attention_dropout"]) == (0.0, 0.0)
+    model = {"hidden_dropout": 0.1, "attention_dropout": 0.05}
+    on = transformer_config_kwargs(make_plan(make_spec(tmp_path, "p", model=model), []))
+    assert (on["hidden_dropout"], on["attention_dropout"]) == (0.1, 0.05)

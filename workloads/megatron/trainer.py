@@ -14,7 +14,9 @@ written by the rank that met it, and exit status 3; success exits 0.
 
 Model weights are initialised layout-invariantly (see :mod:`._init`), and the data of
 step ``i`` does not depend on the layout (:mod:`._data`), so the loss curves of two
-configurations agree up to floating-point reduction order. Dropout is off.
+configurations agree up to floating-point reduction order. Dropout is the model's
+(``hidden_dropout``/``attention_dropout``, off by default; with it on, the masks depend
+on the layout).
 """
 
 from __future__ import annotations
@@ -185,8 +187,8 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
         "add_bias_linear": m.add_bias_linear,
         "activation_func": act,
         "gated_linear_unit": glu,
-        "hidden_dropout": 0.0,
-        "attention_dropout": 0.0,
+        "hidden_dropout": m.hidden_dropout,
+        "attention_dropout": m.attention_dropout,
         "bf16": sem.precision == "bf16",
         "fp16": sem.precision == "fp16",
         "params_dtype": dtype,
