@@ -28,6 +28,7 @@ __all__ = [
     "to_bridge_overrides",
     "to_nemo_overrides",
     "FEATURES",
+    "knob_value",
 ]
 
 Section = Literal["model", "ddp", "optimizer", "train"]
@@ -416,6 +417,13 @@ def get_knob(name: str) -> Knob:
         raise UnknownKnobError(f"unknown knob {name!r}{hint}; known knobs: {sorted(KNOBS)}")
 
 
+def knob_value(params: Mapping[str, Any], name: str) -> Any:
+    """The value of knob ``name`` in ``params``; its catalog default when absent or None
+    (the one default policy of :class:`dse.layout.Layout` and the cost model)."""
+    value = params.get(name)
+    return KNOBS[name].default if value is None else value
+
+
 def assignments(params: Mapping[str, Any]) -> list[FieldAssignment]:
     """All Megatron-Core field assignments a configuration makes, in knob order."""
     out: list[FieldAssignment] = []
@@ -467,7 +475,7 @@ def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -
         if f == "virtual_pipeline_model_parallel_size":
             if v is None:
                 continue
-            pp = int(params.get("pipeline_model_parallel_size", 1))
+            pp = int(knob_value(params, "pipeline_model_parallel_size"))
             if num_layers is None:
                 raise ValueError("num_layers is needed to export a VPP size to Megatron-LM")
             args += [_MLM_ARG[f], str(num_layers // (pp * int(v)))]

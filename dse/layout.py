@@ -22,18 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dse.knobs import KNOBS
+from dse.knobs import knob_value
 
 if TYPE_CHECKING:
     from dse.space import ModelSpec, Resources, Semantics
 
-__all__ = ["Layout", "knob_value"]
-
-
-def knob_value(params: Mapping[str, Any], name: str) -> Any:
-    """The value of knob ``name`` in ``params``; its catalog default when absent or None."""
-    value = params.get(name)
-    return KNOBS[name].default if value is None else value
+__all__ = ["Layout"]
 
 
 def _int(params: Mapping[str, Any], name: str, fallback: int) -> int:

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dse.knobs import get_knob
-from dse.layout import Layout, knob_value
+from dse.knobs import get_knob, knob_value
+from dse.layout import Layout
 from dse.space import ModelSpec, Resources, Semantics
 
 __all__ = ["CostLayout", "resolve", "knob", "DTYPE_BYTES", "padded_vocab"]

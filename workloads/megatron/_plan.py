@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from dse import rules
 from dse.exceptions import UnknownKnobError
-from dse.knobs import assignments, get_knob
-from dse.layout import Layout, knob_value
+from dse.knobs import assignments, get_knob, knob_value
+from dse.layout import Layout
 from dse.records import TrialSpec
 from dse.space import ModelSpec, Resources, Semantics
 
