@@ -365,6 +365,22 @@ def test_bf16_with_distributed_optimizer(trials: dict[str, Any]) -> None:
 @pytest.mark.slow
 @needs_megatron
 def test_megatron_assertion_at_build_is_an_invalid_failure(tmp_path: Path) -> None:
+    """A check that Megatron-Core makes and dse's rules do not (a top-1 router needs
+    ``moe_router_pre_softmax``) still ends as ``invalid`` with Megatron's message."""
+    spec = make_spec(tmp_path, "top1", {}, model={"num_moe_experts": 2, "moe_router_topk": 1})
+    rc, out = run_trial(spec, tmp_path)
+    assert rc != 0
+    assert out.failure_class == "invalid" and out.status == "infeasible", out.reason
+    assert "moe-router-pre-softmax when topk is 1" in (out.reason or "")
+
+
+@pytest.mark.slow
+@needs_megatron
+def test_a_rule_is_reported_by_the_trial_process_with_its_pre_launch_text(
+    tmp_path: Path,
+) -> None:
+    """num_attention_heads % TP: the trial process (2 ranks under torchrun) checks
+    dse.rules before building and reports the rule's own text."""
     spec = make_spec(
         tmp_path,
         "heads",
@@ -375,8 +391,8 @@ def test_megatron_assertion_at_build_is_an_invalid_failure(tmp_path: Path) -> No
     rc, out = run_trial(spec, tmp_path)
     assert rc != 0
     assert out.failure_class == "invalid" and out.status == "infeasible"
-    assert "num_attention_heads (3) must be a multiple of tensor_model_parallel_size (2)" in (
-        out.reason or ""
+    assert out.reason == (
+        "heads_tp: num_attention_heads must be divisible by TP (num_attention_heads=3, tp=2)"
     )
 
 
