@@ -2,6 +2,12 @@
 
 Each rule mirrors a check that Megatron-Core (or the batch arithmetic, or the trial
 environment) would make at build time; the source is given in the rule's docstring.
+
+A rule is written once, here, against a :class:`RuleContext` and the configuration's
+:class:`~dse.layout.Layout`. It runs before launch (the proposer, ``dse validate``,
+``dse estimate``) on the space, and again in the trial process on a :class:`Problem`
+built from the trial spec (``dse.workloads.megatron._plan.make_plan``), which reports the
+first violation as an ``invalid`` failure with the same ``str(violation)``.
 """
 
 from __future__ import annotations
