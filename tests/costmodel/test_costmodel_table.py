@@ -68,3 +68,24 @@ def test_physics_against_megatron_measurements():
     assert s["median_abs_rel_error"] <= 0.02
     assert s["max_abs_rel_error"] <= 0.03
     assert s["tflops_spearman"] >= 0.9
+
+
+#: dse's trainer on 2 H200s: TP1 (DP2) / TP2 x MBS x recompute (docs/BENCHMARKS.md).
+TWO_GPU_TABLE = (
+    Path(__file__).resolve().parents[2] / "examples/tables/h200_llama1b_unfused_2gpu.jsonl"
+)
+
+
+def test_tensor_parallel_memory_against_the_two_gpu_table():
+    """The terms TP does not shard without SP, and the unfused attention's per-rank buffers,
+    against peaks measured at TP 1 and TP 2 (uncalibrated)."""
+    results = evaluate_rows(load_table(TWO_GPU_TABLE))
+    s = summarize(results)
+    assert s["fits_accuracy"] == 1.0 and s["judged_rows"] == 23
+    assert s["median_abs_rel_error"] <= 0.02
+    assert s["max_abs_rel_error"] <= 0.03
+    tp2 = [r for r in results if r.status == "ok" and r.index < 12]  # the TP 2 rows come first
+    assert len(tp2) == 11
+    for r in tp2:
+        assert r.measured_peak_mem_gib is not None
+        assert r.predicted_peak_mem_gib >= 0.98 * r.measured_peak_mem_gib
