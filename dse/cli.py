@@ -45,8 +45,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from dse.rules import check_space
     from dse.space import load_space
 
+    from dse.recipe_cli import check_recipe
+
     space = load_space(args.space)
     n_total, n_valid = check_space(space, args.space)
+    check_recipe(space, args.space)
     _out(
         f"{args.space}: ok: study {space.study!r}, {len(space.knobs)} knobs, "
         f"{n_total} configurations, {n_valid} pass the rules; baseline "
@@ -90,7 +93,10 @@ def _make_runner(space: Any) -> Any:
         from dse.workloads.runners import LocalRunner
 
         # replay and sim trials are plain CPU processes whatever the space's device is
-        device = space.resources.device if space.workload.name == "megatron" else "cpu"
+        from dse.recipe_spec import LAUNCHERS
+
+        trains = space.workload.name in ("megatron", *LAUNCHERS)
+        device = space.resources.device if trains else "cpu"
         return LocalRunner(
             device=device,
             world_size=space.resources.world_size,
@@ -149,8 +155,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     from dse.rules import check_space
     from dse.space import load_space
 
+    from dse.recipe_cli import check_recipe, dry_run
+
     space = _apply_overrides(load_space(args.space), args)
     check_space(space, args.space)
+    check_recipe(space, args.space)
+    if getattr(args, "dry_run", None):
+        _out(dry_run(space, args.dry_run))
+        return 0
     return _run_study(space, Path(args.space).read_text(), args)
 
 
@@ -394,6 +406,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("start", help="run a study end to end")
     sp.add_argument("--space", required=True)
     sp.add_argument("--study", help="study name (default: the space's)")
+    sp.add_argument(
+        "--dry-run",
+        nargs="?",
+        type=int,
+        const=3,
+        metavar="N",
+        help="print the first N (default 3) trials the agent would launch; run nothing",
+    )
     run_args(sp)
     sp.set_defaults(fn=cmd_start)
 
@@ -434,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=8000)
     sp.set_defaults(fn=cmd_serve)
 
-    for mod in ("dse.costmodel.cli", "dse.bench"):
+    for mod in ("dse.costmodel.cli", "dse.bench", "dse.recipe_cli"):
         try:
             import importlib
 

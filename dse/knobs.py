@@ -29,9 +29,16 @@ __all__ = [
     "to_nemo_overrides",
     "FEATURES",
     "knob_value",
+    "ENV_PREFIX",
+    "ENV_VARS",
+    "ENV_VAR_PREFIXES",
+    "check_env_var",
+    "trial_env",
+    "env_value",
 ]
 
-Section = Literal["model", "ddp", "optimizer", "train"]
+#: ``env`` assignments are environment variables of every rank, not config fields.
+Section = Literal["model", "ddp", "optimizer", "train", "env"]
 
 #: Optional software features a knob value may need where the trial runs.
 FEATURES = ("transformer_engine", "apex", "deepep", "hybridep", "flash_attn")
@@ -61,7 +68,7 @@ class Knob:
     """
 
     name: str
-    kind: Literal["int", "bool", "choice"]
+    kind: Literal["int", "bool", "choice", "env"]
     default: Any
     description: str
     fields: Callable[[Any], list[FieldAssignment]]
@@ -81,6 +88,9 @@ class Knob:
             if value < self.min_value:
                 return f"expected an integer >= {self.min_value}, got {value}"
             return None
+        if self.kind == "env":
+            ok = isinstance(value, (str, int)) and not (isinstance(value, str) and not value)
+            return None if ok else f"expected a string, integer or true/false, got {value!r}"
         if value not in self.choices:
             return f"expected one of {list(self.choices)}, got {value!r}"
         return None
@@ -405,8 +415,81 @@ def _knobs() -> dict[str, Knob]:
 KNOBS: Mapping[str, Knob] = _knobs()
 
 
+# --- environment knobs ---------------------------------------------------------------------
+
+#: Knob names ``env.VAR`` set the environment variable VAR on every rank of a trial.
+ENV_PREFIX = "env."
+
+#: Environment variables a space may set or explore, with what they do. Sources: CUDA
+#: (CUDA_DEVICE_MAX_CONNECTIONS), PyTorch (PYTORCH_CUDA_ALLOC_CONF), DeepEP's hybrid-ep
+#: branch as the Megatron-Bridge Nemotron Omni recipe sets them (reference knob catalog).
+ENV_VARS: Mapping[str, str] = {
+    "CUDA_DEVICE_MAX_CONNECTIONS": "Hardware work queues per device (Megatron-LM's TP/SP "
+    "overlap wants 1; MoE/HybridEP recipes use 32).",
+    "PYTORCH_CUDA_ALLOC_CONF": "PyTorch caching-allocator settings (e.g. expandable_segments:True).",
+    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "HybridEP: expert-parallel ranks per NVLink domain.",
+    "NVLINK_DOMAIN_SIZE": "HybridEP: GPUs per NVLink domain.",
+    "USE_MNNVL": "HybridEP: multi-node NVLink (0/1).",
+    "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": "HybridEP: tokens per chunk of the combine kernel.",
+}
+
+#: Families of environment variables a space may set or explore (NCCL, Transformer Engine,
+#: PyTorch's NCCL process group).
+ENV_VAR_PREFIXES: tuple[str, ...] = ("NCCL_", "NVTE_", "TORCH_NCCL_")
+
+
+def check_env_var(var: str) -> str | None:
+    """Why ``var`` is not an environment variable a space may set, or None when it is."""
+    if var in ENV_VARS or (
+        var.startswith(ENV_VAR_PREFIXES) and var.rstrip("_") not in ("NCCL", "NVTE", "TORCH_NCCL")
+    ):
+        if var.replace("_", "").isalnum() and var.upper() == var:
+            return None
+    return (
+        f"{var!r} is not an environment variable dse may set; known: {sorted(ENV_VARS)} and "
+        f"the families {', '.join(p + '*' for p in ENV_VAR_PREFIXES)}"
+    )
+
+
+def _env_knob(name: str) -> Knob:
+    var = name[len(ENV_PREFIX) :]
+    why = check_env_var(var)
+    if why:
+        raise UnknownKnobError(f"unknown knob {name!r}: {why}")
+    return Knob(
+        name,
+        "env",
+        None,
+        ENV_VARS.get(var, f"Environment variable {var} of every rank."),
+        lambda v: [FieldAssignment("env", var, env_value(v))],
+    )
+
+
+def env_value(value: Any) -> str:
+    """An environment variable's text for a knob value (true/false as 1/0)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def trial_env(params: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The environment of a trial's ranks: the space's fixed ``env`` values, then the
+    ``env.*`` knobs of ``params``."""
+    out = {k: env_value(v) for k, v in (fixed or {}).items()}
+    for name, value in params.items():
+        if name.startswith(ENV_PREFIX):
+            for a in _env_knob(name).fields(value):
+                out[a.field] = a.value
+    return out
+
+
 def get_knob(name: str) -> Knob:
-    """The catalog entry of ``name``; raises :class:`UnknownKnobError` naming the known ones."""
+    """The catalog entry of ``name``; raises :class:`UnknownKnobError` naming the known ones.
+
+    ``env.VAR`` names an environment knob (:data:`ENV_VARS`, :data:`ENV_VAR_PREFIXES`).
+    """
+    if name.startswith(ENV_PREFIX):
+        return _env_knob(name)
     try:
         return KNOBS[name]
     except KeyError:
@@ -464,6 +547,8 @@ def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -
     args: list[str] = []
     seen: set[str] = set()
     for a in assignments(params):
+        if a.section == "env":
+            continue
         f, v = a.field, a.value
         if f in seen:  # e.g. use_distributed_optimizer lives in the DDP and optimizer configs
             continue
@@ -506,6 +591,8 @@ def to_bridge_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
     """Megatron-Bridge ``ConfigContainer`` overrides (``run_recipe.py KEY=VALUE`` paths)."""
     out: dict[str, Any] = {}
     for a in assignments(params):
+        if a.section == "env":
+            continue
         out[f"{_BRIDGE_SECTION[a.section]}.{a.field}"] = a.value
     return out
 
@@ -525,6 +612,8 @@ def to_nemo_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
     """NeMo 2.0 (nemo_run recipe) override paths."""
     out: dict[str, Any] = {}
     for a in assignments(params):
+        if a.section == "env":
+            continue
         if a.section == "model" and a.field in _NEMO_STRATEGY:
             key = f"trainer.strategy.{a.field}"
         elif a.section == "model":

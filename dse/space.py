@@ -27,8 +27,9 @@ from pydantic import (
 )
 
 from dse.exceptions import SpaceError
-from dse.knobs import KNOBS, get_knob
+from dse.knobs import ENV_PREFIX, get_knob
 from dse.layout import Layout
+from dse.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
 
 __all__ = [
     "ModelSpec",
@@ -332,14 +333,25 @@ class RunnerSpec(_Strict):
 
 
 class WorkloadSpec(_Strict):
-    name: Literal["megatron", "replay", "sim"] = Field("megatron", description="Trial kind.")
+    name: Literal["megatron", "replay", "sim", "bridge", "nemo", "megatron_lm"] = Field(
+        "megatron", description="Trial kind (bridge/nemo/megatron_lm: the user's recipe)."
+    )
     table: str | None = Field(None, description="Replay table (replay workload).")
     delay_s: float = Field(0.0, ge=0, description="Replay: seconds a trial pretends to take.")
+    launcher: LauncherSpec | None = Field(
+        None, description="The recipe a bridge/nemo/megatron_lm workload runs."
+    )
 
     @model_validator(mode="after")
     def _table(self) -> WorkloadSpec:
         if self.name == "replay" and not self.table:
             raise ValueError("workload.table is required for the replay workload")
+        if self.name in LAUNCHERS and self.launcher is None:
+            raise ValueError(f"workload.launcher is required for the {self.name} workload")
+        if self.launcher is not None and self.name not in LAUNCHERS:
+            raise ValueError(
+                f"workload.launcher applies to {list(LAUNCHERS)}, not to {self.name!r}"
+            )
         return self
 
 
@@ -382,6 +394,31 @@ class SearchSpace(_Strict):
         default_factory=lambda: PrescreenSpec(), description="Cost-model pre-screen."
     )
     storage: str = Field("sqlite:///dse.db", description="SQLAlchemy URL of the study database.")
+    env: EnvSpec = Field(
+        default_factory=lambda: EnvSpec(),
+        description="Environment of every rank; env.knobs are explored as knobs env.VAR.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_knobs(cls, data: Any) -> Any:
+        # env.knobs: {VAR: domain} are knobs named env.VAR (explored like any other knob)
+        if isinstance(data, Mapping) and isinstance(data.get("env"), Mapping):
+            env = dict(data["env"])
+            swept = env.pop("knobs", None)
+            if swept:
+                if not isinstance(swept, Mapping):
+                    raise ValueError("env.knobs must map environment variables to domains")
+                knobs = dict(data.get("knobs") or {})
+                for var, spec in swept.items():
+                    name = f"{ENV_PREFIX}{var}"
+                    if name in knobs:
+                        raise ValueError(f"env.knobs.{var} is also given as knobs.{name}")
+                    if var in (env.get("fixed") or {}):
+                        raise ValueError(f"env.knobs.{var} is also in env.fixed; give it once")
+                    knobs[name] = spec
+                data = {**data, "env": env, "knobs": knobs}
+        return data
 
     @field_validator("knobs", "fixed", mode="before")
     @classmethod
@@ -460,7 +497,7 @@ class SearchSpace(_Strict):
             if spec.baseline is not None:
                 out[name] = spec.baseline
             else:
-                default = KNOBS[name].default
+                default = get_knob(name).default
                 out[name] = default if default in spec.values() else spec.values()[0]
         return self.apply_conditions(out)
 
@@ -476,7 +513,7 @@ class SearchSpace(_Strict):
         spec = self.knobs[name]
         if spec.baseline is not None:
             return spec.baseline
-        default = KNOBS[name].default
+        default = get_knob(name).default
         return default if default in spec.values() else spec.values()[0]
 
     def is_active(self, name: str, params: Mapping[str, Any]) -> bool:

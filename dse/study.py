@@ -375,6 +375,7 @@ class StudyRunner:
         metrics = tdir / "metrics.jsonl"
         if metrics.exists():  # a re-queued trial starts clean
             metrics.rename(tdir / f"metrics.{int(time.time())}.jsonl.old")
+        env, workload = trial_launch(s, t.params)
         spec = TrialSpec(
             study=s.study,
             trial_number=t.number,
@@ -384,7 +385,7 @@ class StudyRunner:
             world_size=s.resources.world_size,
             device=s.resources.device,
             metrics_path=str(metrics),
-            workload=s.workload.model_dump(),
+            workload=workload,
             features=None if self.features is None else sorted(self.features),
             gpu=s.resources.gpu,
             gpu_memory_gib=s.resources.gpu_memory_gib,
@@ -406,6 +407,7 @@ class StudyRunner:
             device=s.resources.device,
             timeout_s=s.budget.trial_timeout_s,
             hang_timeout_s=s.budget.hang_timeout_s,
+            env=env,
         )
         self.runner.submit(launch)
         self.storage.start_trial(
@@ -485,6 +487,26 @@ class StudyRunner:
             f"{counts.get('failed', 0)} failed, {counts.get('infeasible', 0)} infeasible, "
             f"{rej} rejected before launch, {b}"
         ).strip()
+
+
+def trial_launch(space: SearchSpace, params: dict[str, Any]) -> tuple[dict[str, str], dict]:
+    """(environment of every rank, trial spec ``workload`` dict) of a trial: the space's
+    ``env`` section and ``env.*`` knobs; for a recipe launcher also the rendered command."""
+    from dse.knobs import trial_env
+
+    full = space.full_params(params)
+    workload = space.workload.model_dump()
+    env = trial_env(full, space.env.fixed)
+    if space.workload.launcher is not None:
+        from dse.workloads.launchers import launcher_for
+
+        spec = space.workload.launcher
+        rendered = launcher_for(space).render(
+            full, python=spec.python or space.runner.python or sys.executable
+        )
+        workload["rendered"] = rendered.to_dict()
+        env = rendered.env
+    return env, workload
 
 
 def _outcome_of_record(t: TrialRecord) -> Outcome:

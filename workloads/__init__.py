@@ -14,6 +14,10 @@ _MODULES = {
     "megatron": "dse.workloads.megatron.trainer",
     "replay": "dse.workloads.replay",
     "sim": "dse.costmodel.sim",
+    # a user's recipe: the trial process runs the command the launcher rendered
+    "bridge": "dse.workloads.launchers.run",
+    "nemo": "dse.workloads.launchers.run",
+    "megatron_lm": "dse.workloads.launchers.run",
 }
 
 

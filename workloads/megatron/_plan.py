@@ -146,7 +146,9 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
     if violation is not None:
         raise TrialFailure("invalid", str(violation))
 
-    fields: dict[str, dict[str, Any]] = {"model": {}, "ddp": {}, "optimizer": {}, "train": {}}
+    fields: dict[str, dict[str, Any]] = {
+        "model": {}, "ddp": {}, "optimizer": {}, "train": {}, "env": {},
+    }  # fmt: skip
     for a in fas:
         if a.section == "model" and a.field in _ATTENTION_FIELDS:
             continue

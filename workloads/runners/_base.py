@@ -7,12 +7,12 @@ runner raises only when it cannot work at all (:class:`dse.exceptions.TrialLaunc
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dse.records import Outcome
+from dse.workloads.logs import LOG_PATTERNS, classify_log
 
 __all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS"]
 
@@ -40,22 +40,6 @@ class Finished:
     outcome: Outcome
     wall_s: float
     devices: int
-
-
-#: Named log patterns, most specific first: (failure class, compiled regex).
-LOG_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    ("oom", re.compile(r"(CUDA out of memory|OutOfMemoryError|out of memory)", re.I)),
-    ("nan", re.compile(r"\b(NaN|nan) (loss|detected)|loss is (nan|inf)", re.I)),
-    ("error", re.compile(r"NCCL (error|timeout)|Watchdog caught collective", re.I)),
-]
-
-
-def classify_log(text: str) -> str:
-    """The failure class a crashed trial's log suggests (``error`` when nothing matches)."""
-    for cls, rx in LOG_PATTERNS:
-        if rx.search(text):
-            return cls
-    return "error"
 
 
 class BaseRunner(ABC):

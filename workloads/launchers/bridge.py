@@ -1,0 +1,69 @@
+"""Megatron-Bridge recipes: ``torchrun scripts/training/run_recipe.py --recipe NAME KEY=VALUE``.
+
+Knob fields become ``ConfigContainer`` overrides (``model.tensor_model_parallel_size=2``,
+``ddp.overlap_grad_reduce=true``, ``optimizer.main_grads_dtype=bf16``,
+``train.micro_batch_size=4``), in the Hydra syntax ``run_recipe.py`` applies
+(``process_config_with_overrides``: ``null``, ``true``/``false``, ``[a,b]``). The dataset
+owns the sequence length (``dataset.seq_length``; the runner syncs ``model.seq_length``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
+
+__all__ = ["BridgeLauncher", "hydra_value"]
+
+#: The launcher script of Megatron-Bridge (scripts/training/run_recipe.py).
+RUN_RECIPE = "scripts/training/run_recipe.py"
+
+
+def hydra_value(v: Any) -> str:
+    """A value in Hydra override syntax."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    return str(v)
+
+
+class BridgeLauncher(Launcher):
+    name = "bridge"
+    log_format = "bridge"
+
+    def entry(self, python: str | None) -> list[str]:
+        if not self.spec.recipe and not self.spec.module:
+            raise NotTaken("workload.launcher.recipe", None, "a Bridge recipe function is needed")
+        head = self.torchrun(python)
+        if self.spec.module:
+            head += ["-m", self.spec.module]
+        else:
+            head.append(self.spec.script or RUN_RECIPE)
+        if self.spec.recipe:
+            head += ["--recipe", self.spec.recipe]
+        return head + list(self.spec.args)
+
+    def knob_overrides(self, params: Mapping[str, Any]) -> list[str]:
+        out: dict[str, Any] = {}
+        for name, value, a in self.assignments_of(params):
+            why = dse_only(name, value)
+            if why:
+                raise NotTaken(name, value, why)
+            out[f"{a.section}.{a.field}"] = a.value
+        return [f"{k}={hydra_value(v)}" for k, v in out.items()]
+
+    def semantics_overrides(self) -> list[str]:
+        sem = self.space.semantics
+        return [
+            f"train.train_iters={sem.steps}",
+            f"train.global_batch_size={sem.global_batch_size}",
+            f"dataset.seq_length={sem.seq_length}",
+            "logger.log_interval=1",
+        ]
+
+    def fixed_overrides(self) -> list[str]:
+        return [f"{k}={hydra_value(v)}" for k, v in self.spec.overrides.items()]

@@ -1,0 +1,99 @@
+"""NeMo 2.0 recipes through NeMo-Run: ``nemo llm pretrain --factory NAME KEY=VALUE -y``.
+
+Knob fields become NeMo-Run overrides of the recipe's ``run.Partial``: parallel sizes under
+``trainer.strategy`` (``nl.MegatronStrategy``), DDP fields under ``trainer.strategy.ddp``,
+other ``TransformerConfig`` fields under ``model.config``, ``OptimizerConfig`` fields under
+``optim.config``, the micro-batch under ``data`` (reference knob catalog, section 3).
+Values use Python literal syntax (``True``, ``None``, ``['core_attn']``). NeMo-Run's local
+executor starts torchrun itself with ``trainer.devices`` processes per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dse.workloads.launchers._core import Launcher, NotTaken, _layout, dse_only
+
+__all__ = ["NemoLauncher", "python_value"]
+
+_STRATEGY = {
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "sequence_parallel",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+}
+#: OptimizerConfig fields that hold a torch.dtype: a command-line override cannot build one.
+_DTYPE_FIELDS = {"main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"}
+
+
+def python_value(v: Any) -> str:
+    """A value in the Python literal syntax NeMo-Run's CLI parses."""
+    if isinstance(v, str):
+        return v
+    return repr(v)
+
+
+class NemoLauncher(Launcher):
+    name = "nemo"
+    log_format = "nemo"
+
+    def entry(self, python: str | None) -> list[str]:
+        if not self.spec.recipe:
+            raise NotTaken("workload.launcher.recipe", None, "a NeMo recipe factory is needed")
+        if self.spec.module:
+            head = [python or "python", "-m", self.spec.module]
+        elif self.spec.script:
+            head = [python or "python", self.spec.script]
+        else:
+            head = ["nemo", "llm", "pretrain"]
+        return [*head, "--factory", self.spec.recipe, "-y", *self.spec.args]
+
+    def key(self, section: str, fld: str) -> str:
+        if section == "model" and fld in _STRATEGY:
+            return f"trainer.strategy.{fld}"
+        if section == "model":
+            return f"model.config.{fld}"
+        if section == "ddp":
+            return f"trainer.strategy.ddp.{fld}"
+        if section == "optimizer":
+            return f"optim.config.{fld}"
+        return f"data.{fld}"
+
+    def knob_overrides(self, params: Mapping[str, Any]) -> list[str]:
+        out: dict[str, Any] = {}
+        for name, value, a in self.assignments_of(params):
+            why = dse_only(name, value)
+            if why:
+                raise NotTaken(name, value, why)
+            if a.section == "optimizer" and a.field in _DTYPE_FIELDS:
+                raise NotTaken(
+                    name,
+                    value,
+                    f"optim.config.{a.field} is a torch.dtype, which a NeMo-Run command-line "
+                    "override cannot express; set it in the recipe factory",
+                )
+            out[self.key(a.section, a.field)] = a.value
+        return [f"{k}={python_value(v)}" for k, v in out.items()]
+
+    def semantics_overrides(self) -> list[str]:
+        sem = self.space.semantics
+        _world, per, nodes = _layout(self.space)
+        return [
+            f"trainer.num_nodes={nodes}",
+            f"trainer.devices={per}",
+            f"trainer.max_steps={sem.steps}",
+            "trainer.log_every_n_steps=1",
+            f"data.global_batch_size={sem.global_batch_size}",
+            f"data.seq_length={sem.seq_length}",
+        ]
+
+    def fixed_overrides(self) -> list[str]:
+        return [f"{k}={python_value(v)}" for k, v in self.spec.overrides.items()]
+
+    def base_env(self) -> dict[str, str]:
+        # NeMo logs peak memory per step with this set (NeMo PR "Added memory logger").
+        return {"NEMO_LOG_MEMORY_USAGE": "1"}

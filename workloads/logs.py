@@ -1,0 +1,385 @@
+"""Reading a training recipe's own log: per-iteration figures, memory reports, failures.
+
+Three formats, each a set of named, compiled regexes at module level:
+
+* ``megatron``: Megatron-LM's ``training_log`` line (``iteration N/ M | ... | elapsed time
+  per iteration (ms): ... | throughput per GPU (TFLOP/s/GPU): ... | lm loss: ... |``) and
+  ``report_memory`` (``[Rank r] (after N iterations) memory (MB) | allocated: ... | max
+  allocated: ... | reserved: ... | max reserved: ...``, MiB).
+* ``bridge``: Megatron-Bridge prints the same iteration line, a ``Step Time : 7.04s GPU
+  utilization: 24.7MODEL_TFLOP/s/GPU`` line before it, and its memory report in GB (1e9
+  bytes) as ``mem-max-allocated-gigabytes: ...``.
+* ``nemo``: NeMo 2.0's progress line (``Training epoch E, iteration i/n | ... |
+  reduced_train_loss: ... | train_step_timing in s: ... | TFLOPS_per_GPU: ... |
+  peak_memory_usage: <bytes> |``), 0-based iterations.
+
+Lines of several ranks may be interleaved and prefixed (``0: ``, ``[rank3]:``); an
+iteration logged by several ranks counts once. Failures are classified by
+:data:`LOG_PATTERNS` (the one list of log failure patterns, also used by the runners).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "LOG_FORMATS",
+    "LOG_PATTERNS",
+    "LogStep",
+    "ParsedLog",
+    "LogParser",
+    "classify_failure",
+    "classify_log",
+    "detect_format",
+    "parse_log",
+]
+
+LOG_FORMATS = ("megatron", "bridge", "nemo")
+
+_GIB = float(2**30)
+
+# --- iteration lines ----------------------------------------------------------------------
+
+#: Megatron-LM / Bridge ``training_log``: `` iteration      71/     100 | key: value | ...``
+MEGATRON_ITERATION = re.compile(r"\biteration\s+(?P<it>\d+)/\s*(?P<total>\d+)\s*\|(?P<rest>.*)$")
+#: NeMo 2.0 progress line: ``Training epoch 0, iteration 120/149 | key: value | ...``
+NEMO_ITERATION = re.compile(
+    r"Training epoch (?P<epoch>\d+), iteration (?P<it>\d+)/(?P<total>\d+)\s*\|(?P<rest>.*)$"
+)
+#: ``key: value`` fields of an iteration line, separated by ``|``.
+FIELD = re.compile(r"\s*(?P<key>[^|:]+?):\s*(?P<value>[^|]*?)\s*(?:\||$)")
+#: Bridge's throughput line printed before its iteration line.
+BRIDGE_STEP_TIME = re.compile(
+    r"Step Time\s*:\s*(?P<s>[0-9.]+)s GPU utilization:\s*(?P<tf>[0-9.]+)\s*MODEL_TFLOP/s/GPU"
+)
+
+# --- memory reports -----------------------------------------------------------------------
+
+#: Megatron-LM ``report_memory`` (MiB).
+MEGATRON_MEMORY = re.compile(
+    r"\(after (?P<it>\d+) iterations\) memory \(MB\)"
+    r".*?\|\s*max allocated:\s*(?P<alloc>[0-9.]+)"
+    r"(?:.*?\|\s*max reserved:\s*(?P<reserved>[0-9.]+))?"
+)
+#: Megatron-Bridge ``report_memory`` (GB = 1e9 bytes).
+BRIDGE_MEMORY = re.compile(
+    r"\(after (?P<it>\d+) iterations\) memory \(GB\)"
+    r".*?\|\s*mem-max-allocated-gigabytes:\s*(?P<alloc>[0-9.]+)"
+    r"(?:.*?\|\s*mem-max-reserved-gigabytes:\s*(?P<reserved>[0-9.]+))?"
+)
+
+# --- failures (most specific first) -------------------------------------------------------
+
+#: Named failure patterns: (failure class, name, compiled regex). The first match wins.
+LOG_PATTERNS: list[tuple[str, str, re.Pattern[str]]] = [
+    (
+        "oom",
+        "cuda_oom",
+        re.compile(
+            r"CUDA out of memory[^\n]*|torch\.OutOfMemoryError[^\n]*|OutOfMemoryError[^\n]*"
+            r"|CUBLAS_STATUS_ALLOC_FAILED[^\n]*|\bout of memory\b[^\n]*",
+            re.I,
+        ),
+    ),
+    (
+        "nan",
+        "nan_loss",
+        re.compile(
+            r"found NaN in[^\n]*|\bNaN (?:loss|detected)[^\n]*|loss is (?:nan|inf)[^\n]*"
+            r"|number of nan iterations:\s*[1-9]\d*",
+            re.I,
+        ),
+    ),
+    (
+        "hang",
+        "nccl_timeout",
+        re.compile(
+            r"Watchdog caught collective operation timeout[^\n]*|NCCL (?:communicator )?"
+            r"timeout[^\n]*|Timeout at NCCL work[^\n]*|collective operation timeout[^\n]*",
+            re.I,
+        ),
+    ),
+    (
+        "error",
+        "nccl_error",
+        re.compile(r"NCCL error[^\n]*|ncclSystemError[^\n]*|ncclInternalError[^\n]*", re.I),
+    ),
+    (
+        "invalid",
+        "unrecognized_arguments",
+        re.compile(r"error: unrecognized arguments:[^\n]*|error: argument [^\n]*"),
+    ),
+    (
+        "invalid",
+        "override_rejected",
+        re.compile(
+            r"Could not override '[^\n]*|Key '[^']+' not in '[^\n]*"
+            r"|ConfigAttributeError[^\n]*|Error merging override[^\n]*"
+        ),
+    ),
+]
+
+#: A Python exception line: ``AssertionError: message``.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\S+:\s*)?(?:[\w.]+\.)?(?P<exc>AssertionError|ValueError|TypeError|KeyError)"
+    r"(?::\s*(?P<msg>.*))?$",
+    re.M,
+)
+#: Traceback frames of configuration validation (Megatron-LM ``validate_args``, Megatron-
+#: Core config ``__post_init__``, Bridge ``ConfigContainer.validate`` / ``finalize``).
+_VALIDATION_FRAME = re.compile(
+    r'File "[^"]*\.py", line \d+, in (?:validate_args|__post_init__|validate|finalize)\b'
+)
+
+
+def classify_failure(text: str) -> tuple[str, str] | None:
+    """(failure class, message) a log shows, or None when it shows no known failure.
+
+    Classes: ``oom``, ``nan``, ``hang`` (NCCL collective timeout), ``error`` (NCCL
+    error), ``invalid`` (a configuration validation error, an unrecognized argument or a
+    rejected override, with the recipe's own message).
+    """
+    for cls, _name, rx in LOG_PATTERNS:
+        m = rx.search(text)
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return cls, text[start : end if end >= 0 else len(text)].strip()
+    # Megatron's checks are assertions (Megatron-LM validate_args, Megatron-Core modules);
+    # a ValueError/TypeError/KeyError counts when raised from a config validation frame.
+    excs = list(_EXCEPTION_LINE.finditer(text))
+    if excs:
+        m = excs[-1]
+        if m.group("exc") == "AssertionError" or _VALIDATION_FRAME.search(text):
+            msg = (m.group("msg") or "").strip() or m.group("exc")
+            return "invalid", msg
+    return None
+
+
+def classify_log(text: str) -> str:
+    """The failure class a crashed trial's log suggests (``error`` when nothing matches)."""
+    found = classify_failure(text)
+    return found[0] if found else "error"
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+
+@dataclass
+class LogStep:
+    """One logged iteration (``step`` is 1-based: the iterations done when it was logged)."""
+
+    step: int
+    step_time_s: float | None = None
+    tflops_per_gpu: float | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+
+
+@dataclass
+class ParsedLog:
+    format: str
+    steps: list[LogStep] = field(default_factory=list)
+    total_steps: int | None = None
+    peak_mem_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    failure: tuple[str, str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def log_interval(self) -> int | None:
+        """Iterations between logged lines (None with fewer than two lines)."""
+        its = [s.step for s in self.steps]
+        gaps = {b - a for a, b in zip(its, its[1:], strict=False)}
+        return min(gaps) if gaps else None
+
+    def summary(
+        self,
+        warmup_steps: int = 1,
+        *,
+        flops_per_step: float | None = None,
+        world_size: int | None = None,
+    ) -> dict[str, Any]:
+        """What a trial records from this log.
+
+        ``step_time_s`` and ``tflops_per_gpu`` are medians over the logged iterations after
+        ``warmup_steps`` (all of them when none is left). When the log has no TFLOP/s and
+        ``flops_per_step`` and ``world_size`` are given, TFLOP/s is computed from the step
+        time (model FLOPs, :mod:`dse.flops`) and ``tflops_source`` says so.
+        """
+        notes = list(self.notes)
+        timed = [s for s in self.steps if s.step_time_s is not None]
+        steady = [s for s in timed if s.step > warmup_steps] or timed
+        step_time = statistics.median(s.step_time_s for s in steady) if steady else None  # type: ignore[type-var]
+        logged_tf = [s.tflops_per_gpu for s in steady if s.tflops_per_gpu is not None]
+        tflops: float | None = None
+        source: str | None = None
+        if logged_tf:
+            tflops, source = statistics.median(logged_tf), "log"
+        elif step_time and flops_per_step and world_size:
+            from dse.flops import tflops_per_gpu
+
+            tflops = tflops_per_gpu(flops_per_step, step_time, world_size)
+            source = "computed"
+            notes.append(
+                "the log has no TFLOP/s; computed from the median step time with dse's "
+                "model-FLOPs formula (dse.flops)"
+            )
+        elif step_time:
+            notes.append("the log has no TFLOP/s; give the space file to compute it")
+        losses = [s.loss for s in self.steps if s.loss is not None]
+        return {
+            "format": self.format,
+            "tflops_per_gpu": tflops,
+            "tflops_source": source,
+            "step_time_s": step_time,
+            "loss": losses,
+            "peak_mem_gib": self.peak_mem_gib,
+            "peak_reserved_gib": self.peak_reserved_gib,
+            "steps": self.steps[-1].step if self.steps else 0,
+            "logged_steps": len(self.steps),
+            "log_interval": self.log_interval,
+            "warmup_steps": warmup_steps,
+            "failure": None
+            if self.failure is None
+            else {"class": self.failure[0], "reason": self.failure[1]},
+            "notes": notes,
+        }
+
+
+def _fields(rest: str) -> dict[str, str]:
+    return {m.group("key").strip(): m.group("value").strip() for m in FIELD.finditer(rest)}
+
+
+def _float(x: str | None) -> float | None:
+    if x is None or x == "":
+        return None
+    try:
+        return float(x)
+    except ValueError:
+        return None
+
+
+def detect_format(text: str) -> str:
+    """``nemo``, ``bridge`` or ``megatron`` by the lines a log holds (megatron by default)."""
+    if NEMO_ITERATION.search(text):
+        return "nemo"
+    if BRIDGE_STEP_TIME.search(text) or BRIDGE_MEMORY.search(text):
+        return "bridge"
+    return "megatron"
+
+
+class LogParser:
+    """Incremental parser: feed lines as the recipe writes them, read ``result``."""
+
+    def __init__(self, fmt: str = "auto") -> None:
+        if fmt not in ("auto", *LOG_FORMATS):
+            raise ValueError(f"unknown log format {fmt!r}; known: auto, {', '.join(LOG_FORMATS)}")
+        self.format = fmt
+        self.result = ParsedLog(format=fmt)
+        self._by_step: dict[int, LogStep] = {}
+        self._pending_tflops: float | None = None
+        self._tail: list[str] = []
+
+    def _step(self, step: int) -> tuple[LogStep, bool]:
+        s = self._by_step.get(step)
+        if s is not None:
+            return s, False
+        s = LogStep(step)
+        self._by_step[step] = s
+        self.result.steps.append(s)
+        return s, True
+
+    def feed(self, line: str) -> LogStep | None:
+        """Parse one line; returns the step when the line logged a new iteration."""
+        self._tail.append(line)
+        if len(self._tail) > 400:
+            del self._tail[:200]
+        new: LogStep | None = None
+        if self.format in ("auto", "nemo"):
+            m = NEMO_ITERATION.search(line)
+            if m:
+                self._set_format("nemo")
+                f = _fields(m.group("rest"))
+                s, fresh = self._step(int(m.group("it")) + 1)
+                self.result.total_steps = int(m.group("total"))
+                s.step_time_s = s.step_time_s or _float(f.get("train_step_timing in s"))
+                s.tflops_per_gpu = s.tflops_per_gpu or _float(f.get("TFLOPS_per_GPU"))
+                loss = _float(f.get("reduced_train_loss"))
+                s.loss = s.loss if s.loss is not None else loss
+                peak = _float(f.get("peak_memory_usage"))
+                if peak is not None:
+                    self._peak(peak / _GIB, None)
+                return s if fresh else None
+        if self.format in ("auto", "bridge"):
+            m = BRIDGE_STEP_TIME.search(line)
+            if m:
+                self._set_format("bridge")
+                self._pending_tflops = float(m.group("tf"))
+                return None
+            m = BRIDGE_MEMORY.search(line)
+            if m:
+                self._set_format("bridge")
+                r = _float(m.group("reserved"))
+                self._peak(float(m.group("alloc")) * 1e9 / _GIB, None if r is None else r * 1e9 / _GIB)
+                return None
+        if self.format in ("auto", "megatron", "bridge"):
+            m = MEGATRON_MEMORY.search(line)
+            if m:
+                r = _float(m.group("reserved"))
+                self._peak(float(m.group("alloc")) / 1024, None if r is None else r / 1024)
+                return None
+            m = MEGATRON_ITERATION.search(line)
+            if m and "elapsed time per iteration" in line:
+                f = _fields(m.group("rest"))
+                s, fresh = self._step(int(m.group("it")))
+                self.result.total_steps = int(m.group("total"))
+                ms = _float(f.get("elapsed time per iteration (ms)"))
+                if ms is not None and s.step_time_s is None:
+                    s.step_time_s = ms / 1000.0
+                tf = _float(f.get("throughput per GPU (TFLOP/s/GPU)"))
+                if tf is None and self._pending_tflops is not None:
+                    tf = self._pending_tflops
+                self._pending_tflops = None
+                if s.tflops_per_gpu is None:
+                    s.tflops_per_gpu = tf
+                if s.loss is None:
+                    s.loss = _float(f.get("lm loss"))
+                if s.grad_norm is None:
+                    s.grad_norm = _float(f.get("grad norm"))
+                new = s if fresh else None
+        return new
+
+    def _set_format(self, fmt: str) -> None:
+        if self.format == "auto" or self.result.format == "auto":
+            self.result.format = fmt
+
+    def _peak(self, alloc: float, reserved: float | None) -> None:
+        r = self.result
+        r.peak_mem_gib = alloc if r.peak_mem_gib is None else max(r.peak_mem_gib, alloc)
+        if reserved is not None:
+            r.peak_reserved_gib = (
+                reserved if r.peak_reserved_gib is None else max(r.peak_reserved_gib, reserved)
+            )
+
+    def finish(self, text: str | None = None) -> ParsedLog:
+        """Classify failures (from ``text``, or the lines fed) and return the result."""
+        if self.result.format == "auto":
+            self.result.format = "megatron" if self.format == "auto" else self.format
+        self.result.failure = classify_failure(text if text is not None else "\n".join(self._tail))
+        return self.result
+
+
+def parse_log(lines: Iterable[str] | str, fmt: str = "auto") -> ParsedLog:
+    """Parse a whole log (text or lines)."""
+    text = lines if isinstance(lines, str) else "".join(lines)
+    if fmt == "auto":
+        fmt = detect_format(text)
+    p = LogParser(fmt)
+    for line in text.splitlines():
+        p.feed(line)
+    return p.finish(text)
