@@ -42,10 +42,9 @@ def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
 
 # --- validate -----------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
+    from dse.recipe_cli import check_recipe
     from dse.rules import check_space
     from dse.space import load_space
-
-    from dse.recipe_cli import check_recipe
 
     space = load_space(args.space)
     n_total, n_valid = check_space(space, args.space)
@@ -90,10 +89,9 @@ def _apply_overrides(space: Any, args: argparse.Namespace) -> Any:
 def _make_runner(space: Any) -> Any:
     name = space.runner.name
     if name == "local":
-        from dse.workloads.runners import LocalRunner
-
         # replay and sim trials are plain CPU processes whatever the space's device is
         from dse.recipe_spec import LAUNCHERS
+        from dse.workloads.runners import LocalRunner
 
         trains = space.workload.name in ("megatron", *LAUNCHERS)
         device = space.resources.device if trains else "cpu"
@@ -152,10 +150,9 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    from dse.recipe_cli import check_recipe, dry_run
     from dse.rules import check_space
     from dse.space import load_space
-
-    from dse.recipe_cli import check_recipe, dry_run
 
     space = _apply_overrides(load_space(args.space), args)
     check_space(space, args.space)

@@ -426,8 +426,10 @@ ENV_PREFIX = "env."
 ENV_VARS: Mapping[str, str] = {
     "CUDA_DEVICE_MAX_CONNECTIONS": "Hardware work queues per device (Megatron-LM's TP/SP "
     "overlap wants 1; MoE/HybridEP recipes use 32).",
-    "PYTORCH_CUDA_ALLOC_CONF": "PyTorch caching-allocator settings (e.g. expandable_segments:True).",
-    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "HybridEP: expert-parallel ranks per NVLink domain.",
+    "PYTORCH_CUDA_ALLOC_CONF": "PyTorch caching-allocator settings "
+    "(e.g. expandable_segments:True).",
+    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "HybridEP: expert-parallel ranks per NVLink "
+    "domain.",
     "NVLINK_DOMAIN_SIZE": "HybridEP: GPUs per NVLink domain.",
     "USE_MNNVL": "HybridEP: multi-node NVLink (0/1).",
     "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": "HybridEP: tokens per chunk of the combine kernel.",

@@ -55,6 +55,7 @@ def cmd_parse_log(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return 0
+
     def num(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
 

@@ -325,7 +325,9 @@ class LogParser:
             if m:
                 self._set_format("bridge")
                 r = _float(m.group("reserved"))
-                self._peak(float(m.group("alloc")) * 1e9 / _GIB, None if r is None else r * 1e9 / _GIB)
+                self._peak(
+                    float(m.group("alloc")) * 1e9 / _GIB, None if r is None else r * 1e9 / _GIB
+                )
                 return None
         if self.format in ("auto", "megatron", "bridge"):
             m = MEGATRON_MEMORY.search(line)

@@ -74,9 +74,16 @@ class RenderedTrial:
             lines.append(f"# pre-trial node step (skipped with a note if not permitted): "
                          f"{shlex.join(step)}")  # fmt: skip
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        cmd = [shlex.quote(a) if not a.startswith("${") and "=${" not in a else a
-               for a in self.argv]  # fmt: skip
-        lines.append(" \\\n    ".join(cmd))
+        q = [a if "${" in a else shlex.quote(a) for a in self.argv]
+        parts: list[str] = []
+        for a in q:  # a flag and its value on one line
+            prev = parts[-1] if parts else ""
+            flag = (prev.startswith("--") and " " not in prev and "=" not in prev) or prev == "-m"
+            if flag and not a.startswith("-") and "=" not in a:
+                parts[-1] += " " + a
+            else:
+                parts.append(a)
+        lines.append(" \\\n    ".join(parts))
         return "\n".join(lines) + "\n"
 
 

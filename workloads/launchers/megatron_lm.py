@@ -120,9 +120,7 @@ def model_flags(space: SearchSpace) -> list[str]:
     return out
 
 
-def knob_flags(
-    params: Mapping[str, Any], model: ModelSpec
-) -> list[str]:
+def knob_flags(params: Mapping[str, Any], model: ModelSpec) -> list[str]:
     """Megatron-LM flags for the knob values of ``params`` (raises NotTaken)."""
     out: list[str] = []
     seen: set[str] = set()

@@ -50,7 +50,7 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
     r = spec.workload["rendered"]
     notes = run_node_steps(list(r.get("node_step_names", [])))
     for n in notes:
-        print(f"dse: {n}", file=out, flush=True)
+        out.write(f"dse: {n}\n")
     env = {**os.environ, **r["env"]}
     world = int(r.get("world_size", spec.world_size))
     tp = int(spec.params.get("tensor_model_parallel_size", 1) or 1)
@@ -92,7 +92,9 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
         writer.failure(cls, reason, metrics)
         return 3
     if rc != 0:
-        writer.failure("error", f"the recipe exited with code {rc}; its log names no known failure")
+        writer.failure(
+            "error", f"the recipe exited with code {rc}; its log names no known failure"
+        )
         return 3
     if summary["step_time_s"] is None or not summary["loss"]:
         writer.failure(

@@ -57,12 +57,11 @@ class _MegatronLog(MetricsWriter):
         )
         mib = record["peak_mem_gib"] * 1024.0
         rmib = record["peak_reserved_gib"] * 1024.0
-        print(line, flush=True)
-        print(
-            f"[Rank 0] (after {it} iterations) memory (MB) | allocated: {mib} | "
-            f"max allocated: {mib} | reserved: {rmib} | max reserved: {rmib}",
-            flush=True,
+        sys.stdout.write(
+            f"{line}\n[Rank 0] (after {it} iterations) memory (MB) | allocated: {mib} | "
+            f"max allocated: {mib} | reserved: {rmib} | max reserved: {rmib}\n"
         )
+        sys.stdout.flush()
 
 
 def validate_args(failure: TrialFailure) -> None:
@@ -105,9 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except AssertionError:
                 traceback.print_exc()
         elif e.failure_class == "oom":
-            print(f"torch.OutOfMemoryError: CUDA out of memory. {e.reason}", file=sys.stderr)
+            sys.stderr.write(f"torch.OutOfMemoryError: CUDA out of memory. {e.reason}\n")
         else:
-            print(f"RuntimeError: {e.reason}", file=sys.stderr)
+            sys.stderr.write(f"RuntimeError: {e.reason}\n")
         sys.stderr.flush()
         return _exit(1)
     return _exit(0)

@@ -561,7 +561,7 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
 
         _cpu_shims.install()
     else:
-        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        os.environ.update(cuda_environment(os.environ))
     device = dist.init(spec.device)
     from dse.workloads.megatron import _compat
 
@@ -593,6 +593,15 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         torch=torch.__version__,
     )
     return summary
+
+
+def cuda_environment(environ: Any) -> dict[str, str]:
+    """What the trainer adds to a CUDA trial's environment: Megatron-LM's
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (needed to overlap TP communication), only when the
+    trial's environment (the space's ``env`` section, an ``env.`` knob) does not set it."""
+    if "CUDA_DEVICE_MAX_CONNECTIONS" in environ:
+        return {}
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def _failure_metrics(spec_device: str | None) -> dict[str, Any]:

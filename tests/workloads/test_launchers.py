@@ -1,0 +1,196 @@
+"""Recipe launchers: knob values as the recipe's own overrides, golden dry-run output, knobs a
+recipe cannot take refused at validate, environment knobs, Megatron-LM flags read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dse.cli import main
+from dse.exceptions import SpaceError
+from dse.knobs import trial_env
+from dse.space import load_space, parse_space
+from dse.study import trial_launch
+from dse.workloads import trial_command
+from dse.workloads.launchers import NotTaken, check_launcher, launcher_for, run_node_steps
+from dse.workloads.launchers.megatron_lm import parse_megatron_args
+from dse.workloads.megatron.trainer import cuda_environment
+from tests.conftest import EXAMPLES
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
+
+
+def _space(name: str, mutate=None) -> object:  # type: ignore[no-untyped-def]
+    data = yaml.safe_load((EXAMPLES / name).read_text())
+    if mutate:
+        mutate(data)
+    return parse_space(data, name)
+
+
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "llama3_8b", "llama3_8b_megatron_lm"])
+def test_dry_run_golden(name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # the first trial the agent launches is the recipe's own configuration (the baseline)
+    rc = main(["start", "--space", str(EXAMPLES / f"{name}.yaml"), "--dry-run", "1",
+               "--storage", f"sqlite:///{tmp_path}/never.db"])  # fmt: skip
+    assert rc == 0
+    assert capsys.readouterr().out == (GOLDEN / f"dryrun_{name}.txt").read_text()
+    assert not (tmp_path / "never.db").exists()  # nothing stored, nothing run
+
+
+def test_bridge_overrides_in_hydra_syntax() -> None:
+    space = _space("qwen3_30b_a3b.yaml")
+    params = space.full_params(
+        {**space.baseline(), "recompute": "selective", "moe_token_dispatcher_type": "alltoall",
+         "micro_batch_size": 2, "env.CUDA_DEVICE_MAX_CONNECTIONS": 1}
+    )  # fmt: skip
+    r = launcher_for(space).render(params)
+    argv = r.argv
+    assert "model.recompute_granularity=selective" in argv
+    assert "model.recompute_modules=[core_attn]" in argv
+    assert "train.micro_batch_size=2" in argv
+    assert "model.moe_token_dispatcher_type=alltoall" in argv
+    assert "mixed_precision=bf16_with_fp8_current_scaling_mixed" in argv
+    assert "checkpoint.save_interval=null" in argv
+    assert argv[argv.index("--recipe") + 1] == "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+    assert r.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert r.env["NVTE_FWD_LAYERNORM_SM_MARGIN"] == "16"
+    assert r.node_steps == [["nvidia-smi", "boost-slider", "--vboost", "1"]]
+    assert r.container_image == "nvcr.io/nvidia/nemo:26.04" and r.nodes == 2
+
+
+def test_nemo_overrides_paths_and_python_literals() -> None:
+    space = _space("llama3_8b.yaml")
+    params = space.full_params({**space.baseline(), "tensor_model_parallel_size": 2,
+                                "sequence_parallel": True, "recompute": "selective"})  # fmt: skip
+    argv = launcher_for(space).render(params).argv
+    assert argv[:3] == ["nemo", "llm", "pretrain"]
+    assert "trainer.strategy.tensor_model_parallel_size=2" in argv
+    assert "trainer.strategy.sequence_parallel=True" in argv
+    assert "trainer.strategy.ddp.overlap_grad_reduce=True" in argv
+    assert "model.config.recompute_modules=['core_attn']" in argv
+    assert "data.micro_batch_size=1" in argv and "trainer.devices=8" in argv
+
+
+@pytest.mark.parametrize(
+    ("example", "knob", "value", "why"),
+    [
+        ("qwen3_30b_a3b.yaml", "attention_backend", "sdpa", "dse's built-in trainer"),
+        ("llama3_8b_megatron_lm.yaml", "moe_flex_dispatcher_backend", "hybridep", "HybridEP"),
+        ("llama3_8b.yaml", "main_grads_dtype", "fp32", "torch.dtype"),
+    ],
+)
+def test_a_knob_the_recipe_cannot_take_is_refused_at_validate(
+    example: str, knob: str, value: str, why: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    data = yaml.safe_load((EXAMPLES / example).read_text())
+    data["knobs"][knob] = {"values": [value]}
+    if knob == "moe_flex_dispatcher_backend":
+        data["fixed"] = {**data.get("fixed", {}), "moe_token_dispatcher_type": "flex"}
+        data["model"].update(num_moe_experts=8, moe_router_topk=2)
+        data["resources"]["features"] = ["transformer_engine", "apex", "hybridep"]
+    if knob == "attention_backend":
+        data["fixed"].pop("attention_backend")
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"knobs.{knob}" in err and f"cannot take {knob}={value!r}" in err and why in err
+
+
+def test_knob_and_fixed_override_setting_the_same_field_is_an_error() -> None:
+    space = _space(
+        "qwen3_30b_a3b.yaml",
+        lambda d: d["workload"]["launcher"]["overrides"].update({"train.micro_batch_size": 8}),
+    )
+    with pytest.raises(SpaceError, match=r"\['train.micro_batch_size'\] set both by a knob"):
+        check_launcher(space)
+    space = _space(
+        "llama3_8b_megatron_lm.yaml",
+        lambda d: d["workload"]["launcher"]["args"].extend(["--micro-batch-size", "4"]),
+    )
+    with pytest.raises(SpaceError, match=r"\['--micro-batch-size'\] given more than once"):
+        check_launcher(space)
+
+
+def test_every_knob_value_of_the_examples_renders() -> None:
+    for name in ("qwen3_30b_a3b.yaml", "llama3_8b.yaml", "llama3_8b_megatron_lm.yaml",
+                 "tiny_gpt_cpu_megatron_lm.yaml"):  # fmt: skip
+        assert check_launcher(load_space(EXAMPLES / name)) > 0
+
+
+def test_megatron_lm_flags_read_back_into_the_same_knob_values() -> None:
+    space = load_space(EXAMPLES / "llama3_8b_megatron_lm.yaml")
+    launcher = launcher_for(space)
+    n = 0
+    for params in space.iter_configs():
+        full = space.full_params(params)
+        argv = launcher.render(full).argv
+        args = argv[argv.index("/opt/megatron-lm/pretrain_gpt.py") + 1 :]
+        args = [a for a in args if a not in ("--use-mcore-models", "--eval-iters", "0",
+                                             "--rotary-base", "500000")]  # fmt: skip
+        model, sem, knobs = parse_megatron_args(args)
+        assert {k: knobs[k] for k in full} == full
+        assert model["num_query_groups"] == 8 and sem["global_batch_size"] == 128
+        n += 1
+    assert n == space.size()
+
+
+def test_unknown_megatron_flag_is_refused_like_megatron() -> None:
+    with pytest.raises(SystemExit):
+        parse_megatron_args(["--num-layers", "2", "--tensor-model-paralel-size", "2"])
+
+
+def test_env_section_and_env_knobs() -> None:
+    space = _space("qwen3_30b_a3b.yaml")
+    assert "env.CUDA_DEVICE_MAX_CONNECTIONS" in space.knobs
+    assert space.knobs["env.CUDA_DEVICE_MAX_CONNECTIONS"].values() == [1, 32]
+    assert trial_env({"env.NCCL_ALGO": "Ring", "env.USE_MNNVL": False}, {"NVTE_X": 1}) == {
+        "NVTE_X": "1", "NCCL_ALGO": "Ring", "USE_MNNVL": "0",
+    }  # fmt: skip
+    with pytest.raises(SpaceError, match="'LD_PRELOAD' is not an environment variable"):
+        _space("qwen3_30b_a3b.yaml", lambda d: d["env"]["fixed"].update(LD_PRELOAD="x"))
+    with pytest.raises(SpaceError, match="unknown knob 'env.HOME'"):
+        _space("qwen3_30b_a3b.yaml", lambda d: d["env"]["knobs"].update(HOME={"values": ["/"]}))
+    with pytest.raises(SpaceError, match="also in env.fixed"):
+        _space(
+            "qwen3_30b_a3b.yaml",
+            lambda d: d["env"]["fixed"].update(CUDA_DEVICE_MAX_CONNECTIONS=1),
+        )
+
+
+def test_built_in_workload_gets_the_env_and_stops_forcing_max_connections() -> None:
+    data = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
+    data["env"] = {"fixed": {"NCCL_DEBUG": "WARN"},
+                   "knobs": {"CUDA_DEVICE_MAX_CONNECTIONS": {"values": [1, 32]}}}  # fmt: skip
+    space = parse_space(data, "t")
+    params = {**space.baseline(), "env.CUDA_DEVICE_MAX_CONNECTIONS": 32}
+    env, workload = trial_launch(space, params)
+    assert env == {"NCCL_DEBUG": "WARN", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+    assert "rendered" not in workload
+    assert cuda_environment(env) == {}  # the space set it: the trainer leaves it
+    assert cuda_environment({}) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def test_launcher_trial_process_and_rendered_spec() -> None:
+    space = load_space(EXAMPLES / "tiny_gpt_cpu_megatron_lm.yaml")
+    env, workload = trial_launch(space, space.baseline())
+    r = workload["rendered"]
+    assert r["launcher"] == "megatron_lm" and r["log_format"] == "megatron"
+    assert r["argv"][1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert trial_command("megatron_lm", "t.json", world_size=2, python="py") == [
+        "py", "-m", "dse.workloads.launchers.run", "--spec", "t.json",
+    ]  # fmt: skip
+
+
+def test_vboost_node_step_skipped_with_a_note_where_not_permitted() -> None:
+    notes = run_node_steps(["vboost"])
+    # this machine has no GPU driver (or no permission): a note, never an exception
+    assert len(notes) == 1 and notes[0].startswith("node step vboost")
+
+
+def test_not_taken_names_the_knob() -> None:
+    e = NotTaken("attention_backend", "sdpa", "why")
+    assert str(e) == "attention_backend='sdpa': why"
