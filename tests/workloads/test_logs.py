@@ -187,3 +187,19 @@ def test_parse_log_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["parse-log", str(empty)]) == 2
     assert "no iteration line of the megatron format" in capsys.readouterr().err
     assert main(["parse-log", str(empty), "--format", "deepspeed"]) == 2
+
+
+def test_megatron_lm_memory_report_in_mib_max_over_ranks() -> None:
+    # Megatron-LM's report_memory (megatron/training/utils.py) prints one line per DP-rank-0
+    # rank, in MiB; the peak is the largest "max allocated" of them.
+    text = "\n".join(
+        [
+            "[Rank 0] (after 2 iterations) memory (MB) | allocated: 100.5 | max allocated: "
+            "61440.0 | reserved: 70000.0 | max reserved: 71680.0",
+            "[Rank 4] (after 2 iterations) memory (MB) | allocated: 100.5 | max allocated: "
+            "65536.0 | reserved: 70000.0 | max reserved: 70144.0",
+        ]
+    )
+    p = parse_log(text, "megatron")
+    assert p.peak_mem_gib == pytest.approx(64.0)
+    assert p.peak_reserved_gib == pytest.approx(70.0)

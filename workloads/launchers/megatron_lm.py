@@ -21,7 +21,14 @@ from typing import Any
 from dse.space import ModelSpec, SearchSpace
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
 
-__all__ = ["MegatronLMLauncher", "model_flags", "parse_megatron_args", "FLAG_OF_FIELD"]
+__all__ = [
+    "BUILTIN_MODULE",
+    "FLAG_OF_FIELD",
+    "MegatronLMLauncher",
+    "knob_flags",
+    "model_flags",
+    "parse_megatron_args",
+]
 
 #: Field -> Megatron-LM flag for fields given as ``--flag VALUE``.
 FLAG_OF_FIELD: dict[str, str] = {
@@ -120,14 +127,23 @@ def model_flags(space: SearchSpace) -> list[str]:
     return out
 
 
-def knob_flags(params: Mapping[str, Any], model: ModelSpec) -> list[str]:
-    """Megatron-LM flags for the knob values of ``params`` (raises NotTaken)."""
+#: The built-in trainer's Megatron-LM entry point (dse.workloads.megatron.mlm).
+BUILTIN_MODULE = "dse.workloads.megatron.mlm"
+
+
+def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = False) -> list[str]:
+    """Megatron-LM flags for the knob values of ``params`` (raises NotTaken).
+
+    ``builtin``: the command runs dse's built-in trainer (:data:`BUILTIN_MODULE`), which also
+    takes dse's own values (``attention_backend=sdpa``: ``--transformer-impl local
+    --attention-backend flash``, the fields of that knob value).
+    """
     out: list[str] = []
     seen: set[str] = set()
     pp = int(params.get("pipeline_model_parallel_size", 1) or 1)
     flex = params.get("moe_token_dispatcher_type") == "flex"
     for name, value, a in Launcher.assignments_of(params):
-        why = dse_only(name, value)
+        why = None if builtin else dse_only(name, value)
         if why:
             raise NotTaken(name, value, why)
         f, v = a.field, a.value
@@ -182,7 +198,7 @@ class MegatronLMLauncher(Launcher):
         return head + list(self.spec.args)
 
     def knob_overrides(self, params: Mapping[str, Any]) -> list[str]:
-        return knob_flags(params, self.space.model)
+        return knob_flags(params, self.space.model, builtin=self.spec.module == BUILTIN_MODULE)
 
     def semantics_overrides(self) -> list[str]:
         return model_flags(self.space) if self.spec.model_args else []
