@@ -65,18 +65,19 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
     except OSError as e:
         writer.failure("error", f"cannot start the recipe ({r['argv'][0]}): {e}")
         return 3
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.write(line)
-        out.flush()
-        new = parser.feed(line)
-        if new is not None:
-            if pending is not None:
-                rec = _step_record(pending, parser, flops, world)
-                if rec:
-                    writer.step(rec)
-            pending = new
-    rc = proc.wait()
+    with proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            new = parser.feed(line)
+            if new is not None:
+                if pending is not None:
+                    rec = _step_record(pending, parser, flops, world)
+                    if rec:
+                        writer.step(rec)
+                pending = new
+        rc = proc.wait()
     if pending is not None:
         rec = _step_record(pending, parser, flops, world)
         if rec:
