@@ -194,3 +194,33 @@ def test_vboost_node_step_skipped_with_a_note_where_not_permitted() -> None:
 def test_not_taken_names_the_knob() -> None:
     e = NotTaken("attention_backend", "sdpa", "why")
     assert str(e) == "attention_backend='sdpa': why"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["workload"].pop("launcher"), "workload.launcher is required for the bridge"),
+        (
+            lambda d: d["workload"].update(name="megatron"),
+            "workload.launcher applies to ['bridge', 'nemo', 'megatron_lm'], not to 'megatron'",
+        ),
+        (
+            lambda d: d["workload"]["launcher"].update(module="m", script="s.py"),
+            "give either script or module, not both",
+        ),
+        (
+            lambda d: d["workload"]["launcher"].update(recipe_name="x"),
+            "workload.launcher.recipe_name: Extra inputs are not permitted",
+        ),
+        (lambda d: d["env"].update(node_steps=["reboot"]), "env.node_steps[0]: Input should be"),
+    ],
+)
+def test_bad_launcher_sections_exit_2(
+    mutate, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    data = yaml.safe_load((EXAMPLES / "qwen3_30b_a3b.yaml").read_text())
+    mutate(data)
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(p)]) == 2
+    assert message in capsys.readouterr().err
