@@ -115,7 +115,22 @@ def dry_run(space: Any, n: int) -> str:
             r = launcher_for(space).render(
                 space.full_params(params), python=space.workload.launcher.python
             )
-            out.append(r.script().rstrip("\n"))
+            if space.runner.name == "slurm":
+                from dse.workloads.launchers import sbatch_script
+
+                res = space.resources
+                out.append(
+                    sbatch_script(
+                        r,
+                        job_name=f"dse-{space.study}-{i}",
+                        time_limit_s=space.budget.trial_timeout_s,
+                        log_path=f"{space.runner.workdir}/{space.study}/trial-{i:05d}/log.txt",
+                        gpus_per_node=min(res.gpus_per_node or res.world_size, res.world_size),
+                        options=dict(space.runner.options),
+                    ).rstrip("\n")
+                )
+            else:
+                out.append(r.script().rstrip("\n"))
         else:
             out += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
             argv = trial_command(

@@ -224,3 +224,22 @@ def test_bad_launcher_sections_exit_2(
     p.write_text(yaml.safe_dump(data))
     assert main(["validate", str(p)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_dry_run_slurm_batch_script_golden(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import subprocess
+
+    rc = main(["start", "--space", str(EXAMPLES / "qwen3_30b_a3b.yaml"), "--dry-run", "1",
+               "--runner", "slurm"])  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert out == (GOLDEN / "dryrun_qwen3_30b_a3b_slurm.txt").read_text()
+    script = out[out.index("#!/bin/bash") :]
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "--container-image=nvcr.io/nvidia/nemo:26.04" in script
+    assert "--rdzv-endpoint=${MASTER_ADDR}:${MASTER_PORT}" in script
+    p = tmp_path / "trial.sbatch"
+    p.write_text(script)
+    assert subprocess.run(["bash", "-n", str(p)]).returncode == 0  # valid shell

@@ -14,6 +14,7 @@ from dse.workloads.launchers._core import (
     check_launcher,
     launcher_for,
     run_node_steps,
+    sbatch_script,
 )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "check_launcher",
     "launcher_for",
     "run_node_steps",
+    "sbatch_script",
     "RUN_MODULE",
 ]
 
