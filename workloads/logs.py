@@ -20,6 +20,7 @@ iteration logged by several ranks counts once. Failures are classified by
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Iterable
@@ -50,6 +51,12 @@ MEGATRON_ITERATION = re.compile(r"\biteration\s+(?P<it>\d+)/\s*(?P<total>\d+)\s*
 NEMO_ITERATION = re.compile(
     r"Training epoch (?P<epoch>\d+), iteration (?P<it>\d+)/(?P<total>\d+)\s*\|(?P<rest>.*)$"
 )
+#: NeMo's Lightning progress bar (tqdm): ``Epoch 0: ... | 795/77225 [..., k=v, k=v]``.
+NEMO_PROGRESS_BAR = re.compile(
+    r"Epoch (?P<epoch>\d+):[^|]*\|[^|]*\|\s*(?P<it>\d+)/(?P<total>\d+)\s*\[(?P<rest>[^\]]*)\]"
+)
+#: ``key=value`` fields of the progress bar, separated by ``,``.
+BAR_FIELD = re.compile(r"(?:^|,)\s*(?P<key>[^=,]+?)=(?P<value>[^,]*)")
 #: ``key: value`` fields of an iteration line, separated by ``|``.
 FIELD = re.compile(r"\s*(?P<key>[^|:]+?):\s*(?P<value>[^|]*?)\s*(?:\||$)")
 #: Bridge's throughput line printed before its iteration line.
@@ -90,7 +97,7 @@ LOG_PATTERNS: list[tuple[str, str, re.Pattern[str]]] = [
         "nan_loss",
         re.compile(
             r"found NaN in[^\n]*|\bNaN (?:loss|detected)[^\n]*|loss is (?:nan|inf)[^\n]*"
-            r"|number of nan iterations:\s*[1-9]\d*",
+            r"|number of nan iterations:\s*[1-9]\d*|reduced_train_loss[=:]\s*nan[^\n]*",
             re.I,
         ),
     ),
@@ -231,7 +238,10 @@ class ParsedLog:
             )
         elif step_time:
             notes.append("the log has no TFLOP/s; give the space file to compute it")
-        losses = [s.loss for s in self.steps if s.loss is not None]
+        # a NaN/inf loss is None here (JSON has no NaN); the failure says "nan"
+        losses = [
+            s.loss if math.isfinite(s.loss) else None for s in self.steps if s.loss is not None
+        ]
         return {
             "format": self.format,
             "tflops_per_gpu": tflops,
@@ -266,7 +276,7 @@ def _float(x: str | None) -> float | None:
 
 def detect_format(text: str) -> str:
     """``nemo``, ``bridge`` or ``megatron`` by the lines a log holds (megatron by default)."""
-    if NEMO_ITERATION.search(text):
+    if NEMO_ITERATION.search(text) or NEMO_PROGRESS_BAR.search(text):
         return "nemo"
     if BRIDGE_STEP_TIME.search(text) or BRIDGE_MEMORY.search(text):
         return "bridge"
@@ -315,6 +325,27 @@ class LogParser:
                 if peak is not None:
                     self._peak(peak / _GIB, None)
                 return s if fresh else None
+            new_bar: LogStep | None = None
+            for part in line.split("\r"):  # tqdm redraws the bar on one line
+                m = NEMO_PROGRESS_BAR.search(part)
+                if not m:
+                    continue
+                self._set_format("nemo")
+                f = {b.group("key").strip(): b.group("value").strip()
+                     for b in BAR_FIELD.finditer(m.group("rest"))}  # fmt: skip
+                gs = _float(f.get("global_step"))
+                s, fresh = self._step(int(gs) + 1 if gs is not None else int(m.group("it")))
+                self.result.total_steps = int(m.group("total"))
+                s.step_time_s = s.step_time_s or _float(f.get("train_step_timing in s"))
+                s.tflops_per_gpu = s.tflops_per_gpu or _float(f.get("TFLOPS_per_GPU"))
+                bar_loss = f.get("reduced_train_loss")
+                if bar_loss is not None:
+                    nan = bar_loss.lower().startswith("nan")
+                    s.loss = float("nan") if nan else _float(bar_loss)
+                if fresh:
+                    new_bar = s
+            if new_bar is not None or NEMO_PROGRESS_BAR.search(line):
+                return new_bar
         if self.format in ("auto", "bridge"):
             m = BRIDGE_STEP_TIME.search(line)
             if m:

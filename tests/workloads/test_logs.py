@@ -203,3 +203,43 @@ def test_megatron_lm_memory_report_in_mib_max_over_ranks() -> None:
     p = parse_log(text, "megatron")
     assert p.peak_mem_gib == pytest.approx(64.0)
     assert p.peak_reserved_gib == pytest.approx(70.0)
+
+
+def test_nemo_lightning_progress_bar() -> None:
+    p = parse_log(_text("nemo1_progress.log"))
+    assert p.format == "nemo"
+    (s,) = p.steps
+    assert s.step == 795 and s.loss == pytest.approx(3.09) and s.step_time_s is None
+    assert p.total_steps == 77225 and p.failure is None
+
+
+def test_nan_loss_of_a_real_nemo_log() -> None:
+    p = parse_log(_text("nemo1_progress_nan.log"))
+    (s,) = p.steps
+    assert s.step == 9001 and s.step_time_s == pytest.approx(0.615)
+    assert p.failure is not None and p.failure[0] == "nan"
+    assert "reduced_train_loss=nan.0" in p.failure[1]
+    out = p.summary()
+    assert out["loss"] == [None] and out["failure"]["class"] == "nan"
+    json.dumps(out, allow_nan=False)  # what --json prints is valid JSON
+
+
+def test_nan_loss_recorded_as_nan_by_the_trial_process(tmp_path: Path) -> None:
+    from dse.records import TrialSpec, read_metrics
+    from dse.workloads.launchers.run import run_rendered
+    from dse.workloads.megatron._metrics import MetricsWriter
+
+    spec = TrialSpec(
+        study="s", trial_number=0, params={}, world_size=8, device="cuda",
+        model={"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+               "ffn_hidden_size": 128, "vocab_size": 1000},
+        semantics={"global_batch_size": 8, "seq_length": 64, "steps": 4, "warmup_steps": 1},
+        metrics_path=str(tmp_path / "m.jsonl"),
+        workload={"rendered": {"argv": ["cat", str(LOGS / "nemo1_progress_nan.log")],
+                               "env": {}, "log_format": "nemo"}},
+    )  # fmt: skip
+    import io
+
+    assert run_rendered(spec, MetricsWriter(spec.metrics_path), io.StringIO()) == 3
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.failure_class == "nan"

@@ -11,6 +11,7 @@ own message, ``error``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ __all__ = ["main", "run_rendered"]
 
 
 def _step_record(s: LogStep, parser: LogParser, flops: float, world: int) -> dict[str, Any] | None:
-    if s.step_time_s is None or s.loss is None:
+    if s.step_time_s is None or s.loss is None or not math.isfinite(s.loss):
         return None
     tf = s.tflops_per_gpu
     if tf is None:
@@ -97,7 +98,7 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
             "error", f"the recipe exited with code {rc}; its log names no known failure"
         )
         return 3
-    if summary["step_time_s"] is None or not summary["loss"]:
+    if summary["step_time_s"] is None or all(x is None for x in summary["loss"]):
         writer.failure(
             "error",
             f"the recipe exited 0 but its log has no iteration line (format {parsed.format})",
@@ -113,7 +114,7 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
             "tflops_source": summary["tflops_source"],
             "peak_mem_gib": peak,
             "peak_reserved_gib": summary["peak_reserved_gib"] or peak,
-            "loss": summary["loss"][-1],
+            "loss": [x for x in summary["loss"] if x is not None][-1],
             "losses": summary["loss"],
             "steps": summary["steps"],
             "log_interval": summary["log_interval"],
