@@ -47,7 +47,9 @@ def detect_trial_features(space: SearchSpace, python: str | None = None) -> set[
     feats = space.resources.features
     if isinstance(feats, list):
         return set(feats)
-    if space.workload.name != "megatron":
+    launcher = space.workload.launcher
+    builtin = launcher is not None and launcher.module == "dse.workloads.megatron.mlm"
+    if space.workload.name != "megatron" and not builtin:
         return set()
     import subprocess
 
@@ -496,14 +498,23 @@ def trial_launch(space: SearchSpace, params: dict[str, Any]) -> tuple[dict[str, 
 
     full = space.full_params(params)
     workload = space.workload.model_dump()
+    workload["node_steps"] = list(space.env.node_steps)
     env = trial_env(full, space.env.fixed)
     if space.workload.launcher is not None:
-        from dse.workloads.launchers import launcher_for
+        from dse.exceptions import SpaceError
+        from dse.workloads.launchers import NotTaken, launcher_for
 
         spec = space.workload.launcher
-        rendered = launcher_for(space).render(
-            full, python=spec.python or space.runner.python or sys.executable
-        )
+        try:
+            rendered = launcher_for(space).render(
+                full, python=spec.python or space.runner.python or sys.executable
+            )
+        except (NotTaken, SpaceError) as e:
+            # a combination the per-knob check at validate could not see: the trial process
+            # records it as invalid without starting the recipe
+            workload["rendered"] = {"not_taken": f"the {space.workload.name} recipe cannot "
+                                    f"take this configuration: {e}"}  # fmt: skip
+            return env, workload
         workload["rendered"] = rendered.to_dict()
         env = rendered.env
     return env, workload

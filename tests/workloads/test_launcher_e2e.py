@@ -20,6 +20,7 @@ def _space(tmp_path: Path, name: str, **upd: Any) -> Path:
     data["agent"] = {"name": "grid", "seed": 0}
     data["budget"].update(n_trials=2)
     data["runner"]["workdir"] = str(tmp_path / "runs")
+    data["env"] = {"fixed": {"NCCL_DEBUG": "WARN"}, "node_steps": ["vboost"]}
     for k, v in upd.items():
         data["workload"]["launcher"][k] = v
     p = tmp_path / f"{name}"
@@ -49,7 +50,10 @@ def test_megatron_lm_launcher_gives_the_built_in_figures(tmp_path: Path) -> None
         ma, mb = a[mbs].metrics, b[mbs].metrics
         assert a[mbs].state == b[mbs].state == "complete"
         assert mb["launcher"] == "megatron_lm" and mb["log_format"] == "megatron"
-        assert mb["tflops_source"] == "log"
+        assert mb["tflops_source"] == "log" and mb["env"] == {"NCCL_DEBUG": "WARN"}
+        # no GPU driver here: the vboost node step is skipped with a note in both workloads
+        assert any(n.startswith("node step vboost") for n in ma["notes"])
+        assert any(n.startswith("node step vboost") for n in mb["notes"])
         # same model FLOPs; the same losses (printed by the log to 7 digits)
         assert mb["model_flops_per_step"] == ma["model_flops_per_step"]
         assert mb["losses"] == pytest.approx(ma["losses"], rel=1e-6)

@@ -169,7 +169,7 @@ def test_built_in_workload_gets_the_env_and_stops_forcing_max_connections() -> N
     params = {**space.baseline(), "env.CUDA_DEVICE_MAX_CONNECTIONS": 32}
     env, workload = trial_launch(space, params)
     assert env == {"NCCL_DEBUG": "WARN", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
-    assert "rendered" not in workload
+    assert "rendered" not in workload and workload["node_steps"] == []
     assert cuda_environment(env) == {}  # the space set it: the trainer leaves it
     assert cuda_environment({}) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
@@ -243,3 +243,46 @@ def test_dry_run_slurm_batch_script_golden(
     p = tmp_path / "trial.sbatch"
     p.write_text(script)
     assert subprocess.run(["bash", "-n", str(p)]).returncode == 0  # valid shell
+
+
+def test_a_combination_the_recipe_cannot_take_becomes_an_invalid_trial(tmp_path: Path) -> None:
+    from dse.records import TrialSpec, read_metrics
+    from dse.workloads.launchers.run import main as run_main
+
+    # 32 layers do not split into PP=2 x VPP=3 stages: only this combination fails
+    space = _space(
+        "llama3_8b_megatron_lm.yaml",
+        lambda d: d["knobs"].update(
+            virtual_pipeline_model_parallel_size={"values": [None, 3], "baseline": None,
+                                                  "when": {"pipeline_model_parallel_size": 2}}
+        ),
+    )  # fmt: skip
+    params = {**space.baseline(), "pipeline_model_parallel_size": 2,
+              "virtual_pipeline_model_parallel_size": 3}  # fmt: skip
+    env, workload = trial_launch(space, params)
+    assert "cannot take" in workload["rendered"]["not_taken"]
+    spec = TrialSpec(
+        study="s", trial_number=0, params=space.full_params(params),
+        model=space.model.model_dump(), semantics=space.semantics.model_dump(), world_size=8,
+        device="cuda", metrics_path=str(tmp_path / "m.jsonl"), workload=workload,
+    )  # fmt: skip
+    p = tmp_path / "trial.json"
+    p.write_text(spec.model_dump_json())
+    assert run_main(["--spec", str(p)]) == 3
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.failure_class == "invalid"
+    assert "do not split into PP=2 x VPP=3" in (o.reason or "")
+
+
+def test_conditional_knob_checked_where_its_condition_holds(tmp_path: Path) -> None:
+    def vpp(values: list) -> object:  # type: ignore[type-arg]
+        return lambda d: d["knobs"].update(
+            virtual_pipeline_model_parallel_size={
+                "values": values, "baseline": None, "when": {"pipeline_model_parallel_size": 2}
+            }
+        )  # fmt: skip
+
+    # VPP 2 with PP 2 splits 32 layers evenly; with PP 1 it would not apply at all
+    assert check_launcher(_space("llama3_8b_megatron_lm.yaml", vpp([None, 2]))) > 0
+    with pytest.raises(SpaceError, match="virtual_pipeline_model_parallel_size=3"):
+        check_launcher(_space("llama3_8b_megatron_lm.yaml", vpp([None, 3])))

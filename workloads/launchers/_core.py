@@ -250,9 +250,13 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
     n = 0
     seen: set[tuple[str, str]] = set()
     for name, spec in space.knobs.items():
+        active = {}  # a conditional knob is checked where its condition holds
+        for other, want in (spec.when or {}).items():
+            if other in space.knobs:
+                active[other] = want[0] if isinstance(want, list) else want
         for v in spec.values():
             try:
-                launcher.render({**base, name: v})
+                launcher.render({**base, **active, name: v})
                 n += 1
             except NotTaken as e:
                 key = (e.knob, repr(e.value))

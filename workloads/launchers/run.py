@@ -49,6 +49,9 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
     """Run the rendered recipe of ``spec``; write its metrics; return 0 or 3."""
     out = out or sys.stdout
     r = spec.workload["rendered"]
+    if "not_taken" in r:
+        writer.failure("invalid", str(r["not_taken"]))
+        return 3
     notes = run_node_steps(list(r.get("node_step_names", [])))
     for n in notes:
         out.write(f"dse: {n}\n")

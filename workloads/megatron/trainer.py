@@ -556,6 +556,11 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     features = spec.features if spec.features is not None else detect_features()
     plan = make_plan(spec, features)
 
+    notes: list[str] = []
+    if spec.workload.get("node_steps") and dist.local_rank == 0:
+        from dse.workloads.launchers import run_node_steps
+
+        notes = run_node_steps(list(spec.workload["node_steps"]))
     if spec.device == "cpu":
         from dse.workloads.megatron import _cpu_shims
 
@@ -592,6 +597,8 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         megatron_core=getattr(megatron.core, "__version__", "unknown"),
         torch=torch.__version__,
     )
+    if notes:
+        summary["notes"] = notes
     return summary
 
 
