@@ -567,6 +567,10 @@ def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -
                 raise ValueError("num_layers is needed to export a VPP size to Megatron-LM")
             args += [_MLM_ARG[f], str(num_layers // (pp * int(v)))]
             continue
+        if f == "grad_reduce_in_fp32":
+            # Megatron-LM has no --grad-reduce-in-fp32 (megatron/training/arguments.py)
+            args.append("--accumulate-allreduce-grads-in-fp32" if v else "--grad-reduce-in-bf16")
+            continue
         if f == "recompute_granularity" and v is None:
             continue
         if f == "attention_backend" and params.get("attention_backend") == "unfused":

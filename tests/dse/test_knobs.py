@@ -72,3 +72,11 @@ def test_vpp_export_needs_layers() -> None:
         to_megatron_args(
             {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}
         )
+
+
+def test_megatron_lm_grad_reduce_flags() -> None:
+    # Megatron-LM's flags are --accumulate-allreduce-grads-in-fp32 / --grad-reduce-in-bf16
+    assert to_megatron_args({"grad_reduce_in_fp32": True}) == [
+        "--accumulate-allreduce-grads-in-fp32"
+    ]
+    assert to_megatron_args({"grad_reduce_in_fp32": False}) == ["--grad-reduce-in-bf16"]
