@@ -41,6 +41,11 @@ class LauncherSpec(_Strict):
         description="bridge: recipe function (run_recipe.py --recipe); nemo: recipe factory "
         "(nemo llm pretrain --factory), e.g. 'llama3_8b'.",
     )
+    config_file: str | None = Field(
+        None,
+        description="bridge: a YAML of ConfigContainer overrides, passed as --config-file to "
+        "a Bridge script that takes one (examples/models/.../pretrain_*.py).",
+    )
     script: str | None = Field(
         None,
         description="Entry script: bridge default scripts/training/run_recipe.py; megatron_lm "

@@ -286,3 +286,24 @@ def test_conditional_knob_checked_where_its_condition_holds(tmp_path: Path) -> N
     assert check_launcher(_space("llama3_8b_megatron_lm.yaml", vpp([None, 2]))) > 0
     with pytest.raises(SpaceError, match="virtual_pipeline_model_parallel_size=3"):
         check_launcher(_space("llama3_8b_megatron_lm.yaml", vpp([None, 3])))
+
+
+def test_bridge_config_file_with_an_example_script(tmp_path: Path) -> None:
+    def with_file(script: str | None) -> object:
+        def mutate(d: dict) -> None:  # type: ignore[type-arg]
+            lau = d["workload"]["launcher"]
+            lau.pop("recipe")
+            lau["config_file"] = "conf/nano_overrides.yaml"
+            if script:
+                lau["script"] = script
+
+        return mutate
+
+    script = "examples/models/nemotron/nemotron_3/nano/pretrain_nemotron_3_nano.py"
+    space = _space("qwen3_30b_a3b.yaml", with_file(script))
+    argv = launcher_for(space).render(space.full_params(space.baseline())).argv
+    i = argv.index(script)
+    assert argv[i + 1 : i + 3] == ["--config-file", "conf/nano_overrides.yaml"]
+    assert "model.expert_model_parallel_size=16" in argv  # knobs still Hydra overrides
+    with pytest.raises(SpaceError, match="config_file needs a script that takes --config-file"):
+        check_launcher(_space("qwen3_30b_a3b.yaml", with_file(None)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dse.exceptions import SpaceError
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
 
 __all__ = ["BridgeLauncher", "hydra_value"]
@@ -36,16 +37,28 @@ class BridgeLauncher(Launcher):
     log_format = "bridge"
 
     def entry(self, python: str | None) -> list[str]:
-        if not self.spec.recipe and not self.spec.module:
-            raise NotTaken("workload.launcher.recipe", None, "a Bridge recipe function is needed")
+        spec = self.spec
+        if spec.config_file and not (spec.script or spec.module):
+            raise SpaceError(
+                f"workload.launcher.config_file needs a script that takes --config-file "
+                f"(Bridge's example pretrain_*.py scripts); {RUN_RECIPE} takes --recipe "
+                f"(config_file={spec.config_file!r})"
+            )
+        if not (spec.recipe or spec.module or spec.script):
+            raise SpaceError(
+                "workload.launcher: a Bridge recipe function (recipe), or a script/module that "
+                "builds its own ConfigContainer, is needed"
+            )
         head = self.torchrun(python)
-        if self.spec.module:
-            head += ["-m", self.spec.module]
+        if spec.module:
+            head += ["-m", spec.module]
         else:
-            head.append(self.spec.script or RUN_RECIPE)
-        if self.spec.recipe:
-            head += ["--recipe", self.spec.recipe]
-        return head + list(self.spec.args)
+            head.append(spec.script or RUN_RECIPE)
+        if spec.recipe:
+            head += ["--recipe", spec.recipe]
+        if spec.config_file:
+            head += ["--config-file", spec.config_file]
+        return head + list(spec.args)
 
     def knob_overrides(self, params: Mapping[str, Any]) -> list[str]:
         out: dict[str, Any] = {}
