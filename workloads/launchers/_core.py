@@ -31,7 +31,6 @@ __all__ = [
     "check_launcher",
     "run_node_steps",
     "sbatch_script",
-    "LAUNCHER_CLASSES",
     "launcher_for",
 ]
 
@@ -307,9 +306,6 @@ def _classes() -> dict[str, type[Launcher]]:
     from dse.workloads.launchers.nemo import NemoLauncher
 
     return {c.name: c for c in (BridgeLauncher, NemoLauncher, MegatronLMLauncher)}
-
-
-LAUNCHER_CLASSES = _classes
 
 
 def launcher_for(space: SearchSpace) -> Launcher:
