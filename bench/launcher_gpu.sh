@@ -9,8 +9,8 @@ OUTDIR=${1:?output folder}; shift
 mkdir -p "$OUTDIR"; OUTDIR=$(realpath "$OUTDIR")
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
-  --target /tmp/dse . || exit 1
+PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+  --no-cache-dir --target /tmp/dse . || exit 1  # the carried setuptools (>=77) builds dse
 export PYTHONPATH=/tmp/dse:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 REPO=$(pwd)
 WORK=/tmp/launcher_vs_builtin
