@@ -16,7 +16,11 @@ from typing import Any, Literal
 
 from dse.space import SearchSpace
 
-__all__ = ["BaseAgent", "Proposal", "Feedback", "MemoryHint"]
+__all__ = ["BaseAgent", "Proposal", "Feedback", "MemoryHint", "Validity"]
+
+#: ``valid(params) -> bool``: whether a configuration (its knob values) passes the validity
+#: rules. The proposer hands one to the agent (:meth:`BaseAgent.set_validity`).
+Validity = Callable[[Mapping[str, Any]], bool]
 
 #: ``hint(params) -> (predicted peak GiB per GPU, relative standard deviation)`` of a
 #: configuration (its knob values), or None when it cannot say. The study loop builds one
@@ -69,6 +73,14 @@ class BaseAgent(ABC):
     def __init__(self, space: SearchSpace, seed: int | None = None) -> None:
         self.space = space
         self.seed = seed
+        #: ``valid(params)``: whether a configuration passes the validity rules (None:
+        #: unknown). Set by whoever screens the proposals; an agent samples within it.
+        self.valid: Validity | None = None
+
+    def set_validity(self, valid: Validity | None) -> None:
+        """Give the agent the validity rules, so it proposes only configurations that pass
+        them (the screen still checks every proposal)."""
+        self.valid = valid
 
     @abstractmethod
     def ask(self, n: int = 1) -> list[Proposal]:

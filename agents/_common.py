@@ -27,6 +27,8 @@ log = logging.getLogger("dse.agents")
 #: Spaces with at most this many raw combinations may be enumerated (exhaustion checks,
 #: the grid's shuffle, the prior's candidate set).
 ENUMERATE_LIMIT = 200_000
+#: Unseen configurations checked against the validity rules when random draws found none.
+VALIDITY_SCAN = 2_000
 
 
 @dataclass(frozen=True)
@@ -207,33 +209,49 @@ class SpaceAgent(BaseAgent):
             if params_key(p) not in self._seen:
                 yield p
 
+    def _is_valid(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` passes the validity rules the agent was given (True: unknown)."""
+        return self.valid is None or self.valid(params)
+
     def _random_unseen(
         self, tries: int = 64, accept: Callable[[Mapping[str, Any]], bool] | None = None
     ) -> dict[str, Any] | None:
-        """A uniformly drawn unseen configuration (with ``accept``: the first of ``tries``
-        draws it accepts, else the first unseen draw); None when the space is spent."""
+        """A uniformly drawn unseen valid configuration (with ``accept``: the first of
+        ``tries`` draws it accepts, else the first valid unseen draw, else the first unseen
+        draw); None when the space is spent."""
         first: dict[str, Any] | None = None
+        first_valid: dict[str, Any] | None = None
         for _ in range(tries):
             p = self._random_config()
-            if params_key(p) not in self._seen:
-                if accept is None or accept(p):
-                    return p
-                first = first or p
-        if first is not None:
-            return first
+            if params_key(p) in self._seen:
+                continue
+            ok = self._is_valid(p)
+            if ok and (accept is None or accept(p)):
+                return p
+            if ok and first_valid is None:
+                first_valid = p
+            first = first or p
+        if first_valid is not None:
+            return first_valid
         left = list(self._unseen_configs())
-        return self._rng.choice(left) if left else None
+        self._rng.shuffle(left)
+        for p in left[:VALIDITY_SCAN]:
+            if self._is_valid(p):
+                return p
+        return first or (left[0] if left else None)
 
     def _neighbor_unseen(
         self,
         params: Mapping[str, Any],
         accept: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> dict[str, Any] | None:
-        """An unseen configuration one knob away from ``params`` (random knob and value);
-        with ``accept``, the first that it accepts, else the first unseen one."""
+        """An unseen valid configuration one knob away from ``params`` (random knob and
+        value); with ``accept``, the first that it accepts, else the first valid unseen one,
+        else the first unseen one."""
         names = list(self.space.knobs)
         self._rng.shuffle(names)
         first: dict[str, Any] | None = None
+        first_valid: dict[str, Any] | None = None
         for name in names:
             values = [v for v in self.space.knobs[name].values() if not _same(v, params[name])]
             self._rng.shuffle(values)
@@ -241,11 +259,14 @@ class SpaceAgent(BaseAgent):
                 p = canonical(self.space, {**params, name: v})
                 if params_key(p) in self._seen:
                     continue
-                if accept is None or accept(p):
+                ok = self._is_valid(p)
+                if ok and (accept is None or accept(p)):
                     return p
+                if ok and first_valid is None:
+                    first_valid = p
                 if first is None:
                     first = p
-        return first
+        return first_valid if first_valid is not None else first
 
     def active_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The knobs of ``params`` that are active (what a sampler decides)."""

@@ -59,6 +59,9 @@ _VIOLATION_ATTR = "dse:violation"
 # constraints_func, which reads the violation from a user attribute.
 _NEW_CONSTRAINTS = hasattr(Trial, "set_constraint")
 
+#: Samples that break a validity rule, drawn again in one ask before moving to a neighbor.
+MAX_INVALID_REDRAWS = 8
+
 #: A sample below this probability of fitting in memory (see ``OptunaAgent._fit_check``) is
 #: drawn again.
 P_SKIP = 0.02
@@ -136,7 +139,7 @@ class OptunaAgent(SpaceAgent):
     def _suggest(self) -> tuple[dict[str, Any], Any] | None:
         if self._prior_active():
             c = self._guide.propose(  # type: ignore[union-attr]
-                self._observations, self._prior_candidates(), self._seen
+                self._observations, self._prior_candidates(), self._seen, self.valid
             )
             if c is not None:
                 trial = self._fixed(c)
@@ -146,10 +149,23 @@ class OptunaAgent(SpaceAgent):
         unfit: dict[str, Any] | None = None
         fit_check = self._fit_check()
         with _quiet():
-            for _ in range(self.max_retries + 1):
+            tries = invalid = 0
+            while tries <= self.max_retries:
                 trial = self._study.ask()
                 params = self._sample(trial)
-                if params_key(params) not in self._seen:
+                key = params_key(params)
+                if key not in self._seen and not self._is_valid(params):
+                    # breaks a rule: never proposed, never drawn again, and not told to the
+                    # sampler as an objective value (the rules, not the model, know it)
+                    self._seen.add(key)
+                    self._study.tell(trial, state=TrialState.FAIL)
+                    last = params
+                    invalid += 1
+                    if invalid <= MAX_INVALID_REDRAWS:
+                        continue
+                    break
+                tries += 1
+                if key not in self._seen:
                     if fit_check is None or fit_check(params):
                         return params, trial
                     unfit = unfit or params

@@ -299,8 +299,10 @@ class PriorGuide:
         observations: Sequence[Observation],
         candidates: Iterable[Mapping[str, Any]],
         exclude: set[str],
+        valid: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> dict[str, Any] | None:
-        """The candidate with the largest expected prior gain, or None when none promises one."""
+        """The candidate with the largest expected prior gain, or None when none promises one;
+        with ``valid``, only candidates that pass it (the validity rules) are chosen."""
         fits, ooms, cap = self.memory_evidence(observations)
         incumbent: Mapping[str, Any] | None = None
         best_v = -math.inf
@@ -326,5 +328,7 @@ class PriorGuide:
             dist = 0 if incumbent is None else sum(c[k] != incumbent[k] for k in c)
             key = (p * gain - 1e-6 * dist, self._rng.random())
             if best is None or key > best:
+                if valid is not None and not valid(c):
+                    continue
                 best, choice = key, dict(c)
         return choice

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dse.agents._common import SpaceAgent
+from dse.agents._common import VALIDITY_SCAN, SpaceAgent
 from dse.space import SearchSpace, params_key
 
 __all__ = ["RandomAgent", "GridAgent"]
@@ -19,9 +19,10 @@ class RandomAgent(SpaceAgent):
 
 class GridAgent(SpaceAgent):
     """Every distinct canonical configuration of the space, once, after the baseline and
-    the warm start: in ``space.iter_configs()`` order without a seed, in an order shuffled
-    with the seed otherwise (for spaces of more than 200,000 raw combinations the order is
-    always ``iter_configs()``'s, which is lazy)."""
+    the warm start, skipping those that break the validity rules it was given: in
+    ``space.iter_configs()`` order without a seed, in an order shuffled with the seed
+    otherwise (for spaces of more than 200,000 raw combinations the order is always
+    ``iter_configs()``'s, which is lazy)."""
 
     name = "grid"
 
@@ -41,7 +42,11 @@ class GridAgent(SpaceAgent):
         return self._iter
 
     def _suggest(self) -> tuple[dict[str, Any], Any] | None:
+        skipped = 0
         for p in self._configs():
-            if params_key(p) not in self._seen:
+            if params_key(p) in self._seen:
+                continue
+            if self._is_valid(p) or skipped >= VALIDITY_SCAN:
                 return p, None
+            skipped += 1  # breaks a rule: never proposed (a long run of them: handed out)
         return None

@@ -11,7 +11,9 @@ boundary and never proposes the same configuration again. Used by the study loop
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -39,8 +41,14 @@ Prescreen = Callable[[dict[str, Any]], "tuple[str, str, dict[str, Any]] | None"]
 #: ``lookup(params_key) -> Outcome`` of a configuration already measured, or None.
 Lookup = Callable[[str], "Outcome | None"]
 
-#: Rejections + duplicates in one :meth:`Proposer.propose` call before it gives up.
-MAX_REJECTIONS = 10_000
+#: Rejections + duplicates in one :meth:`Proposer.propose` call before it hands control back
+#: (the study loop polls its trials, then asks again).
+MAX_REJECTIONS = 50
+#: Calls in a row that hit :data:`MAX_REJECTIONS` without a launchable proposal before the
+#: proposer declares the space spent (the agent cannot find a valid configuration).
+MAX_STALLED_CALLS = 10
+#: Seconds between progress lines while one call keeps rejecting.
+PROGRESS_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -93,13 +101,18 @@ class Proposed(Sequence[Screened]):
         proposals: launchable proposals, at most the ``n`` asked for.
         rejections: proposals rejected before launch in this call.
         duplicates: proposals answered from an earlier measurement in this call.
-        exhausted: the agent has nothing left to propose (or the rejection cap was hit).
+        exhausted: the agent has nothing left to propose, or :data:`MAX_STALLED_CALLS` calls
+            in a row found nothing launchable.
+        capped: this call stopped at the rejection cap.
+        message: why nothing launchable came back (cap or exhaustion), for the user.
     """
 
     proposals: tuple[Screened, ...] = ()
     rejections: tuple[Rejection, ...] = ()
     duplicates: tuple[Duplicate, ...] = ()
     exhausted: bool = False
+    capped: bool = False
+    message: str = ""
 
     @overload
     def __getitem__(self, i: int) -> Screened: ...
@@ -216,6 +229,14 @@ class Proposer:
             proposal's knob values (e.g. the cost model:
             ``('predicted_oom', 'predicted 150.2 GiB > 139.8 GiB', {...})``).
         max_rejections: rejections + duplicates in one call before it stops asking.
+        on_reject: called with each rejection as it happens (the study stores and shows it).
+        on_progress: called with a progress line every :data:`PROGRESS_EVERY_S` seconds
+            while one call keeps rejecting, and with the message of a capped call.
+
+    Proposals are screened in their canonical form (``space.apply_conditions``: inactive
+    and inert knobs at their baseline, derived settings applied), so a configuration that
+    only differs in a knob Megatron ignores is a duplicate. An agent that can take the
+    rules (``set_validity``) gets them, to sample within them.
     """
 
     def __init__(
@@ -226,16 +247,30 @@ class Proposer:
         prescreen: Prescreen | None = None,
         *,
         max_rejections: int = MAX_REJECTIONS,
+        max_stalled_calls: int = MAX_STALLED_CALLS,
+        on_reject: Callable[[Rejection], None] | None = None,
+        on_progress: Callable[[str], None] | None = None,
     ) -> None:
         self.space = space
         self.agent = agent
         self.features = None if features is None else set(features)
         self.prescreen = prescreen
         self.max_rejections = max_rejections
+        self.max_stalled_calls = max_stalled_calls
+        self.on_reject = on_reject
+        self.on_progress = on_progress
+        self._stalled = 0
         #: every rejection made by this proposer, in order
         self.rejections: list[Rejection] = []
         #: every duplicate answered from an earlier measurement, in order
         self.duplicates: list[Duplicate] = []
+        set_validity = getattr(agent, "set_validity", None)
+        if callable(set_validity):
+            set_validity(self.is_valid)
+
+    def is_valid(self, params: Mapping[str, Any]) -> bool:
+        """Whether a configuration passes the validity rules (what the agent samples in)."""
+        return not check(self.space, params, self.features)
 
     def propose(self, n: int, lookup: Lookup | None = None) -> Proposed:
         """Up to ``n`` launchable proposals (fewer when the agent is spent or the cap is hit).
@@ -247,22 +282,54 @@ class Proposer:
         launch: list[Screened] = []
         rejected: list[Rejection] = []
         dups: list[Duplicate] = []
-        exhausted = False
+        exhausted = capped = False
+        message = ""
+        t0 = last = time.monotonic()
         while len(launch) < n:
             if len(rejected) + len(dups) >= self.max_rejections:
-                exhausted = True
+                capped = True
                 break
             props = self.agent.ask(n - len(launch))
             if not props:
                 exhausted = True
+                message = "the agent has no configuration left to propose"
                 break
             for prop in props:
                 s = self._screen(prop, lookup, rejected, dups)
                 if s is not None:
                     launch.append(s)
-        self.rejections.extend(rejected)
+            now = time.monotonic()
+            if rejected and self.on_progress is not None and now - last >= PROGRESS_EVERY_S:
+                last = now
+                self.on_progress(
+                    f"agent searching: {len(rejected)} proposals rejected in {now - t0:.1f} s "
+                    f"({_tally(rejected)}), {len(launch)} launchable so far"
+                )
         self.duplicates.extend(dups)
-        return Proposed(tuple(launch), tuple(rejected), tuple(dups), exhausted)
+        if launch:
+            self._stalled = 0
+        elif capped:
+            self._stalled += 1
+            message = (
+                f"{len(rejected) + len(dups)} proposals in a row were rejected before launch "
+                f"({_tally(rejected)}{', ' if rejected and dups else ''}"
+                f"{f'{len(dups)} already measured' if dups else ''})"
+            )
+            if rejected and len(rejected) >= len(dups):
+                message += (
+                    ": most of this space breaks the rules; declare derived settings "
+                    "(derived:), narrow the knobs or add constraints (dse validate counts "
+                    "the valid configurations)"
+                )
+            if self._stalled >= self.max_stalled_calls:
+                exhausted = True
+                message += (
+                    f"; stopped asking after {self._stalled} such rounds "
+                    f"({self._stalled * self.max_rejections} proposals)"
+                )
+            if self.on_progress is not None:
+                self.on_progress(message)
+        return Proposed(tuple(launch), tuple(rejected), tuple(dups), exhausted, capped, message)
 
     def _screen(
         self,
@@ -271,37 +338,39 @@ class Proposer:
         rejected: list[Rejection],
         dups: list[Duplicate],
     ) -> Screened | None:
-        key = params_key(prop.params)
-        violations = check(self.space, prop.params, self.features)
+        params = self.space.apply_conditions(_complete(self.space, prop.params))
+        key = params_key(params)
+        violations = check(self.space, params, self.features)
         if violations:
             first = violations[0]
             rej = Rejection(
-                params=dict(prop.params),
+                params=params,
                 params_key=key,
                 kind="invalid",
                 rule=first.rule,
                 reason="; ".join(str(v) for v in violations),
                 values=dict(first.values),
             )
-            rejected.append(rej)
+            self._rejected(rej, rejected)
             self.agent.tell(
                 prop.trial_id,
                 Feedback("infeasible", metrics={"rule": first.rule}, failure_class="invalid"),
             )
             return None
         if self.prescreen is not None:
-            verdict = self.prescreen(dict(prop.params))
+            verdict = self.prescreen(dict(params))
             if verdict is not None:
                 failure_class, reason, metrics = verdict
-                rejected.append(
+                self._rejected(
                     Rejection(
-                        params=dict(prop.params),
+                        params=dict(params),
                         params_key=key,
                         kind=failure_class,
                         rule="prescreen",
                         reason=reason,
                         values=dict(metrics),
-                    )
+                    ),
+                    rejected,
                 )
                 out = Outcome.failure(failure_class, reason, metrics=metrics, source="estimate")
                 self.agent.tell(prop.trial_id, feedback_from_outcome(self.space, out))
@@ -309,7 +378,26 @@ class Proposer:
         if lookup is not None and not self.space.budget.repeats:
             earlier = lookup(key)
             if earlier is not None:
-                dups.append(Duplicate(dict(prop.params), key, earlier))
+                dups.append(Duplicate(dict(params), key, earlier))
                 self.agent.tell(prop.trial_id, feedback_from_outcome(self.space, earlier))
                 return None
-        return Screened(prop.trial_id, dict(prop.params), key)
+        return Screened(prop.trial_id, dict(params), key)
+
+    def _rejected(self, rej: Rejection, rejected: list[Rejection]) -> None:
+        rejected.append(rej)
+        self.rejections.append(rej)
+        if self.on_reject is not None:
+            self.on_reject(rej)
+
+
+def _complete(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Every knob of the space (missing ones at the baseline), plus whatever else is given."""
+    if all(name in params for name in space.knobs):
+        return dict(params)
+    return {**space.baseline(), **params}
+
+
+def _tally(rejected: Sequence[Rejection]) -> str:
+    """``rule count`` pairs, most frequent first."""
+    counts = Counter(r.rule for r in rejected)
+    return ", ".join(f"{rule} {n}" for rule, n in counts.most_common(4))

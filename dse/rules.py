@@ -367,6 +367,27 @@ def r_moe_tp_needs_sp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) ->
 
 
 @_rule
+def r_alltoall_needs_nccl(
+    s: SearchSpace, p: dict, L: Layout, f: set[str] | None
+) -> Violation | None:
+    """The alltoall MoE token dispatcher needs NCCL: with EP > 1 it exchanges tokens with
+    uneven ``all_to_all_single`` splits that it keeps as device tensors for the GPU path
+    (moe/token_dispatcher.py ``MoEAlltoAllTokenDispatcher``); on CPU ranks (gloo) the exchange
+    fails with a TypeError."""
+    if s.resources.device != "cpu" or s.model.num_moe_experts is None or L.ep < 2:
+        return None
+    if _get(s.full_params(p), "moe_token_dispatcher_type") != "alltoall":
+        return None
+    return _v(
+        "alltoall_needs_nccl",
+        "the alltoall MoE token dispatcher needs NCCL (a GPU backend); CPU trials use gloo",
+        moe_token_dispatcher_type="alltoall",
+        expert_model_parallel_size=L.ep,
+        device="cpu",
+    )
+
+
+@_rule
 def r_local_spec_limits(
     s: RuleContext, p: dict, L: Layout, f: set[str] | None
 ) -> Violation | None:

@@ -375,6 +375,11 @@ class SearchSpace(_Strict):
     fixed: dict[str, Scalar] = Field(
         default_factory=dict, description="Knobs held at a value (not explored)."
     )
+    derived: dict[str, str] = Field(
+        default_factory=dict,
+        description="Knobs set from the layout as Megatron-Bridge sets them (knob: derivation, "
+        "e.g. 'sequence_parallel: bridge': off where TP is 1); see dse/derive.py.",
+    )
     constraints: list[str] = Field(
         default_factory=list,
         description="Extra constraints: Python-like boolean expressions over knob names, "
@@ -420,7 +425,7 @@ class SearchSpace(_Strict):
                 data = {**data, "env": env, "knobs": knobs}
         return data
 
-    @field_validator("knobs", "fixed", mode="before")
+    @field_validator("knobs", "fixed", "derived", mode="before")
     @classmethod
     def _known_knobs(cls, v: Any) -> Any:
         if isinstance(v, Mapping):
@@ -469,6 +474,7 @@ class SearchSpace(_Strict):
             why = get_knob(name).check_value(v)
             if why:
                 raise ValueError(f"fixed.{name}: {why}")
+        _check_derived(self)
         for i, expr in enumerate(self.constraints):
             _check_expr(expr, f"constraints[{i}]", set(self.knobs) | set(self.fixed))
         if self.workload.name == "megatron" and self.resources.device == "cpu":
@@ -502,12 +508,16 @@ class SearchSpace(_Strict):
         return self.apply_conditions(out)
 
     def apply_conditions(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Inactive conditional knobs take their baseline value (so configs are canonical)."""
+        """The canonical form of a configuration: inactive conditional knobs take their
+        baseline value, and so do knobs that do nothing in its layout; a knob that a
+        ``derived`` rule sets there takes the derived value (:func:`dse.derive.canonical`)."""
+        from dse.derive import canonical
+
         out = dict(params)
         for name, spec in self.knobs.items():
             if spec.when and not self.is_active(name, out):
                 out[name] = self._inactive_value(name)
-        return out
+        return canonical(self, out, self._inactive_value)
 
     def _inactive_value(self, name: str) -> Any:
         spec = self.knobs[name]
@@ -526,8 +536,14 @@ class SearchSpace(_Strict):
         return True
 
     def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Knob values plus the fixed ones: everything the trial sets."""
-        return {**self.fixed, **params}
+        """Knob values plus the fixed ones, with the ``derived`` settings applied: everything
+        the trial sets."""
+        full = {**self.fixed, **params}
+        if not self.derived:
+            return full
+        from dse.derive import derive
+
+        return derive(self, full)
 
     def size(self) -> int:
         return math.prod(len(s.values()) for s in self.knobs.values())
@@ -581,6 +597,32 @@ def params_key(params: Mapping[str, Any]) -> str:
     import json
 
     return json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
+
+
+def _check_derived(space: SearchSpace) -> None:
+    """``derived:`` names a derivation known for each knob; one that always applies leaves
+    nothing to explore."""
+    from dse.derive import DERIVATIONS
+
+    for name, how in space.derived.items():
+        table = DERIVATIONS.get(name)
+        if table is None:
+            raise ValueError(
+                f"derived.{name}: no derivation is known for this knob; derivable knobs: "
+                f"{sorted(DERIVATIONS)}"
+            )
+        if how not in table:
+            known = "; ".join(f"{k}: {d.description}" for k, d in table.items())
+            raise ValueError(f"derived.{name}: unknown derivation {how!r}; known: {known}")
+        if table[how].always and name in space.knobs:
+            raise ValueError(
+                f"derived.{name}: {how!r} sets {name} in every configuration, so it cannot "
+                f"also be explored; remove knobs.{name}"
+            )
+        if table[how].always and name in space.fixed:
+            raise ValueError(
+                f"derived.{name}: {how!r} sets {name} in every configuration; remove fixed.{name}"
+            )
 
 
 # --- constraint expressions (a tiny safe subset of Python) ---------------------------------

@@ -144,8 +144,64 @@ def test_exhausted_agent_and_rejection_cap() -> None:
     got = Proposer(sp, Scripted(sp, [P(1, 1)]), features=[]).propose(3)
     assert len(got) == 1 and got.exhausted
     agent = Scripted(sp, [P(4, m) for m in (1, 2, 4, 8)] + [P(1, 1)])
-    got = Proposer(sp, agent, features=[], max_rejections=3).propose(1)
-    assert len(got) == 0 and got.exhausted and len(got.rejections) == 3
+    lines: list[str] = []
+    prop = Proposer(sp, agent, features=[], max_rejections=3, on_progress=lines.append)
+    got = prop.propose(1)
+    # the cap hands control back with a message; the next call goes on
+    assert len(got) == 0 and got.capped and not got.exhausted and len(got.rejections) == 3
+    assert "world_divisible 3" in got.message and "derived:" in got.message
+    assert lines == [got.message]
+    got = prop.propose(1)
+    assert len(got) == 1 and not got.capped and len(got.rejections) == 1
+
+
+def test_the_rejection_cap_is_tens_and_stalled_calls_end_the_search() -> None:
+    from dse.proposer import MAX_REJECTIONS
+
+    assert 10 <= MAX_REJECTIONS <= 100
+    sp = _space()
+    agent = Scripted(sp, [P(4, 1)] * 10)
+    prop = Proposer(sp, agent, features=[], max_rejections=2, max_stalled_calls=3)
+    flags = [(r.capped, r.exhausted) for r in (prop.propose(1) for _ in range(3))]
+    assert flags == [(True, False), (True, False), (True, True)]
+
+
+def test_rejections_are_reported_as_they_happen() -> None:
+    """Each rejection reaches ``on_reject`` before the call returns (the study stores it
+    then), in the order made."""
+    sp = _space()
+    seen_during: list[int] = []
+    agent = Scripted(sp, [P(4, 1), P(4, 2), P(1, 1)])
+    prop: Proposer
+
+    def on_reject(rej: Any) -> None:
+        seen_during.append(len(agent.told))  # the call is still running: not all told yet
+        assert rej in prop.rejections
+
+    prop = Proposer(sp, agent, features=[], on_reject=on_reject)
+    got = prop.propose(1)
+    assert len(got) == 1 and len(got.rejections) == 2
+    assert seen_during == [0, 1]
+
+
+def test_equivalent_configurations_are_one_duplicate() -> None:
+    """The distributed optimizer does nothing at DP 1 (TP 2 on 2 GPUs): a proposal that only
+    differs there is answered from the measured twin, not run."""
+    data = _space().model_dump()
+    data["knobs"]["use_distributed_optimizer"] = {"domain": {"type": "bool"}, "baseline": False}
+    sp = parse_space(data)
+    twin_a = {**P(2, 1), "use_distributed_optimizer": False}
+    twin_b = {**P(2, 1), "use_distributed_optimizer": True}
+    assert params_key(sp.apply_conditions(twin_a)) == params_key(sp.apply_conditions(twin_b))
+    measured: dict[str, Outcome] = {}
+    agent = Scripted(sp, [twin_a, twin_b, {**P(1, 1), "use_distributed_optimizer": True}])
+    prop = Proposer(sp, agent, features=[])
+    first = prop.propose(1)
+    measured[first[0].params_key] = Outcome("ok", {"tflops_per_gpu": 1.0})
+    second = prop.propose(1, lookup=measured.get)
+    assert len(second.duplicates) == 1 and second.duplicates[0].params == first[0].params
+    # at DP 2 the optimizer shards its state: a different configuration
+    assert second[0].params["use_distributed_optimizer"] is True
 
 
 def test_with_a_real_agent_every_launch_passes_the_rules() -> None:

@@ -137,3 +137,19 @@ def test_moe_tp_needs_sp_and_conditional_features(tiny_space_dict: dict) -> None
     flex = {**allgather, "moe_token_dispatcher_type": "flex"}
     assert "missing_feature" in _rules(moe, flex, features=[])
     assert "missing_feature" not in _rules(moe, flex, features=["deepep"])
+
+
+def test_alltoall_dispatcher_needs_nccl(tiny_space_dict: dict) -> None:
+    # measured: EP 2 + alltoall on two gloo ranks fails in all_to_all_single with a TypeError
+    d = copy.deepcopy(tiny_space_dict)
+    d["knobs"]["expert_model_parallel_size"] = {"values": [1, 2]}
+    d["knobs"]["moe_token_dispatcher_type"] = {"values": ["allgather", "alltoall"]}
+    moe = _space(d, num_moe_experts=4, moe_router_topk=2)
+    a2a = {"expert_model_parallel_size": 2, "moe_token_dispatcher_type": "alltoall"}
+    vs = check(moe, a2a, [])
+    assert [v.rule for v in vs] == ["alltoall_needs_nccl"]
+    assert "NCCL" in str(vs[0]) and "alltoall" in str(vs[0])
+    assert _rules(moe, {**a2a, "moe_token_dispatcher_type": "allgather"}) == []
+    assert _rules(moe, {**a2a, "expert_model_parallel_size": 1}) == []
+    d["resources"]["device"] = "cuda"
+    assert _rules(_space(d, num_moe_experts=4, moe_router_topk=2), a2a) == []
