@@ -322,10 +322,12 @@ class PriorGuide:
             gain = s - ref if incumbent is not None else 1.0 + s
             if gain <= 1e-9:
                 continue
+            dist = 0 if incumbent is None else sum(c[k] != incumbent[k] for k in c)
+            if best is not None and gain - 1e-6 * dist < best[0]:
+                continue  # cannot win even if it surely fits (P(fits) <= 1)
             p = self.p_fits(c, fits, ooms, cap)
             if p <= 0.0:
                 continue
-            dist = 0 if incumbent is None else sum(c[k] != incumbent[k] for k in c)
             key = (p * gain - 1e-6 * dist, self._rng.random())
             if best is None or key > best:
                 if valid is not None and not valid(c):

@@ -49,6 +49,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dse.knobs import KNOBS
+
 if TYPE_CHECKING:
     from dse.space import SearchSpace
 
@@ -78,7 +80,7 @@ class _Sizes:
 
 def _int(p: Mapping[str, Any], name: str) -> int:
     v = p.get(name)
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
+    return v if type(v) is int and v >= 1 else 1
 
 
 def _sizes(space: SearchSpace, p: Mapping[str, Any]) -> _Sizes:
@@ -93,8 +95,6 @@ def _sizes(space: SearchSpace, p: Mapping[str, Any]) -> _Sizes:
 
 
 def _given(p: Mapping[str, Any], name: str) -> Any:
-    from dse.knobs import KNOBS
-
     return p[name] if name in p else KNOBS[name].default
 
 

@@ -492,10 +492,11 @@ def first_violation(
     return vs[0] if vs else None
 
 
-def check_space(space: SearchSpace, source: str) -> tuple[int, int]:
-    """Refuse a space whose baseline breaks a rule or where no configuration is valid.
+def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple[int, int]:
+    """Refuse a space whose baseline breaks a rule.
 
-    Returns (configurations looked at, configurations that pass the rules)."""
+    Returns (configurations looked at, configurations that pass the rules); with
+    ``count=False`` none are looked at (``(0, 0)``: ``dse start`` needs only the refusal)."""
     feats = space.resources.features if isinstance(space.resources.features, list) else None
     problems = check(space, space.baseline(), feats)
     if problems:
@@ -504,6 +505,8 @@ def check_space(space: SearchSpace, source: str) -> tuple[int, int]:
             + "; ".join(str(v) for v in problems)
         )
     n_total, n_valid = 0, 0
+    if not count:
+        return n_total, n_valid
     for cfg in space.iter_configs():
         n_total += 1
         if not check(space, cfg, feats):

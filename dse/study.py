@@ -243,7 +243,14 @@ class StudyRunner:
         study_id = self._open_study()
         self.reconcile(study_id)
         self._restore_agent(study_id)
-        proposer = Proposer(s, self.agent, self.features, prescreen=self._prescreen())
+        proposer = Proposer(
+            s,
+            self.agent,
+            self.features,
+            prescreen=self._prescreen(),
+            on_reject=lambda rej: self._store_rejection(study_id, rej),
+            on_progress=self.progress,
+        )
         budget = s.budget.n_trials
         last_hb = 0.0
         last_state_check = 0.0
@@ -331,20 +338,10 @@ class StudyRunner:
             t = self.storage.find_trial(study_id, key)
             return None if t is None else _outcome_of_record(t)
 
+        # rejections are stored and shown as they happen (Proposer's on_reject)
         result = proposer.propose(free, lookup=lookup)
-        for rej in result.rejections:
-            self.storage.add_rejection(
-                study_id=study_id,
-                params=rej.params,
-                params_key=rej.params_key,
-                kind=rej.kind,
-                rule=rej.rule,
-                reason=rej.reason,
-                values=rej.values,
-            )
-            self.progress(f"rejected before launch ({rej.kind}): {rej.rule}: {rej.reason}")
         if not result.proposals:
-            return True
+            return bool(result.exhausted)
         for prop in result.proposals:
             t = self.storage.claim_trial(
                 study_id=study_id,
@@ -366,6 +363,19 @@ class StudyRunner:
             self._agent_ids[t.id] = prop.trial_id
             self._submit(t)
         return False
+
+    def _store_rejection(self, study_id: int, rej: Any) -> None:
+        """A proposal rejected before launch: stored and shown right away."""
+        self.storage.add_rejection(
+            study_id=study_id,
+            params=rej.params,
+            params_key=rej.params_key,
+            kind=rej.kind,
+            rule=rej.rule,
+            reason=rej.reason,
+            values=rej.values,
+        )
+        self.progress(f"rejected before launch ({rej.kind}): {rej.rule}: {rej.reason}")
 
     def _submit(self, t: TrialRecord) -> None:
         from dse.workloads import trial_command

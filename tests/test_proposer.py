@@ -285,3 +285,42 @@ def test_cost_model_memory_hint() -> None:
     no_cap = _space(resources={"world_size": 2, "features": []})
     assert cost_model_memory_hint(no_cap, cm) is None
     assert cost_model_memory_hint(sp, None) is None
+
+
+def _bridge_space(derived: bool) -> SearchSpace:
+    import yaml
+
+    from tests.conftest import EXAMPLES
+
+    d = yaml.safe_load((EXAMPLES / "bridge_moe_sim.yaml").read_text())
+    if not derived:
+        del d["derived"]  # the recipe's SP stays on at TP 1: a quarter of the space is invalid
+    return parse_space(d)
+
+
+@pytest.mark.parametrize("derived", [False, True])
+def test_bridge_style_space_is_searched_within_the_rules(derived: bool) -> None:
+    """The 16-knob Bridge-style MoE space: 30 launches of the TPE agent (with its prior and
+    the cost model's memory hint) cost few rejections; once the prior's favourite TP 1
+    configurations drew 184 rejections in one call."""
+    sp = _bridge_space(derived)
+    cm = CostModel(sp.model, sp.semantics, sp.resources)
+    agent = create_agent(sp, cost_model_memory_hint(sp, cm))
+    prop = Proposer(sp, agent, features=["transformer_engine"])
+    launched = 0
+    while launched < 30:
+        got = prop.propose(1)
+        assert not got.capped and len(got.rejections) <= 3
+        for s in got:
+            launched += 1
+            full = sp.full_params(s.params)
+            assert check(sp, s.params, ["transformer_engine"]) == []
+            thr = cm.estimate_throughput(full)
+            out = Outcome("ok", {"tflops_per_gpu": float(thr["tflops_per_gpu"])})
+            agent.tell(s.trial_id, feedback_from_outcome(sp, out))
+    assert len(prop.rejections) <= 5
+    tp1 = [
+        p for p in (o.params for o in agent.observations) if p["tensor_model_parallel_size"] == 1
+    ]
+    if derived:
+        assert tp1  # TP 1 (SP derived off there) is explored again

@@ -77,8 +77,9 @@ def test_tiny_gpt_study_on_cpu(tmp_path: Path) -> None:
 
 
 def test_invalid_configurations_never_launch(tmp_path: Path) -> None:
-    """Grid over a space where half the configurations break GBS % (MBS*DP): every valid one
-    runs (sim workload, an estimate), every invalid one is a stored rejection, never a trial."""
+    """Grid over a space where a configuration breaks GBS % (MBS*DP): every valid one runs
+    (sim workload, an estimate), the invalid one never runs (the grid samples within the
+    rules; what reaches the screen anyway is a stored rejection)."""
     space = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
     space["knobs"] = {
         "tensor_model_parallel_size": {"values": [1, 2]},
@@ -103,8 +104,6 @@ def test_invalid_configurations_never_launch(tmp_path: Path) -> None:
     # world 2: TP1 -> DP2, MBS 8 breaks 8 % (8*2); TP2 -> DP1, all MBS fit
     bad = {params_key({"tensor_model_parallel_size": 1, "micro_batch_size": 8})}
     assert {t.params_key for t in trials}.isdisjoint(bad)
-    assert {r.params_key for r in rejections} == bad
-    assert rejections[0].rule == "gbs_divisible"
-    assert rejections[0].values == {"global_batch_size": 8, "micro_batch_size": 8, "dp": 2}
+    assert {r.params_key for r in rejections} <= bad
     assert len(trials) == 7  # every valid configuration, once
     assert all(t.source == "estimate" for t in trials)  # the simulator says so
