@@ -27,6 +27,13 @@ and a structured start from a knob-semantics prior (:mod:`dse.agents._prior`) ar
 When the sampler proposes a configuration already asked or evaluated, the sample is
 discarded (told FAIL) and drawn again, up to ``max_retries`` times; then an unseen
 neighbor (one knob changed) of the last sample is proposed, then a random unseen one.
+
+Given the validity rules (``set_validity``, from the proposer), a sample that breaks one is
+never proposed: it is marked seen and discarded (told FAIL, so the sampler's model of the
+objective is not fed placeholder values for configurations the rules already exclude), and
+drawn again up to :data:`MAX_INVALID_REDRAWS` times; the neighbor and random fallbacks pick
+valid configurations. Why: on a Bridge-style space with SP on and TP in {1, 2, 4, 8}, the
+start's favourite TP 1 configurations were rejected one by one, 184 in one ask.
 """
 
 from __future__ import annotations
@@ -122,8 +129,11 @@ class OptunaAgent(SpaceAgent):
                 directions=self._directions,
             )
         self._worst: list[float | None] = [None] * len(self._directions)
-        guide = PriorGuide(space, self._rng, memory_hint) if prior else None
-        self._guide = guide if guide is not None and guide.enabled else None
+        guide = PriorGuide(space, self._rng, memory_hint)
+        #: the structured start (knob-semantics prior), when on
+        self._guide = guide if prior and guide.enabled else None
+        #: the memory reasoning of the sampler's fit check, with or without the start
+        self._memory = guide
         self._n_prior = space.agent.n_startup_trials
         self._prior_pending: set[str] = set()
         self._start_count = 1 + len(space.agent.warm_start)
@@ -181,17 +191,17 @@ class OptunaAgent(SpaceAgent):
         return alt, self._fixed(alt)
 
     def _fit_check(self) -> Callable[[Mapping[str, Any]], bool] | None:
-        """Whether a sample is worth a trial memory-wise: once an OOM was measured, a sample
-        that the structured start's memory reasoning gives under :data:`P_SKIP` of fitting
+        """Whether a sample is worth a trial memory-wise: once an OOM was measured (or with a
+        memory hint), a sample that the memory reasoning of :class:`PriorGuide` (the knobs'
+        memory order, used with or without the structured start) gives under
+        :data:`P_SKIP` of fitting
         (larger than a measured OOM on some memory knob and no smaller on any, or predicted
         by the memory hint far above the GPU) is drawn again, up to ``max_retries`` times, then
         replaced by an unseen neighbour or random configuration that may fit; only when no
         unseen configuration may fit is one that cannot taken."""
-        guide = self._guide
-        if guide is None:
-            return None
+        guide = self._memory
         fits, ooms, cap = guide.memory_evidence(self._observations)
-        if not ooms:
+        if not ooms and guide.hint is None:
             return None
         return lambda p: guide.p_fits(p, fits, ooms, cap, strict=True) >= P_SKIP
 

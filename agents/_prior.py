@@ -178,6 +178,8 @@ class PriorGuide:
         self.space = space
         self._rng = rng
         self._hint = memory_hint
+        #: the memory hint this guide weighs candidates with (None: none)
+        self.hint = memory_hint
         obj = space.objective
         self.enabled = SPEED_METRICS.get(obj.metric) == obj.direction
         self._sign = 1.0 if obj.direction == "maximize" else -1.0

@@ -14,7 +14,7 @@ They are no training result, only a terrain on which to run ``dse bench``; the p
 stays off.
 
 Run:  python bench/synthetic_tables.py [--seeds 20] [--agents tpe,random] [--sigma 0.01]
-          [--model-error 0.1] [--no-memory-hint] [--keep DIR] [--check]
+          [--model-error 0.1] [--no-memory-hint] [--no-prior] [--keep DIR] [--check]
 
 Prints, per scenario, the table's size and, per agent, the median trials to within 2% of the
 table's best (baseline included); ``--check`` exits 1 when the best model-based agent misses
@@ -95,6 +95,19 @@ SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[
             **COMMON_KNOBS,
         },
     ),
+    # like the held-out 2-GPU table of the agents issue: TP x MBS x recompute x distributed
+    # optimizer, unfused attention only (a small space with a memory wall at large MBS)
+    "llama1b_h200x2_unfused": (
+        LLAMA_1B,
+        {"global_batch_size": 16, "seq_length": 4096},
+        {"world_size": 2, "gpu": "NVIDIA H200", "gpu_memory_gib": 139.8},
+        {
+            "tensor_model_parallel_size": {"values": [1, 2]},
+            "micro_batch_size": {"values": [1, 2, 4, 8]},
+            "recompute": {"values": ["none", "selective", "full"]},
+            "use_distributed_optimizer": {"type": "bool"},
+        },
+    ),
 }
 
 
@@ -173,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model-error", type=float, default=0.1, help="systematic error of the estimates"
     )
     ap.add_argument("--no-memory-hint", action="store_true", help="agents without the hint")
+    ap.add_argument("--no-prior", action="store_true", help="agents without the structured start")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--keep", help="folder to keep the tables in (default: a temporary one)")
     ap.add_argument("--check", action="store_true")
@@ -185,7 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         print("synthetic tables: cost-model ESTIMATES with noise, not measurements\n")
         for k, name in enumerate(args.scenarios.split(",")):
             path, counts = build_table(name, args.sigma, args.model_error, seed=k, out=out)
-            rep = bench(str(path), agents, seeds=args.seeds, memory_hint=not args.no_memory_hint)
+            rep = bench(
+                str(path),
+                agents,
+                seeds=args.seeds,
+                memory_hint=not args.no_memory_hint,
+                prior=not args.no_prior,
+            )
             n_valid = rep["n_valid"]
             print(f"{name}: {sum(counts.values())} rows ({counts['ok']} ok, {counts['oom']} oom, "
                   f"{counts['invalid']} invalid), {n_valid} valid, best "

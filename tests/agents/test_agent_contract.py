@@ -337,11 +337,13 @@ def test_structured_start_weighs_a_memory_hint() -> None:
     assert guide.p_fits(small | {"micro_batch_size": 1}, fitted, [], 80.0) == 1.0
 
 
+@pytest.mark.parametrize("prior", [True, False])
 @pytest.mark.parametrize("name", ["tpe", "gp", "nsga2"])
-def test_sampler_redraws_configurations_that_cannot_fit(name: str) -> None:
+def test_sampler_redraws_configurations_that_cannot_fit(name: str, prior: bool) -> None:
     """After the start, a sample larger than a measured OOM on some memory knob and no
     smaller on any is drawn again (it would run out of memory too), while fitting
-    configurations remain."""
+    configurations remain; also without the structured start (``prior: false``): the memory
+    order is what the knobs do, not a guess of what is fast."""
     sp = _space(
         {
             "micro_batch_size": {"values": [1, 2, 4, 8]},
@@ -349,7 +351,7 @@ def test_sampler_redraws_configurations_that_cannot_fit(name: str) -> None:
             "bias_activation_fusion": {"type": "bool"},
             "cross_entropy_loss_fusion": {"type": "bool"},
         },
-        agent={"name": name, "seed": 0, "n_startup_trials": 0},
+        agent={"name": name, "seed": 0, "n_startup_trials": 0, "prior": prior},
     )
     agent = create_agent(sp)
     order = {"none": 2, "selective": 1, "full": 0}
