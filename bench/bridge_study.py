@@ -5,7 +5,8 @@
 as ``dse start`` in a subprocess, once as written (``derived:`` lets Bridge's rules set SP
 and ETP from the layout) and once without its ``derived:`` section (SP stays on at TP 1,
 so a quarter of the space breaks a rule: the agent must not spin on it). For each variant
-it prints the wall time of the whole command, the longest gap between two output lines
+it prints the wall time of the whole command, the CPU time it used (controller and trial
+processes: the machine's load does not inflate it), the longest gap between two output lines
 (a silent agent shows up here), the trials, and the proposals rejected before launch.
 
     python bench/bridge_study.py [--n-trials 30] [--agents tpe] [--variants derived,plain]
@@ -14,6 +15,7 @@ it prints the wall time of the whole command, the longest gap between two output
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,7 @@ def run_variant(variant: str, agent: str, n_trials: int, tmp: Path) -> dict[str,
     path.write_text(yaml.safe_dump(d, sort_keys=False))
     url = f"sqlite:///{tmp / (d['study'] + '.db')}"
     cmd = [sys.executable, "-m", "dse.cli", "start", "--space", str(path), "--storage", url]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     last = t0
     gap = 0.0
@@ -53,12 +56,15 @@ def run_variant(variant: str, agent: str, n_trials: int, tmp: Path) -> dict[str,
             lines.append(line.rstrip())
         rc = proc.wait()
     wall = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     done = next((ln for ln in reversed(lines) if ln.startswith("done:")), lines[-1:] or [""])
     return {
         "variant": variant,
         "agent": agent,
         "rc": rc,
         "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
         "longest_silence_s": round(gap, 1),
         "rejection_lines": sum("rejected before launch (" in ln for ln in lines),
         "progress_lines": sum(ln.startswith("agent searching") for ln in lines),
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_variant(variant, agent, args.n_trials, Path(t))
                 print(
                     f"{r['variant']:8s} {r['agent']:6s} rc {r['rc']}  wall {r['wall_s']:6.1f} s  "
+                    f"cpu {r['cpu_s']:5.1f} s  "
                     f"longest silence {r['longest_silence_s']:5.1f} s  "
                     f"rejected {r['rejection_lines']:4d}  progress lines {r['progress_lines']}"
                 )
