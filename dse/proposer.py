@@ -49,6 +49,8 @@ MAX_REJECTIONS = 50
 MAX_STALLED_CALLS = 10
 #: Seconds between progress lines while one call keeps rejecting.
 PROGRESS_EVERY_S = 2.0
+#: A call that took this long says so when it returns (a slow sampler is not a hang).
+SLOW_CALL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,12 @@ class Proposer:
                     f"({_tally(rejected)}), {len(launch)} launchable so far"
                 )
         self.duplicates.extend(dups)
+        took = time.monotonic() - t0
+        if self.on_progress is not None and took >= SLOW_CALL_S and not capped:
+            self.on_progress(
+                f"agent asked: {len(launch)} launchable in {took:.1f} s"
+                + (f" ({len(rejected)} rejected: {_tally(rejected)})" if rejected else "")
+            )
         if launch:
             self._stalled = 0
         elif capped:

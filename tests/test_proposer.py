@@ -324,3 +324,19 @@ def test_bridge_style_space_is_searched_within_the_rules(derived: bool) -> None:
     ]
     if derived:
         assert tp1  # TP 1 (SP derived off there) is explored again
+
+
+def test_progress_lines_while_the_agent_searches(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dse.proposer as proposer_mod
+
+    monkeypatch.setattr(proposer_mod, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(proposer_mod, "SLOW_CALL_S", 0.0)
+    sp = _space()
+    agent = Scripted(sp, [P(4, 1), P(4, 2), P(4, 4), P(1, 1)])
+    lines: list[str] = []
+    got = Proposer(sp, agent, features=[], on_progress=lines.append).propose(1)
+    assert len(got) == 1
+    searching = [ln for ln in lines if ln.startswith("agent searching:")]
+    assert len(searching) == 4 and "world_divisible 3" in searching[-1]
+    assert "3 proposals rejected" in searching[-1]
+    assert lines[-1].startswith("agent asked: 1 launchable in")
