@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dse.knobs import KNOBS
+from dse.layout import Layout
 
 if TYPE_CHECKING:
     from dse.space import SearchSpace
@@ -57,41 +58,9 @@ if TYPE_CHECKING:
 __all__ = ["Derivation", "DERIVATIONS", "INERT", "derive", "forced", "inert", "canonical"]
 
 
-@dataclass(frozen=True)
-class _Sizes:
-    """The parallel sizes a configuration asks for (raw values; the rules judge them)."""
-
-    world: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    moe: bool
-
-    @property
-    def dp(self) -> int:
-        d = self.tp * self.pp * self.cp
-        return self.world // d if d and self.world % d == 0 else 0
-
-    def expert_dp(self, etp: Any) -> int:
-        e = (self.tp if etp is None else int(etp)) * self.ep * self.pp
-        return self.world // e if e and self.world % e == 0 else 0
-
-
-def _int(p: Mapping[str, Any], name: str) -> int:
-    v = p.get(name)
-    return v if type(v) is int and v >= 1 else 1
-
-
-def _sizes(space: SearchSpace, p: Mapping[str, Any]) -> _Sizes:
-    return _Sizes(
-        world=space.resources.world_size,
-        tp=_int(p, "tensor_model_parallel_size"),
-        pp=_int(p, "pipeline_model_parallel_size"),
-        cp=_int(p, "context_parallel_size"),
-        ep=_int(p, "expert_model_parallel_size"),
-        moe=space.model.num_moe_experts is not None,
-    )
+def _sizes(space: SearchSpace, p: Mapping[str, Any]) -> Layout:
+    """The parallel layout the configuration asks for (:class:`dse.layout.Layout`)."""
+    return Layout.resolve(space.model, space.semantics, space.resources, p)
 
 
 def _given(p: Mapping[str, Any], name: str) -> Any:
@@ -115,8 +84,8 @@ class Derivation:
     knob: str
     name: str
     description: str
-    applies: Callable[[Mapping[str, Any], _Sizes], bool]
-    value: Callable[[Mapping[str, Any], _Sizes], Any]
+    applies: Callable[[Mapping[str, Any], Layout], bool]
+    value: Callable[[Mapping[str, Any], Layout], Any]
     always: bool = False
 
 
@@ -211,18 +180,20 @@ def forced(space: SearchSpace, knob: str, params: Mapping[str, Any]) -> bool:
     return False  # pragma: no cover - every derivable knob is in DERIVATIONS
 
 
-def _distopt_inert(p: Mapping[str, Any], s: _Sizes) -> bool:
+def _distopt_inert(space: SearchSpace, p: Mapping[str, Any], s: Layout) -> bool:
     if s.dp * s.cp != 1 or p.get("overlap_param_gather") or p.get("use_precision_aware_optimizer"):
         return False
-    return not s.moe or s.expert_dp(p.get("expert_tensor_parallel_size")) == 1
+    return space.model.num_moe_experts is None or s.edp == 1  # experts: expert-DP too
 
 
-#: knob -> ``inert(effective params, sizes)``: Megatron-Core ignores the knob there.
-INERT: dict[str, Callable[[Mapping[str, Any], _Sizes], bool]] = {
+#: knob -> ``inert(space, effective params, layout)``: Megatron-Core ignores the knob there.
+INERT: dict[str, Callable[[SearchSpace, Mapping[str, Any], Layout], bool]] = {
     "use_distributed_optimizer": _distopt_inert,
-    "moe_flex_dispatcher_backend": lambda p, s: _given(p, "moe_token_dispatcher_type") != "flex",
-    "cross_entropy_fusion_impl": lambda p, s: not _given(p, "cross_entropy_loss_fusion"),
-    "moe_token_dispatcher_type": lambda p, s: not s.moe,
+    "moe_flex_dispatcher_backend": lambda sp, p, s: (
+        _given(p, "moe_token_dispatcher_type") != "flex"
+    ),
+    "cross_entropy_fusion_impl": lambda sp, p, s: not _given(p, "cross_entropy_loss_fusion"),
+    "moe_token_dispatcher_type": lambda sp, p, s: sp.model.num_moe_experts is None,
 }
 
 
@@ -232,7 +203,7 @@ def inert(space: SearchSpace, knob: str, params: Mapping[str, Any]) -> bool:
     if fn is None:
         return False
     eff = derive(space, {**space.fixed, **params})
-    return fn(eff, _sizes(space, eff))
+    return fn(space, eff, _sizes(space, eff))
 
 
 def canonical(
@@ -251,7 +222,7 @@ def canonical(
                 want = eff[name]
                 if not any(type(want) is type(v) and want == v for v in spec.values()):
                     want = inactive(name)
-            elif name in INERT and INERT[name](eff, s):
+            elif name in INERT and INERT[name](space, eff, s):
                 want = inactive(name)
             else:
                 continue

@@ -368,7 +368,7 @@ def r_moe_tp_needs_sp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) ->
 
 @_rule
 def r_alltoall_needs_nccl(
-    s: SearchSpace, p: dict, L: Layout, f: set[str] | None
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
 ) -> Violation | None:
     """The alltoall MoE token dispatcher needs NCCL: with EP > 1 it exchanges tokens with
     uneven ``all_to_all_single`` splits that it keeps as device tensors for the GPU path
