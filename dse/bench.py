@@ -185,13 +185,6 @@ def bench(
     best = max(ok) if maximize else min(ok)
     target = best * (1 - target_gap) if maximize else best * (1 + target_gap)
     n_budget = budget if budget is not None else n_valid
-    if prescreen:
-        _cost_model_class()  # fail early, before any run, when it is missing
-    if memory_hint:
-        try:
-            _cost_model_class()
-        except DSEError:
-            memory_hint = False  # the agents start without it
 
     def reached(out: Outcome) -> bool:
         v = out.metrics.get(obj.metric) if out.ok else None
@@ -263,10 +256,8 @@ def _median(xs: Sequence[int | None]) -> float | None:
 
 
 def _cost_model_class() -> Any:
-    try:
-        from dse.costmodel import CostModel  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise DSEError(f"--prescreen needs dse.costmodel.CostModel, which is not available ({e})")
+    from dse.costmodel import CostModel
+
     return CostModel
 
 
