@@ -267,7 +267,7 @@ class StudyRunner:
                 and time.time() - self._started_wall > s.budget.wall_clock_s
             )
             free = self.runner.free_slots()
-            if free > 0 and not out_of_time:
+            if free > 0 and not out_of_time and self._stop is None:
                 n, failed = self._launch_queued(study_id, free)
                 if free - n > 0 and not exhausted and counts["total"] + n < budget:
                     n2, failed2, exhausted = self._launch_new(study_id, free - n, budget)

@@ -60,7 +60,8 @@ def test_resume_and_start_take_new_run_settings(
     # a finished study's budget is extended, with another workdir, agent and parallelism
     other = tmp_path / "elsewhere"
     argv = ["resume", "--study", "crash", "--storage", url, "--n-trials", "4",
-            "--workdir", str(other), "--agent", "grid", "--max-parallel", "2", "--runner", "local"]  # fmt: skip
+            "--workdir", str(other), "--agent", "grid", "--max-parallel", "2",
+            "--runner", "local"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     trials = _trials(url)
     assert len(trials) == 4

@@ -217,7 +217,7 @@ class LocalRunner(BaseRunner):
                 kill_group(p.popen.pid, grace_s=0.5)  # stray children of the trial
                 self._finish(tid, self._outcome_of(p, rc))
             elif now - p.started > p.launch.timeout_s:
-                kill_group(p.popen.pid)
+                _kill_trial(p.popen)
                 self._finish(
                     tid,
                     read_metrics(mp)
@@ -226,7 +226,7 @@ class LocalRunner(BaseRunner):
                     ),
                 )
             elif now - p.last_progress > p.launch.hang_timeout_s:
-                kill_group(p.popen.pid)
+                _kill_trial(p.popen)
                 self._finish(
                     tid,
                     read_metrics(mp)
@@ -256,12 +256,30 @@ class LocalRunner(BaseRunner):
         ids = list(self._procs)
         for tid in ids:
             p = self._procs[tid]
-            kill_group(p.popen.pid, grace_s=3.0)
-            p.popen.wait()
+            _kill_trial(p.popen, grace_s=3.0)
             p.log.close()  # type: ignore[attr-defined]
             self._free_gpus.extend(p.devices)
         self._procs.clear()
         return ids
+
+
+def _kill_trial(popen: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM the trial's process group, reap its leader (a zombie leader keeps the group
+    alive), then SIGKILL whatever of the group is left."""
+    pgid = popen.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    popen.wait()
 
 
 def _tail(path: Path, n: int = 8000) -> str:
