@@ -139,3 +139,34 @@ def test_validate_examples(capsys: pytest.CaptureFixture[str]) -> None:
     for f in sorted(EXAMPLES.glob("*.yaml")):
         assert main(["validate", str(f)]) == 0, f
     assert "pass the rules" in capsys.readouterr().out
+
+
+def test_best_without_a_complete_trial_is_not_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study that exists but has no complete trial yet: exit 1 (ask again later), not 2."""
+    from dse.space import parse_space
+    from dse.storage import open_storage
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    st = open_storage(url)
+    space = parse_space(_tiny(), "t")
+    st.create_study(space_yaml=yaml.safe_dump(_tiny()), **space.study_fields())
+    st.close()
+    assert main(["best", "--storage", url, "--study", space.study]) == 1
+    assert "no complete trial yet" in capsys.readouterr().err
+
+
+def test_status_prints_names_safely(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stored name with a newline (an old database, an import) cannot forge a line."""
+    from dse.storage import open_storage
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    st = open_storage(url)
+    st.create_study(name="a\nstudy forged [complete]", space_yaml="{}", space_hash="h",
+                    direction="maximize", metric="tflops_per_gpu", model={}, hardware={})  # fmt: skip
+    st.close()
+    assert main(["status", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert "study a\\nstudy forged [complete] [created]" in out
+    assert not any(line.startswith("study forged") for line in out.splitlines())
