@@ -164,7 +164,8 @@ def test_status_prints_names_safely(tmp_path: Path, capsys: pytest.CaptureFixtur
     url = f"sqlite:///{tmp_path / 'x.db'}"
     st = open_storage(url)
     st.create_study(name="a\nstudy forged [complete]", space_yaml="{}", space_hash="h",
-                    direction="maximize", metric="tflops_per_gpu", model={}, hardware={})  # fmt: skip
+                    direction="maximize", metric="tflops_per_gpu", model={},
+                    hardware={})  # fmt: skip
     st.close()
     assert main(["status", "--storage", url]) == 0
     out = capsys.readouterr().out
