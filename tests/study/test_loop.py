@@ -272,6 +272,26 @@ def test_resuming_an_import_does_not_run_its_python(
     assert main(["start", "--space", str(p), "--storage", url]) == 0
     assert not marker.exists() and not (tmp_path / "theirs").exists()
     assert (tmp_path / "mine" / "exp").is_dir()
+    # confirmed explicitly, the export's settings are used
+    assert main(["import", str(f), "--storage", url, "--study", "exp2"]) == 0
+    assert main(["resume", "--study", "exp2", "--storage", url, "--trust-imported"]) == 0
+    assert marker.exists() and (tmp_path / "theirs" / "exp2").is_dir()
+
+
+def test_import_refuses_a_name_that_is_not_a_path_component(tmp_path: Path) -> None:
+    from dse.exceptions import StudyFormatError
+
+    d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    space = parse_space({**d, "study": "ok"}, "t")
+    st = _storage(tmp_path)
+    st.create_study(space_yaml=yaml.safe_dump(d), **space.study_fields())
+    export = st.export_study("ok")
+    export["study"]["name"] = "../escape"
+    with pytest.raises(StudyFormatError, match="must not contain '/'"):
+        st.import_study(export)
+    with pytest.raises(StudyFormatError, match="must not be '.' or '..'"):
+        st.import_study(st.export_study("ok"), name="..")
+    st.close()
 
 
 def test_trials_do_not_inherit_the_api_token(
