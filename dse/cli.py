@@ -156,11 +156,9 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
         storage.close()
     if caught:
         return 128 + caught[0]
-    return (
-        130
-        if result.stopped and result.stop_reason and "wall-clock" not in result.stop_reason
-        else 0
-    )
+    if result.stop_kind == "launch":
+        return 1
+    return 130 if result.stopped and result.stop_kind == "request" else 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:

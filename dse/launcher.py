@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, TrialRecord, TrialSpec
 from dse.space import SearchSpace
+from dse.workloads import trial_command
+from dse.workloads.runners import OWNER_ENV, BaseRunner, Launch
 
 if TYPE_CHECKING:
     from dse.storage import Storage
-    from dse.workloads.runners import BaseRunner
 
 __all__ = ["TrialLauncher", "short_params", "trial_launch"]
 
@@ -70,9 +71,6 @@ class TrialLauncher:
 
     def launch(self, t: TrialRecord) -> Outcome | None:
         """Start trial ``t``; None when it runs, its failure when it could not start."""
-        from dse.workloads import trial_command
-        from dse.workloads.runners import OWNER_ENV, Launch
-
         s = self.space
         tdir = (self.workdir / f"trial-{t.number:05d}").resolve()
         metrics = tdir / "metrics.jsonl"

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dse.objective import objective_value
 from dse.records import Outcome, TrialRecord, read_metrics
 from dse.space import SearchSpace
+from dse.workloads.runners import kill_owned_group
 
 if TYPE_CHECKING:
     from dse.storage import Storage
@@ -132,8 +134,6 @@ class Reconciler:
     def reconcile(self, study_id: int) -> int:
         """Trials left queued/running by a dead controller: a finished result is taken from
         the metrics file, the rest re-queued (leftover processes killed). Returns how many."""
-        from dse.study import objective_value
-
         n = 0
         for t in self.storage.list_trials(study_id, state="queued"):
             if t.runner and self.owner_dead(t):
@@ -159,8 +159,6 @@ class Reconciler:
     def kill_leftover(self, trial_dir: Path, owner: str) -> bool:
         if self._kill is not None:
             return self._kill(trial_dir, owner)
-        from dse.workloads.runners import kill_owned_group
-
         return kill_owned_group(trial_dir, owner)
 
     def heartbeat(self, trial_ids: list[int]) -> None:

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from dse.agent_session import AgentSession
 from dse.exceptions import StudyNotFoundError
-from dse.launcher import trial_launch
+from dse.launcher import TrialLauncher, trial_launch
 from dse.names import display_name
+from dse.objective import objective_value
 from dse.reconcile import HEARTBEAT_S, STALE_S, Owner, Reconciler
 from dse.records import Outcome, TrialRecord
 from dse.run_settings import (
@@ -61,14 +63,6 @@ TICK_S = 0.05
 STATE_CHECK_S = 2.0
 #: Launch failures in a row after which the study stops (the runner cannot work here).
 MAX_LAUNCH_FAILURES = 3
-
-
-def objective_value(space: SearchSpace, outcome: Outcome) -> float | None:
-    """The primary objective of an ``ok`` outcome (None otherwise)."""
-    if not outcome.ok:
-        return None
-    v = outcome.metrics.get(space.objective.metric)
-    return None if v is None else float(v)
 
 
 def detect_trial_features(space: SearchSpace, python: str | None = None) -> set[str] | None:
@@ -107,6 +101,9 @@ class StudyResult:
     reasons: list[str] = field(default_factory=list)
     #: why the loop stopped before the budget (a signal name, "stop requested", ...)
     stop_reason: str | None = None
+    #: what stopped it: "request" (a signal, the API, a caller), "wall_clock" (the budget's
+    #: wall_clock_s), "launch" (trials could not be launched: the runner cannot work here)
+    stop_kind: str | None = None
 
 
 def resume_hint(study: str, storage_url: str) -> str:
@@ -174,14 +171,15 @@ class StudyRunner:
         self.owner = str(self.me)
         self.workdir = Path(space.runner.workdir) / space.study
         self._stop: str | None = None
+        self._stop_kind: str | None = None
         self._started_wall = time.time()
 
     # --- stop ------------------------------------------------------------------------------
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, kind: str = "request") -> None:
         """Ask the loop to stop (safe from a signal handler): running trials are killed
         and re-queued, the study is left ``stopped``."""
         if self._stop is None:
-            self._stop = reason
+            self._stop, self._stop_kind = reason, kind
 
     @property
     def stop_requested(self) -> str | None:
@@ -218,9 +216,6 @@ class StudyRunner:
 
     # --- main loop -------------------------------------------------------------------------
     def run(self) -> StudyResult:
-        from dse.agent_session import AgentSession
-        from dse.launcher import TrialLauncher
-
         study_id, trusted = self._open_study()
         try:
             self.reconciler = Reconciler(
@@ -275,7 +270,9 @@ class StudyRunner:
                 busy = busy or n > 0 or failed > 0
                 launch_failures = 0 if n > failed else launch_failures + failed
                 if launch_failures >= MAX_LAUNCH_FAILURES:
-                    self.request_stop(f"{launch_failures} trials in a row could not be launched")
+                    self.request_stop(
+                        f"{launch_failures} trials in a row could not be launched", "launch"
+                    )
             if busy:
                 counts = self.storage.count_trials(study_id)
             now = time.monotonic()
@@ -299,7 +296,9 @@ class StudyRunner:
                 and counts.get("running", 0) == 0
             )
             if idle and out_of_time:
-                self.request_stop(f"wall-clock budget of {s.budget.wall_clock_s:g} s spent")
+                self.request_stop(
+                    f"wall-clock budget of {s.budget.wall_clock_s:g} s spent", "wall_clock"
+                )
             elif idle and (counts["total"] >= budget or exhausted):
                 return True
             if not busy and self._stop is None:
@@ -325,7 +324,13 @@ class StudyRunner:
             self.progress(self._status_line(counts, best, rej, prefix=f"stopped ({self._stop}):"))
             self.progress(resume_hint(s.study, self.storage.url))
         return StudyResult(
-            s.study, counts, best, rej, stopped=not complete, stop_reason=self._stop
+            s.study,
+            counts,
+            best,
+            rej,
+            stopped=not complete,
+            stop_reason=self._stop,
+            stop_kind=self._stop_kind,
         )
 
     def _launch_queued(self, study_id: int, free: int) -> tuple[int, int]:
