@@ -236,8 +236,10 @@ class StudyRunner:
             self.request_stop("interrupted")
             complete = False
         except BaseException:
-            self._release("interrupted: controller error")
+            n = self._release("interrupted: controller error")
             self.storage.set_study_state(self.space.study, "interrupted")
+            self.progress(f"controller error; {n} running trial(s) killed and re-queued")
+            self.progress(resume_hint(self.space.study, self.storage.url))
             raise
         n_stopped = self._release("interrupted: stopped")
         if not complete and n_stopped:

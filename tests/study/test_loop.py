@@ -194,6 +194,20 @@ def test_stop_request_is_a_loop_condition(tmp_path: Path) -> None:
     st.close()
 
 
+def test_wall_clock_budget_stops_with_a_hint(tmp_path: Path) -> None:
+    st = _storage(tmp_path)
+    lines: list[str] = []
+    space = _sim_space(tmp_path, budget={"n_trials": 4, "wall_clock_s": 1e-6})
+    loop = _loop(space, st, InProcessRunner(lambda s: Outcome("ok", {})))
+    loop.progress = lines.append
+    res = loop.run()
+    assert res.stopped and res.stop_kind == "wall_clock" and res.counts["total"] == 0
+    assert st.get_study("loop").state == "stopped"
+    assert any(x.startswith("to continue: dse resume --study loop --storage") for x in lines)
+    assert not any(x.startswith("done:") for x in lines)
+    st.close()
+
+
 class _BrokenRunner(InProcessRunner):
     def poll(self) -> list[Any]:
         if self._pending:
