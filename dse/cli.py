@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -174,12 +175,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         data["study"] = args.study
         space = parse_space(data, f"{args.space} (--study)")
     space = apply_overrides(space, _overrides(args), args.space)
-    check_runner(space, args.space)
     check_space(space, args.space)
     check_recipe(space, args.space)
-    if getattr(args, "dry_run", None):
+    if getattr(args, "dry_run", None):  # renders what a runner would run; runs nothing
         _out(dry_run(space, args.dry_run))
         return 0
+    check_runner(space, args.space)
     return _run_study(space, Path(args.space).read_text(), args)
 
 
@@ -414,7 +415,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from dse import bench, recipe_cli
     from dse.costmodel import cli as costmodel_cli
-    from dse.workloads.runners import RUNNERS
+    from dse.space import RunnerSpec
+
+    # every name a space may give (start refuses those this dse cannot run, naming them)
+    runner_names = list(typing.get_args(RunnerSpec.model_fields["name"].annotation))
 
     p = argparse.ArgumentParser(
         prog="dse", description="Design-space exploration for Megatron-Core training recipes."
@@ -436,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         storage_arg(sp)
         sp.add_argument("--n-trials", type=int, help="trial budget (baseline included)")
         sp.add_argument("--agent", choices=["tpe", "gp", "nsga2", "random", "grid"])
-        sp.add_argument("--runner", choices=sorted(RUNNERS))
+        sp.add_argument("--runner", choices=runner_names)
         sp.add_argument("--max-parallel", type=int, help="trials at once")
         sp.add_argument("--workdir", help="folder for trial specs, metrics and logs")
 

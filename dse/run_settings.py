@@ -124,37 +124,29 @@ def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
         )
 
 
-#: Run settings of an import that would run something named by the export file.
-_UNTRUSTED = (("runner", "python"), ("runner", "workdir"), ("workload", "table"))
-
-
-def untrusted_settings(space: SearchSpace) -> dict[str, Any]:
-    """The run settings of ``space`` that name a program or a path (``runner.python``,
-    ``runner.workdir``, ``workload.table``), those set."""
-    out: dict[str, Any] = {}
-    data = space.model_dump(mode="json")
-    for a, b in _UNTRUSTED:
-        v = data[a].get(b)
-        if v is not None:
-            out[f"{a}.{b}"] = v
-    return out
-
-
 def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchSpace:
     """An imported study's space with the export's interpreter and workdir replaced by local
     defaults (the controller's own Python; ``--workdir`` or ``dse_runs``).
 
     Raises:
-        SpaceError: its workload reads a table the export names; a local space file
-            (``dse start --space``) or ``--trust-imported`` must confirm it.
+        SpaceError: its workload reads a table or runs a recipe the export names, or its
+            environment is set by the export; a local space file (``dse start --space``) or
+            ``--trust-imported`` must confirm it.
     """
     data = space.model_dump(mode="json")
-    if data["workload"].get("table") is not None:
+    named = {
+        "workload.table": data["workload"].get("table"),
+        "workload.launcher": data["workload"].get("launcher"),
+        "env.fixed": (data.get("env") or {}).get("fixed") or None,
+        "env.node_steps": (data.get("env") or {}).get("node_steps") or None,
+    }
+    code = [k for k, v in named.items() if v is not None]
+    if code:
         raise SpaceError(
-            f"study {space.study!r} was imported: its workload.table "
-            f"({data['workload']['table']!r}) comes from the export file and is not used "
-            "unconfirmed. Run it with a local space file of the same study (dse start --space "
-            "FILE --study NAME), or pass --trust-imported to use the imported settings"
+            f"study {space.study!r} was imported: its {', '.join(code)} come from the export "
+            "file (programs, paths, environment) and are not used unconfirmed. Run it with a "
+            "local space file of the same study (dse start --space FILE --study NAME), or "
+            "pass --trust-imported to use the imported settings"
         )
     data["runner"]["python"] = None
     data["runner"]["workdir"] = ov.workdir or "dse_runs"

@@ -615,6 +615,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
     "fixed",
     "constraints",
     "objectives",
+    "env",
 )
 _RUN_WORKLOAD: dict[str, Any] = {"workload": {"table", "delay_s"}}
 
