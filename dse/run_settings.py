@@ -117,7 +117,7 @@ def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
     diff = identity_changes(stored, given)
     if diff:
         raise DuplicatedStudyError(
-            f"study {stored.study!r} exists with a different space: {', '.join(diff)} "
+            f"study {given.study!r} exists with a different space: {', '.join(diff)} "
             "differ (these change what its trials mean; budget, agent, runner, workdir and "
             "max-parallel may change). Pick another study name or restore the original "
             "space file"
