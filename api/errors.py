@@ -19,6 +19,7 @@ from dse.api.schemas import ErrorPublic
 from dse.exceptions import (
     DSEError,
     DuplicatedStudyError,
+    NoCompleteTrialError,
     SchemaVersionError,
     SpaceError,
     StorageError,
@@ -36,6 +37,7 @@ log = logging.getLogger("dse.api")
 #: dse errors and their status, narrowest first.
 _STATUS: tuple[tuple[type[DSEError], int], ...] = (
     (StudyNotFoundError, 404),
+    (NoCompleteTrialError, 404),
     (TrialNotFoundError, 404),
     (DuplicatedStudyError, 409),
     (SchemaVersionError, 503),

@@ -12,12 +12,20 @@ import json
 import logging
 import os
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dse.exceptions import DSEError, SpaceError, StorageError, StudyNotFoundError
+from dse.exceptions import (
+    DSEError,
+    NoCompleteTrialError,
+    SpaceError,
+    StorageError,
+    StudyNotFoundError,
+)
 from dse.export import best_payload, render_best
+from dse.names import display_name
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
@@ -40,97 +48,83 @@ def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
     return space_url or DEFAULT_STORAGE
 
 
+def _open_existing(args: argparse.Namespace) -> Any:
+    """The storage of a read-only command; a SQLite file that does not exist is an error
+    (exit 2), never created."""
+    from sqlalchemy.engine import make_url
+
+    from dse.storage import open_storage
+
+    url = _storage_url(args)
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - open_storage names a malformed URL
+        return open_storage(url)
+    db = u.database
+    if u.get_backend_name() == "sqlite" and db and db != ":memory:" and not db.startswith("file:"):
+        if not Path(db).is_file():
+            raise StudyNotFoundError(f"no study database at {db} (storage {url}); check --storage")
+    return open_storage(url)
+
+
 # --- validate -----------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     from dse.recipe_cli import check_recipe
-    from dse.rules import check_space
+    from dse.rules import CHECK_SPACE_CAP, check_space
     from dse.space import load_space
+    from dse.workloads.runners import check_runner
 
     space = load_space(args.space)
+    check_runner(space, args.space)
     n_total, n_valid = check_space(space, args.space)
     check_recipe(space, args.space)
+    if n_total >= CHECK_SPACE_CAP:
+        counted = (
+            f"more than {CHECK_SPACE_CAP} configurations (only the first {CHECK_SPACE_CAP} "
+            f"checked: the enumeration cap), {n_valid} of those pass the rules"
+        )
+    else:
+        counted = f"{n_total} configurations, {n_valid} pass the rules"
     _out(
         f"{args.space}: ok: study {space.study!r}, {len(space.knobs)} knobs, "
-        f"{n_total} configurations, {n_valid} pass the rules; baseline "
-        f"{json.dumps(space.baseline())}"
+        f"{counted}; baseline {json.dumps(space.baseline())}"
     )
     return 0
 
 
 # --- start / resume -----------------------------------------------------------------------
-def _apply_overrides(space: Any, args: argparse.Namespace) -> Any:
-    upd: dict[str, Any] = {}
-    if getattr(args, "study", None):
-        upd["study"] = args.study
-    if getattr(args, "n_trials", None):
-        upd["budget"] = space.budget.model_copy(update={"n_trials": args.n_trials})
-    if getattr(args, "agent", None):
-        upd["agent"] = space.agent.model_copy(update={"name": args.agent})
-    if getattr(args, "runner", None):
-        upd["runner"] = space.runner.model_copy(update={"name": args.runner})
-    if getattr(args, "workdir", None):
-        upd["runner"] = upd.get("runner", space.runner).model_copy(
-            update={"workdir": args.workdir}
-        )
-    if getattr(args, "max_parallel", None):
-        upd["runner"] = upd.get("runner", space.runner).model_copy(
-            update={"max_parallel": args.max_parallel}
-        )
-    if not upd:
-        return space
-    from dse.space import parse_space
+def _overrides(args: argparse.Namespace) -> Any:
+    from dse.run_settings import RunOverrides
 
-    data = space.model_dump()
-    for k, v in upd.items():
-        data[k] = v.model_dump() if hasattr(v, "model_dump") else v
-    return parse_space(data, str(args.space))
-
-
-def _make_runner(space: Any) -> Any:
-    name = space.runner.name
-    if name == "local":
-        # replay and sim trials are plain CPU processes whatever the space's device is
-        from dse.recipe_spec import LAUNCHERS
-        from dse.workloads.runners import LocalRunner
-
-        trains = space.workload.name in ("megatron", *LAUNCHERS)
-        device = space.resources.device if trains else "cpu"
-        return LocalRunner(
-            device=device,
-            world_size=space.resources.world_size,
-            gpus=space.runner.gpus,
-            max_parallel=space.runner.max_parallel,
-        )
-    try:
-        import importlib
-
-        mod = importlib.import_module(f"dse.workloads.runners.{name}_runner")
-    except ImportError as e:
-        raise SpaceError(
-            f"runner {name!r} is not part of this dse version (only 'local' is); "
-            "set runner.name: local"
-        ) from e
-    return mod.make_runner(space)
+    return RunOverrides(
+        n_trials=getattr(args, "n_trials", None),
+        agent=getattr(args, "agent", None),
+        runner=getattr(args, "runner", None),
+        workdir=getattr(args, "workdir", None),
+        max_parallel=getattr(args, "max_parallel", None),
+    )
 
 
 def _make_cost_model(space: Any) -> Any:
-    try:
-        from dse.costmodel import CostModel
-    except ImportError:
-        return None
+    from dse.costmodel import CostModel
+
     return CostModel(space.model, space.semantics, space.resources)
 
 
 def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
+    import signal
+
     from dse.agents import create_agent
     from dse.proposer import cost_model_memory_hint
     from dse.storage import open_storage
     from dse.study import StudyRunner, detect_trial_features
+    from dse.workloads.runners import make_runner
 
     url = _storage_url(args, space.storage)
     storage = open_storage(url)
+    caught: list[int] = []
     try:
-        runner = _make_runner(space)
+        runner = make_runner(space)
         features = detect_trial_features(space, space.runner.python)
         cost_model = _make_cost_model(space)
         agent = create_agent(space, cost_model_memory_hint(space, cost_model))
@@ -143,45 +137,90 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
             features=features,
             cost_model=cost_model,
         )
-        result = study.run()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            # SIGINT, SIGTERM, SIGHUP alike: stop the loop (trials killed and re-queued, the
+            # study left 'stopped'); a second signal while stopping interrupts the stop itself
+            if study.stop_requested is not None:
+                raise KeyboardInterrupt
+            caught.append(signum)
+            study.request_stop(f"signal {signal.Signals(signum).name}")
+
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+        try:
+            result = study.run()
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
     finally:
         storage.close()
-    return 130 if result.stopped else 0
+    if caught:
+        return 128 + caught[0]
+    if result.stop_kind == "launch":
+        return 1
+    return 130 if result.stopped and result.stop_kind == "request" else 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     from dse.recipe_cli import check_recipe, dry_run
     from dse.rules import check_space
-    from dse.space import load_space
+    from dse.run_settings import apply_overrides
+    from dse.space import load_space, parse_space
+    from dse.workloads.runners import check_runner
 
-    space = _apply_overrides(load_space(args.space), args)
+    space = load_space(args.space)
+    if args.study:
+        data = space.model_dump(mode="json")
+        data["study"] = args.study
+        space = parse_space(data, f"{args.space} (--study)")
+    space = apply_overrides(space, _overrides(args), args.space)
     check_space(space, args.space, count=False)  # the baseline; counting is validate's job
     check_recipe(space, args.space)
-    if getattr(args, "dry_run", None):
+    if getattr(args, "dry_run", None):  # renders what a runner would run; runs nothing
         _out(dry_run(space, args.dry_run))
         return 0
+    check_runner(space, args.space)
     return _run_study(space, Path(args.space).read_text(), args)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     import yaml
 
+    from dse.records import IMPORTED_ATTR
+    from dse.run_settings import (
+        RUN_SETTINGS_ATTR,
+        apply_overrides,
+        strip_imported,
+        with_run_settings,
+    )
     from dse.space import parse_space
-    from dse.storage import open_storage
+    from dse.workloads.runners import check_runner
 
-    url = _storage_url(args)
-    storage = open_storage(url)
+    storage = _open_existing(args)
     try:
         rec = _pick_study(storage, args.study)
+        attrs = storage.get_study_attrs(rec.id)
     finally:
         storage.close()
-    space = parse_space(yaml.safe_load(rec.space_yaml), f"study {rec.name!r} (stored space)")
-    if space.study != rec.name:
-        data = space.model_dump()
+    source = f"study {rec.name!r} (stored space)"
+    data = yaml.safe_load(rec.space_yaml)
+    if isinstance(data, dict):
         data["study"] = rec.name
-        space = parse_space(data, f"study {rec.name!r}")
-    args.space = f"<stored space of {rec.name}>"
-    space = _apply_overrides(space, argparse.Namespace(**{**vars(args), "study": None}))
+    space = parse_space(data, source)
+    stored = attrs.get(RUN_SETTINGS_ATTR)
+    if isinstance(stored, dict):
+        space = with_run_settings(space, stored, f"study {rec.name!r} (stored run settings)")
+    ov = _overrides(args)
+    if attrs.get(IMPORTED_ATTR) and not args.trust_imported:
+        space = strip_imported(space, ov, source)
+        _err(
+            f"study {display_name(rec.name)!r} was imported: trials run with this "
+            f"installation's Python in {space.runner.workdir} (--trust-imported keeps the "
+            "export's runner.python and workdir)"
+        )
+    space = apply_overrides(space, ov, source)
+    check_runner(space, source)
     return _run_study(space, rec.space_yaml, args)
 
 
@@ -193,7 +232,7 @@ def _pick_study(storage: Any, name: str | None) -> Any:
     if not studies:
         raise StudyNotFoundError(f"no study in {storage.url}")
     if len(studies) > 1:
-        names = ", ".join(s.name for s in studies)
+        names = ", ".join(display_name(s.name) for s in studies)
         raise StudyNotFoundError(f"several studies in {storage.url} ({names}): give --study")
     return studies[0]
 
@@ -212,9 +251,7 @@ def _trial_json(t: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
-
-    storage = open_storage(_storage_url(args))
+    storage = _open_existing(args)
     try:
         studies = [storage.get_study(args.study)] if args.study else storage.list_studies()
         if not studies:
@@ -243,7 +280,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in out:
         c = s["counts"]
         _out(
-            f"study {s['study']} [{s['state']}]: {c.get('total', 0)} trials "
+            f"study {display_name(s['study'])} [{s['state']}]: {c.get('total', 0)} trials "
             f"({c.get('complete', 0)} complete, {c.get('running', 0)} running, "
             f"{c.get('failed', 0)} failed, {c.get('infeasible', 0)} infeasible, "
             f"{c.get('queued', 0)} queued), {sum(s['rejections'].values())} rejected before "
@@ -284,9 +321,7 @@ def _status_text(s: dict[str, Any]) -> str:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
-
-    storage = open_storage(_storage_url(args))
+    storage = _open_existing(args)
     try:
         st = _pick_study(storage, args.study)
         payload = best_payload(storage, st)
@@ -298,9 +333,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 # --- export / import / serve ---------------------------------------------------------------
 def cmd_export(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
-
-    storage = open_storage(_storage_url(args))
+    storage = _open_existing(args)
     try:
         st = _pick_study(storage, args.study)
         data = storage.export_study(st.name)
@@ -316,8 +349,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from dse.names import study_name_problem
     from dse.storage import open_storage
 
+    why = None if args.study is None else study_name_problem(args.study)
+    if why is not None:
+        raise SpaceError(f"--study: {why} (study={args.study!r})")
     try:
         data = json.loads(Path(args.file).read_text())
     except (OSError, ValueError) as e:
@@ -376,6 +413,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # --- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from dse import bench, recipe_cli
+    from dse.costmodel import cli as costmodel_cli
+    from dse.space import RunnerSpec
+
+    # every name a space may give (start refuses those this dse cannot run, naming them)
+    runner_names = list(typing.get_args(RunnerSpec.model_fields["name"].annotation))
+
     p = argparse.ArgumentParser(
         prog="dse", description="Design-space exploration for Megatron-Core training recipes."
     )
@@ -396,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         storage_arg(sp)
         sp.add_argument("--n-trials", type=int, help="trial budget (baseline included)")
         sp.add_argument("--agent", choices=["tpe", "gp", "nsga2", "random", "grid"])
-        sp.add_argument("--runner", choices=["local", "ray", "slurm"])
+        sp.add_argument("--runner", choices=runner_names)
         sp.add_argument("--max-parallel", type=int, help="trials at once")
         sp.add_argument("--workdir", help="folder for trial specs, metrics and logs")
 
@@ -414,8 +458,16 @@ def build_parser() -> argparse.ArgumentParser:
     run_args(sp)
     sp.set_defaults(fn=cmd_start)
 
-    sp = sub.add_parser("resume", help="continue a study whose controller stopped or died")
+    sp = sub.add_parser(
+        "resume",
+        help="continue a study (stopped, died, or finished: --n-trials extends its budget)",
+    )
     sp.add_argument("--study")
+    sp.add_argument(
+        "--trust-imported",
+        action="store_true",
+        help="an imported study: run with the export's runner.python, workdir and table",
+    )
     run_args(sp)
     sp.set_defaults(fn=cmd_resume)
 
@@ -451,13 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=8000)
     sp.set_defaults(fn=cmd_serve)
 
-    for mod in ("dse.costmodel.cli", "dse.bench", "dse.recipe_cli"):
-        try:
-            import importlib
-
-            importlib.import_module(mod).register(sub)
-        except ImportError:
-            pass
+    costmodel_cli.register(sub)
+    bench.register(sub)
+    recipe_cli.register(sub)
     return p
 
 
@@ -479,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpaceError, StudyNotFoundError) as e:
         _err(str(e))
         return 2
+    except NoCompleteTrialError as e:
+        _err(str(e))
+        return 1
     except StorageError as e:
         _err(f"storage: {e}")
         return 1

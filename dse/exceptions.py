@@ -12,6 +12,7 @@ __all__ = [
     "UnknownKnobError",
     "StorageError",
     "StudyNotFoundError",
+    "NoCompleteTrialError",
     "DuplicatedStudyError",
     "TrialNotFoundError",
     "SchemaVersionError",
@@ -39,6 +40,10 @@ class StorageError(DSEError):
 
 class StudyNotFoundError(StorageError, LookupError):
     """No study of that name in the storage."""
+
+
+class NoCompleteTrialError(DSEError, LookupError):
+    """The study exists but has no complete trial yet (not bad input: ask again later)."""
 
 
 class DuplicatedStudyError(StorageError):

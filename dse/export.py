@@ -10,7 +10,7 @@ import json
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from dse.exceptions import StudyNotFoundError
+from dse.exceptions import NoCompleteTrialError
 
 if TYPE_CHECKING:
     from dse.space import SearchSpace
@@ -25,12 +25,12 @@ def best_payload(storage: Any, study: Any) -> dict[str, Any]:
     """The best feasible trial of a study as the ``dse best`` / REST payload.
 
     Raises:
-        StudyNotFoundError: the study has no complete trial yet.
+        NoCompleteTrialError: the study has no complete trial yet.
         SpaceError: the stored space of the study no longer validates.
     """
     best = storage.best_trial(study.id, study.direction)
     if best is None:
-        raise StudyNotFoundError(f"study {study.name!r} has no complete trial yet")
+        raise NoCompleteTrialError(f"study {study.name!r} has no complete trial yet")
     space = _stored_space(study.space_yaml, study.name)
     full = space.full_params(best.params)
     m = best.metrics

@@ -249,3 +249,8 @@ def read_metrics(path: str | Path) -> Outcome | None:
         steps=tuple(steps),
         source=src,
     )
+
+
+#: Study attribute :meth:`dse.storage.Storage.import_study` sets (true): the study's run
+#: settings came from an export file and are not run unconfirmed (see dse.run_settings).
+IMPORTED_ATTR = "imported"

@@ -492,6 +492,10 @@ def first_violation(
     return vs[0] if vs else None
 
 
+#: Configurations :func:`check_space` enumerates at most.
+CHECK_SPACE_CAP = 100_000
+
+
 def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple[int, int]:
     """Refuse a space whose baseline breaks a rule.
 
@@ -511,6 +515,6 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple
         n_total += 1
         if not check(space, cfg, feats):
             n_valid += 1
-        if n_total >= 100_000:
+        if n_total >= CHECK_SPACE_CAP:
             break
     return n_total, n_valid

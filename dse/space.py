@@ -29,6 +29,7 @@ from pydantic import (
 from dse.exceptions import SpaceError
 from dse.knobs import ENV_PREFIX, get_knob
 from dse.layout import Layout
+from dse.names import study_name_problem
 from dse.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
 
 __all__ = [
@@ -425,6 +426,14 @@ class SearchSpace(_Strict):
                 data = {**data, "env": env, "knobs": knobs}
         return data
 
+    @field_validator("study")
+    @classmethod
+    def _study_name(cls, v: str) -> str:
+        why = study_name_problem(v)
+        if why is not None:
+            raise ValueError(f"{why} (study={v!r})")
+        return v
+
     @field_validator("knobs", "fixed", "derived", mode="before")
     @classmethod
     def _known_knobs(cls, v: Any) -> Any:
@@ -573,7 +582,7 @@ class SearchSpace(_Strict):
         r = self.resources
         return {
             "name": self.study,
-            "space_hash": self.digest(),
+            "space_hash": self.identity_digest(),
             "direction": self.objective.direction,
             "metric": self.objective.metric,
             "model": {**self.model.model_dump(), "seq_length": self.semantics.seq_length},
@@ -590,6 +599,41 @@ class SearchSpace(_Strict):
         unset = {k for k in _LATER_MODEL_FIELDS if getattr(self.model, k) == 0.0}
         text = self.model_dump_json(exclude={"model": unset} if unset else None)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def identity(self) -> dict[str, Any]:
+        """What changes the meaning of a study's trials (model, semantics, resources, knobs,
+        fixed values, constraints, objectives, trial kind): a study keeps these for life.
+        Everything else (budget, agent, runner, workdir, table path, pre-screen, storage)
+        is a run setting that ``dse resume`` / ``dse start`` may change."""
+        out = self.model_dump(
+            mode="json", include=set(IDENTITY_FIELDS) | {"workload"}, exclude=_RUN_WORKLOAD
+        )
+        for k in _LATER_MODEL_FIELDS:  # as in digest(): counted only when set
+            if out["model"].get(k) == 0.0:
+                out["model"].pop(k, None)
+        return out
+
+    def identity_digest(self) -> str:
+        """A hash of :meth:`identity` (the study record's ``space_hash``)."""
+        import json
+
+        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: Top-level fields of a space that make a study's identity (see :meth:`SearchSpace.identity`);
+#: of ``workload`` only the trial kind is (its table path and delay are run settings).
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "model",
+    "semantics",
+    "resources",
+    "knobs",
+    "fixed",
+    "constraints",
+    "objectives",
+    "env",
+)
+_RUN_WORKLOAD: dict[str, Any] = {"workload": {"table", "delay_s"}}
 
 
 def params_key(params: Mapping[str, Any]) -> str:

@@ -42,10 +42,13 @@ from sqlalchemy.orm import Session
 from dse.exceptions import (
     DuplicatedStudyError,
     StorageError,
+    StudyFormatError,
     StudyNotFoundError,
     TrialNotFoundError,
 )
+from dse.names import study_name_problem
 from dse.records import (
+    IMPORTED_ATTR,
     Outcome,
     RejectionRecord,
     StepMetrics,
@@ -884,11 +887,22 @@ class Storage:
 
         export = parse_export(data)
         target = name or export.study.name
+        why = study_name_problem(target)
+        if why is not None:
+            raise StudyFormatError(f"study name: {why} (study={target!r})")
 
         def fn(s: Session) -> StudyRecord:
             if _study_by_name(s, target) is not None:
                 raise DuplicatedStudyError(f"a study named {target!r} already exists")
-            return _study_record(load_study(s, export, name=target))
+            row = load_study(s, export, name=target)
+            s.flush()
+            # an export is data from elsewhere: its run settings are not run unconfirmed
+            attr = s.get(StudyAttrModel, (row.id, IMPORTED_ATTR))
+            if attr is None:
+                s.add(StudyAttrModel(study_id=row.id, key=IMPORTED_ATTR, value=True))
+            else:
+                attr.value = True
+            return _study_record(row)
 
         return self._db.run(fn, write=True, retry_integrity=True, what=f"import study {target!r}")
 

@@ -139,6 +139,9 @@ class FakeCostModel:
     def observe(self, params: dict[str, Any], peak_mem_gib: float, oom: bool) -> None:
         self.observed.append((peak_mem_gib, oom))
 
+    def calibration(self) -> dict[str, Any]:
+        return {"observed": len(self.observed)}
+
 
 def test_prescreen(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -149,13 +152,5 @@ def test_prescreen(
     assert bench.run(_args(*argv)) == 0
     a = json.loads(capsys.readouterr().out)["agents"]["grid"]
     assert a["oom_trials_run"] == 0  # mbs 8 is never launched
-    assert a["prescreen_rejections"] >= a["prescreen_saved"] >= 0
-
-
-def test_prescreen_without_cost_model(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    t = _table(tmp_path / "t.jsonl")
-    monkeypatch.delattr(dse.costmodel, "CostModel", raising=False)
-    assert bench.run(_args("--table", str(t), "--agents", "grid", "--prescreen")) == 2
-    assert "dse.costmodel.CostModel" in capsys.readouterr().err
+    assert a["prescreen_rejections"] > 0  # mbs 8 predicted above the GPU
+    assert a["prescreen_rejections"] >= a["prescreen_saved"]

@@ -526,6 +526,8 @@ def test_export_import_round_trip(storage: Storage) -> None:
     copy = storage.import_study(data, name="s-copy")
     assert dataclasses.replace(copy, id=s.id, name="s") == s
     again = storage.export_study("s-copy")
+    # an import is marked: its run settings came from elsewhere (dse.run_settings)
+    assert again["attrs"].pop("imported") is True
     for doc in (exported, again):
         doc.pop("exported_at")
         doc["study"].pop("name")
@@ -533,7 +535,10 @@ def test_export_import_round_trip(storage: Storage) -> None:
     original = [_strip_ids(t) for t in storage.list_trials(s.id, with_steps=True)]
     imported = [_strip_ids(t) for t in storage.list_trials(copy.id, with_steps=True)]
     assert imported == original
-    assert storage.get_study_attrs(copy.id) == storage.get_study_attrs(s.id)
+    assert storage.get_study_attrs(copy.id) == {
+        **storage.get_study_attrs(s.id),
+        "imported": True,
+    }
     assert storage.count_rejections(copy.id) == storage.count_rejections(s.id)
     # the imported study keeps working: numbering continues, duplicates are still refused
     nxt = claim(storage, copy.id, 99)

@@ -11,10 +11,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dse.records import Outcome
+from dse.records import Outcome, TrialSpec
 from dse.workloads.logs import LOG_PATTERNS, classify_log
 
-__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS"]
+__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS", "OWNER_ENV"]
+
+#: Environment variable that carries a trial's ownership token (its controller's owner string)
+#: into the trial process; also written to ``<trial_dir>/pgid`` and checked before a leftover
+#: process group is signalled.
+OWNER_ENV = "DSE_TRIAL_OWNER"
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 900.0
     hang_timeout_s: float = 300.0
+    #: the trial spec itself (runners that answer in-process read it; others run ``argv``)
+    spec: TrialSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,8 @@ class BaseRunner(ABC):
     """Runs trial processes; the study loop asks for free slots, submits, polls."""
 
     name = "base"
+    #: whether trials read a spec file and write metrics/log files in ``trial_dir``
+    uses_files = True
 
     @abstractmethod
     def free_slots(self) -> int:
