@@ -148,7 +148,7 @@ class StudyRunner:
                 self.progress(f"reconciled trial {t.number}: finished while unattended")
             else:
                 if t.metrics_path:
-                    _kill_leftover(Path(t.metrics_path).parent)
+                    self.runner.kill_leftover(Path(t.metrics_path).parent)
                 self.storage.requeue_trial(t.id, reason="interrupted: controller died")
                 self.progress(f"reconciled trial {t.number}: interrupted, re-queued")
             n += 1
@@ -252,7 +252,10 @@ class StudyRunner:
         try:
             while True:
                 for fin in self.runner.poll():
-                    self._on_finished(study_id, fin.trial_id, fin.outcome, fin.wall_s, fin.devices)
+                    self._on_finished(
+                        study_id, fin.trial_id, fin.outcome, fin.wall_s, fin.devices,
+                        placement=fin.placement,
+                    )  # fmt: skip
                 counts = self.storage.count_trials(study_id)
                 out_of_time = (
                     s.budget.wall_clock_s is not None
@@ -422,7 +425,13 @@ class StudyRunner:
         self.progress(f"trial {t.number} started: {_short(t.params)}")
 
     def _on_finished(
-        self, study_id: int, trial_id: int, outcome: Outcome, wall_s: float, devices: int
+        self,
+        study_id: int,
+        trial_id: int,
+        outcome: Outcome,
+        wall_s: float,
+        devices: int,
+        placement: str | None = None,
     ) -> None:
         from dse.proposer import feedback_from_outcome
 
@@ -438,7 +447,7 @@ class StudyRunner:
             )
         gpu_s = wall_s * devices if s.resources.device == "cuda" else None
         rec = self.storage.finish_trial(
-            trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s
+            trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s, host=placement
         )
         fb = feedback_from_outcome(s, outcome)
         if trial_id in self._agent_ids:
@@ -527,16 +536,6 @@ def _outcome_of_record(t: TrialRecord) -> Outcome:
         t.failure_class or "error", t.reason or "", metrics=dict(t.metrics),
         source=t.source or "measured",  # type: ignore[arg-type]
     )  # fmt: skip
-
-
-def _kill_leftover(trial_dir: Path) -> None:
-    from dse.workloads.runners import kill_group
-
-    f = trial_dir / "pgid"
-    try:
-        kill_group(int(f.read_text().strip()), grace_s=2.0)
-    except (OSError, ValueError):
-        pass
 
 
 def _safe_url(url: str) -> str:

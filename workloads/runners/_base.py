@@ -40,6 +40,8 @@ class Finished:
     outcome: Outcome
     wall_s: float
     devices: int
+    #: where it ran, e.g. ``node1:gpu0,1,node2:gpu0,1`` (cluster runners; None: this host)
+    placement: str | None = None
 
 
 class BaseRunner(ABC):
@@ -66,6 +68,15 @@ class BaseRunner(ABC):
     @abstractmethod
     def stop(self) -> list[int]:
         """Kill every running trial (whole process groups); returns their ids."""
+
+    def kill_leftover(self, trial_dir: Path) -> None:
+        """End what a dead controller's trial left running (its process group, by default)."""
+        from dse.workloads.runners.local import kill_group
+
+        try:
+            kill_group(int((trial_dir / "pgid").read_text().strip()), grace_s=2.0)
+        except (OSError, ValueError):
+            pass
 
     @property
     def host(self) -> str:
