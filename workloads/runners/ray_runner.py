@@ -1,0 +1,376 @@
+"""Ray runner: each trial in a placement group of its own, one bundle per node.
+
+With no ``address`` the runner uses the Ray instance this process already joined, or starts a
+local one; with an address it joins that cluster. A trial's bundles each hold the GPUs it needs
+on one node (``world_size / gpus_per_node`` bundles); one small actor per bundle starts the
+trial's processes on that node (their own process group, ``CUDA_VISIBLE_DEVICES`` as Ray set it
+for the actor), with the rendezvous of the first bundle's node. Metrics come back through the
+study's work directory (a file system the nodes share). ``stop`` and timeouts kill every
+process group of the trial, then its actors and placement group.
+
+As many trials run at once as the cluster has room for (GPUs, or CPUs for CPU trials), capped
+by ``max_parallel``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dse.exceptions import TrialLaunchError
+from dse.records import Outcome, read_metrics
+from dse.workloads.runners._base import BaseRunner, Finished, Launch
+from dse.workloads.runners._cluster import (
+    PLACEMENT_FILE,
+    TrialShape,
+    outcome_after_exit,
+    read_placement,
+    rendezvous_argv,
+    trial_shape,
+)
+
+__all__ = ["RayOptions", "RayRunner", "make_runner"]
+
+
+class RayOptions(BaseModel):
+    """``runner.options`` of the Ray runner."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(
+        None, description="Ray cluster address ('auto', 'ray://head:10001'); none: local Ray."
+    )
+    gpus_per_node: int | None = Field(
+        None, ge=1, description="GPUs per node (default: resources.gpus_per_node, else world)."
+    )
+    cpus_per_trial: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs reserved per node of a trial (default: one per rank on CPU, 1 with GPUs).",
+    )
+    num_cpus: int | None = Field(None, ge=1, description="A local instance's CPUs.")
+    num_gpus: int | None = Field(None, ge=0, description="A local instance's GPUs.")
+    strategy: str | None = Field(
+        None, description="Placement strategy (default: PACK on one node, STRICT_SPREAD else)."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Variables for every trial.")
+
+
+class _NodeGroup:
+    """Ray actor: the trial's processes on one node (a process group of their own)."""
+
+    def __init__(self) -> None:
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def where(self) -> tuple[str, str, str]:
+        import socket
+
+        import ray
+
+        return (
+            socket.gethostname(),
+            ray.util.get_node_ip_address(),
+            os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        )
+
+    def start(
+        self, argv: list[str], env: dict[str, str], cwd: str, log_path: str, controller: str
+    ) -> int:
+        import socket
+
+        full = dict(os.environ)
+        full.update(env)
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        with open(Path(cwd) / PLACEMENT_FILE, "a") as f:
+            f.write(f"{socket.gethostname()} {gpus}\n")
+        with open(log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=full, cwd=cwd,
+                start_new_session=True,
+            )  # fmt: skip
+        if socket.gethostname() == controller:  # a resumed controller kills leftovers by it
+            (Path(cwd) / "pgid").write_text(str(self.popen.pid))
+        return self.popen.pid
+
+    def wait(self) -> int:
+        assert self.popen is not None
+        return self.popen.wait()
+
+    def kill(self, grace_s: float = 3.0) -> None:
+        from dse.workloads.runners.local import kill_group
+
+        if self.popen is not None:
+            kill_group(self.popen.pid, grace_s=grace_s)
+
+
+@dataclass
+class _Trial:
+    launch: Launch
+    pg: Any
+    actors: list[Any]
+    waits: list[Any]
+    started: float
+    last_size: int = 0
+    last_progress: float = 0.0
+    rcs: dict[int, int] = field(default_factory=dict)
+
+
+class RayRunner(BaseRunner):
+    """Runs trials on a Ray cluster, one placement group per trial."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        options: RayOptions,
+        *,
+        device: str,
+        world_size: int,
+        gpus_per_node: int | None = None,
+        max_parallel: int | None = None,
+    ) -> None:
+        try:
+            import ray
+        except ImportError as e:
+            raise TrialLaunchError("the ray runner needs Ray: pip install 'dse-megatron[ray]'") from e
+        self._ray = ray
+        self.opts = options
+        try:
+            self.shape: TrialShape = trial_shape(
+                world_size, device, options.gpus_per_node or gpus_per_node
+            )
+        except ValueError as e:
+            raise TrialLaunchError(str(e)) from e
+        if not ray.is_initialized():
+            kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
+            if options.address:
+                kw["address"] = options.address
+            else:
+                if options.num_cpus is not None:
+                    kw["num_cpus"] = options.num_cpus
+                if options.num_gpus is not None:
+                    kw["num_gpus"] = options.num_gpus
+            try:
+                ray.init(**kw)
+            except Exception as e:  # noqa: BLE001 - any failure to join is a launch error
+                raise TrialLaunchError(f"could not start or join Ray: {e}") from e
+        self.max_parallel = max_parallel
+        total = ray.cluster_resources()
+        need = self._bundle()
+        cap = min(
+            int(total.get(k, 0) // v) if v else 10**6 for k, v in need.items()
+        ) // self.shape.nodes
+        if cap < 1:
+            raise TrialLaunchError(
+                f"the Ray cluster ({_fmt(total)}) cannot hold one trial of {self.shape.nodes} "
+                f"x {_fmt(need)}"
+            )
+        self.capacity = min(cap, max_parallel) if max_parallel else cap
+        self._actor_cls = ray.remote(_NodeGroup)
+        self._trials: dict[int, _Trial] = {}
+        self._done: list[Finished] = []
+
+    def _cpus(self) -> float:
+        if self.opts.cpus_per_trial is not None:
+            return self.opts.cpus_per_trial
+        return 1.0 if self.shape.device == "cuda" else float(self.shape.per_node)
+
+    def _bundle(self) -> dict[str, float]:
+        if self.shape.device == "cuda":
+            return {"GPU": float(self.shape.per_node), "CPU": self._cpus()}
+        return {"CPU": self._cpus()}
+
+    # --- contract --------------------------------------------------------------------------
+    def free_slots(self) -> int:
+        """Trials that fit now: the cap less what runs, and no more than free resources hold."""
+        room = self.capacity - len(self._trials)
+        if room <= 0:
+            return 0
+        avail = self._ray.available_resources()
+        fits = min(
+            int(avail.get(k, 0) // v) if v else 10**6 for k, v in self._bundle().items()
+        ) // self.shape.nodes
+        return max(0, min(room, fits))
+
+    def submit(self, launch: Launch) -> None:
+        ray = self._ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        launch.trial_dir.mkdir(parents=True, exist_ok=True)
+        (launch.trial_dir / PLACEMENT_FILE).unlink(missing_ok=True)
+        shape = self.shape
+        strategy = self.opts.strategy or ("PACK" if shape.nodes == 1 else "STRICT_SPREAD")
+        pg = placement_group([self._bundle()] * shape.nodes, strategy=strategy)
+        try:
+            ray.get(pg.ready(), timeout=120)
+        except Exception as e:  # noqa: BLE001 - no room or a cluster error
+            remove_placement_group(pg)
+            raise TrialLaunchError(f"no placement for trial {launch.number}: {e}") from e
+        gpu = float(shape.per_node) if shape.device == "cuda" else 0.0
+        actors = [
+            self._actor_cls.options(  # type: ignore[attr-defined]
+                num_cpus=0,
+                num_gpus=gpu,
+                max_concurrency=4,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i
+                ),
+            ).remote()
+            for i in range(shape.nodes)
+        ]
+        try:
+            where = ray.get([a.where.remote() for a in actors], timeout=120)
+            master = where[0][1]
+            port = str(random.randint(20000, 39999))
+            argv = rendezvous_argv(
+                launch.argv, shape, master_addr=master, master_port=port,
+                run_id=f"dse-{launch.trial_id}",
+            )  # fmt: skip
+            env = {
+                **self.opts.env,
+                **launch.env,
+                "MASTER_ADDR": master,
+                "MASTER_PORT": port,
+                "DSE_TRIAL_NODES": str(shape.nodes),
+            }
+            if shape.device != "cuda":
+                threads = max(1, int(self._cpus()) // max(1, shape.per_node))
+                env.setdefault("OMP_NUM_THREADS", str(threads))
+            ray.get(
+                [
+                    a.start.remote(
+                        argv, env, str(launch.trial_dir), str(launch.log_path), self.host
+                    )
+                    for a in actors
+                ],
+                timeout=120,
+            )
+        except Exception as e:  # noqa: BLE001 - the actors could not start the trial
+            self._teardown(actors, pg)
+            raise TrialLaunchError(f"trial {launch.number} did not start on Ray: {e}") from e
+        now = time.monotonic()
+        self._trials[launch.trial_id] = _Trial(
+            launch, pg, actors, [a.wait.remote() for a in actors], now, last_progress=now
+        )
+
+    def running(self) -> list[int]:
+        return list(self._trials)
+
+    def poll(self) -> list[Finished]:
+        ray = self._ray
+        now = time.monotonic()
+        for tid, t in list(self._trials.items()):
+            ready, _ = ray.wait(t.waits, num_returns=len(t.waits), timeout=0)
+            failed: str | None = None
+            for ref in ready:
+                i = t.waits.index(ref)
+                if i in t.rcs:
+                    continue
+                try:
+                    t.rcs[i] = int(ray.get(ref))
+                except Exception as e:  # noqa: BLE001 - the node's actor died (node lost)
+                    t.rcs[i] = -1
+                    failed = f"the Ray actor of node {i} died: {str(e).splitlines()[0][:200]}"
+            mp = t.launch.metrics_path
+            size = mp.stat().st_size if mp.exists() else 0
+            if size != t.last_size:
+                t.last_size, t.last_progress = size, now
+            if failed is not None:
+                self._finish(tid, outcome_after_exit(t.launch, "node_fail", failed))
+            elif len(t.rcs) == len(t.waits) or any(rc != 0 for rc in t.rcs.values()):
+                bad = {i: rc for i, rc in t.rcs.items() if rc != 0}
+                if bad:
+                    i, rc = next(iter(bad.items()))
+                    what = f"trial process on node {i} exited with {_rc_text(rc)}"
+                else:
+                    what = "trial processes exited with code 0"
+                self._finish(tid, outcome_after_exit(t.launch, None, what))
+            elif now - t.started > t.launch.timeout_s:
+                reason = f"trial ran past its timeout of {t.launch.timeout_s:.0f} s"
+                self._finish(tid, read_metrics(mp) or Outcome.failure("timeout", reason))
+            elif now - t.last_progress > t.launch.hang_timeout_s:
+                reason = f"no progress for {t.launch.hang_timeout_s:.0f} s (hang timeout)"
+                self._finish(tid, read_metrics(mp) or Outcome.failure("hang", reason))
+        done, self._done = self._done, []
+        return done
+
+    def stop(self) -> list[int]:
+        ids = list(self._trials)
+        for tid in ids:
+            t = self._trials.pop(tid)
+            self._teardown(t.actors, t.pg)
+        return ids
+
+    # --- internals -------------------------------------------------------------------------
+    def _finish(self, tid: int, outcome: Outcome) -> None:
+        t = self._trials.pop(tid)
+        self._teardown(t.actors, t.pg)
+        ndev = self.shape.nodes * self.shape.per_node
+        placement = read_placement(t.launch.trial_dir)
+        self._done.append(
+            Finished(tid, outcome, time.monotonic() - t.started, ndev, placement=placement)
+        )
+
+    def _teardown(self, actors: list[Any], pg: Any) -> None:
+        """Kill the trial's process groups on every node, then its actors and placement."""
+        ray = self._ray
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            ray.get([a.kill.remote() for a in actors], timeout=30)
+        except Exception:  # noqa: BLE001, S110 - an actor already gone has nothing to kill
+            pass
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001, S110
+                pass
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+
+def _rc_text(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"code {rc}"
+
+
+def _fmt(res: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(res.items()) if k in ("CPU", "GPU"))
+
+
+def ray_options(space: Any) -> RayOptions:
+    from dse.exceptions import SpaceError
+
+    try:
+        return RayOptions.model_validate(space.runner.options or {})
+    except ValidationError as e:
+        errs = "; ".join(
+            f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
+        )
+        raise SpaceError(f"ray runner options: {errs}") from e
+
+
+def make_runner(space: Any) -> RayRunner:
+    device = space.resources.device if space.workload.name == "megatron" else "cpu"
+    return RayRunner(
+        ray_options(space),
+        device=device,
+        world_size=space.resources.world_size,
+        gpus_per_node=space.resources.gpus_per_node,
+        max_parallel=space.runner.max_parallel,
+    )
