@@ -73,9 +73,7 @@ def rendezvous_argv(
     head, tail = argv[:i], argv[i:]
     # the torchrun options end where the trial module starts ("-m" or a script path)
     j = next((k for k, a in enumerate(tail) if a == "-m" or not a.startswith("-")), len(tail))
-    opts = [
-        a for a in tail[:j] if a != "--standalone" and not a.startswith("--nproc-per-node")
-    ]
+    opts = [a for a in tail[:j] if a != "--standalone" and not a.startswith("--nproc-per-node")]
     if shape.nodes == 1:
         new = ["--standalone", f"--nproc-per-node={shape.per_node}"]
     else:

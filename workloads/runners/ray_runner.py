@@ -54,7 +54,7 @@ class RayOptions(BaseModel):
     cpus_per_trial: float | None = Field(
         None,
         gt=0,
-        description="CPUs reserved per node of a trial (default: one per rank on CPU, 1 with GPUs).",
+        description="CPUs reserved per node of a trial (default: a rank's each on CPU, 1 on GPU).",
     )
     num_cpus: int | None = Field(None, ge=1, description="A local instance's CPUs.")
     num_gpus: int | None = Field(None, ge=0, description="A local instance's GPUs.")
@@ -140,7 +140,7 @@ class RayRunner(BaseRunner):
         try:
             import ray
         except ImportError as e:
-            raise TrialLaunchError("the ray runner needs Ray: pip install 'dse-megatron[ray]'") from e
+            raise TrialLaunchError("the ray runner needs Ray: pip install ray") from e
         self._ray = ray
         self.opts = options
         try:
@@ -165,9 +165,10 @@ class RayRunner(BaseRunner):
         self.max_parallel = max_parallel
         total = ray.cluster_resources()
         need = self._bundle()
-        cap = min(
-            int(total.get(k, 0) // v) if v else 10**6 for k, v in need.items()
-        ) // self.shape.nodes
+        cap = (
+            min(int(total.get(k, 0) // v) if v else 10**6 for k, v in need.items())
+            // self.shape.nodes
+        )
         if cap < 1:
             raise TrialLaunchError(
                 f"the Ray cluster ({_fmt(total)}) cannot hold one trial of {self.shape.nodes} "
@@ -195,9 +196,10 @@ class RayRunner(BaseRunner):
         if room <= 0:
             return 0
         avail = self._ray.available_resources()
-        fits = min(
-            int(avail.get(k, 0) // v) if v else 10**6 for k, v in self._bundle().items()
-        ) // self.shape.nodes
+        fits = (
+            min(int(avail.get(k, 0) // v) if v else 10**6 for k, v in self._bundle().items())
+            // self.shape.nodes
+        )
         return max(0, min(room, fits))
 
     def submit(self, launch: Launch) -> None:

@@ -380,9 +380,7 @@ class SlurmRunner(BaseRunner):
         """job id -> (state, node list) for the given jobs (queue first, then scontrol)."""
         out: dict[str, tuple[str, str]] = {}
         try:
-            r = _run(
-                ["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T|%N"]
-            )
+            r = _run(["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T|%N"])
             for line in r.stdout.splitlines():
                 parts = line.strip().split("|")
                 if len(parts) == 3:
