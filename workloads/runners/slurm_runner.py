@@ -174,6 +174,8 @@ def render_batch_script(
         "--label" if shape.nodes > 1 else "",
     ]
     srun = [a for a in srun if a]
+    if shape.gpus_per_node:  # the step's own GPUs, whatever the site's step defaults are
+        srun.append(f"--gpus-per-node={shape.gpus_per_node}")
     if opts.container_image:
         argv = container_python(argv)
         mounts = list(opts.container_mounts)
