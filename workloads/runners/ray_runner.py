@@ -64,57 +64,73 @@ class RayOptions(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Variables for every trial.")
 
 
+_MASTER = "__DSE_MASTER_ADDR__"
+
+
 class _NodeGroup:
-    """Ray actor: the trial's processes on one node (a process group of their own)."""
+    """Ray actor: the trial's processes on one node (a process group of their own).
+
+    Threaded (``max_concurrency`` > 1) so that ``kill`` runs while ``run`` waits."""
 
     def __init__(self) -> None:
-        self.popen: subprocess.Popen[bytes] | None = None
+        import threading
 
-    def where(self) -> tuple[str, str, str]:
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.killed = False
+        self.lock = threading.Lock()
+
+    def where(self) -> tuple[str, str]:
         import socket
 
         import ray
 
-        return (
-            socket.gethostname(),
-            ray.util.get_node_ip_address(),
-            os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        )
+        return socket.gethostname(), ray.util.get_node_ip_address()
 
-    def start(
-        self, argv: list[str], env: dict[str, str], cwd: str, log_path: str, controller: str
+    def run(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        log_path: str,
+        controller: str,
+        master: tuple[str, str],
     ) -> int:
+        """Start the node's processes (rendezvous at ``master``'s address), wait for them."""
         import socket
 
         full = dict(os.environ)
-        full.update(env)
+        full.update({k: v.replace(_MASTER, master[1]) for k, v in env.items()})
+        argv = [a.replace(_MASTER, master[1]) for a in argv]
         gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        with open(Path(cwd) / PLACEMENT_FILE, "a") as f:
-            f.write(f"{socket.gethostname()} {gpus}\n")
-        with open(log_path, "ab") as log:
-            self.popen = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=full, cwd=cwd,
-                start_new_session=True,
-            )  # fmt: skip
-        if socket.gethostname() == controller:  # a resumed controller kills leftovers by it
-            (Path(cwd) / "pgid").write_text(str(self.popen.pid))
-        return self.popen.pid
-
-    def wait(self) -> int:
-        assert self.popen is not None
+        with self.lock:
+            if self.killed:
+                return -int(signal.SIGTERM)
+            with open(Path(cwd) / PLACEMENT_FILE, "a") as f:
+                f.write(f"{socket.gethostname()} {gpus}\n")
+            with open(log_path, "ab") as log:
+                self.popen = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, env=full, cwd=cwd,
+                    start_new_session=True,
+                )  # fmt: skip
+            if socket.gethostname() == controller:  # a resumed controller kills leftovers by it
+                (Path(cwd) / "pgid").write_text(str(self.popen.pid))
         return self.popen.wait()
 
     def kill(self, grace_s: float = 3.0) -> None:
         from dse.workloads.runners.local import kill_group
 
-        if self.popen is not None:
-            kill_group(self.popen.pid, grace_s=grace_s)
+        with self.lock:
+            self.killed = True
+            popen = self.popen
+        if popen is not None:
+            kill_group(popen.pid, grace_s=grace_s)
 
 
 @dataclass
 class _Trial:
     launch: Launch
     pg: Any
+    ready: Any
     actors: list[Any]
     waits: list[Any]
     started: float
@@ -203,20 +219,17 @@ class RayRunner(BaseRunner):
         return max(0, min(room, fits))
 
     def submit(self, launch: Launch) -> None:
-        ray = self._ray
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         launch.trial_dir.mkdir(parents=True, exist_ok=True)
         (launch.trial_dir / PLACEMENT_FILE).unlink(missing_ok=True)
         shape = self.shape
         strategy = self.opts.strategy or ("PACK" if shape.nodes == 1 else "STRICT_SPREAD")
-        pg = placement_group([self._bundle()] * shape.nodes, strategy=strategy)
         try:
-            ray.get(pg.ready(), timeout=120)
-        except Exception as e:  # noqa: BLE001 - no room or a cluster error
-            remove_placement_group(pg)
-            raise TrialLaunchError(f"no placement for trial {launch.number}: {e}") from e
+            pg = placement_group([self._bundle()] * shape.nodes, strategy=strategy)
+        except Exception as e:  # noqa: BLE001 - a cluster error
+            raise TrialLaunchError(f"no placement group for trial {launch.number}: {e}") from e
         gpu = float(shape.per_node) if shape.device == "cuda" else 0.0
         actors = [
             self._actor_cls.options(  # type: ignore[attr-defined]
@@ -229,39 +242,29 @@ class RayRunner(BaseRunner):
             ).remote()
             for i in range(shape.nodes)
         ]
-        try:
-            where = ray.get([a.where.remote() for a in actors], timeout=120)
-            master = where[0][1]
-            port = str(random.randint(20000, 39999))
-            argv = rendezvous_argv(
-                launch.argv, shape, master_addr=master, master_port=port,
-                run_id=f"dse-{launch.trial_id}",
-            )  # fmt: skip
-            env = {
-                **self.opts.env,
-                **launch.env,
-                "MASTER_ADDR": master,
-                "MASTER_PORT": port,
-                "DSE_TRIAL_NODES": str(shape.nodes),
-            }
-            if shape.device != "cuda":
-                threads = max(1, int(self._cpus()) // max(1, shape.per_node))
-                env.setdefault("OMP_NUM_THREADS", str(threads))
-            ray.get(
-                [
-                    a.start.remote(
-                        argv, env, str(launch.trial_dir), str(launch.log_path), self.host
-                    )
-                    for a in actors
-                ],
-                timeout=120,
-            )
-        except Exception as e:  # noqa: BLE001 - the actors could not start the trial
-            self._teardown(actors, pg)
-            raise TrialLaunchError(f"trial {launch.number} did not start on Ray: {e}") from e
+        # nothing here waits: the placement group and the actors come up in Ray's time; the
+        # first node's address reaches the others as an object reference
+        master = actors[0].where.remote()
+        port = str(random.randint(20000, 39999))
+        argv = rendezvous_argv(
+            launch.argv, shape, master_addr=_MASTER, master_port=port,
+            run_id=f"dse-{launch.trial_id}",
+        )  # fmt: skip
+        env = {
+            **self.opts.env,
+            **launch.env,
+            "MASTER_ADDR": _MASTER,
+            "MASTER_PORT": port,
+            "DSE_TRIAL_NODES": str(shape.nodes),
+        }
+        if shape.device != "cuda":
+            threads = max(1, int(self._cpus()) // max(1, shape.per_node))
+            env.setdefault("OMP_NUM_THREADS", str(threads))
+        args = (argv, env, str(launch.trial_dir), str(launch.log_path), self.host, master)
+        waits = [a.run.remote(*args) for a in actors]
         now = time.monotonic()
         self._trials[launch.trial_id] = _Trial(
-            launch, pg, actors, [a.wait.remote() for a in actors], now, last_progress=now
+            launch, pg, pg.ready(), actors, waits, now, last_progress=now
         )
 
     def running(self) -> list[int]:
