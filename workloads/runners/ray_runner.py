@@ -231,7 +231,7 @@ class RayRunner(BaseRunner):
         except Exception as e:  # noqa: BLE001 - a cluster error
             raise TrialLaunchError(f"no placement group for trial {launch.number}: {e}") from e
         gpu = float(shape.per_node) if shape.device == "cuda" else 0.0
-        actors = [
+        actors: list[Any] = [
             self._actor_cls.options(  # type: ignore[attr-defined]
                 num_cpus=0,
                 num_gpus=gpu,

@@ -449,3 +449,36 @@ def make_runner(space: Any) -> SlurmRunner:
         workdir=(Path(space.runner.workdir) / space.study).resolve(),
         job_prefix=f"dse-{space.study}"[:40],
     )
+
+
+def dry_run_script(space: Any, number: int, env: dict[str, str]) -> str:
+    """The batch script trial ``number`` of ``space`` (with its environment ``env``) is
+    submitted with (``dse start --dry-run``); it starts the trial from the ``trial.json`` the
+    controller writes next to it before it submits."""
+    from dse.workloads import trial_command
+
+    opts = slurm_options(space)
+    device = space.resources.device if space.workload.name == "megatron" else "cpu"
+    try:
+        shape = trial_shape(
+            space.resources.world_size, device, opts.gpus_per_node or space.resources.gpus_per_node
+        )
+    except ValueError as e:
+        from dse.exceptions import SpaceError
+
+        raise SpaceError(str(e)) from e
+    workdir = Path(space.runner.workdir).resolve() / space.study
+    tdir = workdir / f"trial-{number:05d}"
+    argv = trial_command(
+        space.workload.name, str(tdir / "trial.json"),
+        world_size=space.resources.world_size, python=space.runner.python,
+    )  # fmt: skip
+    launch = Launch(
+        trial_id=number, number=number, argv=argv, trial_dir=tdir,
+        metrics_path=tdir / "metrics.jsonl", log_path=tdir / "log.txt",
+        world_size=space.resources.world_size, device=device,
+        timeout_s=space.budget.trial_timeout_s, env=dict(env),
+    )  # fmt: skip
+    return render_batch_script(
+        launch, opts, shape, job_name=f"dse-{space.study}-{number}"[:64], workdir=workdir
+    )
