@@ -121,3 +121,24 @@ def test_tiny_study_through_ray(ray_cluster: None, tmp_path: Path) -> None:
         st.close()
     assert [t.state for t in trials] == ["complete", "complete"], [t.reason for t in trials]
     assert all(t.value and t.value > 0 and t.host for t in trials)
+
+
+@pytest.mark.slow
+def test_trial_spread_over_two_ray_nodes(tmp_path: Path) -> None:
+    """A 4-GPU trial over two nodes of 2 GPUs (a real two-raylet cluster joined by address):
+    one bundle per node, each node's process with its own 2 GPUs and the same rendezvous."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "tests.runners.ray_two_nodes"],
+        cwd=REPO, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["ok"], res["reason"]
+    assert res["capacity"] == 1
+    assert len(set(res["bundle_nodes"])) == 2  # one bundle on each node
+    assert len(res["seen"]) == 2
+    assert all(len(s["cuda_visible_devices"].split(",")) == 2 for s in res["seen"])
+    assert len({s["master_addr"] for s in res["seen"]}) == 1
