@@ -191,6 +191,37 @@ def test_study_resumes_after_its_controller_dies_with_jobs_queued(
     assert not any(line.endswith(("RUNNING", "PENDING")) for line in left), left
 
 
+@pytest.mark.postgres
+def test_two_controllers_share_one_study_on_the_cluster(
+    slurm: str, tmp_path: Path, pg_url: str
+) -> None:
+    p = _space(tmp_path, "slurm-two", options={"poll_interval_s": 0.5})
+    space = yaml.safe_load(p.read_text())
+    space["budget"]["n_trials"] = 8
+    p.write_text(yaml.safe_dump(space))
+    cmd = [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", pg_url]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    logs = [pr.communicate(timeout=300)[1] for pr in procs]
+    assert [pr.returncode for pr in procs] == [0, 0], logs
+    st = open_storage(pg_url)
+    try:
+        trials = st.list_trials(st.get_study("slurm-two").id)
+    finally:
+        st.close()
+    assert sorted(t.number for t in trials) == list(range(8))
+    assert len({t.params_key for t in trials}) == 8
+    assert all(t.state in ("complete", "infeasible") for t in trials)
+    assert len({t.runner.split(":")[1] for t in trials if t.runner}) == 2  # both ran trials
+    jobs = {(tmp_path / "runs" / "slurm-two" / f"trial-{t.number:05d}" / "slurm_job_id")
+            .read_text() for t in trials}  # fmt: skip
+    assert len(jobs) == 8  # one Slurm job per trial
+
+
 @pytest.mark.slow
 def test_tiny_gpt_study_through_sbatch(slurm: str, tmp_path: Path) -> None:
     space = yaml.safe_load((REPO / "examples" / "tiny_gpt_cpu.yaml").read_text())
