@@ -2,11 +2,11 @@
 
 With no ``address`` the runner uses the Ray instance this process already joined, or starts a
 local one; with an address it joins that cluster. A trial's bundles each hold the GPUs it needs
-on one node (``world_size / gpus_per_node`` bundles); one small actor per bundle starts the
+on one node (``world_size / gpus_per_node`` bundles); one Ray task per bundle starts the
 trial's processes on that node (their own process group, ``CUDA_VISIBLE_DEVICES`` as Ray set it
-for the actor), with the rendezvous of the first bundle's node. Metrics come back through the
+for the task), with the rendezvous of the first bundle's node. Metrics come back through the
 study's work directory (a file system the nodes share). ``stop`` and timeouts kill every
-process group of the trial, then its actors and placement group.
+process group of the trial, then free its placement group.
 
 As many trials run at once as the cluster has room for (GPUs, or CPUs for CPU trials), capped
 by ``max_parallel``.
@@ -67,63 +67,61 @@ class RayOptions(BaseModel):
 _MASTER = "__DSE_MASTER_ADDR__"
 
 
-class _NodeGroup:
-    """Ray actor: the trial's processes on one node (a process group of their own).
+def _where() -> tuple[str, str]:
+    """Ray task: this node's host name and address (the rendezvous of a trial's first node)."""
+    import socket
 
-    Threaded (``max_concurrency`` > 1) so that ``kill`` runs while ``run`` waits."""
+    import ray
 
-    def __init__(self) -> None:
-        import threading
+    return socket.gethostname(), ray.util.get_node_ip_address()
 
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.killed = False
-        self.lock = threading.Lock()
 
-    def where(self) -> tuple[str, str]:
-        import socket
+def _run_node(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    log_path: str,
+    index: int,
+    controller: str,
+    master: tuple[str, str],
+) -> int:
+    """Ray task: start the trial's processes of bundle ``index`` (a process group of their
+    own, rendezvous at ``master``), wait for them, return their exit code."""
+    import socket
 
-        import ray
+    d = Path(cwd)
+    if (d / f"killed.{index}").exists():
+        return -int(signal.SIGTERM)
+    full = dict(os.environ)
+    full.update({k: v.replace(_MASTER, master[1]) for k, v in env.items()})
+    argv = [a.replace(_MASTER, master[1]) for a in argv]
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    with open(d / PLACEMENT_FILE, "a") as f:
+        f.write(f"{socket.gethostname()} {gpus}\n")
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=full, cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
+    (d / f"pgid.{index}").write_text(str(popen.pid))
+    if index == 0 and socket.gethostname() == controller:
+        (d / "pgid").write_text(str(popen.pid))  # a resumed controller kills leftovers by it
+    if (d / f"killed.{index}").exists():  # stopped while it started
+        _kill_node(cwd, index)
+    return popen.wait()
 
-        return socket.gethostname(), ray.util.get_node_ip_address()
 
-    def run(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        cwd: str,
-        log_path: str,
-        controller: str,
-        master: tuple[str, str],
-    ) -> int:
-        """Start the node's processes (rendezvous at ``master``'s address), wait for them."""
-        import socket
+def _kill_node(cwd: str, index: int) -> None:
+    """Ray task on the node of bundle ``index``: kill that bundle's trial process group."""
+    from dse.workloads.runners.local import kill_group
 
-        full = dict(os.environ)
-        full.update({k: v.replace(_MASTER, master[1]) for k, v in env.items()})
-        argv = [a.replace(_MASTER, master[1]) for a in argv]
-        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        with self.lock:
-            if self.killed:
-                return -int(signal.SIGTERM)
-            with open(Path(cwd) / PLACEMENT_FILE, "a") as f:
-                f.write(f"{socket.gethostname()} {gpus}\n")
-            with open(log_path, "ab") as log:
-                self.popen = subprocess.Popen(
-                    argv, stdout=log, stderr=subprocess.STDOUT, env=full, cwd=cwd,
-                    start_new_session=True,
-                )  # fmt: skip
-            if socket.gethostname() == controller:  # a resumed controller kills leftovers by it
-                (Path(cwd) / "pgid").write_text(str(self.popen.pid))
-        return self.popen.wait()
-
-    def kill(self, grace_s: float = 3.0) -> None:
-        from dse.workloads.runners.local import kill_group
-
-        with self.lock:
-            self.killed = True
-            popen = self.popen
-        if popen is not None:
-            kill_group(popen.pid, grace_s=grace_s)
+    d = Path(cwd)
+    (d / f"killed.{index}").touch()
+    try:
+        pgid = int((d / f"pgid.{index}").read_text().strip())
+    except (OSError, ValueError):
+        return
+    kill_group(pgid, grace_s=3.0)
 
 
 @dataclass
@@ -131,7 +129,6 @@ class _Trial:
     launch: Launch
     pg: Any
     ready: Any
-    actors: list[Any]
     waits: list[Any]
     started: float
     last_size: int = 0
@@ -191,7 +188,10 @@ class RayRunner(BaseRunner):
                 f"x {_fmt(need)}"
             )
         self.capacity = min(cap, max_parallel) if max_parallel else cap
-        self._actor_cls = ray.remote(_NodeGroup)
+        # trial tasks reuse Ray's workers (max_calls=0: GPU tasks too; they touch no GPU)
+        self._where = ray.remote(num_cpus=0, max_calls=0)(_where)
+        self._run = ray.remote(max_calls=0, max_retries=0)(_run_node)
+        self._kill = ray.remote(num_cpus=0, max_calls=0, max_retries=0)(_kill_node)
         self._trials: dict[int, _Trial] = {}
         self._done: list[Finished] = []
 
@@ -231,20 +231,15 @@ class RayRunner(BaseRunner):
         except Exception as e:  # noqa: BLE001 - a cluster error
             raise TrialLaunchError(f"no placement group for trial {launch.number}: {e}") from e
         gpu = float(shape.per_node) if shape.device == "cuda" else 0.0
-        actors: list[Any] = [
-            self._actor_cls.options(  # type: ignore[attr-defined]
-                num_cpus=0,
-                num_gpus=gpu,
-                max_concurrency=4,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=i
-                ),
-            ).remote()
-            for i in range(shape.nodes)
-        ]
-        # nothing here waits: the placement group and the actors come up in Ray's time; the
+
+        def at(i: int) -> Any:
+            return PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=i
+            )
+
+        # nothing here waits: the placement group and the tasks come up in Ray's time; the
         # first node's address reaches the others as an object reference
-        master = actors[0].where.remote()
+        master = self._where.options(scheduling_strategy=at(0)).remote()
         port = str(random.randint(20000, 39999))
         argv = rendezvous_argv(
             launch.argv, shape, master_addr=_MASTER, master_port=port,
@@ -260,11 +255,16 @@ class RayRunner(BaseRunner):
         if shape.device != "cuda":
             threads = max(1, int(self._cpus()) // max(1, shape.per_node))
             env.setdefault("OMP_NUM_THREADS", str(threads))
-        args = (argv, env, str(launch.trial_dir), str(launch.log_path), self.host, master)
-        waits = [a.run.remote(*args) for a in actors]
+        tdir, log = str(launch.trial_dir), str(launch.log_path)
+        waits = [
+            self._run.options(num_cpus=0, num_gpus=gpu, scheduling_strategy=at(i)).remote(
+                argv, env, tdir, log, i, self.host, master
+            )
+            for i in range(shape.nodes)
+        ]
         now = time.monotonic()
         self._trials[launch.trial_id] = _Trial(
-            launch, pg, pg.ready(), actors, waits, now, last_progress=now
+            launch, pg, pg.ready(), waits, now, last_progress=now
         )
 
     def running(self) -> list[int]:
@@ -282,9 +282,9 @@ class RayRunner(BaseRunner):
                     continue
                 try:
                     t.rcs[i] = int(ray.get(ref))
-                except Exception as e:  # noqa: BLE001 - the node's actor died (node lost)
+                except Exception as e:  # noqa: BLE001 - the node's task died (node lost)
                     t.rcs[i] = -1
-                    failed = f"the Ray actor of node {i} died: {str(e).splitlines()[0][:200]}"
+                    failed = f"the Ray task of node {i} died: {str(e).splitlines()[0][:200]}"
             mp = t.launch.metrics_path
             size = mp.stat().st_size if mp.exists() else 0
             if size != t.last_size:
@@ -312,35 +312,48 @@ class RayRunner(BaseRunner):
         ids = list(self._trials)
         for tid in ids:
             t = self._trials.pop(tid)
-            self._teardown(t.actors, t.pg)
+            self._teardown(t)
         return ids
 
     # --- internals -------------------------------------------------------------------------
     def _finish(self, tid: int, outcome: Outcome) -> None:
         t = self._trials.pop(tid)
-        self._teardown(t.actors, t.pg)
+        self._teardown(t)
         ndev = self.shape.nodes * self.shape.per_node
         placement = read_placement(t.launch.trial_dir)
         self._done.append(
             Finished(tid, outcome, time.monotonic() - t.started, ndev, placement=placement)
         )
 
-    def _teardown(self, actors: list[Any], pg: Any) -> None:
-        """Kill the trial's process groups on every node, then its actors and placement."""
+    def _teardown(self, t: _Trial) -> None:
+        """Kill the trial's process groups on every node, then free its placement group."""
         ray = self._ray
         from ray.util.placement_group import remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        try:
-            ray.get([a.kill.remote() for a in actors], timeout=30)
-        except Exception:  # noqa: BLE001, S110 - an actor already gone has nothing to kill
-            pass
-        for a in actors:
+        tdir = str(t.launch.trial_dir)
+        for i in range(len(t.waits)):
+            Path(tdir, f"killed.{i}").touch()  # a task not started yet will not start
+        if t.ready is None or ray.wait([t.ready], timeout=0)[0]:
+            kills = [
+                self._kill.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=t.pg, placement_group_bundle_index=i
+                    )
+                ).remote(tdir, i)
+                for i in range(len(t.waits))
+            ]
             try:
-                ray.kill(a)
-            except Exception:  # noqa: BLE001, S110
+                ray.get(kills, timeout=30)
+            except Exception:  # noqa: BLE001, S110 - a lost node has nothing left to kill
+                pass
+        for ref in t.waits:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001, S110 - finished already
                 pass
         try:
-            remove_placement_group(pg)
+            remove_placement_group(t.pg)
         except Exception:  # noqa: BLE001, S110
             pass
 
