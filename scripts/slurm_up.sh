@@ -35,7 +35,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 if [ -f "$CONF" ] && timeout 10 scontrol ping 2>/dev/null | grep -q "is UP" \
-   && timeout 10 sinfo -h -o %T 2>/dev/null | grep -Eq "idle|mixed|alloc|drain"; then
+   && timeout 10 sinfo -h -o %T 2>/dev/null | grep -Eq "^(idle|mixed|allocated)$"; then
   exit 0  # already running
 fi
 
