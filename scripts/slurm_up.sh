@@ -14,9 +14,18 @@ CONF=$DIR/slurm.conf
 export SLURM_CONF=$CONF
 
 stop() {
+  # wait for each daemon to exit: a dying daemon removes its pid file, which must not be the
+  # file of the next one
   for f in "$DIR/slurmd.pid" "$DIR/slurmctld.pid"; do
     if [ -s "$f" ]; then
-      kill "$(cat "$f")" 2>/dev/null || true
+      pid=$(cat "$f")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
+        sleep 0.1
+      done
+      kill -9 "$pid" 2>/dev/null || true
       rm -f "$f"
     fi
   done
