@@ -55,3 +55,13 @@ def test_unknown_slurm_option_is_named(tmp_path: Path, capsys: pytest.CaptureFix
     p = _space(tmp_path, options={"partiton": "batch"})
     assert main(["start", "--space", str(p), "--dry-run"]) == 2
     assert "runner.options.partiton" in capsys.readouterr().err
+
+
+def test_recipe_launcher_trials_ask_for_gpus_replay_trials_do_not() -> None:
+    from dse.space import load_space
+    from dse.workloads.runners.slurm_runner import make_runner
+
+    nemo = load_space(EXAMPLES / "llama3_8b.yaml")  # NeMo recipe, 8 GPUs per trial
+    assert make_runner(nemo).shape.gpus_per_node == 8
+    replay = load_space(EXAMPLES / "replay_llama1b.yaml")  # a CPU process per trial
+    assert make_runner(replay).shape.gpus_per_node == 0

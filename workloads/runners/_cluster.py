@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dse.records import Outcome, read_metrics
 from dse.workloads.runners._base import Launch, classify_log
@@ -15,6 +16,7 @@ from dse.workloads.runners._base import Launch, classify_log
 __all__ = [
     "TrialShape",
     "trial_shape",
+    "trial_device",
     "rendezvous_argv",
     "read_placement",
     "log_tail",
@@ -39,6 +41,15 @@ class TrialShape:
     @property
     def gpus_per_node(self) -> int:
         return self.per_node if self.device == "cuda" else 0
+
+
+def trial_device(space: Any) -> str:
+    """Where a space's trials run: replay and sim trials are plain CPU processes whatever
+    the space's device is; the built-in trainer and the recipe launchers use it."""
+    from dse.recipe_spec import LAUNCHERS
+
+    trains = space.workload.name in ("megatron", *LAUNCHERS)
+    return str(space.resources.device) if trains else "cpu"
 
 
 def trial_shape(world_size: int, device: str, gpus_per_node: int | None) -> TrialShape:

@@ -34,6 +34,7 @@ from dse.workloads.runners._cluster import (
     outcome_after_exit,
     read_placement,
     rendezvous_argv,
+    trial_device,
     trial_shape,
 )
 
@@ -384,7 +385,7 @@ def ray_options(space: Any) -> RayOptions:
 
 
 def make_runner(space: Any) -> RayRunner:
-    device = space.resources.device if space.workload.name == "megatron" else "cpu"
+    device = trial_device(space)
     return RayRunner(
         ray_options(space),
         device=device,

@@ -37,6 +37,7 @@ from dse.workloads.runners._cluster import (
     outcome_after_exit,
     read_placement,
     rendezvous_argv,
+    trial_device,
     trial_shape,
 )
 
@@ -439,7 +440,7 @@ def slurm_options(space: Any) -> SlurmOptions:
 
 def make_runner(space: Any) -> SlurmRunner:
     opts = slurm_options(space)
-    device = space.resources.device if space.workload.name == "megatron" else "cpu"
+    device = trial_device(space)
     return SlurmRunner(
         opts,
         device=device,
@@ -458,7 +459,7 @@ def dry_run_script(space: Any, number: int, env: dict[str, str]) -> str:
     from dse.workloads import trial_command
 
     opts = slurm_options(space)
-    device = space.resources.device if space.workload.name == "megatron" else "cpu"
+    device = trial_device(space)
     try:
         shape = trial_shape(
             space.resources.world_size, device, opts.gpus_per_node or space.resources.gpus_per_node
