@@ -40,6 +40,9 @@ FailureClass = Literal[
     "hang",  # no step for hang_timeout_s
     "nan",  # loss became NaN/inf
     "interrupted",  # the controller died while it ran
+    "node_fail",  # a node of the trial failed (cluster runners)
+    "preempted",  # the cluster's scheduler preempted the trial's job
+    "cancelled",  # the trial's job was cancelled from outside (e.g. scancel)
 ]
 
 #: States of a trial in storage.

@@ -219,7 +219,12 @@ class StudyRunner:
         study_id, trusted = self._open_study()
         try:
             self.reconciler = Reconciler(
-                self.space, self.storage, self.me, trust_paths=trusted, progress=self.progress
+                self.space,
+                self.storage,
+                self.me,
+                trust_paths=trusted,
+                progress=self.progress,
+                kill=self.runner.kill_leftover,  # process group, or the runner's own (scancel)
             )
             self.session = AgentSession(
                 self.space, self.agent, self.storage, study_id,
@@ -257,7 +262,9 @@ class StudyRunner:
         while self._stop is None:
             busy = False
             for fin in self.runner.poll():
-                self._on_finished(fin.trial_id, fin.outcome, fin.wall_s, fin.devices)
+                self._on_finished(
+                    fin.trial_id, fin.outcome, fin.wall_s, fin.devices, placement=fin.placement
+                )
                 busy = True
             out_of_time = (
                 s.budget.wall_clock_s is not None
@@ -382,7 +389,14 @@ class StudyRunner:
         self._on_finished(t.id, failure, 0.0, 0)
         return False
 
-    def _on_finished(self, trial_id: int, outcome: Outcome, wall_s: float, devices: int) -> None:
+    def _on_finished(
+        self,
+        trial_id: int,
+        outcome: Outcome,
+        wall_s: float,
+        devices: int,
+        placement: str | None = None,
+    ) -> None:
         s = self.space
         if outcome.failure_class == "oom" and s.resources.gpu_memory_gib:
             outcome = Outcome(
@@ -395,7 +409,7 @@ class StudyRunner:
             )
         gpu_s = wall_s * devices if s.resources.device == "cuda" else None
         rec = self.storage.finish_trial(
-            trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s
+            trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s, host=placement
         )
         self.session.tell(rec, outcome)
         if self.on_trial is not None:

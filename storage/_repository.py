@@ -486,8 +486,12 @@ class Storage:
         *,
         value: float | None,
         gpu_seconds: float | None = None,
+        host: str | None = None,
     ) -> TrialRecord:
         """Store a trial's outcome: ``ok`` -> complete, else failed / infeasible.
+
+        ``host``, when given, replaces the trial's host with where it ran (a cluster runner's
+        node names and GPU indices).
 
         Stores the metrics, value, failure class and reason, source, finish time, GPU-seconds
         and the per-step metrics (replacing any earlier steps of the trial).
@@ -519,6 +523,8 @@ class Storage:
             row.finished_at = time.time()
             if gpu_seconds is not None:
                 row.gpu_seconds = gpu_seconds
+            if host:
+                row.host = host[:255]
             s.execute(delete(TrialStepModel).where(TrialStepModel.trial_id == row.id))
             s.add_all(_step_rows(row.id, outcome.steps))
             return _trial_record(row, tuple(outcome.steps))

@@ -258,6 +258,19 @@ def test_finish_failure_classes(storage: Storage) -> None:
     assert fb.state == "failed" and fb.failure_class == "hang"
 
 
+def test_finish_records_where_a_cluster_trial_ran(storage: Storage) -> None:
+    s = make_study(storage)
+    t = claim(storage, s.id, 1)
+    assert t is not None
+    storage.start_trial(t.id, runner="ctl", host="login-1", log_path=None, metrics_path=None)
+    where = "node-3:gpu0,1,2,3,node-4:gpu0,1,2,3"
+    f = storage.finish_trial(
+        t.id, Outcome.failure("node_fail", "NODE_FAIL"), value=None, host=where
+    )
+    assert f.host == where and storage.get_trial(t.id).host == where
+    assert f.failure_class == "node_fail" and f.state == "failed"
+
+
 def test_finish_is_idempotent(storage: Storage) -> None:
     s = make_study(storage)
     t = claim(storage, s.id, 1)

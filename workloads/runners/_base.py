@@ -47,6 +47,8 @@ class Finished:
     outcome: Outcome
     wall_s: float
     devices: int
+    #: where it ran, e.g. ``node1:gpu0,1,node2:gpu0,1`` (cluster runners; None: this host)
+    placement: str | None = None
 
 
 class BaseRunner(ABC):
@@ -75,6 +77,14 @@ class BaseRunner(ABC):
     @abstractmethod
     def stop(self) -> list[int]:
         """Kill every running trial (whole process groups); returns their ids."""
+
+    def kill_leftover(self, trial_dir: Path, owner: str) -> bool:
+        """End what a dead controller's trial left running: by default its process group,
+        only if this installation started it for ``owner`` (the trial row's owner). Returns
+        whether something was signalled."""
+        from dse.workloads.runners.local import kill_owned_group
+
+        return kill_owned_group(trial_dir, owner)
 
     @property
     def host(self) -> str:

@@ -33,8 +33,24 @@ def _local(space: SearchSpace) -> BaseRunner:
     )
 
 
+def _slurm(space: SearchSpace) -> BaseRunner:
+    from dse.workloads.runners.slurm_runner import make_runner as make
+
+    return make(space)
+
+
+def _ray(space: SearchSpace) -> BaseRunner:
+    from dse.workloads.runners.ray_runner import make_runner as make
+
+    return make(space)
+
+
 #: runner name -> factory. The names a space may use.
-RUNNERS: dict[str, Callable[[SearchSpace], BaseRunner]] = {"local": _local}
+RUNNERS: dict[str, Callable[[SearchSpace], BaseRunner]] = {
+    "local": _local,
+    "slurm": _slurm,
+    "ray": _ray,
+}
 
 
 def check_runner(space: SearchSpace, source: str = "space") -> None:
