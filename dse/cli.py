@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dse.exceptions import DSEError, SpaceError, StorageError, StudyNotFoundError
+from dse.bounds import MAX_EXPORT_BYTES, printable
+from dse.exceptions import (
+    DSEError,
+    DuplicatedStudyError,
+    SpaceError,
+    StorageError,
+    StudyFormatError,
+    StudyNotFoundError,
+)
 from dse.export import best_payload, render_best
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
@@ -29,7 +37,8 @@ def _out(text: str) -> None:
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(f"dse: {text}\n")
+    # a message may quote its input: never send its control characters to the terminal
+    sys.stderr.write(f"dse: {printable(text)}\n")
 
 
 def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
@@ -316,15 +325,24 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
+    from dse.storage import open_storage, read_export_text
 
     try:
-        data = json.loads(Path(args.file).read_text())
-    except (OSError, ValueError) as e:
-        raise SpaceError(f"{args.file}: cannot read a study export: {e}") from e
+        with open(args.file, "rb") as f:
+            raw = f.read(MAX_EXPORT_BYTES + 1)
+    except OSError as e:
+        raise SpaceError(f"{args.file}: cannot read a study export ({e.strerror})") from e
+    try:
+        export = read_export_text(raw)
+    except StudyFormatError as e:
+        raise StudyFormatError(f"{args.file}: {e}") from None
     storage = open_storage(_storage_url(args))
     try:
-        rec = storage.import_study(data, name=args.study)
+        rec = storage.import_study(export, name=args.study)
+    except DuplicatedStudyError as e:
+        # bad input, not a storage failure: the name is taken (nothing was written)
+        _err(f"{args.file}: {e}; import it under another name with --study NAME")
+        return 2
     finally:
         storage.close()
     _err(f"imported study {rec.name!r}")
@@ -476,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
-    except (SpaceError, StudyNotFoundError) as e:
+    except (SpaceError, StudyNotFoundError, StudyFormatError) as e:
         _err(str(e))
         return 2
     except StorageError as e:
