@@ -173,9 +173,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    import yaml
-
-    from dse.space import parse_space
+    from dse.space import parse_space, parse_space_text
     from dse.storage import open_storage
 
     url = _storage_url(args)
@@ -184,7 +182,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         rec = _pick_study(storage, args.study)
     finally:
         storage.close()
-    space = parse_space(yaml.safe_load(rec.space_yaml), f"study {rec.name!r} (stored space)")
+    space = parse_space_text(rec.space_yaml, f"study {rec.name!r} (stored space)")
     if space.study != rec.name:
         data = space.model_dump()
         data["study"] = rec.name

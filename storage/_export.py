@@ -36,11 +36,25 @@ import time
 from collections import Counter
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dse.bounds import MAX_ABS_VALUE, MAX_EXPORT_BYTES, MAX_JSON_DEPTH, printable
+from dse.bounds import (
+    MAX_ABS_VALUE,
+    MAX_EXPORT_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_SPACE_BYTES,
+    printable,
+)
 from dse.exceptions import StudyFormatError
 from dse.storage._models import (
     STUDY_STATES,
@@ -134,7 +148,7 @@ class RejectionExport(_Strict):
 
 class StudyMetaExport(_Strict):
     name: str = Field(min_length=1, max_length=255)
-    space_yaml: str
+    space_yaml: str = Field(max_length=MAX_SPACE_BYTES)
     space_hash: str
     state: str
     direction: Literal["minimize", "maximize"]
@@ -143,6 +157,25 @@ class StudyMetaExport(_Strict):
     hardware: dict[str, Any] = Field(default_factory=dict)
     created_at: float
     updated_at: float | None = None
+
+    @field_validator("space_yaml")
+    @classmethod
+    def _readable_space(cls, v: str) -> str:
+        # resume, best and the API parse it later: refuse what the space-file reader refuses
+        # (an alias bomb, duplicate keys, ...) now, before it is stored
+        from dse.safeyaml import safe_load
+
+        try:
+            safe_load(v)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ValueError(
+                f"not a readable space file{where}: {getattr(e, 'problem', None) or e}"
+            ) from None
+        except RecursionError:
+            raise ValueError("not a readable space file: nested too deeply") from None
+        return v
 
     @model_validator(mode="after")
     def _known_state(self) -> StudyMetaExport:

@@ -192,3 +192,17 @@ def test_duplicate_numbers_found_in_linear_time() -> None:
         parse_export(doc)
     with pytest.raises(StudyFormatError, match="not JSON"):
         read_export_text("[1, 2")
+
+
+def test_hostile_stored_space_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An export's space file is parsed again by resume, best and the API: an alias chain or
+    a duplicate key there is refused at import, like in a space file."""
+    doc = _export(tmp_path)
+    chain = ["a0: &a0 [" + ", ".join(["x"] * 9) + "]"]
+    chain += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    doc["study"]["space_yaml"] = "study: src\n" + "\n".join(chain) + "\n"
+    err = _refused(tmp_path, capsys, doc)
+    assert "study.space_yaml: not a readable space file at line" in err
+    assert "expands to more than 50000 nodes" in err
+    doc["study"]["space_yaml"] = "study: src\nstudy: other\n"
+    assert "duplicate key 'study'" in _refused(tmp_path, capsys, doc)
