@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -833,6 +834,9 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+_NAMES_A_FIELD = re.compile(r"^[a-z_]+(\.[a-z_]+|\[\d+\])*[.:\[ ]")
+
+
 def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
     """Validate a mapping as a space; errors name ``source`` and the field path."""
     if not isinstance(data, Mapping):
@@ -843,7 +847,11 @@ def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
         lines = []
         for err in e.errors()[:20]:
             msg = err["msg"].removeprefix("Value error, ")
-            line = f"{source}: {_loc(err['loc'])}: {msg}"
+            where = _loc(err["loc"])
+            if where == "(top level)" and _NAMES_A_FIELD.match(msg):
+                line = f"{source}: {msg}"  # a cross-field check that names its field itself
+            else:
+                line = f"{source}: {where}: {msg}"
             lines.append(B.printable(line if len(line) <= 2000 else line[:1997] + "..."))
         if e.error_count() > 20:
             lines.append(f"{source}: ... and {e.error_count() - 20} more errors")
