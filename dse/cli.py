@@ -17,11 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dse.bounds import MAX_EXPORT_BYTES, printable
 from dse.exceptions import (
     DSEError,
+    DuplicatedStudyError,
     NoCompleteTrialError,
     SpaceError,
     StorageError,
+    StudyFormatError,
     StudyNotFoundError,
 )
 from dse.export import best_payload, render_best
@@ -37,7 +40,8 @@ def _out(text: str) -> None:
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(f"dse: {text}\n")
+    # a message may quote its input: never send its control characters to the terminal
+    sys.stderr.write(f"dse: {printable(text)}\n")
 
 
 def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
@@ -185,8 +189,6 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    import yaml
-
     from dse.records import IMPORTED_ATTR
     from dse.run_settings import (
         RUN_SETTINGS_ATTR,
@@ -194,7 +196,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         strip_imported,
         with_run_settings,
     )
-    from dse.space import parse_space
+    from dse.space import parse_space, parse_space_text
     from dse.workloads.runners import check_runner
 
     storage = _open_existing(args)
@@ -204,10 +206,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     finally:
         storage.close()
     source = f"study {rec.name!r} (stored space)"
-    data = yaml.safe_load(rec.space_yaml)
-    if isinstance(data, dict):
+    space = parse_space_text(rec.space_yaml, source)
+    if space.study != rec.name:
+        data = space.model_dump()
         data["study"] = rec.name
-    space = parse_space(data, source)
+        space = parse_space(data, source)
     stored = attrs.get(RUN_SETTINGS_ATTR)
     if isinstance(stored, dict):
         space = with_run_settings(space, stored, f"study {rec.name!r} (stored run settings)")
@@ -350,18 +353,27 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from dse.names import study_name_problem
-    from dse.storage import open_storage
+    from dse.storage import open_storage, read_export_text
 
     why = None if args.study is None else study_name_problem(args.study)
     if why is not None:
         raise SpaceError(f"--study: {why} (study={args.study!r})")
     try:
-        data = json.loads(Path(args.file).read_text())
-    except (OSError, ValueError) as e:
-        raise SpaceError(f"{args.file}: cannot read a study export: {e}") from e
+        with open(args.file, "rb") as f:
+            raw = f.read(MAX_EXPORT_BYTES + 1)
+    except OSError as e:
+        raise SpaceError(f"{args.file}: cannot read a study export ({e.strerror})") from e
+    try:
+        export = read_export_text(raw)
+    except StudyFormatError as e:
+        raise StudyFormatError(f"{args.file}: {e}") from None
     storage = open_storage(_storage_url(args))
     try:
-        rec = storage.import_study(data, name=args.study)
+        rec = storage.import_study(export, name=args.study)
+    except DuplicatedStudyError as e:
+        # bad input, not a storage failure: the name is taken (nothing was written)
+        _err(f"{args.file}: {e}; import it under another name with --study NAME")
+        return 2
     finally:
         storage.close()
     _err(f"imported study {rec.name!r}")
@@ -524,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
-    except (SpaceError, StudyNotFoundError) as e:
+    except (SpaceError, StudyNotFoundError, StudyFormatError) as e:
         _err(str(e))
         return 2
     except NoCompleteTrialError as e:

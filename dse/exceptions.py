@@ -10,6 +10,7 @@ __all__ = [
     "DSEError",
     "SpaceError",
     "UnknownKnobError",
+    "ConstraintEvalError",
     "StorageError",
     "StudyNotFoundError",
     "NoCompleteTrialError",
@@ -32,6 +33,17 @@ class SpaceError(DSEError, ValueError):
 
 class UnknownKnobError(SpaceError):
     """A knob name that the catalog does not know."""
+
+
+class ConstraintEvalError(SpaceError):
+    """A space's constraint could not be evaluated on a configuration (a division by zero,
+    a type mismatch, a result beyond the bounds). ``expr`` is the constraint, ``reason`` why."""
+
+    def __init__(self, expr: str, reason: str) -> None:
+        self.expr = expr
+        self.reason = reason
+        shown = repr(expr) if len(expr) <= 200 else repr(expr[:200]) + "..."
+        super().__init__(f"constraint {shown} cannot be evaluated: {reason}")
 
 
 class StorageError(DSEError):

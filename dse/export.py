@@ -55,11 +55,9 @@ def best_payload(storage: Any, study: Any) -> dict[str, Any]:
 @lru_cache(maxsize=64)
 def _stored_space(space_yaml: str, name: str) -> SearchSpace:
     """The parsed space of a study (cached: a stored space never changes; spaces are frozen)."""
-    import yaml
+    from dse.space import parse_space_text
 
-    from dse.space import parse_space
-
-    return parse_space(yaml.safe_load(space_yaml), f"study {name!r}")
+    return parse_space_text(space_yaml, f"study {name!r}")
 
 
 def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None) -> str:

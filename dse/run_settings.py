@@ -94,6 +94,8 @@ def apply_overrides(space: SearchSpace, ov: RunOverrides, source: str) -> Search
     if ov.agent is not None:
         data["agent"]["name"] = ov.agent
     if ov.runner is not None:
+        if ov.runner != data["runner"]["name"]:
+            data["runner"]["options"] = {}  # another runner's options do not apply to this one
         data["runner"]["name"] = ov.runner
     if ov.workdir is not None:
         data["runner"]["workdir"] = ov.workdir

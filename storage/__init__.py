@@ -27,7 +27,15 @@ Example::
 from __future__ import annotations
 
 from dse.storage._engine import head_revision
-from dse.storage._export import FORMAT, FORMAT_VERSION
+from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
 from dse.storage._repository import Storage, open_storage
 
-__all__ = ["Storage", "open_storage", "head_revision", "FORMAT", "FORMAT_VERSION"]
+__all__ = [
+    "Storage",
+    "open_storage",
+    "head_revision",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "StudyExport",
+    "read_export_text",
+]

@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.engine import Engine, make_url
@@ -67,6 +67,9 @@ from dse.storage._models import (
     TrialParamModel,
     TrialStepModel,
 )
+
+if TYPE_CHECKING:
+    from dse.storage._export import StudyExport
 
 __all__ = ["Storage", "open_storage"]
 
@@ -880,8 +883,11 @@ class Storage:
 
         return self._db.run(fn, write=False, what=f"export study {name!r}")
 
-    def import_study(self, data: dict[str, Any], *, name: str | None = None) -> StudyRecord:
-        """Create a study from :meth:`export_study`'s dict (optionally under another name).
+    def import_study(
+        self, data: dict[str, Any] | StudyExport, *, name: str | None = None
+    ) -> StudyRecord:
+        """Create a study from :meth:`export_study`'s dict, or an export already read with
+        :func:`~dse.storage.read_export_text` (optionally under another name).
 
         Trial numbers, states, timings, steps and rejections are kept; ids are new.
 
@@ -889,9 +895,9 @@ class Storage:
             StudyFormatError: ``data`` is not a dse study export this dse can read.
             DuplicatedStudyError: a study of that name exists.
         """
-        from dse.storage._export import load_study, parse_export
+        from dse.storage._export import StudyExport, load_study, parse_export
 
-        export = parse_export(data)
+        export = data if isinstance(data, StudyExport) else parse_export(data)
         target = name or export.study.name
         why = study_name_problem(target)
         if why is not None:

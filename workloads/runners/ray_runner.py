@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
+from dse.space import RayOptions
 from dse.workloads.runners._base import BaseRunner, Finished, Launch
 from dse.workloads.runners._cluster import (
     PLACEMENT_FILE,
@@ -39,30 +40,6 @@ from dse.workloads.runners._cluster import (
 )
 
 __all__ = ["RayOptions", "RayRunner", "make_runner"]
-
-
-class RayOptions(BaseModel):
-    """``runner.options`` of the Ray runner."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    address: str | None = Field(
-        None, description="Ray cluster address ('auto', 'ray://head:10001'); none: local Ray."
-    )
-    gpus_per_node: int | None = Field(
-        None, ge=1, description="GPUs per node (default: resources.gpus_per_node, else world)."
-    )
-    cpus_per_trial: float | None = Field(
-        None,
-        gt=0,
-        description="CPUs reserved per node of a trial (default: a rank's each on CPU, 1 on GPU).",
-    )
-    num_cpus: int | None = Field(None, ge=1, description="A local instance's CPUs.")
-    num_gpus: int | None = Field(None, ge=0, description="A local instance's GPUs.")
-    strategy: str | None = Field(
-        None, description="Placement strategy (default: PACK on one node, STRICT_SPREAD else)."
-    )
-    env: dict[str, str] = Field(default_factory=dict, description="Variables for every trial.")
 
 
 _MASTER = "__DSE_MASTER_ADDR__"
@@ -373,10 +350,15 @@ def _fmt(res: dict[str, float]) -> str:
 
 
 def ray_options(space: Any) -> RayOptions:
+    """The space's ``runner.options`` as ray options (typed and bounded by the space file:
+    :class:`dse.space.RayOptions`; a plain mapping is validated with a clear error)."""
     from dse.exceptions import SpaceError
 
+    opts = space.runner.options
+    if isinstance(opts, RayOptions):
+        return opts
     try:
-        return RayOptions.model_validate(space.runner.options or {})
+        return RayOptions.model_validate({**dict(opts or {}), "runner": "ray"})
     except ValidationError as e:
         errs = "; ".join(
             f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()

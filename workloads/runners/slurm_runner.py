@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
+from dse.space import SlurmOptions
 from dse.workloads.runners._base import BaseRunner, Finished, Launch
 from dse.workloads.runners._cluster import (
     PLACEMENT_FILE,
@@ -76,44 +77,6 @@ _STATE_CLASS = {
 def failure_class_of_state(state: str) -> str | None:
     """The failure class a terminal Slurm job state means (None: ask the log)."""
     return _STATE_CLASS.get(state.split()[0].rstrip("+"))
-
-
-class SlurmOptions(BaseModel):
-    """``runner.options`` of the Slurm runner."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    partition: str | None = Field(None, description="#SBATCH --partition.")
-    account: str | None = Field(None, description="#SBATCH --account.")
-    qos: str | None = Field(None, description="#SBATCH --qos.")
-    time_limit: str | None = Field(
-        None,
-        description="#SBATCH --time (Slurm format, e.g. '00:30:00'); default: the trial "
-        "timeout plus 2 minutes.",
-    )
-    gpus_per_node: int | None = Field(
-        None, ge=1, description="GPUs per node (default: resources.gpus_per_node, else world)."
-    )
-    nodes: int | None = Field(
-        None, ge=1, description="Nodes per trial (default: world_size / gpus_per_node)."
-    )
-    cpus_per_task: int | None = Field(None, ge=1, description="#SBATCH --cpus-per-task.")
-    exclusive: bool | None = Field(
-        None, description="#SBATCH --exclusive (default: on for GPU trials, off on CPU)."
-    )
-    container_image: str | None = Field(None, description="pyxis --container-image.")
-    container_mounts: list[str] = Field(
-        default_factory=list, description="pyxis --container-mounts (src:dst); the workdir "
-        "is always mounted."
-    )  # fmt: skip
-    sbatch_args: list[str] = Field(
-        default_factory=list, description="More #SBATCH lines, e.g. ['--reservation=r1']."
-    )
-    srun_args: list[str] = Field(default_factory=list, description="More srun options.")
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Variables exported in every batch script."
-    )
-    poll_interval_s: float = Field(2.0, gt=0, description="Seconds between squeue calls.")
 
 
 def _time_limit(timeout_s: float) -> str:
@@ -429,11 +392,15 @@ def _scontrol_state(job_id: str) -> tuple[str, str] | None:
 
 
 def slurm_options(space: Any) -> SlurmOptions:
-    """The space's ``runner.options`` as Slurm options (a clear error when they are wrong)."""
+    """The space's ``runner.options`` as slurm options (typed and bounded by the space file:
+    :class:`dse.space.SlurmOptions`; a plain mapping is validated with a clear error)."""
     from dse.exceptions import SpaceError
 
+    opts = space.runner.options
+    if isinstance(opts, SlurmOptions):
+        return opts
     try:
-        return SlurmOptions.model_validate(space.runner.options or {})
+        return SlurmOptions.model_validate({**dict(opts or {}), "runner": "slurm"})
     except ValidationError as e:
         errs = "; ".join(
             f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
