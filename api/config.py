@@ -28,6 +28,15 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(
         3.0, gt=0, le=3600, description="How often the dashboard polls a running study."
     )
+    validate_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Longest a space file of POST /studies may take to validate (then 422).",
+    )
+    validate_memory_mib: int = Field(
+        1024, ge=128, le=65536, description="Memory limit of the space validation process."
+    )
 
     @property
     def writes_enabled(self) -> bool:

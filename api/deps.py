@@ -14,6 +14,7 @@ from dse.api.launch import Launcher
 from dse.api.views import AnswerCache
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
+from dse.space_check import CheckedSpace, check_space_text
 from dse.storage import Storage, open_storage
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "StudyDep",
     "LauncherDep",
     "CacheDep",
+    "SpaceChecker",
+    "SpaceCheckerDep",
     "WriteAccess",
     "get_settings",
     "get_storage",
@@ -105,6 +108,43 @@ def get_cache(request: Request) -> AnswerCache:
 
 
 CacheDep = Annotated[AnswerCache, Depends(get_cache)]
+
+
+class SpaceChecker:
+    """Validates space files of ``POST /studies`` in child processes (at most ``parallel``
+    at once; more wait), each bounded by ``timeout_s`` and ``memory_mib``
+    (:func:`dse.space_check.check_space_text`). Called from worker threads."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        memory_mib: int,
+        *,
+        parallel: int = 2,
+        target: str = "dse.space_check:validate",
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.memory_mib = memory_mib
+        self.target = target
+        self._slots = threading.BoundedSemaphore(parallel)
+
+    def __call__(self, text: str, source: str) -> CheckedSpace:
+        with self._slots:
+            return check_space_text(
+                text,
+                source,
+                timeout_s=self.timeout_s,
+                memory_mib=self.memory_mib,
+                target=self.target,
+            )
+
+
+def get_space_checker(request: Request) -> SpaceChecker:
+    checker: SpaceChecker = request.app.state.space_checker
+    return checker
+
+
+SpaceCheckerDep = Annotated[SpaceChecker, Depends(get_space_checker)]
 
 _bearer = HTTPBearer(auto_error=False, description="DSE_API_TOKEN of the server.")
 

@@ -54,6 +54,7 @@ _DESCRIPTIONS = {
     403: "Write endpoints are disabled (no DSE_API_TOKEN on the server).",
     404: "No such study or trial (or nothing to answer yet).",
     409: "Conflicts with the current state (a study of that name exists, ...).",
+    413: "The body is larger than a space file may be.",
     422: "Invalid parameters or body; the message names the field.",
     503: "The study database cannot be reached.",
 }
