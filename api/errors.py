@@ -1,7 +1,8 @@
 """Exception handlers: every error leaves as JSON ``{"detail": message}``.
 
 dse's own errors map to 4xx/503 here (the only place where they become HTTP statuses);
-anything else is a bug: logged with its traceback, answered with a bare 500.
+anything else is a bug: logged once with its traceback, answered with a bare JSON 500 on a
+connection that stays open (:class:`CatchBugs`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dse.api.schemas import ErrorPublic
 from dse.exceptions import (
@@ -30,7 +32,13 @@ from dse.exceptions import (
     WorkloadError,
 )
 
-__all__ = ["install_error_handlers", "status_of", "ERROR_RESPONSES", "error_responses"]
+__all__ = [
+    "CatchBugs",
+    "install_error_handlers",
+    "status_of",
+    "ERROR_RESPONSES",
+    "error_responses",
+]
 
 log = logging.getLogger("dse.api")
 
@@ -134,9 +142,41 @@ def _allowed_methods(app: FastAPI, path: str) -> set[str]:
     return out
 
 
-async def _bug(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse({"detail": "internal server error (logged)"}, status_code=500)
+class CatchBugs:
+    """ASGI middleware: an unhandled exception (a bug) becomes a JSON 500, logged once.
+
+    Starlette's ``add_exception_handler(Exception, ...)`` answers through its outermost
+    middleware and then re-raises, so the server logs the traceback a second time and closes
+    the keep-alive connection (the next request a client pools on it gets a reset). Caught
+    here, inside that middleware, the 500 is an ordinary response on a connection that stays
+    open. An exception after the response has started is re-raised (nothing else can be done).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.error(
+                "unhandled error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc
+            )
+            response = JSONResponse({"detail": "internal server error (logged)"}, status_code=500)
+            await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -144,4 +184,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DSEError, _dse_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _bug)
+    app.add_middleware(CatchBugs)

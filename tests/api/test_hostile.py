@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,6 +17,8 @@ import yaml
 
 from dse.api import Settings, create_app
 from dse.api.deps import SpaceChecker
+from dse.api.launch import SubprocessLauncher, controller_command
+from dse.cli import build_parser
 from tests.api.conftest import TOKEN, make_client
 from tests.api.live import serve
 from tests.api.seed import space_dict, space_yaml
@@ -133,3 +139,81 @@ def test_constraint_errors_are_422(tmp_path: Path, constraint: str) -> None:
         r = c.post(f"{V1}/studies", headers=AUTH, content=yaml.safe_dump(data))
         assert r.status_code == 422, r.text
         assert r.json()["detail"].startswith("request body")
+
+
+# --- a bug answers a JSON 500 on a connection that stays open, logged once ------------------
+
+
+def test_a_500_keeps_the_connection_and_logs_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(settings=Settings(storage=_sqlite(tmp_path), api_token=None))
+
+    def broken() -> None:
+        raise RuntimeError("a bug on purpose")
+
+    app.add_api_route("/boom", broken)
+    with caplog.at_level(logging.ERROR), serve("", app=app) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            stream = sock.makefile("rb")
+            sock.sendall(b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, body = _read_response(stream)
+            assert status == 500 and json.loads(body) == {
+                "detail": "internal server error (logged)"
+            }
+            assert headers.get("connection", "").lower() != "close"
+            # the same connection answers the next request
+            sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _, body = _read_response(stream)
+            assert status == 200 and json.loads(body)["status"] == "ok"
+    tracebacks = [
+        r for r in caplog.records if r.exc_info and "a bug on purpose" in str(r.exc_info[1])
+    ]
+    assert len(tracebacks) == 1, [r.getMessage() for r in tracebacks]
+
+
+def _read_response(stream: Any) -> tuple[int, dict[str, str], bytes]:
+    status = int(stream.readline().split()[1])
+    headers = {}
+    while (line := stream.readline().strip()) != b"":
+        k, _, v = line.decode().partition(":")
+        headers[k.strip().lower()] = v.strip()
+    body = stream.read(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+# --- what a started controller gets -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["-rf", "--help", "-", "--storage=x", "a b", "ü"])
+def test_controller_command_takes_any_study_name(name: str) -> None:
+    """A name starting with '-' is the study's name, not an option of `dse resume`."""
+    argv, _ = controller_command(name, "sqlite:///x.db")
+    assert argv[1:3] == ["-m", "dse.cli"]
+    args = build_parser().parse_args(argv[3:])
+    assert args.study == name and args.storage == "sqlite:///x.db"
+
+
+def test_controller_does_not_inherit_the_api_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "env.json"
+    code = (
+        "import json, os, pathlib; "
+        f"pathlib.Path({str(out)!r}).write_text(json.dumps(dict(os.environ)))"
+    )
+
+    def command(study: str, storage_url: str) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-c", code], {"DSE_STORAGE": storage_url}
+
+    monkeypatch.setenv("DSE_API_TOKEN", "secret-token-of-the-api")
+    monkeypatch.setenv("DSE_SOMETHING_ELSE", "kept")
+    monkeypatch.setattr("dse.api.launch.controller_command", command)
+    SubprocessLauncher()(study="s", storage_url="sqlite:///x.db", workdir=str(tmp_path))
+    deadline = time.time() + 30
+    while time.time() < deadline and not (out.exists() and out.read_text()):
+        time.sleep(0.05)
+    env = json.loads(out.read_text())
+    assert "DSE_API_TOKEN" not in env
+    assert env["DSE_SOMETHING_ELSE"] == "kept" and env["DSE_STORAGE"] == "sqlite:///x.db"

@@ -171,7 +171,7 @@ def test_controller_command_keeps_passwords_off_the_command_line() -> None:
     assert "secret" not in " ".join(argv)
     assert env == {"DSE_STORAGE": "postgresql+psycopg://dse:secret@db/dse"}
     argv, env = controller_command("s", "sqlite:///x.db")
-    assert argv[-2:] == ["--storage", "sqlite:///x.db"] and env == {}
+    assert argv[-3:] == ["--study=s", "--storage", "sqlite:///x.db"] and env == {}
     assert argv[0] == sys.executable
 
 
