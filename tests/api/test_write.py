@@ -152,7 +152,7 @@ def test_create_and_start(writable_url: str, tmp_path: Path) -> None:
             {"study": "started", "storage_url": writable_url, "workdir": str(tmp_path)}
         ]
         cmd = launch["command"]
-        assert cmd[1:6] == ["-m", "dse.cli", "resume", "--study", "started"]
+        assert cmd[1:5] == ["-m", "dse.cli", "resume", "--study=started"]
         assert cmd[-2:] == ["--storage", writable_url]  # no password in the test URLs
 
 
