@@ -27,6 +27,11 @@ __all__ = [
     "SpaceChecker",
     "SpaceCheckerDep",
     "WriteAccess",
+    "ReadAccess",
+    "TrustedDep",
+    "read_access",
+    "is_trusted",
+    "request_is_trusted",
     "get_settings",
     "get_storage",
     "get_study",
@@ -147,6 +152,51 @@ def get_space_checker(request: Request) -> SpaceChecker:
 SpaceCheckerDep = Annotated[SpaceChecker, Depends(get_space_checker)]
 
 _bearer = HTTPBearer(auto_error=False, description="DSE_API_TOKEN of the server.")
+
+
+def _token_ok(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> bool:
+    if not settings.writes_enabled or settings.api_token is None or credentials is None:
+        return False
+    if credentials.scheme.lower() != "bearer":
+        return False
+    expected = settings.api_token.get_secret_value().encode()
+    return secrets.compare_digest(credentials.credentials.encode(), expected)
+
+
+def is_trusted(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> bool:
+    """Whether the request carries the server's token: a trusted reader also sees where
+    trials ran (hosts, log and metrics paths) and the database URL."""
+    return _token_ok(settings, credentials)
+
+
+def request_is_trusted(request: Request) -> bool:
+    """:func:`is_trusted` outside dependency injection (exception handlers)."""
+    settings: Settings = request.app.state.settings
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    creds = (
+        HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip()) if token else None
+    )
+    return _token_ok(settings, creds)
+
+
+TrustedDep = Annotated[bool, Depends(is_trusted)]
+
+
+def read_access(settings: SettingsDep, trusted: TrustedDep) -> None:
+    """Read access: 401 when the server protects reads (``DSE_PROTECT_READS``) and the token
+    is missing or wrong; open otherwise."""
+    if settings.protect_reads and not trusted:
+        raise HTTPException(
+            status_code=401,
+            detail="this server protects reads: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+ReadAccess = Depends(read_access)
 
 
 def require_token(

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dse.api.deps import request_is_trusted
 from dse.api.schemas import ErrorPublic
 from dse.exceptions import (
     DSEError,
@@ -93,9 +94,21 @@ def _message(exc: BaseException) -> str:
 
 async def _dse_error(request: Request, exc: Exception) -> JSONResponse:
     code = status_of(cast(DSEError, exc))  # registered for DSEError only
+    detail = _message(exc)
     if code >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse({"detail": _message(exc)}, status_code=code)
+        if not request_is_trusted(request):  # the message names the database's host or file
+            detail = _UNTRUSTED_503.get(type(exc), _UNTRUSTED_503[StorageError])
+    return JSONResponse({"detail": detail}, status_code=code)
+
+
+#: What a reader without the token is told of a 5xx dse error (the server log has the rest).
+_UNTRUSTED_503: dict[type[DSEError], str] = {
+    StorageError: "the study database cannot be reached (the server log says why)",
+    SchemaVersionError: "the study database was written by a newer dse (the server log "
+    "says which revision)",
+    TrialLaunchError: "the study controller cannot be started (the server log says why)",
+}
 
 
 def _loc(loc: tuple[Any, ...] | list[Any]) -> str:

@@ -734,8 +734,18 @@ class Storage:
 
         return self._db.run(fn, write=False, what="find trial")
 
-    def best_trial(self, study_id: int, direction: str) -> TrialRecord | None:
-        """The complete trial with the best value (ties: the lowest number), or None."""
+    def best_trial(
+        self,
+        study_id: int,
+        direction: str,
+        *,
+        value_range: tuple[float, float] | None = None,
+    ) -> TrialRecord | None:
+        """The complete trial with the best value (ties: the lowest number), or None.
+
+        ``value_range=(low, high)``: only values with ``low < value <= high`` count (this
+        also leaves out infinities and NaN).
+        """
         _check_direction(direction)
 
         def fn(s: Session) -> TrialRecord | None:
@@ -746,6 +756,14 @@ class Storage:
                     TrialModel.study_id == study_id,
                     TrialModel.state == "complete",
                     TrialModel.value.is_not(None),
+                    *(
+                        ()
+                        if value_range is None
+                        else (
+                            TrialModel.value > value_range[0],
+                            TrialModel.value <= value_range[1],
+                        )
+                    ),
                 )
                 .order_by(value, TrialModel.number)
                 .limit(1)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Path, Query
 
-from dse.api.deps import StorageDep, StudyDep
+from dse.api.deps import StorageDep, StudyDep, TrustedDep
 from dse.api.errors import error_responses
-from dse.api.schemas import TrialDetailPublic, TrialOrder, TrialsPublic, TrialStateName
+from dse.api.schemas import (
+    TrialDetailPublic,
+    TrialOrder,
+    TrialPublic,
+    TrialsPublic,
+    TrialStateName,
+)
 from dse.api.views import trial_detail, trial_public
 
 __all__ = ["router"]
@@ -17,6 +23,18 @@ router = APIRouter(tags=["trials"])
 
 #: Ids and numbers are 32-bit integers in every backend.
 _MAX_INT = 2**31 - 1
+#: Where a trial ran: shown only to readers with the token (docs/SECURITY.md).
+_WHERE = ("host", "runner", "log_path", "metrics_path")
+
+
+_T = TypeVar("_T", bound=TrialPublic)
+
+
+def _redact(trial: _T, trusted: bool) -> _T:
+    if trusted:
+        return trial
+    hidden = {k: None for k in _WHERE if k in type(trial).model_fields}
+    return trial.model_copy(update=hidden)
 
 
 @router.get(
@@ -27,6 +45,7 @@ _MAX_INT = 2**31 - 1
 def list_trials(
     storage: StorageDep,
     study: StudyDep,
+    trusted: TrustedDep,
     state: Annotated[TrialStateName | None, Query(description="Only this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
     offset: Annotated[int, Query(ge=0, le=_MAX_INT, description="Trials to skip.")] = 0,
@@ -39,7 +58,7 @@ def list_trials(
     counts = storage.count_trials(study.id)
     rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
     return TrialsPublic(
-        data=[trial_public(t) for t in rows],
+        data=[_redact(trial_public(t), trusted) for t in rows],
         count=counts.get(state, 0) if state is not None else counts.get("total", 0),
     )
 
@@ -52,10 +71,12 @@ def list_trials(
 def get_trial_by_number(
     storage: StorageDep,
     study: StudyDep,
+    trusted: TrustedDep,
     number: Annotated[int, Path(ge=0, le=_MAX_INT, description="Trial number in the study.")],
 ) -> TrialDetailPublic:
     """One trial of a study by its number, with per-step metrics and failure reason."""
-    return trial_detail(storage.get_trial_by_number(study.id, number), study)
+    detail = trial_detail(storage.get_trial_by_number(study.id, number), study)
+    return _redact(detail, trusted)
 
 
 @router.get(
@@ -65,9 +86,10 @@ def get_trial_by_number(
 )
 def get_trial(
     storage: StorageDep,
+    trusted: TrustedDep,
     trial_id: Annotated[int, Path(ge=1, le=_MAX_INT, description="Trial id.")],
 ) -> TrialDetailPublic:
     """One trial by id: configuration, state, metrics, per-step curves (loss, step time,
     TFLOP/s, memory), failure class and reason, where it ran."""
     t = storage.get_trial(trial_id, with_steps=True)
-    return trial_detail(t, storage.get_study_by_id(t.study_id))
+    return _redact(trial_detail(t, storage.get_study_by_id(t.study_id)), trusted)
