@@ -131,7 +131,7 @@ async def create_study(
 
     The space is validated like ``dse validate`` does: an error answers 422 with a message
     naming the field. A study of that name answers 409. ``?start=true`` launches
-    ``dse resume --study NAME --storage URL`` in its own session (output in
+    ``dse resume --study=NAME --storage URL`` in its own session (output in
     ``<runner.workdir>/<study>/controller.log``).
     """
     body = await _read_body(request)

@@ -162,3 +162,29 @@ def test_cross_best_ignores_implausible_values(
         assert sorted(body["matched"]) == ["honest", "poisoned"]
         assert body["best"]["study"] == "honest"
         assert body["best"]["objective"]["value"] == 350.0
+
+
+# --- the shipped image and compose file ---------------------------------------------------
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+
+
+def test_compose_ships_no_password_and_publishes_on_loopback() -> None:
+    import yaml
+
+    text = (DOCKER / "compose.yaml").read_text()
+    compose = yaml.safe_load(text)
+    db_env = compose["services"]["db"]["environment"]
+    api_env = compose["services"]["api"]["environment"]
+    # secrets are required variables (compose refuses to start without them), never literals
+    assert db_env["POSTGRES_PASSWORD"].startswith("${DSE_DB_PASSWORD:?")
+    assert api_env["DSE_API_TOKEN"].startswith("${DSE_API_TOKEN:?")
+    assert "${DSE_DB_PASSWORD:?" in api_env["DSE_STORAGE"]
+    assert "dse:dse@" not in text
+    assert all(str(p).startswith("127.0.0.1:") for p in compose["services"]["api"]["ports"])
+
+
+def test_image_bakes_in_no_credentials() -> None:
+    text = (DOCKER / "Dockerfile.controller").read_text()
+    assert "DSE_STORAGE=" not in text and "DSE_API_TOKEN=" not in text
+    assert "@db:" not in text
