@@ -39,6 +39,13 @@ class Settings(BaseSettings):
         description="`dse serve` off the loopback interface without a token: reads are "
         "public on purpose (DSE_PUBLIC_READS).",
     )
+    read_cache_s: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="How long the hot read answers (a study's best, trial pages) are reused "
+        "(DSE_READ_CACHE_S; writes through the API clear them; 0: never reused).",
+    )
     validate_timeout_s: float = Field(
         10.0,
         gt=0,

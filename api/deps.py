@@ -8,9 +8,11 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from dse.api.config import Settings
 from dse.api.launch import Launcher
+from dse.api.readcache import ReadCache, TimedMemo
 from dse.api.views import AnswerCache
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
@@ -24,6 +26,9 @@ __all__ = [
     "StudyDep",
     "LauncherDep",
     "CacheDep",
+    "Reads",
+    "ReadsDep",
+    "StudyName",
     "SpaceChecker",
     "SpaceCheckerDep",
     "WriteAccess",
@@ -63,6 +68,10 @@ class StorageHolder:
                 self._storage = open_storage(self.url)
             return self._storage
 
+    def peek(self) -> Storage | None:
+        """The storage if it is open (never blocks)."""
+        return self._storage
+
     def close(self) -> None:
         with self._lock:
             if self._storage is not None:
@@ -70,7 +79,11 @@ class StorageHolder:
                 self._storage = None
 
 
-def get_settings(request: Request) -> Settings:
+# Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency in
+# the thread pool, a hop per request that costs more than the work under load.
+
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -78,18 +91,22 @@ def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_storage(request: Request) -> Storage:
+async def get_storage(request: Request) -> Storage:
     holder: StorageHolder = request.app.state.storage
-    return holder.get()
+    storage = holder.peek()
+    if storage is not None:
+        return storage
+    return await run_in_threadpool(holder.get)  # opening it may wait on the network
 
 
 StorageDep = Annotated[Storage, Depends(get_storage)]
 
 
-def get_study(
-    storage: StorageDep,
-    name: Annotated[str, Path(min_length=1, max_length=255, description="Study name.")],
-) -> StudyRecord:
+#: The ``{name}`` path parameter of a study.
+StudyName = Annotated[str, Path(min_length=1, max_length=255, description="Study name.")]
+
+
+def get_study(storage: StorageDep, name: StudyName) -> StudyRecord:
     """The study named in the path (404 when there is none)."""
     if any(ord(c) < 32 for c in name):  # never a stored name; PostgreSQL refuses NUL
         raise StudyNotFoundError(f"no study named {name!r}")
@@ -99,7 +116,7 @@ def get_study(
 StudyDep = Annotated[StudyRecord, Depends(get_study)]
 
 
-def get_launcher(request: Request) -> Launcher:
+async def get_launcher(request: Request) -> Launcher:
     launcher: Launcher = request.app.state.launcher
     return launcher
 
@@ -107,12 +124,34 @@ def get_launcher(request: Request) -> Launcher:
 LauncherDep = Annotated[Launcher, Depends(get_launcher)]
 
 
-def get_cache(request: Request) -> AnswerCache:
+async def get_cache(request: Request) -> AnswerCache:
     cache: AnswerCache = request.app.state.cache
     return cache
 
 
 CacheDep = Annotated[AnswerCache, Depends(get_cache)]
+
+
+class Reads:
+    """The read caches of an app (:mod:`dse.api.readcache`): answers, and the trial counts
+    that every page of a study shares."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.answers = ReadCache(ttl_s)
+        self.counts: TimedMemo[dict[str, int]] = TimedMemo(ttl_s)
+
+    def clear(self) -> None:
+        """After a write through this API: the next reads see it."""
+        self.answers.clear()
+        self.counts.clear()
+
+
+async def get_reads(request: Request) -> Reads:
+    reads: Reads = request.app.state.reads
+    return reads
+
+
+ReadsDep = Annotated[Reads, Depends(get_reads)]
 
 
 class SpaceChecker:
@@ -144,7 +183,7 @@ class SpaceChecker:
             )
 
 
-def get_space_checker(request: Request) -> SpaceChecker:
+async def get_space_checker(request: Request) -> SpaceChecker:
     checker: SpaceChecker = request.app.state.space_checker
     return checker
 
@@ -163,7 +202,7 @@ def _token_ok(settings: Settings, credentials: HTTPAuthorizationCredentials | No
     return secrets.compare_digest(credentials.credentials.encode(), expected)
 
 
-def is_trusted(
+async def is_trusted(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> bool:
@@ -185,7 +224,7 @@ def request_is_trusted(request: Request) -> bool:
 TrustedDep = Annotated[bool, Depends(is_trusted)]
 
 
-def read_access(settings: SettingsDep, trusted: TrustedDep) -> None:
+async def read_access(settings: SettingsDep, trusted: TrustedDep) -> None:
     """Read access: 401 when the server protects reads (``DSE_PROTECT_READS``) and the token
     is missing or wrong; open otherwise."""
     if settings.protect_reads and not trusted:

@@ -98,7 +98,8 @@ async def _dse_error(request: Request, exc: Exception) -> JSONResponse:
     if code >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
         if not request_is_trusted(request):  # the message names the database's host or file
-            detail = _UNTRUSTED_503.get(type(exc), _UNTRUSTED_503[StorageError])
+            kind = next((k for k in _UNTRUSTED_503 if isinstance(exc, k)), StorageError)
+            detail = _UNTRUSTED_503[kind]
     return JSONResponse({"detail": detail}, status_code=code)
 
 

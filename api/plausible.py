@@ -40,8 +40,10 @@ def value_range(metric: str, hardware: dict[str, Any]) -> tuple[float, float]:
         return 0.0, _tflops_cap(hardware)
     if metric == "peak_mem_gib":
         mem = hardware.get("gpu_memory_gib")
-        ok = isinstance(mem, int | float) and not isinstance(mem, bool) and math.isfinite(mem)
-        return 0.0, float(mem) if ok and mem > 0 else MAX_MEM_GIB
+        if isinstance(mem, int | float) and not isinstance(mem, bool):
+            if math.isfinite(mem) and mem > 0:
+                return 0.0, float(mem)
+        return 0.0, MAX_MEM_GIB
     if metric == "step_time_s":
         return 0.0, MAX_STEP_TIME_S
     if metric == "tokens_per_s_per_gpu":

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from dse.api.deps import (
     CacheDep,
     LauncherDep,
+    ReadsDep,
     SettingsDep,
     SpaceChecker,
     SpaceCheckerDep,
@@ -123,6 +124,7 @@ async def create_study(
     settings: SettingsDep,
     launcher: LauncherDep,
     checker: SpaceCheckerDep,
+    reads: ReadsDep,
     start: Annotated[
         bool, Query(description="Also start the study: `dse resume` as a detached process.")
     ] = False,
@@ -176,7 +178,7 @@ def get_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
     dependencies=[WriteAccess],
     responses=error_responses(401, 403, 404, 409, 422, 503),
 )
-def stop_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
+def stop_study(storage: StorageDep, study: StudyDep, reads: ReadsDep) -> StudyPublic:
     """Ask a running study to stop: its state becomes ``stopping``; the study loop sees it
     within seconds, kills and re-queues its running trials and sets ``stopped``."""
     if study.state not in _STOPPABLE:
@@ -185,6 +187,7 @@ def stop_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
             detail=f"study {study.name!r} is not running (state {study.state!r})",
         )
     storage.set_study_state(study.name, "stopping")
+    reads.clear()
     return study_public(storage, storage.get_study(study.name))
 
 

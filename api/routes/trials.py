@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
 
-from dse.api.deps import StorageDep, StudyDep, TrustedDep
+from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep, get_study
 from dse.api.errors import error_responses
 from dse.api.schemas import (
     TrialDetailPublic,
@@ -42,10 +43,11 @@ def _redact(trial: _T, trusted: bool) -> _T:
     response_model=TrialsPublic,
     responses=error_responses(404, 422, 503),
 )
-def list_trials(
+async def list_trials(
     storage: StorageDep,
-    study: StudyDep,
+    reads: ReadsDep,
     trusted: TrustedDep,
+    name: StudyName,
     state: Annotated[TrialStateName | None, Query(description="Only this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
     offset: Annotated[int, Query(ge=0, le=_MAX_INT, description="Trials to skip.")] = 0,
@@ -53,14 +55,22 @@ def list_trials(
         TrialOrder,
         Query(description="number, -number, value or -value (no value last)."),
     ] = "number",
-) -> TrialsPublic:
-    """A page of a study's trials (``count``: how many match in all pages)."""
-    counts = storage.count_trials(study.id)
-    rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
-    return TrialsPublic(
-        data=[_redact(trial_public(t), trusted) for t in rows],
-        count=counts.get(state, 0) if state is not None else counts.get("total", 0),
-    )
+) -> Response:
+    """A page of a study's trials (``count``: how many match in all pages). (Pages are
+    reused for ``DSE_READ_CACHE_S``.)"""
+
+    def build() -> bytes:
+        study = get_study(storage, name)
+        counts = reads.counts.get(study.id, lambda: storage.count_trials(study.id))
+        rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
+        page = TrialsPublic(
+            data=[_redact(trial_public(t), trusted) for t in rows],
+            count=counts.get(state, 0) if state is not None else counts.get("total", 0),
+        )
+        return page.model_dump_json().encode()
+
+    key = ("trials", name, state, limit, offset, order, trusted)
+    return Response(await reads.answers.get(key, build), media_type="application/json")
 
 
 @router.get(

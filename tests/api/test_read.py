@@ -129,7 +129,8 @@ def test_trial_detail(client: TestClient, seeds: dict[str, Seeded]) -> None:
     assert client.get(f"{V1}/studies/llama-seeded/trials/1").json() == t
     trusted = client.get(f"{V1}/trials/{tid}", headers=_auth(client)).json()
     assert trusted["host"] == "node-1" and trusted["log_path"].endswith("log.txt")
-    assert client.get(f"{V1}/studies/llama-seeded/trials/1", headers=_auth(client)).json() == trusted
+    by_number = client.get(f"{V1}/studies/llama-seeded/trials/1", headers=_auth(client))
+    assert by_number.json() == trusted
     page = client.get(f"{V1}/studies/llama-seeded/trials").json()["data"]
     assert page and all(row["host"] is None for row in page)
     page = client.get(f"{V1}/studies/llama-seeded/trials", headers=_auth(client)).json()["data"]

@@ -1,0 +1,106 @@
+"""Answers of the hot read endpoints, built once and shared for a short time.
+
+Under load (a writer adding trials, many dashboards polling) the same answers were rebuilt
+for every request: database round trips, JSON columns decoded, models validated twice. A
+:class:`ReadCache` keeps each answer's bytes for ``ttl_s`` seconds (``DSE_READ_CACHE_S``,
+default 0.5 s; the dashboard polls every few seconds): within that time a request is answered
+on the event loop without touching the database; past it, the next request rebuilds the answer
+in a worker thread while concurrent requests for the same answer wait for that one build
+(single flight) instead of starting their own. Writes through this API (create, stop) clear
+it; writes by controllers (other processes) show within ``ttl_s``. Errors are not kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+
+__all__ = ["ReadCache", "TimedMemo"]
+
+T = TypeVar("T")
+
+
+class ReadCache:
+    """Response bodies by key, fresh for ``ttl_s`` seconds (0: every request rebuilds)."""
+
+    def __init__(self, ttl_s: float, size: int = 512) -> None:
+        self.ttl_s = ttl_s
+        self.size = size
+        self._data: OrderedDict[Hashable, tuple[float, bytes]] = OrderedDict()
+        self._inflight: dict[Hashable, asyncio.Future[bytes]] = {}
+        self._lock = threading.Lock()
+        self.builds = 0  # answers built (for tests and benchmarks)
+
+    async def get(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """The body for ``key``: kept if fresh, else ``build()`` run in a worker thread."""
+        with self._lock:
+            hit = self._data.get(key)
+        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        pending = self._inflight.get(key)
+        if pending is not None:  # another request is building it: share its answer
+            return await asyncio.shield(pending)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)
+        self._inflight[key] = future
+        try:
+            started = time.monotonic()
+            body = await run_in_threadpool(build)
+            self.builds += 1
+            with self._lock:
+                self._data[key] = (started, body)
+                self._data.move_to_end(key)
+                while len(self._data) > self.size:
+                    self._data.popitem(last=False)
+            future.set_result(body)
+            return body
+        except BaseException as e:
+            future.set_exception(e)
+            raise
+        finally:
+            del self._inflight[key]
+
+    def clear(self) -> None:
+        """Forget every answer (after a write through this API)."""
+        with self._lock:
+            self._data.clear()
+
+
+def _consume(future: asyncio.Future[bytes]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "never retrieved" warning when nobody waited
+
+
+class TimedMemo(Generic[T]):
+    """A value per key computed at most once per ``ttl_s`` seconds (thread-safe; for parts
+    that many answers share, e.g. a study's trial counts for every page)."""
+
+    def __init__(self, ttl_s: float, size: int = 256) -> None:
+        self.ttl_s = ttl_s
+        self.size = size
+        self._data: OrderedDict[Hashable, tuple[float, T]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        with self._lock:
+            hit = self._data.get(key)
+        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        started = time.monotonic()
+        value = compute()
+        with self._lock:
+            self._data[key] = (started, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
