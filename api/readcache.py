@@ -29,11 +29,15 @@ T = TypeVar("T")
 class ReadCache:
     """Response bodies by key, fresh for ``ttl_s`` seconds (0: every request rebuilds)."""
 
-    def __init__(self, ttl_s: float, size: int = 512) -> None:
+    def __init__(self, ttl_s: float, size: int = 512, builders: int = 4) -> None:
         self.ttl_s = ttl_s
         self.size = size
         self._data: OrderedDict[Hashable, tuple[float, bytes]] = OrderedDict()
         self._inflight: dict[Hashable, asyncio.Future[bytes]] = {}
+        # Builds are CPU-bound Python: more threads at once only fight over the GIL (and
+        # starve the event loop that answers the cached requests); the rest wait here.
+        self._builders = builders
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._lock = threading.Lock()
         self.builds = 0  # answers built (for tests and benchmarks)
 
@@ -46,12 +50,16 @@ class ReadCache:
         pending = self._inflight.get(key)
         if pending is not None:  # another request is building it: share its answer
             return await asyncio.shield(pending)
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
         future.add_done_callback(_consume)
         self._inflight[key] = future
+        if self._slots is None or self._slots[0] is not loop:  # one per event loop
+            self._slots = (loop, asyncio.Semaphore(self._builders))
         try:
-            started = time.monotonic()
-            body = await run_in_threadpool(build)
+            async with self._slots[1]:
+                started = time.monotonic()
+                body = await run_in_threadpool(build)
             self.builds += 1
             with self._lock:
                 self._data[key] = (started, body)

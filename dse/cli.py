@@ -421,7 +421,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "Ctrl-C stops"
     )
     sys.stdout.flush()
-    config = uvicorn.Config(app, log_level="warning")
+    # keep-alive longer than clients' pools (httpx: 5 s) so that the server never closes a
+    # connection at the moment a client reuses it (a reset without a response)
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=65)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 
