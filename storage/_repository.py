@@ -748,24 +748,29 @@ class Storage:
         """
         _check_direction(direction)
 
+        where = [
+            TrialModel.study_id == study_id,
+            TrialModel.state == "complete",
+            TrialModel.value.is_not(None),
+        ]
+        if value_range is not None:
+            where += [TrialModel.value > value_range[0], TrialModel.value <= value_range[1]]
+
         def fn(s: Session) -> TrialRecord | None:
+            # Two index walks on (study_id, value, number): the best value, then the lowest
+            # number with it. One ``ORDER BY value DESC, number`` mixes directions, which
+            # PostgreSQL cannot walk that index for: it sorted every complete trial (200 ms
+            # at 100,000 trials).
             value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            best = s.execute(
+                select(TrialModel.value).where(*where).order_by(value).limit(1)
+            ).scalar_one_or_none()
+            if best is None:
+                return None
             row = s.scalars(
                 select(TrialModel)
-                .where(
-                    TrialModel.study_id == study_id,
-                    TrialModel.state == "complete",
-                    TrialModel.value.is_not(None),
-                    *(
-                        ()
-                        if value_range is None
-                        else (
-                            TrialModel.value > value_range[0],
-                            TrialModel.value <= value_range[1],
-                        )
-                    ),
-                )
-                .order_by(value, TrialModel.number)
+                .where(*where, TrialModel.value == best)
+                .order_by(TrialModel.number)
                 .limit(1)
             ).first()
             return None if row is None else _trial_record(row)
@@ -845,15 +850,24 @@ class Storage:
 
         return self._db.run(fn, write=True, what="add rejection")
 
-    def list_rejections(self, study_id: int, *, limit: int | None = None) -> list[RejectionRecord]:
-        """A study's rejections, oldest first."""
+    def list_rejections(
+        self,
+        study_id: int,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        kind: str | None = None,
+    ) -> list[RejectionRecord]:
+        """A study's rejections, oldest first (``kind``: only those; a page with ``limit``
+        and ``offset``)."""
 
         def fn(s: Session) -> list[RejectionRecord]:
-            q = (
-                select(RejectionModel)
-                .where(RejectionModel.study_id == study_id)
-                .order_by(RejectionModel.id)
-            )
+            where = [RejectionModel.study_id == study_id]
+            if kind is not None:
+                where.append(RejectionModel.kind == kind)
+            q = select(RejectionModel).where(*where).order_by(RejectionModel.id)
+            if offset:
+                q = q.offset(offset)
             if limit is not None:
                 q = q.limit(limit)
             return [_rejection_record(r) for r in s.scalars(q).all()]

@@ -223,10 +223,6 @@ def list_rejections(
 ) -> RejectionsPublic:
     """Proposals rejected before launch, oldest first: the rule and its reason."""
     counts = storage.count_rejections(study.id)
-    rows = storage.list_rejections(study.id)
-    if kind is not None:
-        rows = [r for r in rows if r.kind == kind]
-    page = rows[offset : offset + limit]
-    return RejectionsPublic(
-        data=[rejection_public(r) for r in page], count=len(rows), counts=counts
-    )
+    page = storage.list_rejections(study.id, kind=kind, limit=limit, offset=offset)
+    total = counts.get(kind, 0) if kind is not None else sum(counts.values())
+    return RejectionsPublic(data=[rejection_public(r) for r in page], count=total, counts=counts)

@@ -244,6 +244,13 @@ def test_rejections(client: TestClient) -> None:
     assert r.json()["count"] == 1 and r.json()["data"][0]["values"]["margin"] == 0.25
     r = client.get(f"{V1}/studies/llama-seeded/rejections", params={"limit": 1, "offset": 1})
     assert [x["kind"] for x in r.json()["data"]] == ["predicted_oom"]
+    assert r.json()["count"] == 2  # all pages
+    r = client.get(
+        f"{V1}/studies/llama-seeded/rejections", params={"kind": "invalid", "offset": 1}
+    )
+    assert r.json()["data"] == [] and r.json()["count"] == 1
+    r = client.get(f"{V1}/studies/llama-seeded/rejections", params={"kind": "nothing"})
+    assert r.json() == {"data": [], "count": 0, "counts": {"invalid": 1, "predicted_oom": 1}}
 
 
 def test_best_across_studies(client: TestClient) -> None:
