@@ -2,17 +2,22 @@
 
 Under load (a writer adding trials, many dashboards polling) the same answers were rebuilt
 for every request: database round trips, JSON columns decoded, models validated twice. A
-:class:`ReadCache` keeps each answer's bytes for ``ttl_s`` seconds (``DSE_READ_CACHE_S``,
-default 0.5 s; the dashboard polls every few seconds): within that time a request is answered
-on the event loop without touching the database; past it, the next request rebuilds the answer
-in a worker thread while concurrent requests for the same answer wait for that one build
-(single flight) instead of starting their own. Writes through this API (create, stop) clear
-it; writes by controllers (other processes) show within ``ttl_s``. Errors are not kept.
+:class:`ReadCache` keeps each answer's bytes: for ``ttl_s`` seconds (``DSE_READ_CACHE_S``,
+default 0.5 s; the dashboard polls every few seconds) a request is answered on the event loop
+without touching the database. Past that, the first request starts one rebuild in a worker
+thread and, like every request until the rebuild is done, gets the previous answer
+(stale-while-revalidate, at most :data:`MAX_STALE_S` old); without a previous answer,
+requests wait for that one build (single flight) instead of starting their own. At most
+``builders`` builds run at once: they are CPU-bound Python, and more threads only fight over
+the GIL and starve the event loop. Writes through this API (create, stop) clear the cache;
+writes by controllers (other processes) show within ``ttl_s`` plus one rebuild. Errors are
+not kept (a failed rebuild drops the answer, so the next request sees the error).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -21,9 +26,14 @@ from typing import Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-__all__ = ["ReadCache", "TimedMemo"]
+__all__ = ["ReadCache", "TimedMemo", "MAX_STALE_S"]
+
+log = logging.getLogger("dse.api")
 
 T = TypeVar("T")
+
+#: The oldest answer served while its rebuild runs; older ones wait for the rebuild.
+MAX_STALE_S = 10.0
 
 
 class ReadCache:
@@ -34,10 +44,9 @@ class ReadCache:
         self.size = size
         self._data: OrderedDict[Hashable, tuple[float, bytes]] = OrderedDict()
         self._inflight: dict[Hashable, asyncio.Future[bytes]] = {}
-        # Builds are CPU-bound Python: more threads at once only fight over the GIL (and
-        # starve the event loop that answers the cached requests); the rest wait here.
         self._builders = builders
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.builds = 0  # answers built (for tests and benchmarks)
 
@@ -45,11 +54,27 @@ class ReadCache:
         """The body for ``key``: kept if fresh, else ``build()`` run in a worker thread."""
         with self._lock:
             hit = self._data.get(key)
-        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+        age = None if hit is None else time.monotonic() - hit[0]
+        if hit is not None and age is not None and age < self.ttl_s:
             return hit[1]
         pending = self._inflight.get(key)
+        if hit is not None and age is not None and age < MAX_STALE_S and self.ttl_s > 0:
+            if pending is None:  # refresh in the background; answer what we have
+                task = asyncio.get_running_loop().create_task(self._background(key, build))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return hit[1]
         if pending is not None:  # another request is building it: share its answer
             return await asyncio.shield(pending)
+        return await self._build(key, build)
+
+    async def _background(self, key: Hashable, build: Callable[[], bytes]) -> None:
+        try:
+            await self._build(key, build)
+        except Exception as e:  # noqa: BLE001 - the next request rebuilds and sees it
+            log.debug("refreshing %r failed: %s", key, e)
+
+    async def _build(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
         future.add_done_callback(_consume)
@@ -69,6 +94,8 @@ class ReadCache:
             future.set_result(body)
             return body
         except BaseException as e:
+            with self._lock:
+                self._data.pop(key, None)
             future.set_exception(e)
             raise
         finally:

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dse.api import Settings, create_app
 from dse.api.deps import SpaceChecker
@@ -217,3 +219,69 @@ def test_controller_does_not_inherit_the_api_token(
     env = json.loads(out.read_text())
     assert "DSE_API_TOKEN" not in env
     assert env["DSE_SOMETHING_ELSE"] == "kept" and env["DSE_STORAGE"] == "sqlite:///x.db"
+
+
+# --- fuzz: mutated space files as POST /studies bodies -----------------------------------
+
+_HOSTILE_VALUES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
+    st.sampled_from(
+        ["\x00", "\x1b[2J", "../x", "-rf", "a/b", "", " ", "1e999", "!!python/object"]
+    ),
+    st.lists(st.integers(), max_size=5),
+    st.dictionaries(st.text(max_size=8), st.integers(), max_size=3),
+    st.none(),
+    st.booleans(),
+)
+
+
+def _paths(d: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.append((*prefix, k))
+            out += _paths(v, (*prefix, k))
+    return out
+
+
+@st.composite
+def _mutated_space(draw: st.DrawFn) -> str:
+    data = space_dict("fuzzed")
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(_paths(data)))
+        node = data
+        for k in path[:-1]:
+            node = node[k] if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            if draw(st.booleans()):
+                node[path[-1]] = draw(_HOSTILE_VALUES)
+            else:
+                node.pop(path[-1], None)
+    return yaml.safe_dump(data, allow_unicode=True)
+
+
+_BODIES = st.one_of(
+    _mutated_space(),
+    st.text(max_size=300),
+    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+)
+
+
+def test_fuzz_space_bodies_never_5xx(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Mutated space files (hostile values at random fields, fields removed) and random text:
+    every answer is 201, 409 or 422 with a message that names the request body."""
+    url = _sqlite(tmp_path_factory.mktemp("fuzz"))
+    with make_client(url) as c:
+
+        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(body=_BODIES)
+        def check(body: str) -> None:
+            r = c.post(f"{V1}/studies", headers=AUTH, content=body.encode("utf-8", "replace"))
+            assert r.status_code in (201, 409, 422), (r.status_code, r.text, body)
+            detail = r.json().get("detail")
+            if r.status_code == 422:
+                assert isinstance(detail, str) and detail.startswith("request body"), detail
+
+        check()
