@@ -41,6 +41,7 @@ __all__ = [
     "study_summary",
     "study_public",
     "trial_public",
+    "trial_row",
     "trial_detail",
     "rejection_public",
     "points_of",
@@ -199,6 +200,13 @@ def trial_public(t: TrialRecord) -> TrialPublic:
     """A trial for a page: metrics without the per-step ``losses`` list."""
     metrics = {k: v for k, v in t.metrics.items() if k != "losses"}
     return TrialPublic(**_trial_fields(t), metrics=clean(metrics))
+
+
+def trial_row(t: TrialRecord) -> dict[str, Any]:
+    """:func:`trial_public` as a plain dict (a page of them is serialized once, without
+    building and validating a model per trial)."""
+    metrics = {k: v for k, v in t.metrics.items() if k != "losses"}
+    return {**_trial_fields(t), "metrics": clean(metrics)}
 
 
 def _step_public(s: StepMetrics) -> StepPublic:

@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.engine import Engine, make_url
@@ -636,10 +636,10 @@ class Storage:
                 if limit is not None:
                     ids_q = ids_q.limit(limit)
                 ids = list(s.scalars(ids_q))
-                by_id = {
-                    r.id: r for r in s.scalars(select(TrialModel).where(TrialModel.id.in_(ids)))
-                } if ids else {}  # fmt: skip
-                rows = [by_id[i] for i in ids]
+                # plain rows, not ORM objects: half the CPU of a page (same attribute names)
+                page = select(*TrialModel.__table__.c).where(TrialModel.id.in_(ids))
+                by_id = {r.id: r for r in s.execute(page)} if ids else {}
+                rows = [cast(TrialModel, by_id[i]) for i in ids]
             steps = _steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
             return [_trial_record(r, steps.get(r.id, ())) for r in rows]
 

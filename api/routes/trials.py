@@ -16,7 +16,7 @@ from dse.api.schemas import (
     TrialsPublic,
     TrialStateName,
 )
-from dse.api.views import trial_detail, trial_public
+from dse.api.views import json_bytes, trial_detail, trial_row
 
 __all__ = ["router"]
 
@@ -26,6 +26,7 @@ router = APIRouter(tags=["trials"])
 _MAX_INT = 2**31 - 1
 #: Where a trial ran: shown only to readers with the token (docs/SECURITY.md).
 _WHERE = ("host", "runner", "log_path", "metrics_path")
+_WHERE_IN_PAGES = tuple(k for k in _WHERE if k in TrialPublic.model_fields)
 
 
 _T = TypeVar("_T", bound=TrialPublic)
@@ -63,11 +64,12 @@ async def list_trials(
         study = get_study(storage, name)
         counts = reads.counts.get(study.id, lambda: storage.count_trials(study.id))
         rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
-        page = TrialsPublic(
-            data=[_redact(trial_public(t), trusted) for t in rows],
-            count=counts.get(state, 0) if state is not None else counts.get("total", 0),
-        )
-        return page.model_dump_json().encode()
+        data = [trial_row(t) for t in rows]
+        if not trusted:
+            for row in data:
+                row.update(dict.fromkeys(_WHERE_IN_PAGES, None))
+        count = counts.get(state, 0) if state is not None else counts.get("total", 0)
+        return json_bytes({"data": data, "count": count})
 
     key = ("trials", name, state, limit, offset, order, trusted)
     return Response(await reads.answers.get(key, build), media_type="application/json")
