@@ -40,11 +40,13 @@ class Settings(BaseSettings):
         "public on purpose (DSE_PUBLIC_READS).",
     )
     read_cache_s: float = Field(
-        0.5,
+        0.0,
         ge=0,
         le=60,
         description="How long the hot read answers (a study's best, trial pages) are reused "
-        "(DSE_READ_CACHE_S; writes through the API clear them; 0: never reused).",
+        "(DSE_READ_CACHE_S; writes through the API clear them; 0, the default: never reused, "
+        "only concurrent requests share a build). A client that refetches only when "
+        "/studies changes may see an answer up to this old until the next change.",
     )
     validate_timeout_s: float = Field(
         10.0,

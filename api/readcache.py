@@ -3,7 +3,7 @@
 Under load (a writer adding trials, many dashboards polling) the same answers were rebuilt
 for every request: database round trips, JSON columns decoded, models validated twice. A
 :class:`ReadCache` keeps each answer's bytes: for ``ttl_s`` seconds (``DSE_READ_CACHE_S``,
-default 0.5 s; the dashboard polls every few seconds) a request is answered on the event loop
+0 by default: see below) a request is answered on the event loop
 without touching the database. Past that, the first request starts one rebuild in a worker
 thread and, like every request until the rebuild is done, gets the previous answer
 (stale-while-revalidate, at most :data:`MAX_STALE_S` old); without a previous answer,
@@ -14,6 +14,10 @@ GIL while the database works, so parallel builds use both cores and the waits on
 through this API (create, stop) clear the cache; writes by controllers (other processes) show
 within ``ttl_s`` plus one rebuild. Errors are not kept (a failed rebuild drops the answer, so
 the next request sees the error).
+
+The reuse is off by default (``ttl_s=0``: concurrent requests for the same answer still share
+one build): the dashboard refetches a study's pages only when ``/studies`` shows a change, so
+a page reused from before that change would stay on its screen until the next one.
 """
 
 from __future__ import annotations
