@@ -387,11 +387,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         import uvicorn
+        from pydantic import ValidationError
 
-        from dse.api import create_app
+        from dse.api import Settings, create_app
+        from dse.api.config import bind_warnings
     except ImportError as e:
         raise DSEError(f"the API needs the 'api' extra ({install_hint('api')}): {e}") from e
-    app = create_app(storage_url=_storage_url(args))
+    try:
+        settings = Settings()
+    except ValidationError as e:
+        _err(f"serve: {e.errors()[0].get('msg', e)}".replace("Value error, ", ""))
+        return 2
+    try:
+        for line in bind_warnings(
+            args.host, settings, public_reads=args.public_reads or settings.public_reads
+        ):
+            _err(f"warning: {line}")
+    except ValueError as e:
+        _err(str(e))
+        return 2
+    app = create_app(storage_url=_storage_url(args), settings=settings)
     # bind first (uvicorn would only log the error and exit 1 without a word on stdout)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -418,7 +433,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "Ctrl-C stops"
     )
     sys.stdout.flush()
-    config = uvicorn.Config(app, log_level="warning")
+    # keep-alive longer than clients' pools (httpx: 5 s) so that the server never closes a
+    # connection at the moment a client reuses it (a reset without a response)
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=65)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 
@@ -511,8 +528,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("serve", help="REST API and dashboard")
     storage_arg(sp)
-    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: loopback only; elsewhere needs DSE_API_TOKEN or "
+        "--public-reads, see docs/SECURITY.md)",
+    )
     sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument(
+        "--public-reads",
+        action="store_true",
+        help="serve reads to anyone off the loopback interface without a token "
+        "(also DSE_PUBLIC_READS=1)",
+    )
     sp.set_defaults(fn=cmd_serve)
 
     costmodel_cli.register(sub)

@@ -21,14 +21,15 @@ __all__ = ["BEST_FORMATS", "best_payload", "render_best"]
 BEST_FORMATS: tuple[str, ...] = ("json", "yaml", "megatron", "bridge", "nemo")
 
 
-def best_payload(storage: Any, study: Any) -> dict[str, Any]:
-    """The best feasible trial of a study as the ``dse best`` / REST payload.
+def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
+    """The best feasible trial of a study (or ``best``, a trial record of it) as the
+    ``dse best`` / REST payload.
 
     Raises:
         NoCompleteTrialError: the study has no complete trial yet.
         SpaceError: the stored space of the study no longer validates.
     """
-    best = storage.best_trial(study.id, study.direction)
+    best = best if best is not None else storage.best_trial(study.id, study.direction)
     if best is None:
         raise NoCompleteTrialError(f"study {study.name!r} has no complete trial yet")
     space = _stored_space(study.space_yaml, study.name)

@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.engine import Engine, make_url
@@ -645,10 +645,10 @@ class Storage:
                 if limit is not None:
                     ids_q = ids_q.limit(limit)
                 ids = list(s.scalars(ids_q))
-                by_id = {
-                    r.id: r for r in s.scalars(select(TrialModel).where(TrialModel.id.in_(ids)))
-                } if ids else {}  # fmt: skip
-                rows = [by_id[i] for i in ids]
+                # plain rows, not ORM objects: half the CPU of a page (same attribute names)
+                page = select(*TrialModel.__table__.c).where(TrialModel.id.in_(ids))
+                by_id = {r.id: r for r in s.execute(page)} if ids else {}
+                rows = [cast(TrialModel, by_id[i]) for i in ids]
             steps = _steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
             return [_trial_record(r, steps.get(r.id, ())) for r in rows]
 
@@ -743,20 +743,43 @@ class Storage:
 
         return self._db.run(fn, write=False, what="find trial")
 
-    def best_trial(self, study_id: int, direction: str) -> TrialRecord | None:
-        """The complete trial with the best value (ties: the lowest number), or None."""
+    def best_trial(
+        self,
+        study_id: int,
+        direction: str,
+        *,
+        value_range: tuple[float, float] | None = None,
+    ) -> TrialRecord | None:
+        """The complete trial with the best value (ties: the lowest number), or None.
+
+        ``value_range=(low, high)``: only values with ``low < value <= high`` count (this
+        also leaves out infinities and NaN).
+        """
         _check_direction(direction)
 
+        where = [
+            TrialModel.study_id == study_id,
+            TrialModel.state == "complete",
+            TrialModel.value.is_not(None),
+        ]
+        if value_range is not None:
+            where += [TrialModel.value > value_range[0], TrialModel.value <= value_range[1]]
+
         def fn(s: Session) -> TrialRecord | None:
+            # Two index walks on (study_id, value, number): the best value, then the lowest
+            # number with it. One ``ORDER BY value DESC, number`` mixes directions, which
+            # PostgreSQL cannot walk that index for: it sorted every complete trial (200 ms
+            # at 100,000 trials).
             value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            best = s.execute(
+                select(TrialModel.value).where(*where).order_by(value).limit(1)
+            ).scalar_one_or_none()
+            if best is None:
+                return None
             row = s.scalars(
                 select(TrialModel)
-                .where(
-                    TrialModel.study_id == study_id,
-                    TrialModel.state == "complete",
-                    TrialModel.value.is_not(None),
-                )
-                .order_by(value, TrialModel.number)
+                .where(*where, TrialModel.value == best)
+                .order_by(TrialModel.number)
                 .limit(1)
             ).first()
             return None if row is None else _trial_record(row)
@@ -836,15 +859,24 @@ class Storage:
 
         return self._db.run(fn, write=True, what="add rejection")
 
-    def list_rejections(self, study_id: int, *, limit: int | None = None) -> list[RejectionRecord]:
-        """A study's rejections, oldest first."""
+    def list_rejections(
+        self,
+        study_id: int,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        kind: str | None = None,
+    ) -> list[RejectionRecord]:
+        """A study's rejections, oldest first (``kind``: only those; a page with ``limit``
+        and ``offset``)."""
 
         def fn(s: Session) -> list[RejectionRecord]:
-            q = (
-                select(RejectionModel)
-                .where(RejectionModel.study_id == study_id)
-                .order_by(RejectionModel.id)
-            )
+            where = [RejectionModel.study_id == study_id]
+            if kind is not None:
+                where.append(RejectionModel.kind == kind)
+            q = select(RejectionModel).where(*where).order_by(RejectionModel.id)
+            if offset:
+                q = q.offset(offset)
             if limit is not None:
                 q = q.limit(limit)
             return [_rejection_record(r) for r in s.scalars(q).all()]

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from sqlalchemy.engine import make_url
 
 from dse import DISTRIBUTION
-from dse.api.deps import SettingsDep, StorageDep
+from dse.api.deps import SettingsDep, StorageDep, TrustedDep
 from dse.api.errors import error_responses
 from dse.api.schemas import HealthPublic
 
@@ -25,13 +25,18 @@ def _version() -> str:
 
 
 @router.get("/health", response_model=HealthPublic, responses=error_responses(503))
-def health(storage: StorageDep, settings: SettingsDep) -> HealthPublic:
-    """200 when the study database answers (503 when it cannot be reached)."""
+def health(storage: StorageDep, settings: SettingsDep, trusted: TrustedDep) -> HealthPublic:
+    """200 when the study database answers (503 when it cannot be reached).
+
+    ``storage`` is the database URL (password hidden) for a request with the token, only the
+    backend (``sqlite``, ``postgresql``) for others.
+    """
     storage.list_studies()  # a round trip: raises StorageError (503) when down
+    url = make_url(storage.url)
     return HealthPublic(
         status="ok",
         version=_version(),
-        storage=make_url(storage.url).render_as_string(hide_password=True),
+        storage=url.render_as_string(hide_password=True) if trusted else url.get_backend_name(),
         schema_revision=storage.revision,
         writes_enabled=settings.writes_enabled,
         poll_interval_s=settings.poll_interval_s,
