@@ -442,7 +442,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # --- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from dse import bench, recipe_cli
+    from dse import bench, interop_cli, recipe_cli
     from dse.costmodel import cli as costmodel_cli
     from dse.space import RunnerSpec
 
@@ -546,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     costmodel_cli.register(sub)
     bench.register(sub)
     recipe_cli.register(sub)
+    interop_cli.register(sub)
     return p
 
 
