@@ -17,7 +17,7 @@ from typing import Any
 
 from dse.exceptions import DSEError
 
-__all__ = ["export_to_optuna", "distributions"]
+__all__ = ["export_to_optuna", "distributions", "frozen_trials"]
 
 _STATES = {"complete": "COMPLETE", "failed": "FAIL", "infeasible": "FAIL", "pruned": "PRUNED"}
 _ATTRS = ("tflops_per_gpu", "peak_mem_gib", "peak_reserved_gib", "step_time_s", "loss")
@@ -54,22 +54,33 @@ def export_to_optuna(storage: Any, study: Any, url: str, name: str | None = None
         import optuna
     except ImportError as e:  # pragma: no cover - optuna is a core dependency
         raise DSEError(f"the optuna export needs optuna: {e}") from e
-    from dse.export import _stored_space
+    from optuna.exceptions import DuplicatedStudyError
 
-    space = _stored_space(study.space_yaml, study.name)
-    dists = distributions(space)
+    _, trials = frozen_trials(storage, study)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         ost = optuna.create_study(
             storage=url, study_name=name or study.name, direction=study.direction
         )
-    except optuna.exceptions.DuplicatedStudyError as e:
+    except DuplicatedStudyError as e:
         raise DSEError(f"{url}: an Optuna study named {name or study.name!r} exists") from e
     with warnings.catch_warnings():  # set_metric_names is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         ost.set_metric_names([study.metric])
     ost.set_user_attr("dse_study", study.name)
     ost.set_user_attr("dse_objective", {"metric": study.metric, "direction": study.direction})
+    ost.add_trials(trials)
+    return len(trials)
+
+
+def frozen_trials(storage: Any, study: Any) -> tuple[dict[str, Any], list[Any]]:
+    """The knob distributions of a study and its finished trials as Optuna trials."""
+    import optuna
+
+    from dse.export import _stored_space
+
+    space = _stored_space(study.space_yaml, study.name)
+    dists = distributions(space)
     trials = []
     for t in storage.list_trials(study.id):
         state = _STATES.get(t.state)
@@ -81,8 +92,10 @@ def export_to_optuna(storage: Any, study: Any, url: str, name: str | None = None
             if d is None:
                 continue
             try:
-                d._contains(d.to_internal_repr(v))  # noqa: SLF001 - value within the domain
+                inside = d._contains(d.to_internal_repr(v))  # noqa: SLF001
             except (ValueError, TypeError):
+                inside = False
+            if not inside:  # e.g. the inactive value of a conditional knob
                 continue
             params[k], used[k] = v, d
         attrs: dict[str, Any] = {"dse_number": t.number, "dse_state": t.state}
@@ -104,5 +117,4 @@ def export_to_optuna(storage: Any, study: Any, url: str, name: str | None = None
         ft.datetime_start = _time(t.started_at or t.queued_at)
         ft.datetime_complete = _time(t.finished_at)
         trials.append(ft)
-    ost.add_trials(trials)
-    return len(trials)
+    return dists, trials
