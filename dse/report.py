@@ -17,6 +17,7 @@ from typing import Any
 
 from dse.exceptions import DSEError
 from dse.figures import figure
+from dse.studyplots import slice_label
 
 __all__ = ["register", "write_report", "cmd_report"]
 
@@ -92,7 +93,8 @@ def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
     fig, axes = plt.subplots(1, n, figsize=(2.6 * n, 2.8), squeeze=False)
     for ax, (k, rows) in zip(axes[0], sl.items(), strict=False):
         order = data["slice_values"][k]  # the domain's order, not the trials'
-        xs = [order.index(str(r["x"])) if str(r["x"]) in order else -1 for r in rows]
+        labels = [slice_label(r["x"]) for r in rows]
+        xs = [order.index(x) if x in order else -1 for x in labels]
         ax.scatter(xs, [r["value"] for r in rows], s=14)
         ax.set_xticks(range(len(order)), order)
         ax.set_title(k, fontsize=8)

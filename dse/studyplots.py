@@ -9,11 +9,12 @@ Measured figures come from the stored trials; everything derived from them by a 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["pareto_front", "study_plot_data", "knob_importance"]
+__all__ = ["pareto_front", "study_plot_data", "knob_importance", "slice_label"]
 
 
 def pareto_front(xy: Sequence[tuple[float, float]]) -> list[int]:
@@ -36,6 +37,11 @@ def pareto_front(xy: Sequence[tuple[float, float]]) -> list[int]:
             front.append(i)
     front.sort(key=lambda i: (xy[i][0], -xy[i][1]))
     return front
+
+
+def slice_label(v: Any) -> str:
+    """A knob value as a slice plot's category (as JavaScript's ``String`` writes it)."""
+    return v if isinstance(v, str) else json.dumps(v)
 
 
 def knob_importance(storage: Any, study: Any) -> tuple[dict[str, float] | None, str]:
@@ -211,7 +217,9 @@ def study_plot_data(
             "gpu_memory_gib": study.hardware.get("gpu_memory_gib"),
         },  # fmt: skip
         "slices": slices,
-        "slice_values": {k: [str(v) for v in spec.values()] for k, spec in space.knobs.items()},
+        "slice_values": {
+            k: [slice_label(v) for v in spec.values()] for k, spec in space.knobs.items()
+        },
         "importance": importance,
         "importance_how": how,
         "failures": failures,

@@ -85,3 +85,35 @@ def test_report_in_chromium_matches_status(
             RESULTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(RESULTS / "report_replay_llama1b.png"), full_page=True)
         browser.close()
+
+
+def test_dashboard_draws_importance_and_slices_from_the_report_data(
+    replay_study: str, report_dir: Path
+) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    from tests.api.live import serve
+
+    data = json.loads((report_dir / "report.json").read_text())
+    with serve(replay_study, api_token=None) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(base + "/#study=replay-llama1b")
+        page.wait_for_selector('#chart-importance[data-rendered="true"]', timeout=30_000)
+        page.wait_for_selector('#chart-slices[data-rendered="true"]', timeout=30_000)
+        imp = page.locator("#chart-importance").get_attribute("data-knobs")
+        assert imp == ",".join(data["importance"])  # same knobs, same order as the report
+        assert page.locator("#chart-slices").get_attribute("data-knobs") == ",".join(
+            data["slices"]
+        )
+        bars = page.locator("#chart-importance .bars .point").count()
+        assert bars == len(data["importance"])
+        if os.environ.get("DSE_REPORT_SHOT"):
+            page.locator("#chart-importance").scroll_into_view_if_needed()
+            page.screenshot(path=str(RESULTS / "dashboard_importance_slices.png"), full_page=True)
+        browser.close()
+        assert errors == []
