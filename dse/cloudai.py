@@ -501,7 +501,7 @@ def export_test(space: Any, params: dict[str, Any], name: str) -> dict[str, Any]
         cmd["container_image"] = wl.launcher.container_image or ""
         model_name, _, size = (wl.launcher.recipe or "").partition("_")
         cmd["model_name"] = model_name
-        cmd["model_size"] = size.removesuffix("_pretrain_config")
+        cmd["model_size"] = size.split("_pretrain")[0]  # qwen3_30b_a3b_pretrain_..._config
         cmd["task"] = "pretrain"
         cmd["num_gpus"] = res.world_size
         cmd["gpus_per_node"] = res.gpus_per_node or res.world_size

@@ -204,3 +204,65 @@ def test_export_best_as_cloudai_test(tmp_path: Path) -> None:
         return [x for v in d.values() for x in (walk(v) if isinstance(v, dict) else [v])]
 
     assert not any(isinstance(v, list) for v in walk(test))
+
+
+# Llama 3 70B (NeMo's Llama3Config70B): no example space has it
+LLAMA3_70B = {
+    "model": {
+        "num_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 28672,
+        "vocab_size": 128256,
+    },
+    "semantics": {"seq_length": 8192, "global_batch_size": 128},
+}
+
+
+def test_recipe_without_example_needs_model_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = TESTS / "dse_nemo_run_llama_70b_fp8.toml"
+    assert main(["cloudai", "import", str(src)]) == 2
+    assert "no example space for the recipe 'llama3_70b'" in capsys.readouterr().err
+    model = tmp_path / "m.yaml"
+    model.write_text(yaml.safe_dump(LLAMA3_70B))
+    got = import_scenario(src, model_from=model)
+    space = parse_space(got.space, "t")
+    # one-value lists are fixed: nothing is swept, so the recipe's values become knobs to widen
+    assert space.fixed["pipeline_model_parallel_size"] == 8
+    assert space.fixed["virtual_pipeline_model_parallel_size"] == 5
+    assert space.knobs["tensor_model_parallel_size"].values() == [4]
+    assert space.resources.world_size == 64
+    assert any("sweeps nothing" in n for n in got.notes)
+    launcher = space.workload.launcher
+    assert launcher is not None and launcher.overrides["trainer.plugins.fp8"] == "hybrid"
+
+
+def test_export_bridge_best_as_cloudai_test(tmp_path: Path) -> None:
+    text = import_scenario(FIX / "megatron_bridge_qwen_30b.toml", tests_dir=TESTS).to_yaml("s")
+    text = text.replace("micro_batch_size:\n    values:\n    - 8", "micro_batch_size:\n"
+                        "    values:\n    - 8\n    - 4")  # fmt: skip
+    space = parse_space_text(text, "s")
+    assert space.knobs["micro_batch_size"].values() == [8, 4]
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = open_storage(url)
+    rec = storage.create_study(space_yaml=text, **space.study_fields())
+    for mbs, tflops in ((8, 300.0), (4, 410.0)):
+        params = {"tensor_model_parallel_size": 1, "micro_batch_size": mbs}
+        t = storage.claim_trial(
+            study_id=rec.id, params=params, params_key=params_key(params), budget=10
+        )
+        assert t is not None
+        storage.start_trial(t.id, runner="r", host="h", log_path="l", metrics_path="m")
+        storage.finish_trial(t.id, Outcome("ok", {"tflops_per_gpu": tflops}), value=tflops)
+    storage.close()
+    out = tmp_path / "best.toml"
+    assert main(["cloudai", "export", "--storage", url, "-o", str(out)]) == 0
+    test = tomllib.loads(out.read_text())
+    assert test["test_template_name"] == "MegatronBridge"
+    args = test["cmd_args"]
+    assert args["mb"] == 4 and args["tp"] == 1 and args["ep"] == 8 and args["gb"] == 512
+    assert args["num_gpus"] == 8 and args["gpus_per_node"] == 4
+    assert args["model_name"] == "qwen3" and args["model_size"] == "30b_a3b"
