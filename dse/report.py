@@ -12,6 +12,7 @@ import base64
 import html
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,9 @@ def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
 
     def save(fig: Any, name: str) -> None:
         p = out / f"{name}.png"
-        fig.tight_layout()
+        with warnings.catch_warnings():  # a nearly empty plot cannot always be tightened
+            warnings.simplefilter("ignore", UserWarning)
+            fig.tight_layout()
         fig.savefig(p, dpi=100)
         plt.close(fig)
         files[name] = p
@@ -81,7 +84,7 @@ def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
     save(fig, "pareto")
 
     imp = data["importance"] or {}
-    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * max(len(imp), 1)))
+    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(imp)))
     names = list(imp)[::-1]
     ax.barh(names, [imp[n] for n in names])
     ax.set_xlabel("importance (PED-ANOVA)")
@@ -107,7 +110,7 @@ def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
     for r in data["rejected"]:
         key = f"rejected: {r['kind']}"
         kinds[key] = kinds.get(key, 0) + 1
-    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * max(len(kinds), 1)))
+    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(kinds)))
     ax.barh(list(kinds), list(kinds.values()), color="C3")
     ax.set_xlabel("trials")
     ax.set_title("Failures by class" + ("" if kinds else ": none"))

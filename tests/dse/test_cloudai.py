@@ -266,3 +266,15 @@ def test_export_bridge_best_as_cloudai_test(tmp_path: Path) -> None:
     assert args["mb"] == 4 and args["tp"] == 1 and args["ep"] == 8 and args["gb"] == 512
     assert args["num_gpus"] == 8 and args["gpus_per_node"] == 4
     assert args["model_name"] == "qwen3" and args["model_size"] == "30b_a3b"
+
+
+def test_scenario_cmd_args_override_the_named_test(tmp_path: Path) -> None:
+    p = tmp_path / "s.toml"
+    p.write_text(
+        'name = "s"\n[[Tests]]\nid = "sweep"\ntest_name = "nemo_run_llama3_8b"\nnum_nodes = 2\n'
+        "  [Tests.cmd_args.trainer.strategy]\n  tensor_model_parallel_size = [1, 2, 4]\n"
+    )
+    space = parse_space(import_scenario(p, tests_dir=TESTS).space, "t")
+    assert space.knobs["tensor_model_parallel_size"].values() == [1, 2, 4]
+    assert space.fixed["context_parallel_size"] == 2  # from the test definition
+    assert space.resources.world_size == 16

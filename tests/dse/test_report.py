@@ -117,3 +117,29 @@ def test_dashboard_draws_importance_and_slices_from_the_report_data(
             page.screenshot(path=str(RESULTS / "dashboard_importance_slices.png"), full_page=True)
         browser.close()
         assert errors == []
+
+
+def test_report_of_a_study_without_a_complete_trial(tmp_path: Path) -> None:
+    from dse.records import Outcome
+    from dse.storage import open_storage
+    from tests.api.seed import create_study
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = open_storage(url)
+    sid = create_study(storage, "all-failed")
+    params = {"tensor_model_parallel_size": 2, "micro_batch_size": 4,
+              "use_distributed_optimizer": False}  # fmt: skip
+    from dse.space import params_key
+
+    t = storage.claim_trial(study_id=sid, params=params, params_key=params_key(params), budget=5)
+    assert t is not None
+    storage.start_trial(t.id, runner="r", host="h", log_path="l", metrics_path="m")
+    storage.finish_trial(
+        t.id, Outcome("failed", {}, failure_class="oom", reason="CUDA out of memory"), value=None
+    )
+    storage.close()
+    out = tmp_path / "rep"
+    assert main(["report", "--storage", url, "-o", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "CUDA out of memory" in page and "needs 3 complete trials" in page
+    assert "best-value" not in page
