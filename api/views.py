@@ -9,7 +9,7 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -32,6 +32,7 @@ from dse.export import best_payload, render_best
 from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialPoint, TrialRecord
 from dse.space import Semantics
 from dse.storage import Storage
+from dse.studyplots import pareto_front
 
 __all__ = [
     "DEFAULT_DIRECTION",
@@ -249,28 +250,6 @@ def rejection_public(r: RejectionRecord) -> RejectionPublic:
 
 
 # --- Pareto front ---------------------------------------------------------------------------
-
-
-def pareto_front(xy: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the non-dominated points when maximising x and minimising y.
-
-    A point is dominated when another has x >= and y <= with one of them strict; equal
-    points do not dominate each other (both stay). O(n log n). Returns indices by
-    increasing x.
-    """
-    order = sorted(range(len(xy)), key=lambda i: (-xy[i][0], xy[i][1]))
-    front: list[int] = []
-    best_y = math.inf
-    best_x = math.inf
-    for i in order:
-        x, y = xy[i]
-        if y < best_y:
-            front.append(i)
-            best_y, best_x = y, x
-        elif y == best_y and x == best_x:
-            front.append(i)
-    front.sort(key=lambda i: (xy[i][0], -xy[i][1]))
-    return front
 
 
 def _kind(state: str, failure_class: str | None) -> str:

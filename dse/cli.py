@@ -339,6 +339,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     storage = _open_existing(args)
     try:
         st = _pick_study(storage, args.study)
+        if args.format == "optuna":
+            from dse.optuna_export import export_to_optuna
+
+            if not args.storage_out:
+                raise SpaceError("--format optuna needs --storage-out URL (an Optuna storage)")
+            n = export_to_optuna(storage, st, args.storage_out)
+            _err(
+                f"exported study {st.name!r} ({n} trials) to the Optuna storage {args.storage_out}"
+            )
+            return 0
         data = storage.export_study(st.name)
     finally:
         storage.close()
@@ -442,7 +452,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # --- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from dse import bench, recipe_cli
+    from dse import bench, interop_cli, recipe_cli
     from dse.costmodel import cli as costmodel_cli
     from dse.space import RunnerSpec
 
@@ -517,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("export", help="a whole study as one JSON file")
     sp.add_argument("--study")
     sp.add_argument("-o", "--output", help="file (default: stdout)")
+    sp.add_argument("--format", choices=["json", "optuna"], default="json")
+    sp.add_argument("--storage-out", help="--format optuna: the Optuna RDB storage URL to write")
     storage_arg(sp)
     sp.set_defaults(fn=cmd_export)
 
@@ -546,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     costmodel_cli.register(sub)
     bench.register(sub)
     recipe_cli.register(sub)
+    interop_cli.register(sub)
     return p
 
 

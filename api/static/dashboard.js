@@ -636,6 +636,36 @@ async function loadTrial(id) {
   $("#chart-steps-loss").dataset.points = String(steps.length);
 }
 
+// Knob importance and slices: /insights, the data `dse report` draws (dse/studyplots.py).
+async function renderInsights(study, ins) {
+  const imp = ins.importance || {};
+  const names = Object.keys(imp).reverse();
+  const idiv = $("#chart-importance");
+  idiv.dataset.knobs = Object.keys(imp).join(",");
+  $("#note-importance").textContent = ` (${ins.importance_how})`;
+  const pending = [plot(idiv, [{
+    type: "bar", orientation: "h", y: names, x: names.map((n) => imp[n]),
+    text: names.map((n) => fmt(imp[n])), hoverinfo: "y+text",
+  }], { xaxis: { title: { text: "importance (PED-ANOVA)" } }, margin: { l: 180 } })];
+  const knobs = Object.keys(ins.slices);
+  const sdiv = $("#chart-slices");
+  sdiv.dataset.knobs = knobs.join(",");
+  const traces = knobs.map((k, i) => ({
+    type: "scatter", mode: "markers", name: k, xaxis: i ? `x${i + 1}` : "x", yaxis: "y",
+    x: ins.slices[k].map((r) => String(r.x)), y: ins.slices[k].map((r) => r.value),
+    text: ins.slices[k].map((r) => `trial ${r.number}: ${fmt(r.value)}`), hoverinfo: "text",
+  }));
+  const layout = { grid: { rows: 1, columns: Math.max(knobs.length, 1), pattern: "coupled" },
+    showlegend: false, yaxis: { title: { text: study.metric } } };
+  knobs.forEach((k, i) => {
+    layout[i ? `xaxis${i + 1}` : "xaxis"] = { title: { text: k, font: { size: 10 } },
+      type: "category",
+      categoryorder: "array", categoryarray: ins.slice_values[k] };
+  });
+  pending.push(plot(sdiv, traces, layout));
+  await Promise.all(pending);
+}
+
 async function loadTable(name) {
   const q = new URLSearchParams({ limit: PAGE_SIZE, offset: state.offset, order: state.order });
   if (state.filter) q.set("state", state.filter);
@@ -651,17 +681,19 @@ async function loadStudy(name, { full }) {
   const sig = signatureOf(study);
   if (!full && sig === state.signature) return;
   state.signature = sig;
-  const [pareto, rejections, best] = await Promise.all([
+  const [pareto, rejections, best, insights] = await Promise.all([
     api(`/studies/${enc}/pareto`),
     api(`/studies/${enc}/rejections?limit=100`),
     study.best_trial === null ? null : loadBest(name), // no 404 while there is none
-    loadTable(name),
-  ]);
+    loadTable(name).then(() => null),
+    api(`/studies/${enc}/insights`).catch(() => null),
+  ]).then(([p, r, b, _t, i]) => [p, r, b, i]);
   if (name !== state.study) return;
   renderBest(best);
   renderRejections(rejections);
   await Promise.all([
     renderHistory(study, pareto), renderPareto(study, pareto), renderParcoords(study, pareto),
+    insights === null ? null : renderInsights(study, insights),
   ]);
   if (state.trialId !== null && !full) loadTrial(state.trialId).catch(() => {});
   const view = $("#study-view");
@@ -681,7 +713,8 @@ async function selectStudy(name) {
     state.bestTrial = null;
     renderBest(null);
     $("#trial-detail").hidden = true;
-    for (const id of ["#chart-history", "#chart-pareto", "#chart-parcoords"]) {
+    for (const id of ["#chart-history", "#chart-pareto", "#chart-parcoords", "#chart-importance",
+      "#chart-slices"]) {
       $(id).dataset.rendered = "false";
     }
   }

@@ -1,0 +1,36 @@
+"""``/studies/{name}/insights``: knob importance, slices per knob, GPU-hours and the training
+projection of a study, computed by :func:`dse.studyplots.study_plot_data` (the same data the
+``dse report`` page draws)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+
+from dse.api.deps import StorageDep, StudyDep
+from dse.api.errors import error_responses
+from dse.api.views import json_bytes
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+
+@router.get("/{name}/insights", responses=error_responses(404, 422, 503))
+def get_insights(
+    storage: StorageDep,
+    study: StudyDep,
+    cost_per_gpu_hour: Annotated[float | None, Query(gt=0, le=1e6)] = None,
+    tokens: Annotated[float, Query(gt=0, le=1e16)] = 1e12,
+) -> Response:
+    """Knob importance (Optuna PED-ANOVA on the complete trials), the objective per knob
+    value (slices), GPU-hours spent and saved against the full grid, and a projection of a
+    full training run from the best step time (estimates are labelled)."""
+    from dse.studyplots import study_plot_data
+
+    data = study_plot_data(storage, study, cost_per_gpu_hour=cost_per_gpu_hour, tokens=tokens)
+    keys = ("study", "metric", "direction", "importance", "importance_how", "slices",
+            "slice_values", "gpu", "projection")  # fmt: skip
+    body: dict[str, Any] = {k: data[k] for k in keys}
+    return Response(json_bytes(body), media_type="application/json")

@@ -1,0 +1,101 @@
+"""CLI pieces that meet users' other tools: ``dse cloudai import|export`` and ``dse report``.
+
+``dse cloudai import SCENARIO.toml [--tests DIR] -o space.yaml`` turns a CloudAI test
+scenario into a space file (what has no dse equivalent is listed in its header and on stderr).
+``dse cloudai export --study S -o best.toml`` writes the best configuration as a CloudAI test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "cmd_cloudai_import", "cmd_cloudai_export"]
+
+
+def _storage(args: argparse.Namespace) -> Any:
+    from dse.cli import _storage_url
+    from dse.storage import open_storage
+
+    return open_storage(_storage_url(args))
+
+
+def cmd_cloudai_import(args: argparse.Namespace) -> int:
+    from dse.cloudai import import_scenario
+    from dse.space import parse_space_text
+
+    got = import_scenario(
+        args.scenario,
+        tests_dir=args.tests,
+        test_id=args.test_id,
+        gpus_per_node=args.gpus_per_node,
+        model_from=args.model_from,
+    )
+    text = got.to_yaml(Path(args.scenario).name)
+    space = parse_space_text(text, f"{args.scenario} (imported)")  # the result validates
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+    for u in got.unmapped:
+        sys.stderr.write(f"dse: not mapped: {u.key} = {u.value!r}: {u.why}\n")
+    sys.stderr.write(
+        f"dse: imported {args.scenario}: study {space.study!r}, {len(space.knobs)} knobs, "
+        f"{space.size()} configurations, {len(got.unmapped)} field(s) not mapped\n"
+    )
+    return 0
+
+
+def cmd_cloudai_export(args: argparse.Namespace) -> int:
+    from dse.cli import _pick_study
+    from dse.cloudai import dump_toml, export_test
+    from dse.export import _stored_space, best_payload
+
+    storage = _storage(args)
+    try:
+        st = _pick_study(storage, args.study)
+        payload = best_payload(storage, st)
+    finally:
+        storage.close()
+    space = _stored_space(st.space_yaml, st.name)
+    test = export_test(space, payload["params"], args.name or f"{st.name}_best")
+    text = (
+        f"# Best configuration of dse study {st.name!r}: trial {payload['trial']}, "
+        f"{payload['objective']['metric']} = {payload['objective']['value']}\n" + dump_toml(test)
+    )
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        sys.stderr.write(f"dse: wrote the best configuration of {st.name!r} to {args.output}\n")
+    return 0
+
+
+def register(sub: Any) -> None:
+    from dse.cli import DEFAULT_STORAGE
+
+    cp = sub.add_parser("cloudai", help="CloudAI test scenarios in and out")
+    csub = cp.add_subparsers(dest="cloudai_command", required=True, metavar="ACTION")
+    sp = csub.add_parser("import", help="a CloudAI test scenario as a space file")
+    sp.add_argument("scenario", help="CloudAI test scenario (or test definition) TOML")
+    sp.add_argument("--tests", help="folder of the test definitions the scenario names")
+    sp.add_argument("--test-id", help="which [[Tests]] entry (default: the first)")
+    sp.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
+    sp.add_argument("--model-from", help="a space file whose model section to use")
+    sp.add_argument("-o", "--output", help="space file to write (default: stdout)")
+    sp.set_defaults(fn=cmd_cloudai_import)
+
+    sp = csub.add_parser("export", help="the best configuration as a CloudAI test TOML")
+    sp.add_argument("--study")
+    sp.add_argument("--name", help="test name (default: STUDY_best)")
+    sp.add_argument("-o", "--output", help="file (default: stdout)")
+    sp.add_argument("--storage", help=f"SQLAlchemy URL (default: $DSE_STORAGE, {DEFAULT_STORAGE})")
+    sp.set_defaults(fn=cmd_cloudai_export)
+
+    try:
+        from dse.report import register as register_report
+    except ImportError:  # pragma: no cover - the report module is optional
+        return
+    register_report(sub)

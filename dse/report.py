@@ -1,0 +1,282 @@
+"""``dse report --study S -o DIR``: a study report as one self-contained HTML page (plots
+inlined), a Markdown file and PNG plots, drawn from :func:`dse.studyplots.study_plot_data`.
+
+Figures are shown with :func:`dse.figures.figure`; estimates say so where they are shown.
+Needs matplotlib (the ``report`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from dse.exceptions import DSEError
+from dse.figures import figure
+from dse.studyplots import slice_label
+
+__all__ = ["register", "write_report", "cmd_report"]
+
+_PLOTS = ("history", "pareto", "importance", "slices", "failures")
+
+
+def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        from dse import install_hint
+
+        raise DSEError(f"the report needs matplotlib ({install_hint('report')}): {e}") from e
+    files: dict[str, Path] = {}
+    metric = data["metric"]
+
+    def save(fig: Any, name: str) -> None:
+        p = out / f"{name}.png"
+        with warnings.catch_warnings():  # a nearly empty plot cannot always be tightened
+            warnings.simplefilter("ignore", UserWarning)
+            fig.tight_layout()
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        files[name] = p
+
+    h = data["history"]
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ok = [r for r in h if r["value"] is not None]
+    bad = [r for r in h if r["value"] is None]
+    ax.scatter([r["number"] for r in ok], [r["value"] for r in ok], label="complete", s=18)
+    ax.step([r["number"] for r in h if r["best_so_far"] is not None],
+            [r["best_so_far"] for r in h if r["best_so_far"] is not None],
+            where="post", color="C2", label="best so far")  # fmt: skip
+    if bad and ok:
+        lo = min(r["value"] for r in ok)
+        ax.scatter([r["number"] for r in bad], [lo] * len(bad), marker="x", color="C3",
+                   label="failed / infeasible (no value)")  # fmt: skip
+    ax.set_xlabel("trial")
+    ax.set_ylabel(metric)
+    ax.set_title("History")
+    ax.legend(fontsize=7)
+    save(fig, "history")
+
+    par = data["pareto"]
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    pts = par["points"]
+    on = set(par["front"])
+    ax.scatter([p["peak_mem_gib"] for p in pts if p["number"] not in on],
+               [p["tflops_per_gpu"] for p in pts if p["number"] not in on], s=18,
+               label="trial")  # fmt: skip
+    fr = sorted((p for p in pts if p["number"] in on), key=lambda p: p["peak_mem_gib"])
+    ax.plot([p["peak_mem_gib"] for p in fr], [p["tflops_per_gpu"] for p in fr], "o-",
+            color="C1", label="Pareto front")  # fmt: skip
+    if par.get("gpu_memory_gib"):
+        ax.axvline(par["gpu_memory_gib"], color="C3", ls="--", lw=1, label="GPU memory")
+    ax.set_xlabel("peak memory (GiB)")
+    ax.set_ylabel("TFLOP/s per GPU")
+    ax.set_title("TFLOP/s vs memory")
+    ax.legend(fontsize=7)
+    save(fig, "pareto")
+
+    imp = data["importance"] or {}
+    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(imp)))
+    names = list(imp)[::-1]
+    ax.barh(names, [imp[n] for n in names])
+    ax.set_xlabel("importance (PED-ANOVA)")
+    ax.set_title("Knob importance" + ("" if imp else f": {data['importance_how']}"))
+    save(fig, "importance")
+
+    sl = data["slices"]
+    n = max(len(sl), 1)
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n, 2.8), squeeze=False)
+    for ax, (k, rows) in zip(axes[0], sl.items(), strict=False):
+        order = data["slice_values"][k]  # the domain's order, not the trials'
+        labels = [slice_label(r["x"]) for r in rows]
+        xs = [order.index(x) if x in order else -1 for x in labels]
+        ax.scatter(xs, [r["value"] for r in rows], s=14)
+        ax.set_xticks(range(len(order)), order)
+        ax.set_title(k, fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel(metric)
+    save(fig, "slices")
+
+    fails = data["failures"]
+    kinds = {k: len(v) for k, v in fails.items()}
+    for r in data["rejected"]:
+        key = f"rejected: {r['kind']}"
+        kinds[key] = kinds.get(key, 0) + 1
+    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(kinds)))
+    ax.barh(list(kinds), list(kinds.values()), color="C3")
+    ax.set_xlabel("trials")
+    ax.set_title("Failures by class" + ("" if kinds else ": none"))
+    save(fig, "failures")
+    return files
+
+
+def _money(x: float | None) -> str:
+    return "" if x is None else f"${figure(x)}"
+
+
+def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]], str]]:
+    """(title, rows of (id, label, value), note) for the page and the Markdown."""
+    b = data["best"]
+    c = data["counts"]
+    secs: list[tuple[str, list[tuple[str, str, str]], str]] = []
+    rows = [
+        ("count-total", "trials", str(c.get("total", 0))),
+        ("count-complete", "complete", str(c.get("complete", 0))),
+        ("count-failed", "failed", str(c.get("failed", 0))),
+        ("count-infeasible", "infeasible", str(c.get("infeasible", 0))),
+        ("count-rejected", "rejected before launch", str(sum(data["rejections"].values()))),
+    ]
+    secs.append(("Trials", rows, "measured"))
+    if b:
+        m = b["metrics"]
+        rows = [
+            ("best-trial", "trial", str(b["trial"])),
+            ("best-value", f"{data['metric']} ({data['direction']})",
+             figure(b["objective"]["value"])),
+            ("best-tflops", "TFLOP/s per GPU", figure(m.get("tflops_per_gpu"))),
+            ("best-step", "step time (s)", figure(m.get("step_time_s"))),
+            ("best-mem", "peak memory (GiB)", figure(m.get("peak_mem_gib"))),
+            ("best-params", "configuration", json.dumps(b["params"], sort_keys=True)),
+        ]  # fmt: skip
+        secs.append(("Best configuration", rows, "measured (one run per configuration; no "
+                     "confidence interval: a repeated run is needed for one)"))  # fmt: skip
+    g = data["gpu"]
+    rows = [
+        ("gpu-spent", "GPU-hours spent", figure(g["spent_gpu_hours"])),
+        ("gpu-grid", "configurations in the full grid", str(g["grid_configurations"])),
+        ("gpu-full", "GPU-hours of the full grid (estimate)", figure(g["full_grid_gpu_hours"])),
+        ("gpu-saved", "GPU-hours saved (estimate)", figure(g["saved_gpu_hours"])),
+    ]
+    if g.get("cost_per_gpu_hour") is not None:
+        rows += [
+            ("cost-spent", f"spent at ${figure(g['cost_per_gpu_hour'])}/GPU-hour",
+             _money(g.get("spent_cost"))),
+            ("cost-saved", "saved (estimate)", _money(g.get("saved_cost"))),
+        ]  # fmt: skip
+    secs.append(("GPU-hours", rows, g["label"]))
+    p = data["projection"]
+    rows = [("proj-tokens", "tokens", figure(p["tokens"]))]
+    for who in ("best", "baseline"):
+        q = p[who]
+        if q:
+            rows += [
+                (f"proj-{who}-days", f"{who}: days (estimate)", figure(q["days"])),
+                (f"proj-{who}-gpuh", f"{who}: GPU-hours (estimate)", figure(q["gpu_hours"])),
+            ]
+            if "cost" in q:
+                rows.append((f"proj-{who}-cost", f"{who}: cost (estimate)", _money(q["cost"])))
+    if p["speedup_over_baseline"]:
+        rows.append(("proj-speedup", f"speed-up over the baseline (trial {p['baseline_trial']})",
+                     f"{figure(p['speedup_over_baseline'])}x"))  # fmt: skip
+        rows.append(("proj-days-saved", "days saved (estimate)", figure(p["days_saved"])))
+    secs.append(("Projection of a full training run", rows, p["label"]))
+    return secs
+
+
+def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write report.html, report.md and the PNG plots into ``out``; returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = _plots(data, out)
+    secs = _sections(data)
+    e = html.escape
+    title = f"dse study report: {data['study']}"
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{e(title)}</title><style>body{{font-family:sans-serif;max-width:1000px;"
+        "margin:1em auto;color:#222}table{border-collapse:collapse;margin:.4em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:14px}"
+        ".note{color:#666;font-size:12px}pre{background:#f4f4f4;padding:6px;white-space:"
+        "pre-wrap;font-size:12px}img{max-width:100%}</style></head><body>",
+        f"<h1>{e(title)}</h1><p>{e(str(data.get('recipe') or ''))} &middot; objective "
+        f"{e(data['metric'])} ({e(data['direction'])}) &middot; "
+        f"{e(str(data['hardware'].get('gpu') or ''))} x {data['hardware'].get('world_size')}</p>",
+    ]
+    md = [f"# {title}", "", f"objective {data['metric']} ({data['direction']})", ""]
+    for name, rows, note in secs:
+        parts.append(f"<h2>{e(name)}</h2><table>")
+        md += [f"## {name}", "", "| | |", "|---|---|"]
+        for rid, label, value in rows:
+            parts.append(f"<tr><th>{e(label)}</th><td id='{rid}'>{e(value)}</td></tr>")
+            md.append(f"| {label} | {value} |")
+        parts.append(f"</table><p class='note'>{e(note)}</p>")
+        md += ["", f"_{note}_", ""]
+        if name == "Best configuration":
+            for fmt in ("megatron", "bridge", "nemo"):
+                text = data["exports"].get(fmt)
+                shown = text if text is not None else "(not expressible: "
+                if text is None:
+                    shown += f"{data['exports'].get(fmt + '_why', '')})"
+                parts.append(f"<h3>{fmt}</h3><pre id='export-{fmt}'>{e(shown)}</pre>")
+                md += [f"**{fmt}**", "", "```", shown, "```", ""]
+    imp = data["importance"]
+    parts.append("<h2>Knob importance</h2>")
+    md += ["## Knob importance", ""]
+    if imp:
+        parts.append("<table>")
+        for k, v in imp.items():
+            parts.append(f"<tr><th>{e(k)}</th><td class='imp'>{figure(v)}</td></tr>")
+            md.append(f"- {k}: {figure(v)}")
+        parts.append("</table>")
+    parts.append(f"<p class='note'>{e(data['importance_how'])}</p>")
+    md += ["", f"_{data['importance_how']}_", ""]
+    parts.append("<h2>Failures</h2><table><tr><th>class</th><th>trial</th><th>reason</th></tr>")
+    md += ["## Failures", ""]
+    for cls, items in data["failures"].items():
+        for it in items:
+            parts.append(f"<tr><td>{e(cls)}</td><td>{it['number']}</td>"
+                         f"<td>{e(str(it['reason'] or ''))}</td></tr>")  # fmt: skip
+            md.append(f"- {cls}: trial {it['number']}: {it['reason']}")
+    for r in data["rejected"]:
+        parts.append(f"<tr><td>rejected: {e(r['kind'])}</td><td>-</td>"
+                     f"<td>{e(r['rule'])}: {e(r['reason'])}</td></tr>")  # fmt: skip
+        md.append(f"- rejected ({r['kind']}): {r['rule']}: {r['reason']}")
+    parts.append("</table>")
+    md.append("")
+    for name in _PLOTS:
+        b64 = base64.b64encode(pngs[name].read_bytes()).decode()
+        parts.append(f"<h2>{name}</h2><img id='plot-{name}' alt='{name}' "
+                     f"src='data:image/png;base64,{b64}'>")  # fmt: skip
+        md += [f"![{name}]({name}.png)", ""]
+    parts.append("</body></html>")
+    (out / "report.html").write_text("\n".join(parts))
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    return {"html": out / "report.html", "md": out / "report.md", **pngs}
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dse.cli import _pick_study, _storage_url
+    from dse.storage import open_storage
+    from dse.studyplots import study_plot_data
+
+    storage = open_storage(_storage_url(args))
+    try:
+        st = _pick_study(storage, args.study)
+        data = study_plot_data(
+            storage, st, cost_per_gpu_hour=args.cost_per_gpu_hour, tokens=args.tokens
+        )
+    finally:
+        storage.close()
+    paths = write_report(data, Path(args.output))
+    sys.stderr.write(f"dse: wrote the report of {st.name!r} to {paths['html']}\n")
+    return 0
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser("report", help="a study report: HTML, Markdown and PNG plots")
+    sp.add_argument("--study")
+    sp.add_argument("-o", "--output", required=True, help="folder to write")
+    sp.add_argument("--cost-per-gpu-hour", type=float, help="money per GPU-hour (e.g. 3.0)")
+    sp.add_argument(
+        "--tokens", type=float, default=1e12, help="tokens of the projected run (default 1e12)"
+    )
+    sp.add_argument("--storage", help="SQLAlchemy URL (default: $DSE_STORAGE, sqlite:///dse.db)")
+    sp.set_defaults(fn=cmd_report)

@@ -1,0 +1,145 @@
+"""``dse report``: the report of the replay study of the measured H200 table
+(examples/replay_llama1b.yaml), opened in headless Chromium; its figures match
+``dse status --format json``. The screenshot goes to docs/results/ when DSE_REPORT_SHOT is set."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dse.cli import main
+from dse.figures import figure
+from tests.api.live import CHROMIUM, CHROMIUM_ARGS
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+@pytest.fixture(scope="module")
+def report_dir(replay_study: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    rc = main(["report", "--storage", replay_study, "-o", str(out),
+               "--cost-per-gpu-hour", "3.0", "--tokens", "1e12"])  # fmt: skip
+    assert rc == 0
+    return out
+
+
+def _status(url: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    capsys.readouterr()
+    assert main(["status", "--storage", url, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_report_files(report_dir: Path) -> None:
+    for name in ("report.html", "report.md", "history.png", "pareto.png", "importance.png",
+                 "slices.png", "failures.png"):  # fmt: skip
+        p = report_dir / name
+        assert p.stat().st_size > 0, name
+        if name.endswith(".png"):
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (report_dir / "report.html").read_text()
+    assert "src='http" not in page and "<script src" not in page  # self-contained
+    assert page.count("data:image/png;base64,") == 5
+    md = (report_dir / "report.md").read_text()
+    assert "(estimate)" in md and "![pareto](pareto.png)" in md
+
+
+def test_report_in_chromium_matches_status(
+    replay_study: str, report_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    st = _status(replay_study, capsys)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.goto((report_dir / "report.html").as_uri())
+
+        def cell(i: str) -> str:
+            return page.locator(f"#{i}").inner_text().strip()
+
+        best = st["best"]
+        assert cell("best-trial") == str(best["number"])
+        assert cell("best-value") == figure(best["value"])
+        assert cell("best-tflops") == figure(best["metrics"]["tflops_per_gpu"])
+        assert cell("best-step") == figure(best["metrics"]["step_time_s"])
+        assert cell("best-mem") == figure(best["metrics"]["peak_mem_gib"])
+        shown = json.loads(cell("best-params"))
+        assert {k: shown[k] for k in best["params"]} == best["params"]
+        for k in ("total", "complete", "failed", "infeasible"):
+            assert cell(f"count-{k}") == str(st["counts"][k])
+        assert cell("count-rejected") == str(sum(st["rejections"].values()))
+        assert "--micro-batch-size " + str(best["params"]["micro_batch_size"]) in cell(
+            "export-megatron"
+        )
+        # the projection: 1e12 tokens at the best measured step time (an estimate)
+        steps = 1e12 / (8 * 4096)
+        assert cell("proj-best-days") == figure(steps * best["metrics"]["step_time_s"] / 86400)
+        for img in ("history", "pareto", "importance", "slices", "failures"):
+            assert page.locator(f"#plot-{img}").evaluate("e => e.naturalWidth") > 100
+        if os.environ.get("DSE_REPORT_SHOT"):
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(RESULTS / "report_replay_llama1b.png"), full_page=True)
+        browser.close()
+
+
+def test_dashboard_draws_importance_and_slices_from_the_report_data(
+    replay_study: str, report_dir: Path
+) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    from tests.api.live import serve
+
+    data = json.loads((report_dir / "report.json").read_text())
+    with serve(replay_study, api_token=None) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(base + "/#study=replay-llama1b")
+        page.wait_for_selector('#chart-importance[data-rendered="true"]', timeout=30_000)
+        page.wait_for_selector('#chart-slices[data-rendered="true"]', timeout=30_000)
+        imp = page.locator("#chart-importance").get_attribute("data-knobs")
+        assert imp == ",".join(data["importance"])  # same knobs, same order as the report
+        assert page.locator("#chart-slices").get_attribute("data-knobs") == ",".join(
+            data["slices"]
+        )
+        bars = page.locator("#chart-importance .bars .point").count()
+        assert bars == len(data["importance"])
+        if os.environ.get("DSE_REPORT_SHOT"):
+            page.locator("#chart-importance").scroll_into_view_if_needed()
+            page.screenshot(path=str(RESULTS / "dashboard_importance_slices.png"), full_page=True)
+        browser.close()
+        assert errors == []
+
+
+def test_report_of_a_study_without_a_complete_trial(tmp_path: Path) -> None:
+    from dse.records import Outcome
+    from dse.storage import open_storage
+    from tests.api.seed import create_study
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = open_storage(url)
+    sid = create_study(storage, "all-failed")
+    params = {"tensor_model_parallel_size": 2, "micro_batch_size": 4,
+              "use_distributed_optimizer": False}  # fmt: skip
+    from dse.space import params_key
+
+    t = storage.claim_trial(study_id=sid, params=params, params_key=params_key(params), budget=5)
+    assert t is not None
+    storage.start_trial(t.id, runner="r", host="h", log_path="l", metrics_path="m")
+    storage.finish_trial(
+        t.id, Outcome("failed", {}, failure_class="oom", reason="CUDA out of memory"), value=None
+    )
+    storage.close()
+    out = tmp_path / "rep"
+    assert main(["report", "--storage", url, "-o", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "CUDA out of memory" in page and "needs 3 complete trials" in page
+    assert "best-value" not in page
