@@ -107,8 +107,10 @@ def _overrides(args: argparse.Namespace) -> Any:
 
 def _make_cost_model(space: Any) -> Any:
     from dse.costmodel import CostModel
+    from dse.costmodel.memory import Coefficients
 
-    return CostModel(space.model, space.semantics, space.resources)
+    co = Coefficients.from_dict(space.prescreen.coefficients)
+    return CostModel(space.model, space.semantics, space.resources, co)
 
 
 def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
