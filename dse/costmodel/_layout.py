@@ -158,12 +158,12 @@ def resolve(
         master = DTYPE_BYTES[str(knob(params, "main_params_dtype"))]
         exp_avg = DTYPE_BYTES[str(knob(params, "exp_avg_dtype"))]
         exp_avg_sq = DTYPE_BYTES[str(knob(params, "exp_avg_sq_dtype"))]
-    else:
-        master, exp_avg, exp_avg_sq = 4, 4, 4
         if precision == "bf16" and bool(knob(params, "store_param_remainders")):
             # the distributed optimizer keeps the master weights as int16 remainders of the
             # bf16 parameters (distrib_optimizer.py, use_precision_aware_optimizer)
             master = 2
+    else:
+        master, exp_avg, exp_avg_sq = 4, 4, 4
     if precision == "fp32":
         master = 0  # FP32Optimizer: the parameters are the master weights
     features = resources.features
