@@ -106,6 +106,25 @@ class TrialPlan:
         }
 
 
+def _refuse_hybrid(model: ModelSpec) -> None:
+    """The built-in trainer builds GPT models only. A hybrid model is refused with the
+    reason; Mamba layers first of all need the mamba-ssm CUDA kernels where the trial runs
+    (probed here, never substituted)."""
+    from dse.workloads.megatron.features import has_feature
+
+    if model.layer_counts()["mamba"] and not has_feature("mamba_ssm"):
+        raise TrialFailure(
+            "invalid",
+            "Mamba layers need the mamba-ssm CUDA kernels (mamba_ssm, causal_conv1d), which "
+            "this machine lacks; the built-in trainer does not substitute them",
+        )
+    raise TrialFailure(
+        "invalid",
+        "the built-in trainer builds GPT models (attention with MLP or MoE in every layer); "
+        "a hybrid_layer_pattern model runs through a recipe launcher",
+    )
+
+
 def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPlan:
     """Validate the spec and derive its layout, as the pre-launch check does.
 
@@ -145,6 +164,8 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
     )
     if violation is not None:
         raise TrialFailure("invalid", str(violation))
+    if model.is_hybrid:
+        _refuse_hybrid(model)
 
     fields: dict[str, dict[str, Any]] = {
         "model": {}, "ddp": {}, "optimizer": {}, "train": {}, "env": {},
