@@ -222,7 +222,7 @@ def _hybrid_total(model: ModelSpec, seq_length: int) -> int:
     m_sh, m_rep = _mamba_params(model)
     f_sh, f_rep = _mlp_params(model, model.ffn_hidden_size)
     moe_dense, moe_expert = _moe_params(model, None) if model.num_moe_experts else (0.0, 0.0)
-    total = kinds["attention"] * (a_sh + a_rep) + kinds["mamba"] * (m_sh + m_rep)
+    total: float = kinds["attention"] * (a_sh + a_rep) + kinds["mamba"] * (m_sh + m_rep)
     total += kinds["mlp"] * (f_sh + f_rep + norm) + kinds["moe"] * (moe_dense + moe_expert + norm)
     total += model.vocab_size * h * (2 if model.untie_embeddings_and_output_weights else 1)
     total += norm  # final norm
