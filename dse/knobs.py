@@ -32,6 +32,7 @@ __all__ = [
     "ModulesKnob",
     "modules_list",
     "FIELD_SOURCES",
+    "effective_params",
     "knob_value",
     "ENV_PREFIX",
     "ENV_VARS",
@@ -713,19 +714,28 @@ def knob_value(params: Mapping[str, Any], name: str) -> Any:
 def assignments(params: Mapping[str, Any]) -> list[FieldAssignment]:
     """All Megatron-Core field assignments a configuration makes, in knob order."""
     out: list[FieldAssignment] = []
-    refined: list[FieldAssignment] = []
-    for name, value in params.items():
-        if name == "recompute_modules":
-            if value is not None:  # refines the list that recompute: selective sets
-                refined.extend(get_knob(name).fields(value))
-            continue
-        out.extend(get_knob(name).fields(value))
-    for a in refined:
-        same = [i for i, b in enumerate(out) if (b.section, b.field) == (a.section, a.field)]
-        if same:
-            out[same[0]] = a
-        else:
-            out.append(a)
+    for name, value in effective_params(params).items():
+        for a in get_knob(name).fields(value):
+            same = [i for i, b in enumerate(out) if (b.section, b.field) == (a.section, a.field)]
+            if same and name in _REFINES:
+                out[same[0]] = a
+            else:
+                out.append(a)
+    return out
+
+
+#: Knobs that refine a field another knob sets (applied after it, replacing its value).
+_REFINES = ("recompute_modules",)
+
+
+def effective_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` in the order their fields are assigned: refining knobs last, and
+    ``recompute_modules`` left out where the ``recompute`` knob is not selective (Megatron
+    reads the list only with selective recompute) or where it is None (Megatron's default)."""
+    out = {k: v for k, v in params.items() if k not in _REFINES}
+    mods = params.get("recompute_modules")
+    if mods is not None and params.get("recompute", "selective") == "selective":
+        out["recompute_modules"] = mods
     return out
 
 
