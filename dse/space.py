@@ -606,7 +606,10 @@ class SearchSpace(_Strict):
             from dse.catalog import expand_model
 
             data = dict(data)
-            data["model"] = expand_model(data["model"])
+            try:
+                data["model"] = expand_model(data["model"])
+            except ValueError as e:
+                raise ValueError(f"model.catalog: {e}") from None
         return data
 
     @model_validator(mode="before")

@@ -451,3 +451,14 @@ def test_hybrid_model_is_refused_without_the_mamba_kernels(tmp_path: Path) -> No
     # a hybrid model without Mamba layers is refused as a model kind the trainer lacks
     with pytest.raises(TrialFailure, match="builds GPT models"):
         make_plan(make_spec(tmp_path, "h", {}, model={**hybrid, "hybrid_layer_pattern": "*-*"}))
+
+
+def test_fields_newer_than_the_trainers_megatron_core_are_refused(tmp_path: Path) -> None:
+    """Knobs whose field Megatron-Core 0.16.1 lacks are refused by name at a non-default
+    value, and left out at their default (never passed to a config class that would fail)."""
+    with pytest.raises(TrialFailure, match="moe_flex_dispatcher_num_sms=16 sets a field of"):
+        make_plan(make_spec(tmp_path, "n", {"moe_flex_dispatcher_num_sms": 16}))
+    plan = make_plan(make_spec(tmp_path, "n", {"fused_residual_rmsnorm": False,
+                                               "stage_precision_aware_optimizer_state_on_cpu":
+                                               False}))  # fmt: skip
+    assert "fused_residual_rmsnorm" not in plan.fields["model"]

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from dse import rules
 from dse.exceptions import UnknownKnobError
-from dse.knobs import assignments, get_knob, knob_value
+from dse.knobs import FIELD_SOURCES, KNOBS, assignments, get_knob, knob_value
 from dse.layout import Layout
 from dse.records import TrialSpec
 from dse.space import ModelSpec, Resources, Semantics
@@ -166,6 +166,13 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
         raise TrialFailure("invalid", str(violation))
     if model.is_hybrid:
         _refuse_hybrid(model)
+    for name, value in spec.params.items():
+        if name in FIELD_SOURCES and value not in (None, KNOBS[name].default):
+            raise TrialFailure(
+                "invalid",
+                f"{name}={value!r} sets a field of {FIELD_SOURCES[name]}, which the built-in "
+                "trainer's Megatron-Core does not have; run it through a recipe launcher",
+            )
 
     fields: dict[str, dict[str, Any]] = {
         "model": {}, "ddp": {}, "optimizer": {}, "train": {}, "env": {},
@@ -173,6 +180,10 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
     for a in fas:
         if a.section == "model" and a.field in _ATTENTION_FIELDS:
             continue
+        if a.section == "checkpoint" or (
+            a.section in ("model", "ddp", "optimizer") and a.field in FIELD_SOURCES
+        ):
+            continue  # at their defaults (refused above otherwise); the trainer saves nothing
         fields[a.section][a.field] = a.value
     lay = Layout.resolve(model, semantics, resources, spec.params)
     return TrialPlan(
