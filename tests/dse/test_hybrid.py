@@ -102,7 +102,9 @@ def test_space_names_a_catalog_model_with_overrides():
 def test_unknown_catalog_model_names_the_known_ones():
     d = _omni_dict()
     d["model"] = {"catalog": "nemotron_4"}
-    with pytest.raises(SpaceError, match="model.catalog: unknown catalog model 'nemotron_4'.*llama3"):
+    with pytest.raises(
+        SpaceError, match="model.catalog: unknown catalog model 'nemotron_4'.*llama3"
+    ):
         parse_space(d, "s.yaml")
 
 
