@@ -32,4 +32,3 @@ def test_omni_study_on_the_cost_model(tmp_path, capsys, monkeypatch):
     assert done and all(t["value"] > 0 for t in done)
     # the baseline (prior recipe) is trial 0, the hand-tuned configuration trial 1
     assert st["trials"][1]["params"]["recompute_modules"] == "moe,layernorm"
-
