@@ -111,8 +111,10 @@ def _overrides(args: argparse.Namespace) -> Any:
 
 def _make_cost_model(space: Any) -> Any:
     from dse.costmodel import CostModel
+    from dse.costmodel.memory import Coefficients
 
-    return CostModel(space.model, space.semantics, space.resources)
+    co = Coefficients.from_dict(space.prescreen.coefficients)
+    return CostModel(space.model, space.semantics, space.resources, co)
 
 
 def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
@@ -178,6 +180,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         data = space.model_dump(mode="json")
         data["study"] = args.study
         space = parse_space(data, f"{args.space} (--study)")
+    if getattr(args, "workload", None):
+        # the trial kind (part of the study's identity); a recipe's launcher section belongs
+        # to the recipe workloads only
+        data = space.model_dump(mode="json")
+        data["workload"] = {**data["workload"], "name": args.workload, "launcher": None}
+        space = parse_space(data, f"{args.space} (--workload)")
     space = apply_overrides(space, _overrides(args), args.space)
     check_space(space, args.space, count=False)  # the baseline; counting is validate's job
     check_recipe(space, args.space)
@@ -185,6 +193,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         _out(dry_run(space, args.dry_run))
         return 0
     check_runner(space, args.space)
+    if space.workload.name == "sim":
+        sys.stderr.write(
+            "workload sim: trials run on the cost model; every figure is an estimate, "
+            "not a measurement\n"
+        )
     return _run_study(space, Path(args.space).read_text(), args)
 
 
@@ -495,6 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the first N (default 3) trials the agent would launch; run nothing",
     )
     run_args(sp)
+    sp.add_argument(
+        "--workload",
+        choices=["megatron", "replay", "sim"],
+        help="trial kind instead of the space's (sim: the cost model, every figure an estimate)",
+    )
     sp.set_defaults(fn=cmd_start)
 
     sp = sub.add_parser(

@@ -79,6 +79,9 @@ def model_flops_per_step(
     # SwiGLU has a third (gate) projection in the MLP: 3 GEMMs of h x ffn instead of 2.
     mlp_gemms = 3 if m.get("activation", "swiglu") == "swiglu" else 2
 
+    if m.get("hybrid_layer_pattern"):
+        return _hybrid_flops(m, h, heads, groups, head_dim, ffn, seq, tokens, vocab)
+
     experts = m.get("num_moe_experts")
     if experts:
         moe_layers, dense_layers = layers, 0  # moe_layer_freq = 1: every layer is MoE
@@ -102,6 +105,43 @@ def model_flops_per_step(
     # Per token: output logits.
     logits = h * vocab
     return float(fwd_bwd * fma * tokens * (mlp + projections + core_attention + logits))
+
+
+def _hybrid_flops(
+    m: Mapping[str, Any],
+    h: int,
+    heads: int,
+    groups: int,
+    head_dim: int,
+    ffn: int,
+    seq: int,
+    tokens: int,
+    vocab: int,
+) -> float:
+    """Model FLOPs of a hybrid (Mamba) model, per layer kind as Megatron-LM's
+    ``hybrid_flops`` counts them (forward x 3; causal attention halved)."""
+    pattern = str(m["hybrid_layer_pattern"])
+    n_attn, n_mamba = pattern.count("*"), pattern.count("M")
+    n_mlp, n_moe = pattern.count("-"), pattern.count("E")
+    gated = 1.5 if m.get("activation", "swiglu") == "swiglu" else 1.0
+    state = int(m.get("mamba_state_dim") or 128)
+    mgroups = int(m.get("mamba_num_groups") or 8)
+    mhead_dim = int(m.get("mamba_head_dim") or 64)
+    mheads = int(m.get("mamba_num_heads") or (2 * h) // mhead_dim)
+    d_in = mheads * mhead_dim
+    q = heads * head_dim
+    t = tokens
+    attn = 4 * t * h * q * (1 + groups / heads) + 2 * t * seq * q  # 2·T·s·q: causal half
+    mamba = 2 * t * h * (2 * d_in + 2 * mgroups * state + mheads)
+    mamba += 7 * t * d_in * state + 2 * t * d_in * h
+    mlp = 4 * t * h * ffn * gated
+    moe_ffn = int(m.get("moe_ffn_hidden_size") or ffn)
+    topk = int(m.get("moe_router_topk") or 1)
+    shared = int(m.get("moe_shared_expert_intermediate_size") or 0)
+    moe = 4 * t * h * (moe_ffn * topk + shared) * gated
+    logits = 2 * t * h * vocab
+    fwd = n_attn * attn + n_mamba * mamba + n_mlp * mlp + n_moe * moe + logits
+    return float(3 * fwd)
 
 
 def tflops_per_gpu(flops: float, step_time_s: float, world_size: int) -> float:

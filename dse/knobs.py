@@ -28,6 +28,11 @@ __all__ = [
     "to_bridge_overrides",
     "to_nemo_overrides",
     "FEATURES",
+    "RECOMPUTE_MODULES",
+    "ModulesKnob",
+    "modules_list",
+    "FIELD_SOURCES",
+    "effective_params",
     "knob_value",
     "ENV_PREFIX",
     "ENV_VARS",
@@ -37,11 +42,12 @@ __all__ = [
     "env_value",
 ]
 
-#: ``env`` assignments are environment variables of every rank, not config fields.
-Section = Literal["model", "ddp", "optimizer", "train", "env"]
+#: ``env`` assignments are environment variables of every rank, not config fields;
+#: ``checkpoint`` is Megatron-Bridge's CheckpointConfig.
+Section = Literal["model", "ddp", "optimizer", "train", "env", "checkpoint"]
 
 #: Optional software features a knob value may need where the trial runs.
-FEATURES = ("transformer_engine", "apex", "deepep", "hybridep", "flash_attn")
+FEATURES = ("transformer_engine", "apex", "deepep", "hybridep", "flash_attn", "mamba_ssm")
 
 
 @dataclass(frozen=True)
@@ -408,7 +414,203 @@ def _knobs() -> dict[str, Knob]:
             requires=_te_if(True),
         ),
     ]
+    ks += _hybrid_moe_knobs()
     return {k.name: k for k in ks}
+
+
+# --- knobs of the tuned hybrid/MoE recipes (Nemotron 3 Nano Omni) --------------------------
+
+#: ``recompute_modules`` choices (TransformerConfig.recompute_modules, selective recompute),
+#: in Megatron-Core's order; ``mla_up_proj`` and ``gdn_norm_out`` need model kinds dse does
+#: not describe (MLA, gated delta net).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts")
+
+
+@dataclass(frozen=True)
+class ModulesKnob(Knob):
+    """A list-valued knob written as a comma-separated string (``"moe,layernorm"``), so a
+    domain stays a list of scalars; the field receives the list."""
+
+    def check_value(self, value: Any) -> str | None:
+        if value is None and self.default is None:
+            return None
+        if not isinstance(value, str) or not value:
+            return f"expected a comma-separated list of {list(self.choices)}, got {value!r}"
+        parts = [p.strip() for p in value.split(",")]
+        bad = [p for p in parts if p not in self.choices]
+        if bad:
+            return f"unknown modules {bad}; known: {list(self.choices)}"
+        if len(set(parts)) != len(parts):
+            return f"a module is repeated in {value!r}"
+        return None
+
+
+def modules_list(value: Any) -> list[str]:
+    """The list a :class:`ModulesKnob` value stands for (``[]`` for None)."""
+    return [] if value is None else [p.strip() for p in str(value).split(",")]
+
+
+#: Where each of these knobs' fields is defined, for the fields that Megatron-Core 0.16.1
+#: (the version the built-in trainer runs) lacks: the trainer refuses them by this table.
+FIELD_SOURCES: Mapping[str, str] = {
+    "moe_flex_dispatcher_num_sms": "Megatron-Core after 0.16 (replaces moe_deepep_num_sms / "
+    "moe_hybridep_num_sms; Megatron-Bridge main sets it)",
+    "moe_hybridep_pad_uneven_dispatch_inputs": "Megatron-Core after 0.16 (Megatron-Bridge "
+    "models/transformer_config.py turns it on for eager HybridEP)",
+    "fused_residual_rmsnorm": "Megatron-Core 0.19 (TransformerConfig)",
+    "use_grouped_gemm_for_shared_expert": "Megatron-Core 0.19 (TransformerConfig)",
+    "optimizer_cuda_graph": "Megatron-Core after 0.16 (OptimizerConfig; Megatron-Bridge "
+    "training/train.py reads it)",
+    "stage_precision_aware_optimizer_state_on_cpu": "Megatron-Bridge CheckpointConfig "
+    "(PR #5524, the tuned Nemotron Omni recipe)",
+}
+
+
+def _hybrid_moe_knobs() -> list[Knob]:
+    return [
+        ModulesKnob(
+            "recompute_modules",
+            "choice",
+            None,
+            "Modules recomputed by selective recompute (with recompute: selective; None: "
+            "Megatron's default [core_attn]), written 'moe,layernorm'.",
+            lambda v: [FieldAssignment("model", "recompute_modules", modules_list(v))],
+            choices=RECOMPUTE_MODULES,
+        ),
+        Knob(
+            "moe_flex_dispatcher_num_sms",
+            "int",
+            None,
+            "SMs the flex dispatcher's communication kernels use (DeepEP/HybridEP); None: "
+            "the backend's default.",
+            _one("model", "moe_flex_dispatcher_num_sms"),
+        ),
+        Knob(
+            "moe_hybridep_pad_uneven_dispatch_inputs",
+            "bool",
+            False,
+            "HybridEP: pad uneven dispatch inputs (Bridge turns it on for eager HybridEP).",
+            _one("model", "moe_hybridep_pad_uneven_dispatch_inputs"),
+        ),
+        Knob(
+            "use_fused_weighted_squared_relu",
+            "bool",
+            False,
+            "Fused weighted squared-ReLU in the MoE experts (squared_relu, no GLU, no bias).",
+            _one("model", "use_fused_weighted_squared_relu"),
+        ),
+        Knob(
+            "store_param_remainders",
+            "bool",
+            True,
+            "Precision-aware optimizer with bf16 params: keep fp32 master weights as 16-bit "
+            "remainders of the bf16 params (TE >= 2.1).",
+            _one("optimizer", "store_param_remainders"),
+        ),
+        Knob(
+            "stage_precision_aware_optimizer_state_on_cpu",
+            "bool",
+            False,
+            "Stage the precision-aware optimizer's state on the CPU when saving a checkpoint "
+            "(Megatron-Bridge checkpoint section; torch_dist format).",
+            _one("checkpoint", "stage_precision_aware_optimizer_state_on_cpu"),
+        ),
+        Knob(
+            "overlap_param_gather_with_optimizer_step",
+            "bool",
+            False,
+            "Overlap the first model chunk's parameter all-gather with the optimizer step.",
+            _one("optimizer", "overlap_param_gather_with_optimizer_step"),
+        ),
+        Knob(
+            "data_parallel_sharding_strategy",
+            "choice",
+            "no_shard",
+            "Megatron FSDP sharding (read only with use_megatron_fsdp).",
+            _one("ddp", "data_parallel_sharding_strategy"),
+            choices=("no_shard", "optim", "optim_grads", "optim_grads_params"),
+        ),
+        Knob(
+            "cuda_graph_impl",
+            "choice",
+            "none",
+            "CUDA graphs: none, local (Megatron-Core's), transformer_engine.",
+            _one("model", "cuda_graph_impl"),
+            choices=("none", "local", "transformer_engine"),
+            requires=_te_if("transformer_engine"),
+        ),
+        ModulesKnob(
+            "cuda_graph_scope",
+            "choice",
+            None,
+            "Parts captured by CUDA graphs, written 'attn,moe_router' (None: whole layers).",
+            lambda v: [FieldAssignment("model", "cuda_graph_scope", modules_list(v) or "full")],
+            choices=("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"),
+        ),
+        Knob(
+            "fp8",
+            "choice",
+            None,
+            "FP8 GEMMs (Transformer Engine): e4m3, or hybrid (e4m3 forward, e5m2 backward).",
+            _one("model", "fp8"),
+            choices=(None, "e4m3", "hybrid"),
+            requires=lambda v: ("transformer_engine",) if v else (),
+        ),
+        Knob(
+            "fp8_recipe",
+            "choice",
+            "delayed",
+            "FP8 scaling recipe (read only with fp8).",
+            _one("model", "fp8_recipe"),
+            choices=("tensorwise", "delayed", "mxfp8", "blockwise"),
+        ),
+        Knob(
+            "fp8_param",
+            "bool",
+            False,
+            "Keep the parameters in FP8 (needs fp8).",
+            _one("model", "fp8_param"),
+        ),
+        Knob(
+            "overlap_moe_expert_parallel_comm",
+            "bool",
+            False,
+            "Overlap the MoE all-to-all with computation of another micro-batch.",
+            _one("model", "overlap_moe_expert_parallel_comm"),
+        ),
+        Knob(
+            "fused_residual_rmsnorm",
+            "bool",
+            False,
+            "Fuse the residual add into the next RMSNorm (TE norm).",
+            _one("model", "fused_residual_rmsnorm"),
+            requires=_te_if(True),
+        ),
+        Knob(
+            "fused_single_qkv_rope",
+            "bool",
+            False,
+            "One fused kernel for the QKV split and RoPE (needs RoPE).",
+            _one("model", "fused_single_qkv_rope"),
+            requires=_te_if(True),
+        ),
+        Knob(
+            "use_grouped_gemm_for_shared_expert",
+            "bool",
+            False,
+            "Run the shared expert in the routed experts' grouped GEMM (SwiGLU, no bias, TE).",
+            _one("model", "use_grouped_gemm_for_shared_expert"),
+            requires=_te_if(True),
+        ),
+        Knob(
+            "optimizer_cuda_graph",
+            "bool",
+            False,
+            "Capture the optimizer step in a CUDA graph (capturable TE FusedAdam).",
+            _one("optimizer", "optimizer_cuda_graph"),
+            requires=_te_if(True),
+        ),
+    ]
 
 
 #: name -> Knob, every knob dse knows.
@@ -512,8 +714,28 @@ def knob_value(params: Mapping[str, Any], name: str) -> Any:
 def assignments(params: Mapping[str, Any]) -> list[FieldAssignment]:
     """All Megatron-Core field assignments a configuration makes, in knob order."""
     out: list[FieldAssignment] = []
-    for name, value in params.items():
-        out.extend(get_knob(name).fields(value))
+    for name, value in effective_params(params).items():
+        for a in get_knob(name).fields(value):
+            same = [i for i, b in enumerate(out) if (b.section, b.field) == (a.section, a.field)]
+            if same and name in _REFINES:
+                out[same[0]] = a
+            else:
+                out.append(a)
+    return out
+
+
+#: Knobs that refine a field another knob sets (applied after it, replacing its value).
+_REFINES = ("recompute_modules",)
+
+
+def effective_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` in the order their fields are assigned: refining knobs last, and
+    ``recompute_modules`` left out where the ``recompute`` knob is not selective (Megatron
+    reads the list only with selective recompute) or where it is None (Megatron's default)."""
+    out = {k: v for k, v in params.items() if k not in _REFINES}
+    mods = params.get("recompute_modules")
+    if mods is not None and params.get("recompute", "selective") == "selective":
+        out["recompute_modules"] = mods
     return out
 
 
@@ -554,6 +776,10 @@ def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -
         f, v = a.field, a.value
         if f in seen:  # e.g. use_distributed_optimizer lives in the DDP and optimizer configs
             continue
+        if a.section == "checkpoint":
+            if v:
+                raise ValueError(f"{f} is a Megatron-Bridge setting; Megatron-LM has no argument")
+            continue
         seen.add(f)
         if f in _MLM_DEFAULT_ON:
             if not v:
@@ -590,7 +816,13 @@ def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -
     return args
 
 
-_BRIDGE_SECTION = {"model": "model", "ddp": "ddp", "optimizer": "optimizer", "train": "train"}
+_BRIDGE_SECTION = {
+    "model": "model",
+    "ddp": "ddp",
+    "optimizer": "optimizer",
+    "train": "train",
+    "checkpoint": "checkpoint",
+}
 
 
 def to_bridge_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -628,6 +860,10 @@ def to_nemo_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
             key = f"trainer.strategy.ddp.{a.field}"
         elif a.section == "optimizer":
             key = f"optim.config.{a.field}"
+        elif a.section == "checkpoint":
+            if a.value:
+                raise ValueError(f"{a.field} is a Megatron-Bridge setting; NeMo 2.0 has none")
+            continue
         else:
             key = f"data.{a.field}"
         out[key] = a.value

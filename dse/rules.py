@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from dse.bounds import MAX_SPACE_COMBINATIONS, MAX_SPACE_CONFIGS
 from dse.exceptions import ConstraintEvalError, SpaceError
-from dse.knobs import KNOBS, get_knob
+from dse.knobs import KNOBS, get_knob, modules_list
 from dse.layout import Layout
 from dse.space import ModelSpec, Resources, SearchSpace, Semantics
 
@@ -473,6 +473,347 @@ def r_constraints(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Vio
                 f"constraint {expr!r} is false",
                 **{k: v for k, v in s.full_params(p).items() if k in expr},
             )
+    return None
+
+
+# --- hybrid (Mamba) models and the tuned hybrid/MoE recipes' knobs ---------------------------
+
+
+def _mamba(s: RuleContext) -> bool:
+    return s.model.layer_counts()["mamba"] > 0
+
+
+@_rule
+def r_mamba_tp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """Mamba heads and groups divisible by TP (megatron/core/ssm/mamba_mixer.py asserts)."""
+    if not _mamba(s):
+        return None
+    m = s.model
+    if m.mamba_heads % L.tp or m.mamba_num_groups % L.tp:
+        return _v(
+            "mamba_tp",
+            "Mamba heads and mamba_num_groups must be divisible by TP",
+            mamba_heads=m.mamba_heads,
+            mamba_num_groups=m.mamba_num_groups,
+            tp=L.tp,
+        )
+    return None
+
+
+@_rule
+def r_mamba_cp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """Mamba with CP: heads per TP rank divisible by CP; groups per TP rank divisible by CP,
+    or CP divisible by them (megatron/core/ssm/mamba_context_parallel.py)."""
+    if not _mamba(s) or L.cp == 1 or L.tp == 0:
+        return None
+    m = s.model
+    heads, groups = m.mamba_heads // L.tp, m.mamba_num_groups // L.tp
+    if heads % L.cp or (groups % L.cp if groups >= L.cp else L.cp % max(groups, 1)):
+        return _v(
+            "mamba_cp",
+            "Mamba heads/TP must be divisible by CP, and groups/TP divisible by CP "
+            "(or CP by groups/TP)",
+            mamba_heads_per_tp=heads,
+            mamba_groups_per_tp=groups,
+            cp=L.cp,
+        )
+    return None
+
+
+@_rule
+def r_mamba_kernels(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """Mamba layers run the mamba-ssm and causal-conv1d CUDA kernels
+    (megatron/core/ssm/mamba_mixer.py); there is no substitute."""
+    if f is None or not _mamba(s) or "mamba_ssm" in f:
+        return None
+    return _v(
+        "missing_feature",
+        "Mamba layers need the mamba-ssm CUDA kernels (mamba_ssm, causal_conv1d), which the "
+        "trial environment lacks",
+        mamba_layers=s.model.layer_counts()["mamba"],
+        available=sorted(f),
+    )
+
+
+@_rule
+def r_recompute_modules(
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
+) -> Violation | None:
+    """recompute_modules (selective): moe_act needs moe_grouped_gemm; moe, moe_act and
+    shared_experts need MoE layers, shared_experts a shared expert and no
+    moe_shared_expert_overlap; mlp needs dense MLP layers; FP8 with the delayed recipe
+    cannot recompute moe_act or layernorm (TransformerConfig.__post_init__)."""
+    fp = s.full_params(p)
+    if _get(fp, "recompute") != "selective" or fp.get("recompute_modules") is None:
+        return None
+    mods = modules_list(fp["recompute_modules"])
+    counts = s.model.layer_counts()
+    if "moe_act" in mods and not _get(fp, "moe_grouped_gemm"):
+        return _v(
+            "recompute_modules",
+            "moe_act recompute needs moe_grouped_gemm",
+            recompute_modules=fp["recompute_modules"],
+            moe_grouped_gemm=False,
+        )
+    for mod in ("moe", "moe_act", "shared_experts"):
+        if mod in mods and not counts["moe"]:
+            return _v(
+                "recompute_modules",
+                f"{mod} recompute needs MoE layers",
+                recompute_modules=fp["recompute_modules"],
+            )
+    if "shared_experts" in mods:
+        if not s.model.moe_shared_expert_intermediate_size:
+            return _v(
+                "recompute_modules",
+                "shared_experts recompute needs a shared expert",
+                recompute_modules=fp["recompute_modules"],
+            )
+        if _get(fp, "moe_shared_expert_overlap"):
+            return _v(
+                "recompute_modules",
+                "shared_experts recompute cannot be combined with moe_shared_expert_overlap",
+                recompute_modules=fp["recompute_modules"],
+                moe_shared_expert_overlap=True,
+            )
+    if "mlp" in mods and not counts["mlp"]:
+        return _v(
+            "recompute_modules",
+            "mlp recompute needs dense MLP layers",
+            recompute_modules=fp["recompute_modules"],
+        )
+    if _get(fp, "fp8") and _get(fp, "fp8_recipe") == "delayed":
+        if "moe_act" in mods or "layernorm" in mods:
+            return _v(
+                "recompute_modules",
+                "FP8 delayed scaling cannot recompute moe_act or layernorm",
+                recompute_modules=fp["recompute_modules"],
+                fp8_recipe="delayed",
+            )
+    return None
+
+
+@_rule
+def r_flex_dispatcher(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """The flex dispatcher with DeepEP needs TP*EP > 1 (token_dispatcher.py) and, like
+    HybridEP, no padding of the expert input to capacity (TransformerConfig)."""
+    fp = s.full_params(p)
+    if s.model.num_moe_experts is None or _get(fp, "moe_token_dispatcher_type") != "flex":
+        return None
+    backend = _get(fp, "moe_flex_dispatcher_backend")
+    if backend == "deepep" and L.tp * L.ep <= 1:
+        return _v("flex_deepep", "the DeepEP flex backend needs TP*EP > 1", tp=L.tp, ep=L.ep)
+    routing = s.semantics.moe_routing
+    if backend == "deepep" and routing is not None and routing.moe_pad_expert_input_to_capacity:
+        return _v(
+            "flex_deepep",
+            "the DeepEP flex backend cannot pad the expert input to capacity",
+            moe_pad_expert_input_to_capacity=True,
+        )
+    return None
+
+
+@_rule
+def r_fused_squared_relu(
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
+) -> Violation | None:
+    """use_fused_weighted_squared_relu acts only in MoE experts with squared-ReLU, no GLU
+    (elsewhere it has no effect) and asserts there is no bias (transformer/moe/experts.py)."""
+    if not _get(s.full_params(p), "use_fused_weighted_squared_relu"):
+        return None
+    m = s.model
+    if not m.num_moe_experts or m.activation != "squared_relu" or m.add_bias_linear:
+        return _v(
+            "fused_squared_relu",
+            "use_fused_weighted_squared_relu needs MoE experts with squared_relu and no bias",
+            activation=m.activation,
+            num_moe_experts=m.num_moe_experts,
+            add_bias_linear=m.add_bias_linear,
+        )
+    return None
+
+
+@_rule
+def r_fused_qkv_rope(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """fused_single_qkv_rope asserts unless RoPE is present (transformer/attention.py)."""
+    if _get(s.full_params(p), "fused_single_qkv_rope") and (
+        s.model.position_embedding_type != "rope"
+    ):
+        return _v(
+            "fused_qkv_rope",
+            "fused_single_qkv_rope needs RoPE",
+            position_embedding_type=s.model.position_embedding_type,
+        )
+    return None
+
+
+@_rule
+def r_fused_residual_rmsnorm(
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
+) -> Violation | None:
+    """fused_residual_rmsnorm needs RMSNorm and Transformer Engine norms (TransformerConfig;
+    TENorm)."""
+    fp = s.full_params(p)
+    if not _get(fp, "fused_residual_rmsnorm"):
+        return None
+    te = _get(fp, "attention_backend") in ("te", "flash", "fused")
+    if s.model.normalization != "RMSNorm" or not te:
+        return _v(
+            "fused_residual_rmsnorm",
+            "fused_residual_rmsnorm needs RMSNorm and Transformer Engine layers",
+            normalization=s.model.normalization,
+            attention_backend=_get(fp, "attention_backend"),
+        )
+    return None
+
+
+@_rule
+def r_shared_expert_grouped_gemm(
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
+) -> Violation | None:
+    """use_grouped_gemm_for_shared_expert needs a shared expert, SwiGLU and no bias
+    (transformer/moe/shared_experts.py)."""
+    if not _get(s.full_params(p), "use_grouped_gemm_for_shared_expert"):
+        return None
+    m = s.model
+    if not m.moe_shared_expert_intermediate_size or m.activation != "swiglu" or m.add_bias_linear:
+        return _v(
+            "shared_expert_grouped_gemm",
+            "use_grouped_gemm_for_shared_expert needs a shared expert with SwiGLU and no bias",
+            activation=m.activation,
+            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+        )
+    return None
+
+
+@_rule
+def r_optimizer_cuda_graph(
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
+) -> Violation | None:
+    """optimizer_cuda_graph makes TE FusedAdam capturable, which raises unless master
+    weights and both moments are fp32 and store_param_remainders is off (fused_adam.py)."""
+    fp = s.full_params(p)
+    if not _get(fp, "optimizer_cuda_graph"):
+        return None
+    dtypes = {k: _get(fp, k) for k in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")}
+    remainders = _get(fp, "store_param_remainders") and _get(fp, "use_precision_aware_optimizer")
+    if any(v != "fp32" for v in dtypes.values()) or remainders:
+        return _v(
+            "optimizer_cuda_graph",
+            "a capturable optimizer needs fp32 master weights and moments and "
+            "store_param_remainders off",
+            **dtypes,
+            store_param_remainders=bool(remainders),
+        )
+    return None
+
+
+@_rule
+def r_overlap_param_gather_step(
+    s: RuleContext, p: dict, L: Layout, f: set[str] | None
+) -> Violation | None:
+    """overlap_param_gather_with_optimizer_step needs the distributed optimizer and
+    overlap_param_gather, and interleaved pipelining (Megatron-LM arguments.py)."""
+    fp = s.full_params(p)
+    if not _get(fp, "overlap_param_gather_with_optimizer_step"):
+        return None
+    if not (_get(fp, "use_distributed_optimizer") and _get(fp, "overlap_param_gather")):
+        return _v(
+            "overlap_param_gather_step",
+            "overlap_param_gather_with_optimizer_step needs use_distributed_optimizer and "
+            "overlap_param_gather",
+            use_distributed_optimizer=_get(fp, "use_distributed_optimizer"),
+            overlap_param_gather=_get(fp, "overlap_param_gather"),
+        )
+    if L.vpp is None:
+        return _v(
+            "overlap_param_gather_step",
+            "overlap_param_gather_with_optimizer_step needs interleaved pipelining (VPP)",
+            pp=L.pp,
+            vpp=L.vpp,
+        )
+    return None
+
+
+@_rule
+def r_fp8(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """fp8_param needs fp8 (TransformerConfig); FP8 needs bf16 or fp16 training."""
+    fp = s.full_params(p)
+    if _get(fp, "fp8_param") and not _get(fp, "fp8"):
+        return _v("fp8", "fp8_param needs fp8", fp8_param=True, fp8=None)
+    if _get(fp, "fp8") and s.semantics.precision == "fp32":
+        return _v("fp8", "FP8 needs bf16 or fp16 training", precision="fp32")
+    return None
+
+
+@_rule
+def r_moe_a2a_overlap(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """overlap_moe_expert_parallel_comm needs EP > 1, the alltoall or flex dispatcher, no
+    full recompute and no moe recompute, no moe_shared_expert_overlap, bf16/fp16, and VPP
+    when PP > 1 (TransformerConfig.__post_init__)."""
+    fp = s.full_params(p)
+    if not _get(fp, "overlap_moe_expert_parallel_comm"):
+        return None
+    why = None
+    if L.ep < 2:
+        why = "needs expert parallelism (EP > 1)"
+    elif _get(fp, "moe_token_dispatcher_type") not in ("alltoall", "flex"):
+        why = "needs the alltoall or flex dispatcher"
+    elif _get(fp, "recompute") == "full":
+        why = "cannot be combined with full recompute"
+    elif _get(fp, "recompute") == "selective" and "moe" in modules_list(
+        fp.get("recompute_modules")
+    ):
+        why = "cannot be combined with moe recompute"
+    elif _get(fp, "moe_shared_expert_overlap"):
+        why = "cannot be combined with moe_shared_expert_overlap"
+    elif s.semantics.precision == "fp32":
+        why = "needs bf16 or fp16 training"
+    elif L.pp > 1 and L.vpp is None:
+        why = "needs VPP when PP > 1"
+    if why:
+        return _v(
+            "moe_a2a_overlap",
+            f"overlap_moe_expert_parallel_comm {why}",
+            ep=L.ep,
+            moe_token_dispatcher_type=_get(fp, "moe_token_dispatcher_type"),
+            recompute=_get(fp, "recompute"),
+        )
+    return None
+
+
+@_rule
+def r_cuda_graphs(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """CUDA graphs: no full recompute with per-layer graphs; the moe/moe_router scopes need
+    MoE (moe: also drop-and-pad routing), not both; mlp needs dense MLP layers; mamba needs
+    Mamba layers (TransformerConfig.__post_init__)."""
+    fp = s.full_params(p)
+    if _get(fp, "cuda_graph_impl") == "none":
+        return None
+    if _get(fp, "recompute") == "full":
+        return _v(
+            "cuda_graphs",
+            "CUDA graphs of layers cannot be combined with full recompute",
+            cuda_graph_impl=_get(fp, "cuda_graph_impl"),
+        )
+    scope = modules_list(fp.get("cuda_graph_scope"))
+    counts = s.model.layer_counts()
+    routing = s.semantics.moe_routing
+    why = None
+    if ("moe" in scope or "moe_router" in scope) and not counts["moe"]:
+        why = "moe scopes need MoE layers"
+    elif "moe" in scope and "moe_router" in scope:
+        why = "moe and moe_router cannot both be captured"
+    elif "moe" in scope and not (routing and routing.moe_pad_expert_input_to_capacity):
+        why = "the moe scope needs drop-and-pad routing (moe_pad_expert_input_to_capacity)"
+    elif "moe_preprocess" in scope and "moe_router" not in scope:
+        why = "moe_preprocess needs moe_router"
+    elif "mlp" in scope and not counts["mlp"]:
+        why = "the mlp scope needs dense MLP layers"
+    elif "mamba" in scope and not counts["mamba"]:
+        why = "the mamba scope needs Mamba layers"
+    if why:
+        return _v("cuda_graphs", why, cuda_graph_scope=fp.get("cuda_graph_scope"))
     return None
 
 

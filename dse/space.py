@@ -38,7 +38,9 @@ from dse.safeyaml import safe_load
 __all__ = [
     "ModelSpec",
     "DataSpec",
+    "MoeRouting",
     "Semantics",
+    "HYBRID_SYMBOLS",
     "Resources",
     "ChoiceDomain",
     "IntDomain",
@@ -66,8 +68,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-#: ModelSpec fields added after studies were first stored (left out of the digest at 0).
-_LATER_MODEL_FIELDS = ("hidden_dropout", "attention_dropout")
+#: ModelSpec fields added after studies were first stored (left out of the digest while
+#: they hold their default, so earlier studies keep their hash).
+_LATER_MODEL_FIELDS = (
+    "hidden_dropout",
+    "attention_dropout",
+    "hybrid_layer_pattern",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "mamba_state_dim",
+    "mamba_num_groups",
+    "frozen_params",
+)
+
+#: Layer symbols of ``hybrid_layer_pattern`` (megatron/core/ssm/mamba_hybrid_layer_allocation.py
+#: ``Symbols``): Mamba mixer, self-attention, dense MLP, MoE.
+HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 class ModelSpec(_Strict):
@@ -126,10 +142,53 @@ class ModelSpec(_Strict):
     moe_shared_expert_intermediate_size: int | None = Field(
         None, ge=1, le=B.MAX_MODEL_INT, description="Shared expert FFN size (MoE)."
     )
+    hybrid_layer_pattern: str | None = Field(
+        None,
+        description="Hybrid (Mamba) model: one symbol per layer, M = Mamba mixer, * = "
+        "attention, - = dense MLP, E = MoE (Megatron-Bridge HybridModelProvider / "
+        "Megatron-Core MambaModel). None: a GPT model (attention + MLP/MoE in every layer).",
+    )
+    mamba_num_heads: int | None = Field(
+        None, ge=1, description="Mamba heads; None: 2*hidden_size / mamba_head_dim."
+    )
+    mamba_head_dim: int = Field(64, ge=1, description="Mamba head dim.")
+    mamba_state_dim: int = Field(128, ge=1, description="Mamba SSM state size.")
+    mamba_num_groups: int = Field(8, ge=1, description="Mamba groups (B/C projections).")
+    frozen_params: int = Field(
+        0,
+        ge=0,
+        description="Parameters outside the language model that train frozen (vision or "
+        "sound encoders of a multimodal recipe): weights only, replicated on every rank.",
+    )
 
     @property
     def gated_linear_unit(self) -> bool:
         return self.activation == "swiglu"
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_layer_pattern is not None
+
+    def layer_counts(self) -> dict[str, int]:
+        """Layers by kind: ``mamba``, ``attention``, ``mlp``, ``moe``. A GPT model's layer
+        has attention and an MLP (or MoE) each, so both count every layer."""
+        if self.hybrid_layer_pattern is None:
+            ffn = "moe" if self.num_moe_experts else "mlp"
+            other = "mlp" if ffn == "moe" else "moe"
+            return {"mamba": 0, "attention": self.num_layers, ffn: self.num_layers, other: 0}
+        out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
+        for ch in self.hybrid_layer_pattern:
+            out[HYBRID_SYMBOLS[ch]] += 1
+        return out
+
+    @property
+    def mamba_heads(self) -> int:
+        """Mamba heads (MambaMixer: d_inner = 2*hidden_size unless mamba_num_heads is set)."""
+        return self.mamba_num_heads or (2 * self.hidden_size) // self.mamba_head_dim
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
 
     @property
     def query_groups(self) -> int:
@@ -138,6 +197,33 @@ class ModelSpec(_Strict):
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @model_validator(mode="after")
+    def _hybrid_fields(self) -> ModelSpec:
+        pat = self.hybrid_layer_pattern
+        if pat is None:
+            return self
+        bad = sorted({ch for ch in pat if ch not in HYBRID_SYMBOLS})
+        if bad:
+            raise ValueError(
+                f"hybrid_layer_pattern has unknown symbols {bad}; known: "
+                + ", ".join(f"{k} ({v})" for k, v in HYBRID_SYMBOLS.items())
+            )
+        if len(pat) != self.num_layers:
+            raise ValueError(
+                "num_layers must equal the length of hybrid_layer_pattern "
+                f"(num_layers={self.num_layers}, len(hybrid_layer_pattern)={len(pat)})"
+            )
+        if "E" in pat and self.num_moe_experts is None:
+            raise ValueError(
+                "hybrid_layer_pattern has MoE layers (E) but num_moe_experts is unset"
+            )
+        if "M" in pat and self.mamba_heads % self.mamba_num_groups:
+            raise ValueError(
+                "Mamba heads must be divisible by mamba_num_groups (MambaMixer) "
+                f"(mamba_heads={self.mamba_heads}, mamba_num_groups={self.mamba_num_groups})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _moe_fields(self) -> ModelSpec:
@@ -176,6 +262,58 @@ class DataSpec(_Strict):
         return self
 
 
+class MoeRouting(_Strict):
+    """MoE routing, held fixed by a study (Megatron-Core ``TransformerConfig`` field names):
+    the tuning may change how tokens travel, never which experts they reach."""
+
+    moe_router_load_balancing_type: Literal[
+        "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"
+    ] = Field("aux_loss", description="Load-balancing strategy of the router.")
+    moe_aux_loss_coeff: float = Field(0.0, ge=0, description="Auxiliary loss coefficient.")
+    moe_router_score_function: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="Router score function."
+    )
+    moe_router_topk_scaling_factor: float | None = Field(
+        None, gt=0, description="Scale of the top-k routing probabilities."
+    )
+    moe_router_enable_expert_bias: bool = Field(
+        False, description="Aux-loss-free balancing with a per-expert bias (sigmoid only)."
+    )
+    moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
+        None, description="Router computation dtype (None: the model dtype)."
+    )
+    moe_router_force_load_balancing: bool = Field(
+        False, description="Force balanced routing (benchmarking only: changes the model)."
+    )
+    moe_expert_capacity_factor: float | None = Field(
+        None, gt=0, description="Capacity factor per expert; None: no token dropping."
+    )
+    moe_pad_expert_input_to_capacity: bool = Field(
+        False, description="Pad each expert's input to its capacity (needs a capacity factor)."
+    )
+
+    @model_validator(mode="after")
+    def _combinations(self) -> MoeRouting:
+        # TransformerConfig.__post_init__
+        if self.moe_router_enable_expert_bias and self.moe_router_score_function != "sigmoid":
+            raise ValueError(
+                "moe_router_enable_expert_bias needs moe_router_score_function sigmoid "
+                f"(moe_router_score_function={self.moe_router_score_function!r})"
+            )
+        if self.moe_pad_expert_input_to_capacity and self.moe_expert_capacity_factor is None:
+            raise ValueError("moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor")
+        if (
+            self.moe_expert_capacity_factor is not None
+            and self.moe_router_load_balancing_type == "sinkhorn"
+        ):
+            raise ValueError(
+                "moe_expert_capacity_factor works only with aux_loss, seq_aux_loss, "
+                "global_aux_loss or none load balancing (moe_router_load_balancing_type="
+                "'sinkhorn')"
+            )
+        return self
+
+
 class Semantics(_Strict):
     """What the execution knobs must never change."""
 
@@ -194,6 +332,9 @@ class Semantics(_Strict):
     lr: float = Field(1.0e-4, gt=0, description="Adam learning rate (constant).")
     seed: int = Field(1234, ge=0, le=B.MAX_SEED, description="Model initialisation seed.")
     data: DataSpec = Field(default_factory=lambda: DataSpec(), description="Training data.")
+    moe_routing: MoeRouting | None = Field(
+        None, description="MoE routing held fixed (MoE models; None: Megatron's defaults)."
+    )
 
     @model_validator(mode="after")
     def _warmup(self) -> Semantics:
@@ -569,6 +710,21 @@ class PrescreenSpec(_Strict):
     margin: float = Field(
         0.25, ge=0, description="Relative headroom before a prediction counts as OOM."
     )
+    coefficients: dict[str, float] = Field(
+        default_factory=dict,
+        description="Starting coefficients of the memory model (activation_scale, "
+        "static_offset_gib, fragmentation, context_gib), e.g. fitted to published figures of "
+        "the same stack; measured trials refit them.",
+    )
+
+    @field_validator("coefficients")
+    @classmethod
+    def _known_coefficients(cls, v: dict[str, float]) -> dict[str, float]:
+        known = ("activation_scale", "static_offset_gib", "fragmentation", "context_gib")
+        bad = sorted(set(v) - set(known))
+        if bad:
+            raise ValueError(f"unknown coefficients {bad}; known: {list(known)}")
+        return v
 
 
 class SearchSpace(_Strict):
@@ -666,6 +822,20 @@ class SearchSpace(_Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _model_catalog(cls, data: Any) -> Any:
+        # `model: NAME` or `model: {catalog: NAME, <overrides>}` names a catalog entry
+        if isinstance(data, Mapping) and "model" in data:
+            from dse.catalog import expand_model
+
+            data = dict(data)
+            try:
+                data["model"] = expand_model(data["model"])
+            except ValueError as e:
+                raise ValueError(f"model.catalog: {e}") from None
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _objective_alias(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and "objective" in data:
             data = dict(data)
@@ -686,6 +856,8 @@ class SearchSpace(_Strict):
                 f"(model.seq_length={self.model.seq_length}, "
                 f"semantics.seq_length={self.semantics.seq_length})"
             )
+        if self.semantics.moe_routing is not None and self.model.num_moe_experts is None:
+            raise ValueError("semantics.moe_routing is given but the model has no experts")
         for name, spec in {**self.knobs}.items():
             knob = get_knob(name)
             for v in spec.values():
@@ -831,8 +1003,14 @@ class SearchSpace(_Strict):
 
     def digest(self) -> str:
         # model fields added later count only when set, so earlier studies keep their hash
-        unset = {k for k in _LATER_MODEL_FIELDS if getattr(self.model, k) == 0.0}
-        text = self.model_dump_json(exclude={"model": unset} if unset else None)
+        defaults = ModelSpec.model_fields
+        unset = {k for k in _LATER_MODEL_FIELDS if getattr(self.model, k) == defaults[k].default}
+        exclude: dict[str, Any] = {"model": unset} if unset else {}
+        if self.semantics.moe_routing is None:
+            exclude["semantics"] = {"moe_routing"}
+        if not self.prescreen.coefficients:
+            exclude["prescreen"] = {"coefficients"}
+        text = self.model_dump_json(exclude=exclude or None)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def identity(self) -> dict[str, Any]:

@@ -421,6 +421,7 @@ class StudyRunner:
         rej = sum(self.storage.count_rejections(rec.study_id).values())
         what = (
             f"{s.objective.metric}={rec.value:.4g}"
+            + (" estimate" if outcome.source == "estimate" else "")
             if rec.value is not None
             else f"{rec.failure_class}: {(rec.reason or '')[:120]}"
         )

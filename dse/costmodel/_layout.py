@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dse.knobs import get_knob, knob_value
+from dse.knobs import get_knob, knob_value, modules_list
 from dse.layout import Layout
 from dse.space import ModelSpec, Resources, Semantics
 
@@ -73,6 +73,14 @@ class CostLayout:
     moe_dispatcher: str
     fused_adam: bool
     gpus_per_node: int
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    fp8: bool = False
+    fp8_param: bool = False
+    flex_backend: str | None = None
+
+    def recomputes(self, module: str) -> bool:
+        """True when selective recompute covers ``module`` (``core_attn``, ``moe`` ...)."""
+        return self.recompute == "selective" and module in self.recompute_modules
 
     @property
     def world(self) -> int:
@@ -150,6 +158,10 @@ def resolve(
         master = DTYPE_BYTES[str(knob(params, "main_params_dtype"))]
         exp_avg = DTYPE_BYTES[str(knob(params, "exp_avg_dtype"))]
         exp_avg_sq = DTYPE_BYTES[str(knob(params, "exp_avg_sq_dtype"))]
+        if precision == "bf16" and bool(knob(params, "store_param_remainders")):
+            # the distributed optimizer keeps the master weights as int16 remainders of the
+            # bf16 parameters (distrib_optimizer.py, use_precision_aware_optimizer)
+            master = 2
     else:
         master, exp_avg, exp_avg_sq = 4, 4, 4
     if precision == "fp32":
@@ -180,4 +192,12 @@ def resolve(
         moe_dispatcher=str(knob(params, "moe_token_dispatcher_type")),
         fused_adam=fused_adam,
         gpus_per_node=resources.gpus_per_node or par.world,
+        recompute_modules=tuple(modules_list(knob(params, "recompute_modules")) or ["core_attn"]),
+        fp8=knob(params, "fp8") is not None,
+        fp8_param=bool(knob(params, "fp8_param")) and knob(params, "fp8") is not None,
+        flex_backend=(
+            str(knob(params, "moe_flex_dispatcher_backend"))
+            if knob(params, "moe_token_dispatcher_type") == "flex"
+            else None
+        ),
     )

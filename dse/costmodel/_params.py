@@ -8,7 +8,18 @@ from dataclasses import dataclass
 from dse.costmodel._layout import CostLayout, padded_vocab
 from dse.space import ModelSpec
 
-__all__ = ["StageParams", "stage_params", "total_params", "layers_on_stage", "mlp_factor"]
+__all__ = [
+    "StageParams",
+    "stage_params",
+    "total_params",
+    "layers_on_stage",
+    "mlp_factor",
+    "stage_layer_kinds",
+    "MAMBA_CONV_KERNEL",
+]
+
+#: MambaMixer's causal convolution width (d_conv; megatron/core/ssm/mamba_mixer.py).
+MAMBA_CONV_KERNEL = 4
 
 
 def mlp_factor(model: ModelSpec) -> int:
@@ -40,6 +51,55 @@ def _mlp_params(model: ModelSpec, ffn: int) -> tuple[int, int]:
     return sharded, replicated
 
 
+def _mamba_params(model: ModelSpec) -> tuple[int, int]:
+    """(TP-sharded, replicated) parameters of one Mamba mixer with its fused input norm
+    (MambaMixer: in_proj to z, x, B, C, dt; depthwise conv1d over x, B, C; dt_bias, A_log,
+    D per head; the gated RMSNorm of width d_inner; out_proj)."""
+    h, d = model.hidden_size, model.mamba_d_inner
+    heads, gn = model.mamba_heads, model.mamba_num_groups * model.mamba_state_dim
+    conv = d + 2 * gn
+    sharded = h * (2 * d + 2 * gn + heads) + conv * (MAMBA_CONV_KERNEL + 1) + 3 * heads + d
+    sharded += d * h
+    return sharded, h
+
+
+def _moe_params(model: ModelSpec, layout: CostLayout | None) -> tuple[float, float]:
+    """(dense, expert) parameters of one MoE block (router, shared expert; routed experts
+    on one rank, or all of them when ``layout`` is None), norm excluded."""
+    h = model.hidden_size
+    experts = model.num_moe_experts or 0
+    fe = model.moe_ffn_hidden_size or model.ffn_hidden_size
+    e_sh, e_rep = _mlp_params(model, fe)
+    tp = layout.tp if layout else 1
+    if layout is None:
+        expert = float(experts * (e_sh + e_rep))
+    else:
+        expert = experts / layout.ep * (e_sh / layout.etp + e_rep)
+    dense = float(h * experts)  # router
+    if model.moe_shared_expert_intermediate_size:
+        s_sh, s_rep = _mlp_params(model, model.moe_shared_expert_intermediate_size)
+        dense += s_sh / tp + s_rep
+    return dense, expert
+
+
+def stage_layer_kinds(model: ModelSpec, layout: CostLayout, stage: int) -> dict[str, int]:
+    """Layers of each kind on pipeline stage ``stage`` of a hybrid model (the pattern cut
+    into PP equal pieces; the last stage takes the rest)."""
+    pat = model.hybrid_layer_pattern
+    if pat is None:
+        n = layers_on_stage(model, layout)
+        counts = model.layer_counts()
+        return {k: (n if v else 0) for k, v in counts.items()}
+    from dse.space import HYBRID_SYMBOLS
+
+    n = int(math.ceil(len(pat) / layout.pp))
+    piece = pat[stage * n : (stage + 1) * n] if stage < layout.pp - 1 else pat[stage * n :]
+    out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
+    for ch in piece:
+        out[HYBRID_SYMBOLS[ch]] += 1
+    return out
+
+
 @dataclass(frozen=True)
 class StageParams:
     """Parameters held by one rank of one pipeline stage.
@@ -51,9 +111,11 @@ class StageParams:
 
     dense: int
     expert: int
+    frozen: int = 0  # weights only (frozen encoders): no gradient, no optimizer state
 
     @property
     def total(self) -> int:
+        """Trainable parameters on this rank."""
         return self.dense + self.expert
 
 
@@ -89,10 +151,13 @@ def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: i
     """Parameters on one rank of pipeline stage ``stage`` (0 = first, PP-1 = last)."""
     h = model.hidden_size
     vp = padded_vocab(model.vocab_size, layout.tp)
-    n = layers_on_stage(model, layout)
-    dense_l, expert_l = _layer_params(model, layout)
-    dense, expert = dense_l * n, expert_l * n
     first, last = stage == 0, stage == layout.pp - 1
+    if model.is_hybrid:
+        dense, expert = _hybrid_stage_params(model, layout, stage)
+    else:
+        n = layers_on_stage(model, layout)
+        dense_l, expert_l = _layer_params(model, layout)
+        dense, expert = dense_l * n, expert_l * n
     if first:
         dense += vp * h / layout.tp
         if model.position_embedding_type == "learned_absolute":
@@ -102,12 +167,32 @@ def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: i
         if model.untie_embeddings_and_output_weights or not first:
             # untied output layer, or the copy of the tied embedding on the last stage
             dense += vp * h / layout.tp
-    return StageParams(int(round(dense)), int(round(expert)))
+    frozen = model.frozen_params if first else 0
+    return StageParams(int(round(dense)), int(round(expert)), frozen)
+
+
+def _hybrid_stage_params(model: ModelSpec, layout: CostLayout, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters of a hybrid model's layers on one rank of ``stage``."""
+    tp, h = layout.tp, model.hidden_size
+    norm = h * (2 if model.normalization == "LayerNorm" else 1)
+    kinds = stage_layer_kinds(model, layout, stage)
+    a_sh, a_rep = _attention_params(model)
+    m_sh, m_rep = _mamba_params(model)
+    f_sh, f_rep = _mlp_params(model, model.ffn_hidden_size)
+    moe_dense, moe_expert = _moe_params(model, layout) if model.num_moe_experts else (0.0, 0.0)
+    dense = kinds["attention"] * (a_sh / tp + a_rep)
+    dense += kinds["mamba"] * (m_sh / tp + m_rep)
+    dense += kinds["mlp"] * (f_sh / tp + f_rep + norm)
+    dense += kinds["moe"] * (moe_dense + norm)
+    return dense, kinds["moe"] * moe_expert
 
 
 def total_params(model: ModelSpec, seq_length: int) -> int:
-    """All parameters of the model (unpadded vocabulary, one copy of every weight)."""
+    """All parameters of the model (unpadded vocabulary, one copy of every weight; frozen
+    parameters not included)."""
     h = model.hidden_size
+    if model.is_hybrid:
+        return _hybrid_total(model, seq_length)
     a_sh, a_rep = _attention_params(model)
     norm2 = h * (2 if model.normalization == "LayerNorm" else 1)
     per_layer = a_sh + a_rep + norm2
@@ -127,3 +212,20 @@ def total_params(model: ModelSpec, seq_length: int) -> int:
     if model.position_embedding_type == "learned_absolute":
         total += seq_length * h
     return total
+
+
+def _hybrid_total(model: ModelSpec, seq_length: int) -> int:
+    h = model.hidden_size
+    norm = h * (2 if model.normalization == "LayerNorm" else 1)
+    kinds = model.layer_counts()
+    a_sh, a_rep = _attention_params(model)
+    m_sh, m_rep = _mamba_params(model)
+    f_sh, f_rep = _mlp_params(model, model.ffn_hidden_size)
+    moe_dense, moe_expert = _moe_params(model, None) if model.num_moe_experts else (0.0, 0.0)
+    total: float = kinds["attention"] * (a_sh + a_rep) + kinds["mamba"] * (m_sh + m_rep)
+    total += kinds["mlp"] * (f_sh + f_rep + norm) + kinds["moe"] * (moe_dense + moe_expert + norm)
+    total += model.vocab_size * h * (2 if model.untie_embeddings_and_output_weights else 1)
+    total += norm  # final norm
+    if model.position_embedding_type == "learned_absolute":
+        total += seq_length * h
+    return int(total)

@@ -125,7 +125,10 @@ def _run_space(args: argparse.Namespace) -> int:
             "the configuration breaks a rule (it would be rejected before launch): "
             + "; ".join(str(v) for v in violations)
         )
-    cm = CostModel(space.model, space.semantics, space.resources)
+    from dse.costmodel.memory import Coefficients
+
+    co = Coefficients.from_dict(space.prescreen.coefficients)
+    cm = CostModel(space.model, space.semantics, space.resources, co)
     mem = cm.predict_memory(params)
     fits, total = cm.fits(params, 0.0)
     margin = space.prescreen.margin
@@ -156,8 +159,8 @@ def _format_space(out: dict[str, Any], total: float) -> str:
     lines.append("  memory per GPU (GiB, estimate):")
     for name in (
         "weights_gib", "gradients_gib", "optimizer_gib", "activations_gib",
-        "attention_scores_gib", "logits_gib", "transient_gib", "static_offset_gib",
-        "fragmentation_gib", "context_gib",
+        "attention_scores_gib", "logits_gib", "transient_gib", "buffers_gib",
+        "static_offset_gib", "fragmentation_gib", "context_gib",
     ):  # fmt: skip
         lines.append(f"    {name.removesuffix('_gib'):<22}{m[name]:>10.2f}")
     lines.append(f"    {'allocated peak':<22}{m['allocated_gib']:>10.2f}")

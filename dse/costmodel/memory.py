@@ -146,6 +146,7 @@ class MemoryEstimate:
     peak_phase: str
     peak_stage: int
     details: dict[str, Any] = field(default_factory=dict, compare=False)
+    buffers_gib: float = 0.0  # communication buffers allocated once (flex dispatcher)
 
     @property
     def static_gib(self) -> float:
@@ -162,7 +163,12 @@ class MemoryEstimate:
     @property
     def allocated_gib(self) -> float:
         """Peak allocated by PyTorch (compare with ``torch.cuda.max_memory_allocated``)."""
-        return self.static_gib + self.activation_dependent_gib + self.static_offset_gib
+        return (
+            self.static_gib
+            + self.activation_dependent_gib
+            + self.static_offset_gib
+            + self.buffers_gib
+        )
 
     @property
     def total_gib(self) -> float:
@@ -364,6 +370,8 @@ def estimate_memory(
     """
     co = coefficients or Coefficients()
     layout = resolve(model, semantics, resources, params)
+    if model.is_hybrid or params.get("recompute_modules") is not None:
+        return _estimate_by_layer_kind(model, semantics, layout, co)
     sh = _shapes(model, semantics, layout)
     stages = sorted({0, layout.pp - 1})
     best: tuple[float, _Phase, StageParams] | None = None
@@ -434,7 +442,12 @@ def estimate_memory(
 
 
 def _static_parts(layout: CostLayout, sp: StageParams) -> tuple[float, float, float]:
-    weights = layout.param_bytes * sp.total
+    weight_bytes = layout.param_bytes
+    if layout.fp8:
+        # fp8_param: the parameters themselves are FP8; otherwise Transformer Engine keeps an
+        # FP8 copy of every GEMM weight next to the 16-bit one
+        weight_bytes = 1 if layout.fp8_param else weight_bytes + 1
+    weights = weight_bytes * sp.total + layout.param_bytes * sp.frozen
     grads = layout.grad_bytes * sp.total
     per_param = layout.master_bytes + layout.exp_avg_bytes + layout.exp_avg_sq_bytes
     if layout.distributed_optimizer:
@@ -585,3 +598,183 @@ def _optimizer_temporaries(layout: CostLayout, sp: StageParams) -> float:
     if layout.grad_bytes < 4 and not layout.precision_aware:
         temp += 4.0 * shard
     return temp
+
+
+# --- hybrid models and per-module selective recompute ------------------------------------------
+
+
+def _kind_bytes(
+    model: ModelSpec, semantics: Semantics, layout: CostLayout, sh: _Shapes
+) -> dict[str, dict[str, float]]:
+    """Per layer kind (attention, mamba, mlp, moe): bytes saved for the backward by one
+    micro-batch on one rank (``saved``), and the working set of its backward
+    (``backward``). Each kind includes its own norm, as the hybrid spec builds it (TE's
+    fused norm + linear keeps the norm's input and output; a MoE layer's separate norm)."""
+    a, t, tr, h = sh.a, sh.tokens, sh.tokens_r, sh.h
+    tp = layout.tp
+    fused_norm = 2 * a * h * tr
+    out: dict[str, dict[str, float]] = {}
+
+    # attention: the GPT formulas for the attention half of a layer
+    rc = "selective" if layout.recomputes("core_attn") else "none"
+    attn = layer_activations(model, semantics, layout, recompute=rc)
+    unfused = layout.attention == "unfused"
+    flash_bwd = 0.0 if unfused else (a * (sh.q_r + 2 * sh.kv_r) + 4 * sh.q_r) * t
+    sm_work = SOFTMAX_BYTES if a < 4 else a
+    score_bwd = (SOFTMAX_BYTES + 3 * sm_work) * sh.scores if unfused else 0.0
+    out["attention"] = {
+        "saved": fused_norm + attn.attention + attn.scores + attn.masks,
+        "backward": flash_bwd + score_bwd,
+    }
+
+    # Mamba (memory-efficient path, mamba_split_conv1d_scan_combined): the kernel keeps its
+    # input zxBCdt and its output; the mixer's RMSNorm keeps its input, out_proj its input.
+    d = model.mamba_d_inner / tp
+    gn = model.mamba_num_groups * model.mamba_state_dim / tp
+    heads = model.mamba_heads / tp
+    zx = 2 * d + 2 * gn + heads
+    out["mamba"] = {
+        "saved": fused_norm + a * t * (zx + 3 * d) + 4 * t * heads,
+        # gradients of zxBCdt, the recomputed conv output and the fp32 dt/dA terms
+        "backward": a * t * (2 * zx + 2 * d) + 3 * 4 * t * heads,
+    }
+
+    # dense MLP
+    fac = mlp_factor(model)
+    f_r = model.ffn_hidden_size / tp
+    mlp_full = (a * fac * f_r + _act_extra(model, layout, a, f_r)) * t
+    mlp_bwd = a * t * (fac + 1) * f_r
+    out["mlp"] = {
+        "saved": (a * h * tr) if layout.recomputes("mlp") else fused_norm + mlp_full,
+        "backward": mlp_bwd + (mlp_full if layout.recomputes("mlp") else 0.0),
+    }
+
+    # MoE: tokens stay sequence-sharded with SP; ETP gathers them over its group
+    if model.num_moe_experts:
+        k = model.moe_router_topk
+        fe = (model.moe_ffn_hidden_size or model.ffn_hidden_size) / layout.etp
+        t_moe = tr * layout.etp
+        routed = k * t_moe
+        gemm_in = 0.5 if layout.fp8 else 1.0  # FP8 GEMM inputs are saved in one byte
+        act = _act_extra(model, layout, a, fe)
+        if layout.recomputes("moe_act"):
+            act = 0.0
+        experts = 4 * 2 * model.num_moe_experts * t_moe  # router logits and probs (fp32)
+        experts += 4 * h * t_moe  # the fp32 router's input copy
+        experts += routed * (2 * a * h * gemm_in)  # permuted inputs, expert outputs
+        experts += routed * (a * fac * fe * gemm_in + act)
+        shared = 0.0
+        if model.moe_shared_expert_intermediate_size:
+            fs = model.moe_shared_expert_intermediate_size / tp
+            shared_act = (
+                0.0 if layout.recomputes("shared_experts") else _act_extra(model, layout, a, fs)
+            )
+            shared = t * (a * fac * fs * gemm_in + shared_act)
+            if layout.recomputes("shared_experts"):
+                shared = 0.0
+        norm_out = 0.0 if layout.recomputes("layernorm") else a * h * tr
+        body = experts + shared
+        moe_bwd = a * routed * (fac + 1) * fe
+        if layout.recomputes("moe"):
+            saved = a * h * tr + norm_out  # the checkpoint keeps its input only
+            backward = body + moe_bwd
+        else:
+            saved = a * h * tr + norm_out + body
+            backward = moe_bwd
+        if layout.recomputes("layernorm"):
+            backward += a * h * tr  # the recomputed norm output
+        out["moe"] = {"saved": saved, "backward": backward}
+    return out
+
+
+def _dispatcher_buffers(model: ModelSpec, layout: CostLayout, sh: _Shapes) -> float:
+    """Bytes of the flex dispatcher's communication buffers (DeepEP / HybridEP), sized for
+    the worst case of every token of the expert-parallel group reaching one rank, for the
+    dispatch and the combine. An estimate: the libraries size them from their own hints."""
+    if not model.num_moe_experts or layout.flex_backend is None:
+        return 0.0
+    return 2.0 * layout.ep * sh.tokens_r * layout.etp * sh.h * sh.a
+
+
+def _estimate_by_layer_kind(
+    model: ModelSpec, semantics: Semantics, layout: CostLayout, co: Coefficients
+) -> MemoryEstimate:
+    """The estimate for hybrid models and per-module selective recompute: saved
+    activations summed over the layer kinds of each stage, the largest backward working set
+    of a kind, the logits on the last stage and the optimizer step."""
+    from dse.costmodel._params import stage_layer_kinds
+
+    sh = _shapes(model, semantics, layout)
+    kinds = _kind_bytes(model, semantics, layout, sh)
+    buffers = _dispatcher_buffers(model, layout, sh)
+    best: tuple[float, _Phase, StageParams] | None = None
+    per_stage: dict[str, Any] = {}
+    for stage in sorted({0, layout.pp - 1}):
+        sp = stage_params(model, semantics.seq_length, layout, stage)
+        counts = stage_layer_kinds(model, layout, stage)
+        n = max(1, sum(counts.values()) if model.is_hybrid else layers_on_stage(model, layout))
+        lm, mb = inflight_layer_microbatches(layout, n, stage)
+        per_layer_mb = lm / n
+        saved = per_layer_mb * sum(c * kinds[k]["saved"] for k, c in counts.items() if c)
+        last = stage == layout.pp - 1
+        if last:
+            saved += mb * 2 * sh.a * sh.h * sh.tokens_r  # final norm input and output
+        work = max((kinds[k]["backward"] for k, c in counts.items() if c), default=0.0)
+        phases = [_Phase("backward", stage, saved, 0.0, 0.0, work)]
+        if last:
+            phases.append(_Phase("forward_end", stage, saved, 0.0, _logits_bytes(layout, sh), 0.0))
+        phases.append(
+            _Phase(
+                "optimizer_step", stage, 0.0, 0.0, 0.0, _optimizer_temporaries(layout, sp), False
+            )
+        )
+        static = _static_bytes(layout, sp)
+        for ph in phases:
+            v = static + ph.total(co.activation_scale)
+            if best is None or v > best[0]:
+                best = (v, ph, sp)
+        per_stage[str(stage)] = {
+            "params": sp.total,
+            "expert_params": sp.expert,
+            "frozen_params": sp.frozen,
+            "layers": counts,
+        }
+    assert best is not None
+    _, ph, sp = best
+    sc = co.activation_scale
+    w, g, o = _static_parts(layout, sp)
+    scale_t = sc if ph.dynamic else 1.0
+    activations = sc * ph.activations / GIB
+    logits = sc * ph.logits / GIB
+    transient = scale_t * ph.transient / GIB
+    dynamic = activations + logits + (transient if ph.dynamic else 0.0)
+    return MemoryEstimate(
+        weights_gib=w / GIB,
+        gradients_gib=g / GIB,
+        optimizer_gib=o / GIB,
+        activations_gib=activations,
+        attention_scores_gib=0.0,
+        logits_gib=logits,
+        transient_gib=transient,
+        static_offset_gib=co.static_offset_gib,
+        fragmentation_gib=max(0.0, co.fragmentation) * dynamic,
+        context_gib=co.context_gib + (NCCL_GIB if layout.world > 1 else 0.0),
+        peak_phase=ph.name,
+        peak_stage=ph.stage,
+        details={
+            "layout": layout.parallel.as_dict(),
+            "recompute_modules": list(layout.recompute_modules)
+            if layout.recompute == "selective"
+            else [],
+            "stages": per_stage,
+            "layer_kind_gib": {
+                k: {"saved": v["saved"] / GIB, "backward": v["backward"] / GIB}
+                for k, v in kinds.items()
+            },
+            "logits_working_gib": _logits_bytes(layout, sh) / GIB,
+            "grad_bytes_per_param": layout.grad_bytes,
+            "master_bytes_per_param": layout.master_bytes,
+            "coefficients": co.to_dict(),
+        },
+        buffers_gib=buffers / GIB,
+    )

@@ -164,17 +164,27 @@ def _step_parts(
     fac = mlp_factor(model)
     experts = model.num_moe_experts or 0
     moe = experts > 0
+    # layer kinds as fractions of the layers (a GPT layer has attention and an MLP/MoE)
+    kinds = model.layer_counts()
+    n_all = model.num_layers
+    f_attn, f_mamba = kinds["attention"] / n_all, kinds["mamba"] / n_all
+    f_dense, f_moe = kinds["mlp"] / n_all, kinds["moe"] / n_all
+    f = model.ffn_hidden_size / tp
+    mlp_macs = f_dense * h * f * (fac + 1)
+    mlp_width = f_dense * f
+    moe_macs = 0.0
     if moe:
         k = model.moe_router_topk
         fe = (model.moe_ffn_hidden_size or model.ffn_hidden_size) / lay.etp
         shared = (model.moe_shared_expert_intermediate_size or 0) / tp
-        mlp_macs = k * h * fe * (fac + 1) + h * shared * (fac + 1) + h * experts
-        mlp_width = k * fe + shared
-    else:
-        f = model.ffn_hidden_size / tp
-        mlp_macs = h * f * (fac + 1)
-        mlp_width = f
-    proj_macs = h * (q + 2 * kv) + q * h
+        moe_macs = k * h * fe * (fac + 1) + h * shared * (fac + 1) + h * experts
+        mlp_macs += f_moe * moe_macs
+        mlp_width += f_moe * (k * fe + shared)
+    d_in = model.mamba_d_inner / tp
+    gn = model.mamba_num_groups * model.mamba_state_dim / tp
+    mamba_macs = h * (2 * d_in + 2 * gn + model.mamba_heads / tp) + d_in * h
+    mamba_macs += 3.5 * d_in * model.mamba_state_dim  # the chunked scan
+    proj_macs = f_attn * (h * (q + 2 * kv) + q * h) + f_mamba * mamba_macs
     peak = gpu.bf16_tflops * 1e12 * (0.5 if a == 4 else 1.0)  # fp32 runs at TF32-ish rates
     gemm_rate = peak * gpu.matmul_efficiency * tokens / (tokens + GEMM_HALF_TOKENS)
     bw = gpu.hbm_tbps * 1e12 * MEMORY_EFFICIENCY
@@ -184,7 +194,7 @@ def _step_parts(
 
     # --- one layer, one micro-batch, forward ------------------------------------------------
     gemm_fwd = 2 * tokens * (proj_macs + mlp_macs) / gemm_rate
-    scores = lay.mbs * heads * (s / cp) * s
+    scores = f_attn * lay.mbs * heads * (s / cp) * s
     if unfused:
         attn_fwd = 4 * scores * hd / gemm_rate + UNFUSED_SCORE_FWD_BYTES * scores / bw
         attn_bwd = 8 * scores * hd / gemm_rate + UNFUSED_SCORE_BWD_BYTES * scores / bw
@@ -213,7 +223,12 @@ def _step_parts(
     if lay.recompute == "full":
         layer_bwd += layer_fwd
     elif lay.recompute == "selective":
-        layer_bwd += attn_fwd
+        if lay.recomputes("core_attn"):
+            layer_bwd += attn_fwd
+        if lay.recomputes("moe"):
+            layer_bwd += 2 * tokens * f_moe * moe_macs / gemm_rate
+        if lay.recomputes("mlp"):
+            layer_bwd += 2 * tokens * f_dense * h * f * (fac + 1) / gemm_rate
     compute = n_layers * m * (layer_fwd + layer_bwd)
 
     # logits + cross entropy (last stage), embedding (first stage): per micro-batch
@@ -239,8 +254,10 @@ def _step_parts(
         comm += 0.5 * n_layers * m * 3 * ring  # partly hidden behind the attention blocks
     if moe and lay.ep > 1:
         bw_ep = _link(lay.ep, lay.ep * lay.etp, gpn, gpu)
-        a2a = model.moe_router_topk * a * h * tokens * (lay.ep - 1) / lay.ep
-        comm += n_layers * m * 4 * a2a / (bw_ep * 1e9 * COMM_EFFICIENCY)
+        # with sequence parallelism a rank dispatches its own share of the tokens
+        moe_tokens = tokens / tp if lay.sp else tokens
+        a2a = model.moe_router_topk * a * h * moe_tokens * (lay.ep - 1) / lay.ep
+        comm += f_moe * n_layers * m * 4 * a2a / (bw_ep * 1e9 * COMM_EFFICIENCY)
     sp0 = stage_params(model, s, lay, 0)
     dp_group = lay.dp * cp
     if dp_group > 1:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dse.exceptions import SpaceError
-from dse.knobs import FieldAssignment, assignments, trial_env
+from dse.knobs import FieldAssignment, assignments, effective_params, trial_env
 from dse.recipe_spec import NODE_STEPS, LauncherSpec
 
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ class Launcher(ABC):
     def assignments_of(params: Mapping[str, Any]) -> list[tuple[str, Any, FieldAssignment]]:
         """(knob, value, field assignment) of every non-environment assignment."""
         out = []
-        for name, value in params.items():
+        for name, value in effective_params(params).items():
             for a in assignments({name: value}):
                 if a.section != "env":
                     out.append((name, value, a))

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from dse import rules
 from dse.exceptions import UnknownKnobError
-from dse.knobs import assignments, get_knob, knob_value
+from dse.knobs import FIELD_SOURCES, KNOBS, assignments, get_knob, knob_value
 from dse.layout import Layout
 from dse.records import TrialSpec
 from dse.space import ModelSpec, Resources, Semantics
@@ -106,6 +106,25 @@ class TrialPlan:
         }
 
 
+def _refuse_hybrid(model: ModelSpec) -> None:
+    """The built-in trainer builds GPT models only. A hybrid model is refused with the
+    reason; Mamba layers first of all need the mamba-ssm CUDA kernels where the trial runs
+    (probed here, never substituted)."""
+    from dse.workloads.megatron.features import has_feature
+
+    if model.layer_counts()["mamba"] and not has_feature("mamba_ssm"):
+        raise TrialFailure(
+            "invalid",
+            "Mamba layers need the mamba-ssm CUDA kernels (mamba_ssm, causal_conv1d), which "
+            "this machine lacks; the built-in trainer does not substitute them",
+        )
+    raise TrialFailure(
+        "invalid",
+        "the built-in trainer builds GPT models (attention with MLP or MoE in every layer); "
+        "a hybrid_layer_pattern model runs through a recipe launcher",
+    )
+
+
 def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPlan:
     """Validate the spec and derive its layout, as the pre-launch check does.
 
@@ -145,6 +164,15 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
     )
     if violation is not None:
         raise TrialFailure("invalid", str(violation))
+    if model.is_hybrid:
+        _refuse_hybrid(model)
+    for name, value in spec.params.items():
+        if name in FIELD_SOURCES and value not in (None, KNOBS[name].default):
+            raise TrialFailure(
+                "invalid",
+                f"{name}={value!r} sets a field of {FIELD_SOURCES[name]}, which the built-in "
+                "trainer's Megatron-Core does not have; run it through a recipe launcher",
+            )
 
     fields: dict[str, dict[str, Any]] = {
         "model": {}, "ddp": {}, "optimizer": {}, "train": {}, "env": {},
@@ -152,6 +180,10 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
     for a in fas:
         if a.section == "model" and a.field in _ATTENTION_FIELDS:
             continue
+        if a.section == "checkpoint" or (
+            a.section in ("model", "ddp", "optimizer") and a.field in FIELD_SOURCES
+        ):
+            continue  # at their defaults (refused above otherwise); the trainer saves nothing
         fields[a.section][a.field] = a.value
     lay = Layout.resolve(model, semantics, resources, spec.params)
     return TrialPlan(

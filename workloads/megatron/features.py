@@ -33,6 +33,11 @@ FEATURE_PROBES: dict[str, Callable[[], bool]] = {
     # HybridEP ships in DeepEP's ``hybrid-ep`` branch as ``deep_ep.HybridEPBuffer``.
     "hybridep": _imports("deep_ep", "HybridEPBuffer"),
     "flash_attn": _imports("flash_attn"),
+    # Mamba layers: mamba-ssm's fused scan kernels and the causal-conv1d CUDA extension
+    "mamba_ssm": lambda: (
+        _imports("mamba_ssm.ops.triton.ssd_combined", "mamba_split_conv1d_scan_combined")()
+        and _imports("causal_conv1d", "causal_conv1d_fn")()
+    ),
 }
 
 
