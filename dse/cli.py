@@ -397,6 +397,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         # bad input, not a storage failure: the name is taken (nothing was written)
         _err(f"{args.file}: {e}; import it under another name with --study NAME")
         return 2
+    except StudyFormatError as e:  # the export's study name (checked at import): bad input
+        raise StudyFormatError(f"{args.file}: {e}") from None
     finally:
         storage.close()
     _err(f"imported study {rec.name!r}")
