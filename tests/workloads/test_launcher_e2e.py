@@ -57,11 +57,13 @@ def test_megatron_lm_launcher_gives_the_built_in_figures(tmp_path: Path) -> None
         # same model FLOPs; the same losses (printed by the log to 7 digits)
         assert mb["model_flops_per_step"] == ma["model_flops_per_step"]
         assert mb["losses"] == pytest.approx(ma["losses"], rel=1e-6)
-        # timings within the noise of a shared 2-core machine (load average above 10 seen
-        # while the two studies ran one after the other: up to 3x between runs of one
-        # configuration); bench/launcher_vs_builtin.py interleaves the two for a figure
-        assert 1 / 3 < mb["tflops_per_gpu"] / ma["tflops_per_gpu"] < 3.0
-        assert 1 / 3 < mb["step_time_s"] / ma["step_time_s"] < 3.0
+        # the figures each read is consistent with its own step time (speed itself is not
+        # compared here: on a shared 2-core machine one configuration varies up to 3x between
+        # runs; bench/launcher_vs_builtin.py interleaves the two, and the GPU figure is in
+        # docs/BENCHMARKS.md section 7)
+        for m in (ma, mb):
+            expect = m["model_flops_per_step"] / m["step_time_s"] / 2 / 1e12  # 2 CPU ranks
+            assert m["tflops_per_gpu"] == pytest.approx(expect, rel=0.05)
         assert mb["peak_mem_gib"] == pytest.approx(ma["peak_mem_gib"], rel=0.25)
 
 
