@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dse.space import ModelSpec, Semantics
 
+from dse.records import Metric
+
 __all__ = [
     "ErrorPublic",
     "HealthPublic",
@@ -36,20 +38,15 @@ __all__ = [
     "ParetoPublic",
     "RejectionPublic",
     "RejectionsPublic",
-    "BestFormat",
     "TrialOrder",
-    "TrialStateName",
-    "Metric",
 ]
 
-#: Formats of ``GET /studies/{name}/best``: ``json`` is a JSON object, the others text/plain.
-BestFormat = Literal["json", "yaml", "megatron", "bridge", "nemo"]
+# Formats of ``GET /studies/{name}/best`` (``json`` is a JSON object, the others text/plain),
+# trial states and objective metrics are the vocabulary's (dse.records): BestFormat,
+# TrialState, Metric.
+
 #: Orders of a trial page.
 TrialOrder = Literal["number", "-number", "value", "-value"]
-#: States of a trial.
-TrialStateName = Literal["queued", "running", "complete", "failed", "infeasible", "pruned"]
-#: Objective metrics a study may have.
-Metric = Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"]
 
 
 class ErrorPublic(BaseModel):

@@ -18,6 +18,7 @@ from typing import Any
 
 from dse.exceptions import DSEError, SpaceError, StorageError, StudyNotFoundError
 from dse.export import best_payload, render_best
+from dse.records import AGENT_NAMES, BEST_FORMATS, RUNNER_NAMES
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
@@ -395,8 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     def run_args(sp: argparse.ArgumentParser) -> None:
         storage_arg(sp)
         sp.add_argument("--n-trials", type=int, help="trial budget (baseline included)")
-        sp.add_argument("--agent", choices=["tpe", "gp", "nsga2", "random", "grid"])
-        sp.add_argument("--runner", choices=["local", "ray", "slurm"])
+        sp.add_argument("--agent", choices=AGENT_NAMES)
+        sp.add_argument("--runner", choices=RUNNER_NAMES)
         sp.add_argument("--max-parallel", type=int, help="trials at once")
         sp.add_argument("--workdir", help="folder for trial specs, metrics and logs")
 
@@ -427,9 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("best", help="the best configuration and its metrics")
     sp.add_argument("--study")
-    sp.add_argument(
-        "--format", choices=["json", "yaml", "megatron", "bridge", "nemo"], default="json"
-    )
+    sp.add_argument("--format", choices=BEST_FORMATS, default="json")
     storage_arg(sp)
     sp.set_defaults(fn=cmd_best)
 

@@ -11,14 +11,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from dse.exceptions import StudyNotFoundError
+from dse.records import BEST_FORMATS, BestFormat
 
 if TYPE_CHECKING:
     from dse.space import SearchSpace
 
-__all__ = ["BEST_FORMATS", "best_payload", "render_best"]
-
-#: The formats :func:`render_best` knows.
-BEST_FORMATS: tuple[str, ...] = ("json", "yaml", "megatron", "bridge", "nemo")
+__all__ = ["best_payload", "render_best"]
 
 
 def best_payload(storage: Any, study: Any) -> dict[str, Any]:
@@ -62,8 +60,9 @@ def _stored_space(space_yaml: str, name: str) -> SearchSpace:
     return parse_space(yaml.safe_load(space_yaml), f"study {name!r}")
 
 
-def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None) -> str:
-    """``payload`` as JSON, YAML, Megatron-LM arguments or Bridge / NeMo-Run overrides.
+def render_best(payload: dict[str, Any], fmt: BestFormat, num_layers: int | None = None) -> str:
+    """``payload`` as JSON, YAML, Megatron-LM arguments or Bridge / NeMo-Run overrides
+    (``fmt``: one of :data:`dse.records.BEST_FORMATS`).
 
     Raises:
         ValueError: an unknown format, or a configuration the exporter cannot express.
@@ -83,7 +82,7 @@ def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None
         return " ".join(f"{k}={_ov(v)}" for k, v in to_bridge_overrides(params).items())
     if fmt == "nemo":
         return " ".join(f"{k}={_ov(v)}" for k, v in to_nemo_overrides(params).items())
-    raise ValueError(f"unknown format {fmt!r}")
+    raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(BEST_FORMATS)}")
 
 
 def _ov(v: Any) -> str:

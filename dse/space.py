@@ -30,6 +30,7 @@ from dse.exceptions import SpaceError
 from dse.knobs import ENV_PREFIX, get_knob
 from dse.layout import Layout
 from dse.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
+from dse.records import AgentName, Direction, Metric, RunnerName, WorkloadName
 
 __all__ = [
     "ModelSpec",
@@ -281,10 +282,8 @@ class KnobSpec(_Strict):
 
 
 class Objective(_Strict):
-    metric: Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"] = (
-        Field("tflops_per_gpu", description="Metric of the trial summary.")
-    )
-    direction: Literal["maximize", "minimize"] = Field("maximize", description="Direction.")
+    metric: Metric = Field("tflops_per_gpu", description="Metric of the trial summary.")
+    direction: Direction = Field("maximize", description="Direction.")
 
 
 class Budget(_Strict):
@@ -298,9 +297,7 @@ class Budget(_Strict):
 
 
 class AgentSpec(_Strict):
-    name: Literal["tpe", "gp", "nsga2", "random", "grid"] = Field(
-        "tpe", description="Search agent."
-    )
+    name: AgentName = Field("tpe", description="Search agent.")
     seed: int | None = Field(None, description="Sampler seed.")
     n_startup_trials: int = Field(
         4, ge=0, description="Start-up trials before the sampler's model takes over."
@@ -320,7 +317,7 @@ class AgentSpec(_Strict):
 
 
 class RunnerSpec(_Strict):
-    name: Literal["local", "ray", "slurm"] = Field("local", description="Where trials run.")
+    name: RunnerName = Field("local", description="Where trials run.")
     max_parallel: int | None = Field(
         None, ge=1, description="Trials at once (default: free GPUs / world, 1 on CPU)."
     )
@@ -333,7 +330,7 @@ class RunnerSpec(_Strict):
 
 
 class WorkloadSpec(_Strict):
-    name: Literal["megatron", "replay", "sim", "bridge", "nemo", "megatron_lm"] = Field(
+    name: WorkloadName = Field(
         "megatron", description="Trial kind (bridge/nemo/megatron_lm: the user's recipe)."
     )
     table: str | None = Field(None, description="Replay table (replay workload).")

@@ -23,6 +23,7 @@ from dse.space import SearchSpace, params_key
 
 if TYPE_CHECKING:
     from dse.agents import BaseAgent
+    from dse.proposer import Prescreen
     from dse.storage import Storage
     from dse.workloads.runners import BaseRunner
 
@@ -310,7 +311,7 @@ class StudyRunner:
         self.progress(self._status_line(counts, best, rej, prefix="done:"))
         return StudyResult(s.study, counts, best, rej, stopped=stopped)
 
-    def _prescreen(self) -> Callable[[dict[str, Any]], tuple[str, str, dict] | None] | None:
+    def _prescreen(self) -> Prescreen | None:
         from dse.proposer import cost_model_prescreen
 
         return cost_model_prescreen(self.space, self.cost_model)

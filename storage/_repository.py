@@ -29,7 +29,6 @@ re-queued trial is free for any controller.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -46,17 +45,23 @@ from dse.exceptions import (
     TrialNotFoundError,
 )
 from dse.records import (
+    DIRECTIONS,
+    FINISHED_STATES,
+    STUDY_STATES,
+    TAKEN_STATES,
+    TRIAL_STATES,
+    FinishedState,
     Outcome,
+    OutcomeStatus,
     RejectionRecord,
-    StepMetrics,
     StudyRecord,
     TrialPoint,
     TrialRecord,
+    finite,
 )
 from dse.storage._engine import SessionScope, make_engine, migrate, normalize_url, safe_url
+from dse.storage._export import dump_study, load_study, parse_export
 from dse.storage._models import (
-    STUDY_STATES,
-    TRIAL_STATES,
     RejectionModel,
     StudyAttrModel,
     StudyModel,
@@ -64,20 +69,27 @@ from dse.storage._models import (
     TrialParamModel,
     TrialStepModel,
 )
+from dse.storage._rows import (
+    param_rows,
+    rejection_record,
+    step_rows,
+    steps_of,
+    study_record,
+    trial_record,
+)
 
 __all__ = ["Storage", "open_storage"]
 
-#: States in which a configuration counts as taken (no second trial unless allow_repeat).
-TAKEN_STATES: tuple[str, ...] = ("queued", "running", "complete", "infeasible")
-#: States of a finished trial.
-FINISHED_STATES: tuple[str, ...] = ("complete", "failed", "infeasible", "pruned")
 #: Trial orders accepted by :meth:`Storage.list_trials`.
 TRIAL_ORDERS: tuple[str, ...] = ("number", "-number", "value", "-value")
-DIRECTIONS: tuple[str, ...] = ("minimize", "maximize")
 
 _Sel = TypeVar("_Sel", bound=Select[Any])
 
-_OUTCOME_STATE = {"ok": "complete", "infeasible": "infeasible", "failed": "failed"}
+_OUTCOME_STATE: dict[OutcomeStatus, FinishedState] = {
+    "ok": "complete",
+    "infeasible": "infeasible",
+    "failed": "failed",
+}
 
 
 def open_storage(url: str) -> Storage:
@@ -167,7 +179,7 @@ class Storage:
         def fn(s: Session) -> StudyRecord:
             if _study_by_name(s, name) is not None:
                 raise DuplicatedStudyError(f"a study named {name!r} already exists")
-            return _study_record(
+            return study_record(
                 _insert_study(s, name, space_yaml, space_hash, direction, metric, model, hardware)
             )
 
@@ -204,11 +216,11 @@ class Storage:
                         f"{row.space_hash!r}, given space_hash={space_hash!r}); pick another "
                         "study name or restore the original space file"
                     )
-                return _study_record(row), False
+                return study_record(row), False
             row = _insert_study(
                 s, name, space_yaml, space_hash, direction, metric, model, hardware
             )
-            return _study_record(row), True
+            return study_record(row), True
 
         return self._db.run(
             fn, write=True, retry_integrity=True, what=f"get or create study {name!r}"
@@ -222,7 +234,7 @@ class Storage:
         """
 
         def fn(s: Session) -> StudyRecord:
-            return _study_record(_study_or_raise(s, name))
+            return study_record(_study_or_raise(s, name))
 
         return self._db.run(fn, write=False, what=f"get study {name!r}")
 
@@ -234,7 +246,7 @@ class Storage:
         """
 
         def fn(s: Session) -> StudyRecord:
-            return _study_record(_study_id_or_raise(s, study_id))
+            return study_record(_study_id_or_raise(s, study_id))
 
         return self._db.run(fn, write=False, what=f"get study {study_id}")
 
@@ -243,7 +255,7 @@ class Storage:
 
         def fn(s: Session) -> list[StudyRecord]:
             rows = s.scalars(select(StudyModel).order_by(StudyModel.id)).all()
-            return [_study_record(r) for r in rows]
+            return [study_record(r) for r in rows]
 
         return self._db.run(fn, write=False, what="list studies")
 
@@ -344,7 +356,7 @@ class Storage:
             StudyNotFoundError: no such study.
         """
         _check_json(params, "params")
-        param_rows = _param_rows(params)
+        pairs = param_rows(params)
 
         def fn(s: Session) -> TrialRecord | None:
             locked = s.execute(
@@ -387,10 +399,8 @@ class Storage:
             )
             s.add(row)
             s.flush()
-            s.add_all(
-                TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in param_rows
-            )
-            return _trial_record(row)
+            s.add_all(TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in pairs)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, retry_integrity=True, what="claim a trial")
 
@@ -423,7 +433,7 @@ class Storage:
                 return None
             row.runner = runner
             row.heartbeat_at = time.time()
-            return _trial_record(row)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, what="acquire a queued trial")
 
@@ -448,7 +458,7 @@ class Storage:
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id, for_update=True)
             if row.state in FINISHED_STATES:
-                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+                return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             now = time.time()
             row.state = "running"
             row.runner = runner
@@ -457,7 +467,7 @@ class Storage:
             row.metrics_path = metrics_path
             row.started_at = now
             row.heartbeat_at = now
-            return _trial_record(row)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"start trial {trial_id}")
 
@@ -506,7 +516,7 @@ class Storage:
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id, for_update=True)
             if row.state == "complete" or (row.state in FINISHED_STATES and not outcome.ok):
-                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+                return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             row.state = state
             row.metrics = dict(outcome.metrics)
             row.value = value
@@ -517,8 +527,8 @@ class Storage:
             if gpu_seconds is not None:
                 row.gpu_seconds = gpu_seconds
             s.execute(delete(TrialStepModel).where(TrialStepModel.trial_id == row.id))
-            s.add_all(_step_rows(row.id, outcome.steps))
-            return _trial_record(row, tuple(outcome.steps))
+            s.add_all(step_rows(row.id, outcome.steps))
+            return trial_record(row, tuple(outcome.steps))
 
         return self._db.run(fn, write=True, what=f"finish trial {trial_id}")
 
@@ -536,7 +546,7 @@ class Storage:
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id, for_update=True)
             if row.state in FINISHED_STATES:
-                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+                return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             entry = {
                 "at": time.time(),
                 "reason": reason,
@@ -553,7 +563,7 @@ class Storage:
             row.host = None
             row.started_at = None
             row.heartbeat_at = None
-            return _trial_record(row)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"requeue trial {trial_id}")
 
@@ -568,8 +578,8 @@ class Storage:
 
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id)
-            steps = _steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
-            return _trial_record(row, steps)
+            steps = steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
+            return trial_record(row, steps)
 
         return self._db.run(fn, write=False, what=f"get trial {trial_id}")
 
@@ -590,8 +600,8 @@ class Storage:
             ).one_or_none()
             if row is None:
                 raise TrialNotFoundError(f"no trial number {number} in study {study_id}")
-            steps = _steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
-            return _trial_record(row, steps)
+            steps = steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
+            return trial_record(row, steps)
 
         return self._db.run(fn, write=False, what=f"get trial number {number}")
 
@@ -637,8 +647,8 @@ class Storage:
                     r.id: r for r in s.scalars(select(TrialModel).where(TrialModel.id.in_(ids)))
                 } if ids else {}  # fmt: skip
                 rows = [by_id[i] for i in ids]
-            steps = _steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
-            return [_trial_record(r, steps.get(r.id, ())) for r in rows]
+            steps = steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
+            return [trial_record(r, steps.get(r.id, ())) for r in rows]
 
         return self._db.run(fn, write=False, what="list trials")
 
@@ -672,9 +682,9 @@ class Storage:
                         failure_class=r.failure_class,
                         reason=r.reason,
                         gpu_seconds=r.gpu_seconds,
-                        tflops_per_gpu=_num(m.get("tflops_per_gpu")),
-                        peak_mem_gib=_num(m.get("peak_mem_gib")),
-                        step_time_s=_num(m.get("step_time_s")),
+                        tflops_per_gpu=finite(m.get("tflops_per_gpu")),
+                        peak_mem_gib=finite(m.get("peak_mem_gib")),
+                        step_time_s=finite(m.get("step_time_s")),
                     )  # fmt: skip
                 )
             return out
@@ -690,7 +700,7 @@ class Storage:
                 .where(TrialModel.study_id == study_id)
                 .group_by(TrialModel.state)
             ).all()
-            counts = dict.fromkeys(TRIAL_STATES, 0)
+            counts: dict[str, int] = dict.fromkeys(TRIAL_STATES, 0)
             for st, n in rows:
                 counts[st] = int(n)
             counts["total"] = sum(int(n) for _, n in rows)
@@ -727,7 +737,7 @@ class Storage:
                 .order_by(TrialModel.number)
                 .limit(1)
             ).first()
-            return None if row is None else _trial_record(row)
+            return None if row is None else trial_record(row)
 
         return self._db.run(fn, write=False, what="find trial")
 
@@ -747,7 +757,7 @@ class Storage:
                 .order_by(value, TrialModel.number)
                 .limit(1)
             ).first()
-            return None if row is None else _trial_record(row)
+            return None if row is None else trial_record(row)
 
         return self._db.run(fn, write=False, what="best trial")
 
@@ -781,7 +791,7 @@ class Storage:
                 )
                 .order_by(TrialModel.number)
             ).all()
-            return [_trial_record(r) for r in rows]
+            return [trial_record(r) for r in rows]
 
         return self._db.run(fn, write=False, what="stale trials")
 
@@ -820,7 +830,7 @@ class Storage:
             )
             s.add(row)
             s.flush()
-            return _rejection_record(row)
+            return rejection_record(row)
 
         return self._db.run(fn, write=True, what="add rejection")
 
@@ -835,7 +845,7 @@ class Storage:
             )
             if limit is not None:
                 q = q.limit(limit)
-            return [_rejection_record(r) for r in s.scalars(q).all()]
+            return [rejection_record(r) for r in s.scalars(q).all()]
 
         return self._db.run(fn, write=False, what="list rejections")
 
@@ -864,7 +874,6 @@ class Storage:
         Raises:
             StudyNotFoundError: no such study.
         """
-        from dse.storage._export import dump_study
 
         def fn(s: Session) -> dict[str, Any]:
             return dump_study(s, _study_or_raise(s, name), revision=self.revision)
@@ -880,15 +889,13 @@ class Storage:
             StudyFormatError: ``data`` is not a dse study export this dse can read.
             DuplicatedStudyError: a study of that name exists.
         """
-        from dse.storage._export import load_study, parse_export
-
         export = parse_export(data)
         target = name or export.study.name
 
         def fn(s: Session) -> StudyRecord:
             if _study_by_name(s, target) is not None:
                 raise DuplicatedStudyError(f"a study named {target!r} already exists")
-            return _study_record(load_study(s, export, name=target))
+            return study_record(load_study(s, export, name=target))
 
         return self._db.run(fn, write=True, retry_integrity=True, what=f"import study {target!r}")
 
@@ -988,118 +995,3 @@ def _ordered(q: _Sel, order: str) -> _Sel:
     # walk ix_trials_study_id_value_number instead of sorting every row of the study.
     value = TrialModel.value.asc() if order == "value" else TrialModel.value.desc()
     return q.order_by(value.nulls_last(), TrialModel.number)
-
-
-def _param_rows(params: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(str(k), json.dumps(v, sort_keys=True)) for k, v in params.items()]
-
-
-def _step_rows(trial_id: int, steps: Iterable[StepMetrics]) -> list[TrialStepModel]:
-    return [
-        TrialStepModel(
-            trial_id=trial_id,
-            step=st.step,
-            step_time_s=st.step_time_s,
-            tflops_per_gpu=st.tflops_per_gpu,
-            peak_mem_gib=st.peak_mem_gib,
-            peak_reserved_gib=st.peak_reserved_gib,
-            loss=st.loss,
-            grad_norm=st.grad_norm,
-        )
-        for st in steps
-    ]
-
-
-def _steps_of(s: Session, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, ...]]:
-    out: dict[int, list[StepMetrics]] = {}
-    for chunk_start in range(0, len(trial_ids), 500):
-        chunk = trial_ids[chunk_start : chunk_start + 500]
-        rows = s.scalars(
-            select(TrialStepModel)
-            .where(TrialStepModel.trial_id.in_(chunk))
-            .order_by(TrialStepModel.trial_id, TrialStepModel.step, TrialStepModel.id)
-        ).all()
-        for r in rows:
-            out.setdefault(r.trial_id, []).append(_step_record(r))
-    return {k: tuple(v) for k, v in out.items()}
-
-
-def _num(x: Any) -> float | None:
-    """A metric value as a float (None when missing or not a number)."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    return float(x)
-
-
-def _nan_if_none(x: float | None) -> float:
-    # SQLite stores NaN as NULL: a missing required number reads back as NaN.
-    return math.nan if x is None else x
-
-
-def _step_record(r: TrialStepModel) -> StepMetrics:
-    return StepMetrics(
-        step=r.step,
-        step_time_s=_nan_if_none(r.step_time_s),
-        tflops_per_gpu=_nan_if_none(r.tflops_per_gpu),
-        peak_mem_gib=_nan_if_none(r.peak_mem_gib),
-        peak_reserved_gib=_nan_if_none(r.peak_reserved_gib),
-        loss=_nan_if_none(r.loss),
-        grad_norm=r.grad_norm,
-    )
-
-
-def _study_record(r: StudyModel) -> StudyRecord:
-    return StudyRecord(
-        id=r.id,
-        name=r.name,
-        space_yaml=r.space_yaml,
-        space_hash=r.space_hash,
-        state=r.state,
-        direction=r.direction,
-        metric=r.metric,
-        created_at=r.created_at,
-        model=dict(r.model or {}),
-        hardware=dict(r.hardware or {}),
-    )
-
-
-def _trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRecord:
-    return TrialRecord(
-        id=r.id,
-        study_id=r.study_id,
-        number=r.number,
-        state=r.state,
-        params=dict(r.params or {}),
-        params_key=r.params_key,
-        metrics=dict(r.metrics or {}),
-        value=r.value,
-        failure_class=r.failure_class,
-        reason=r.reason,
-        source=r.source,
-        runner=r.runner,
-        host=r.host,
-        log_path=r.log_path,
-        metrics_path=r.metrics_path,
-        queued_at=r.queued_at,
-        started_at=r.started_at,
-        finished_at=r.finished_at,
-        heartbeat_at=r.heartbeat_at,
-        gpu_seconds=r.gpu_seconds,
-        steps=steps,
-        attempts=r.attempts or 0,
-        history=tuple(dict(h) for h in (r.history or [])),
-    )
-
-
-def _rejection_record(r: RejectionModel) -> RejectionRecord:
-    return RejectionRecord(
-        id=r.id,
-        study_id=r.study_id,
-        params=dict(r.params or {}),
-        params_key=r.params_key,
-        kind=r.kind,
-        rule=r.rule,
-        reason=r.reason,
-        values=dict(r.values or {}),
-        created_at=r.created_at,
-    )

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Path, Query
 
 from dse.api.deps import StorageDep, StudyDep
 from dse.api.errors import error_responses
-from dse.api.schemas import TrialDetailPublic, TrialOrder, TrialsPublic, TrialStateName
+from dse.api.schemas import TrialDetailPublic, TrialOrder, TrialsPublic
 from dse.api.views import trial_detail, trial_public
+from dse.records import TrialState
 
 __all__ = ["router"]
 
@@ -27,7 +28,7 @@ _MAX_INT = 2**31 - 1
 def list_trials(
     storage: StorageDep,
     study: StudyDep,
-    state: Annotated[TrialStateName | None, Query(description="Only this state.")] = None,
+    state: Annotated[TrialState | None, Query(description="Only this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
     offset: Annotated[int, Query(ge=0, le=_MAX_INT, description="Trials to skip.")] = 0,
     order: Annotated[
