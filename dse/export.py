@@ -1,20 +1,21 @@
 """The best configuration of a study as a payload and as launcher text.
 
 Shared by ``dse best`` (:mod:`dse.cli`) and the REST API (:mod:`dse.api`), so both print the
-same thing. Heavy or optional imports (PyYAML, the knob exporters) happen inside the calls.
+same thing.
 """
 
 from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import yaml
 
 from dse.exceptions import StudyNotFoundError
+from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
 from dse.records import BEST_FORMATS, BestFormat
-
-if TYPE_CHECKING:
-    from dse.space import SearchSpace
+from dse.space import SearchSpace, parse_space
 
 __all__ = ["best_payload", "render_best"]
 
@@ -53,10 +54,6 @@ def best_payload(storage: Any, study: Any) -> dict[str, Any]:
 @lru_cache(maxsize=64)
 def _stored_space(space_yaml: str, name: str) -> SearchSpace:
     """The parsed space of a study (cached: a stored space never changes; spaces are frozen)."""
-    import yaml
-
-    from dse.space import parse_space
-
     return parse_space(yaml.safe_load(space_yaml), f"study {name!r}")
 
 
@@ -67,14 +64,10 @@ def render_best(payload: dict[str, Any], fmt: BestFormat, num_layers: int | None
     Raises:
         ValueError: an unknown format, or a configuration the exporter cannot express.
     """
-    from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
-
     params = payload["params"]
     if fmt == "json":
         return json.dumps(payload, indent=2)
     if fmt == "yaml":
-        import yaml
-
         return yaml.safe_dump(payload, sort_keys=False)
     if fmt == "megatron":
         return " ".join(to_megatron_args(params, num_layers=num_layers))

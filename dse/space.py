@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from dse.exceptions import SpaceError
-from dse.knobs import ENV_PREFIX, get_knob
+from dse.knobs import ENV_PREFIX, FEATURES, get_knob
 from dse.layout import Layout
 from dse.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
 from dse.records import AgentName, Direction, Metric, RunnerName, WorkloadName
@@ -193,8 +193,6 @@ class Resources(_Strict):
     @field_validator("features")
     @classmethod
     def _known_features(cls, v: Any) -> Any:
-        from dse.knobs import FEATURES
-
         if isinstance(v, list):
             bad = [f for f in v if f not in FEATURES]
             if bad:

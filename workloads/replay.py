@@ -18,9 +18,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from dse.exceptions import DSEError, WorkloadError
 from dse.records import FailureClass, MetricsWriter, Outcome, StepMetrics, TrialSpec
-from dse.space import params_key
+from dse.space import SearchSpace, params_key
 from dse.table import MeasuredRow, read_table, space_model_fields
 
 __all__ = ["ReplayRow", "ReplayTable", "main"]
@@ -127,10 +129,6 @@ class ReplayTable:
         the workload is ``replay`` with ``table`` (default: the path the table was loaded
         from). Resources declare no optional features (``features: []``).
         """
-        from pydantic import ValidationError
-
-        from dse.space import SearchSpace
-
         first = self.rows[0]
         m = first.model
         base = dict(baseline) if baseline is not None else dict(first.params)
