@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dse.space import ModelSpec, Semantics
-
 from dse.records import Metric
+from dse.space import ModelSpec, Semantics
 
 __all__ = [
     "ErrorPublic",

@@ -127,7 +127,7 @@ class StudyRunner:
         )
         self.progress(
             f"study {s.study!r}: {'created' if created else 'resumed'} in "
-            f"{_safe_url(self.storage.url)}"
+            f"{self.storage.display_url}"
         )
         self.storage.set_study_state(s.study, "running")
         return rec.id
@@ -548,15 +548,6 @@ def _kill_leftover(trial_dir: Path) -> None:
         kill_group(int(f.read_text().strip()), grace_s=2.0)
     except (OSError, ValueError):
         pass
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - only for display
-        return "<storage>"
 
 
 def _short(params: dict[str, Any]) -> str:

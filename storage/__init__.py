@@ -26,8 +26,17 @@ Example::
 
 from __future__ import annotations
 
-from dse.storage._engine import head_revision
+from dse.storage._engine import has_password, head_revision, is_ephemeral, safe_url
 from dse.storage._export import FORMAT, FORMAT_VERSION
 from dse.storage._repository import Storage, open_storage
 
-__all__ = ["Storage", "open_storage", "head_revision", "FORMAT", "FORMAT_VERSION"]
+__all__ = [
+    "Storage",
+    "open_storage",
+    "head_revision",
+    "safe_url",
+    "is_ephemeral",
+    "has_password",
+    "FORMAT",
+    "FORMAT_VERSION",
+]

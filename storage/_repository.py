@@ -59,7 +59,14 @@ from dse.records import (
     TrialRecord,
     finite,
 )
-from dse.storage._engine import SessionScope, make_engine, migrate, normalize_url, safe_url
+from dse.storage._engine import (
+    SessionScope,
+    is_ephemeral,
+    make_engine,
+    migrate,
+    normalize_url,
+    safe_url,
+)
 from dse.storage._export import dump_study, load_study, parse_export
 from dse.storage._models import (
     RejectionModel,
@@ -136,7 +143,18 @@ class Storage:
         self._db = SessionScope(engine)
 
     def __repr__(self) -> str:
-        return f"Storage({safe_url(self.url)!r})"
+        return f"Storage({self.display_url!r})"
+
+    @property
+    def display_url(self) -> str:
+        """The database URL with its password hidden (for messages, logs and the API)."""
+        return safe_url(self.url)
+
+    @property
+    def is_ephemeral(self) -> bool:
+        """True for an in-memory database (gone when this process ends; other processes
+        cannot open it)."""
+        return is_ephemeral(self.url)
 
     def close(self) -> None:
         """Release the connections (an in-memory database is gone after this)."""

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from fastapi import APIRouter
-from sqlalchemy.engine import make_url
 
-from dse import DISTRIBUTION
+from dse import version
 from dse.api.deps import SettingsDep, StorageDep
 from dse.api.errors import error_responses
 from dse.api.schemas import HealthPublic
@@ -17,21 +14,14 @@ __all__ = ["router"]
 router = APIRouter(tags=["system"])
 
 
-def _version() -> str:
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "unknown"
-
-
 @router.get("/health", response_model=HealthPublic, responses=error_responses(503))
 def health(storage: StorageDep, settings: SettingsDep) -> HealthPublic:
     """200 when the study database answers (503 when it cannot be reached)."""
     storage.list_studies()  # a round trip: raises StorageError (503) when down
     return HealthPublic(
         status="ok",
-        version=_version(),
-        storage=make_url(storage.url).render_as_string(hide_password=True),
+        version=version(),
+        storage=storage.display_url,
         schema_revision=storage.revision,
         writes_enabled=settings.writes_enabled,
         poll_interval_s=settings.poll_interval_s,

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dse.records import STUDY_STATES, TRIAL_STATES, TrialState
-from dse.storage import open_storage
+from dse.storage import has_password, is_ephemeral, open_storage, safe_url
 
 
 def test_states_are_the_vocabularys(tmp_path: Path) -> None:
@@ -55,3 +55,25 @@ def test_a_dropped_value_in_a_stored_row_still_loads(tmp_path: Path) -> None:
         assert [p.state for p in st.list_trial_points(s.id)] == ["pruned"]
     finally:
         st.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "ephemeral", "password"),
+    [
+        ("sqlite:///:memory:", "sqlite:///:memory:", True, False),
+        ("sqlite://", "sqlite://", True, False),
+        ("sqlite:///dse_runs/s.db", "sqlite:///dse_runs/s.db", False, False),
+        ("postgresql+psycopg://u:secret@db/s", "postgresql+psycopg://u:***@db/s", False, True),
+        ("not a url", "not a url", False, False),
+    ],
+)
+def test_urls_are_storages_business(url: str, shown: str, ephemeral: bool, password: bool) -> None:
+    assert safe_url(url) == shown
+    assert is_ephemeral(url) is ephemeral
+    assert has_password(url) is password
+
+
+def test_an_open_storage_shows_its_url_without_password() -> None:
+    with open_storage("sqlite:///:memory:") as st:
+        assert st.display_url == "sqlite:///:memory:" and st.is_ephemeral
+        assert repr(st) == "Storage('sqlite:///:memory:')"
