@@ -255,10 +255,8 @@ def _median(xs: Sequence[int | None]) -> float | None:
 
 
 def _cost_model_class() -> Any:
-    try:
-        from dse.costmodel import CostModel  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise DSEError(f"--prescreen needs dse.costmodel.CostModel, which is not available ({e})")
+    from dse.costmodel import CostModel
+
     return CostModel
 
 
