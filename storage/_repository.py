@@ -364,7 +364,7 @@ class Storage:
             params_key: its canonical key (:func:`dse.space.params_key`).
             budget: the most trials the study may have (every trial row counts).
             allow_repeat: claim even if a trial of this configuration is queued, running,
-                complete or infeasible (failed and pruned ones never block a retry).
+                complete or infeasible (failed ones never block a retry).
             runner: the claiming owner (e.g. ``host:pid:token``); its heartbeat starts now.
 
         Returns:
@@ -518,7 +518,7 @@ class Storage:
         and the per-step metrics (replacing any earlier steps of the trial).
 
         Idempotent and never loses a result: a ``complete`` trial is returned unchanged; a
-        trial already failed / infeasible / pruned is returned unchanged unless the new
+        trial already failed / infeasible is returned unchanged unless the new
         outcome is ``ok`` (a result found later, e.g. in the metrics file of a trial that was
         declared interrupted, replaces the failure).
 
