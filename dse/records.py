@@ -33,6 +33,7 @@ __all__ = [
     "TRIAL_STATES",
     "FINISHED_STATES",
     "TAKEN_STATES",
+    "ANSWERED_STATES",
     "StudyState",
     "STUDY_STATES",
     "FailureClass",
@@ -103,6 +104,9 @@ TRIAL_STATES: tuple[TrialState, ...] = get_args(TrialState)
 FINISHED_STATES: tuple[FinishedState, ...] = get_args(FinishedState)
 #: States in which a configuration counts as taken (no second trial unless repeats are on).
 TAKEN_STATES: tuple[TrialState, ...] = ("queued", "running", "complete", "infeasible")
+#: Finished states whose answer holds for the configuration (a ``failed`` trial, a crash or a
+#: timeout, may go differently next time): duplicates and warm starts reuse these.
+ANSWERED_STATES: tuple[FinishedState, ...] = ("complete", "infeasible")
 
 #: States of a study: ``created`` -> ``running`` -> ``complete``, or ``stopping`` (asked
 #: through the API) -> ``stopped``. A study whose controller died stays ``running``.

@@ -45,6 +45,7 @@ from dse.exceptions import (
     TrialNotFoundError,
 )
 from dse.records import (
+    ANSWERED_STATES,
     DIRECTIONS,
     FINISHED_STATES,
     STUDY_STATES,
@@ -750,7 +751,7 @@ class Storage:
                 .where(
                     TrialModel.study_id == study_id,
                     TrialModel.params_key == params_key,
-                    TrialModel.state.in_(("complete", "infeasible")),
+                    TrialModel.state.in_(ANSWERED_STATES),
                 )
                 .order_by(TrialModel.number)
                 .limit(1)
