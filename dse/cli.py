@@ -16,9 +16,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dse.agents import create_agent
 from dse.exceptions import DSEError, SpaceError, StorageError, StudyNotFoundError
 from dse.export import best_payload, render_best
+from dse.figures import figure
+from dse.proposer import cost_model_memory_hint
 from dse.records import AGENT_NAMES, BEST_FORMATS, RUNNER_NAMES
+from dse.rules import check_space
+from dse.space import load_space, parse_space
+from dse.study import StudyRunner, detect_trial_features
+from dse.workloads.runners import LocalRunner
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
@@ -44,8 +51,6 @@ def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
 # --- validate -----------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     from dse.recipe_cli import check_recipe
-    from dse.rules import check_space
-    from dse.space import load_space
 
     space = load_space(args.space)
     n_total, n_valid = check_space(space, args.space)
@@ -79,8 +84,6 @@ def _apply_overrides(space: Any, args: argparse.Namespace) -> Any:
         )
     if not upd:
         return space
-    from dse.space import parse_space
-
     data = space.model_dump()
     for k, v in upd.items():
         data[k] = v.model_dump() if hasattr(v, "model_dump") else v
@@ -92,7 +95,6 @@ def _make_runner(space: Any) -> Any:
     if name == "local":
         # replay and sim trials are plain CPU processes whatever the space's device is
         from dse.recipe_spec import LAUNCHERS
-        from dse.workloads.runners import LocalRunner
 
         trains = space.workload.name in ("megatron", *LAUNCHERS)
         device = space.resources.device if trains else "cpu"
@@ -123,10 +125,7 @@ def _make_cost_model(space: Any) -> Any:
 
 
 def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
-    from dse.agents import create_agent
-    from dse.proposer import cost_model_memory_hint
     from dse.storage import open_storage
-    from dse.study import StudyRunner, detect_trial_features
 
     url = _storage_url(args, space.storage)
     storage = open_storage(url)
@@ -152,8 +151,6 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from dse.recipe_cli import check_recipe, dry_run
-    from dse.rules import check_space
-    from dse.space import load_space
 
     space = _apply_overrides(load_space(args.space), args)
     check_space(space, args.space, count=False)  # the baseline; counting is validate's job
@@ -167,7 +164,6 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     import yaml
 
-    from dse.space import parse_space
     from dse.storage import open_storage
 
     url = _storage_url(args)
@@ -257,8 +253,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _status_text(s: dict[str, Any]) -> str:
     """A study's best trial and trial table (figures with four significant digits)."""
-    from dse.figures import figure
-
     lines: list[str] = []
     b = s["best"]
     if b:

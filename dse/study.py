@@ -18,14 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dse.records import Outcome, TrialRecord, TrialSpec, read_metrics
+from dse.exceptions import StudyNotFoundError
+from dse.proposer import Prescreen, Proposer, cost_model_prescreen, feedback_from_outcome
+from dse.records import (
+    ANSWERED_STATES,
+    FINISHED_STATES,
+    Outcome,
+    TrialRecord,
+    TrialSpec,
+    read_metrics,
+)
 from dse.space import SearchSpace, params_key
+from dse.workloads import trial_command
+from dse.workloads.runners import BaseRunner, Launch, kill_group
 
 if TYPE_CHECKING:
     from dse.agents import BaseAgent
-    from dse.proposer import Prescreen
     from dse.storage import Storage
-    from dse.workloads.runners import BaseRunner
 
 __all__ = ["StudyRunner", "StudyResult", "objective_value", "detect_trial_features"]
 
@@ -171,11 +180,9 @@ class StudyRunner:
         return time.time() - hb > 6 * HEARTBEAT_S
 
     def _restore_agent(self, study_id: int) -> None:
-        from dse.proposer import feedback_from_outcome
-
         n = 0
         for t in self.storage.list_trials(study_id):
-            if t.state in ("complete", "infeasible", "failed"):
+            if t.state in FINISHED_STATES:
                 out = _outcome_of_record(t)
                 self.agent.add_evaluated(t.params, feedback_from_outcome(self.space, out))
                 n += 1
@@ -197,9 +204,6 @@ class StudyRunner:
         """Feed the agent the finished trials of an earlier study of the same model as
         history (not re-measured here; the baseline excepted): their knob values inside this
         space's domains, the rest at this space's baseline."""
-        from dse.exceptions import StudyNotFoundError
-        from dse.proposer import feedback_from_outcome
-
         try:
             other = self.storage.get_study(name)
         except StudyNotFoundError:
@@ -215,7 +219,7 @@ class StudyRunner:
         base = self.space.baseline()
         n = 0
         for t in self.storage.list_trials(other.id):
-            if t.state not in ("complete", "infeasible"):
+            if t.state not in ANSWERED_STATES:
                 continue
             params = dict(base)
             fits = True
@@ -238,8 +242,6 @@ class StudyRunner:
 
     # --- main loop -------------------------------------------------------------------------
     def run(self) -> StudyResult:
-        from dse.proposer import Proposer
-
         s = self.space
         study_id = self._open_study()
         self.reconcile(study_id)
@@ -312,8 +314,6 @@ class StudyRunner:
         return StudyResult(s.study, counts, best, rej, stopped=stopped)
 
     def _prescreen(self) -> Prescreen | None:
-        from dse.proposer import cost_model_prescreen
-
         return cost_model_prescreen(self.space, self.cost_model)
 
     def _launch_queued(self, study_id: int, free: int) -> int:
@@ -331,7 +331,6 @@ class StudyRunner:
 
     def _launch_new(self, study_id: int, proposer: Any, free: int, budget: int) -> bool:
         """Ask for up to ``free`` proposals and launch them; True when the space is spent."""
-        from dse.proposer import feedback_from_outcome
 
         def lookup(key: str) -> Outcome | None:
             if self.space.budget.repeats:
@@ -379,9 +378,6 @@ class StudyRunner:
         self.progress(f"rejected before launch ({rej.kind}): {rej.rule}: {rej.reason}")
 
     def _submit(self, t: TrialRecord) -> None:
-        from dse.workloads import trial_command
-        from dse.workloads.runners import Launch
-
         s = self.space
         tdir = (self.workdir / f"trial-{t.number:05d}").resolve()
         tdir.mkdir(parents=True, exist_ok=True)
@@ -435,8 +431,6 @@ class StudyRunner:
     def _on_finished(
         self, study_id: int, trial_id: int, outcome: Outcome, wall_s: float, devices: int
     ) -> None:
-        from dse.proposer import feedback_from_outcome
-
         s = self.space
         if outcome.failure_class == "oom" and s.resources.gpu_memory_gib:
             outcome = Outcome(
@@ -489,7 +483,7 @@ class StudyRunner:
         self, counts: dict[str, int], best: TrialRecord | None, rej: int, prefix: str
     ) -> str:
         budget = self.space.budget.n_trials
-        done = sum(counts.get(k, 0) for k in ("complete", "failed", "infeasible"))
+        done = sum(counts.get(k, 0) for k in FINISHED_STATES)
         b = (
             f"best {best.value:.4g} (trial {best.number})"
             if best is not None and best.value is not None
@@ -541,8 +535,6 @@ def _outcome_of_record(t: TrialRecord) -> Outcome:
 
 
 def _kill_leftover(trial_dir: Path) -> None:
-    from dse.workloads.runners import kill_group
-
     f = trial_dir / "pgid"
     try:
         kill_group(int(f.read_text().strip()), grace_s=2.0)
