@@ -357,6 +357,15 @@ class StepLine(BaseModel):
             source=source,
         )
 
+    @classmethod
+    def coerce(cls, m: StepMetrics | StepLine | Mapping[str, Any]) -> StepLine:
+        """A step line from metrics, a line or a mapping of its fields (validated)."""
+        if isinstance(m, StepLine):
+            return m
+        if isinstance(m, StepMetrics):
+            return cls.of(m)
+        return cls.model_validate({**m, "type": "step"})
+
     def metrics(self) -> StepMetrics:
         """The step as :class:`StepMetrics`."""
         reserved = self.peak_mem_gib if self.peak_reserved_gib is None else self.peak_reserved_gib
@@ -455,9 +464,9 @@ class MetricsWriter:
                 return True
         return False
 
-    def step(self, m: StepMetrics | StepLine) -> None:
-        """One step line."""
-        self.write(m if isinstance(m, StepLine) else StepLine.of(m))
+    def step(self, m: StepMetrics | StepLine | Mapping[str, Any]) -> None:
+        """One step line (from metrics, a line or a mapping of its fields)."""
+        self.write(StepLine.coerce(m))
 
     def summary(self, record: Mapping[str, Any] | SummaryLine) -> bool:
         """The summary line; False when a final line was already there."""
