@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+import ipaddress
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "is_loopback", "bind_warnings"]
 
 
 class Settings(BaseSettings):
@@ -28,8 +30,81 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(
         3.0, gt=0, le=3600, description="How often the dashboard polls a running study."
     )
+    protect_reads: bool = Field(
+        False,
+        description="Reads need the token too (DSE_PROTECT_READS); needs DSE_API_TOKEN.",
+    )
+    public_reads: bool = Field(
+        False,
+        description="`dse serve` off the loopback interface without a token: reads are "
+        "public on purpose (DSE_PUBLIC_READS).",
+    )
+    read_cache_s: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="How long the hot read answers (a study's best, trial pages) are reused "
+        "(DSE_READ_CACHE_S; writes through the API clear them; 0, the default: never reused, "
+        "only concurrent requests share a build). A client that refetches only when "
+        "/studies changes may see an answer up to this old until the next change.",
+    )
+    validate_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Longest a space file of POST /studies may take to validate (then 422).",
+    )
+    validate_memory_mib: int = Field(
+        1024, ge=128, le=65536, description="Memory limit of the space validation process."
+    )
+
+    @model_validator(mode="after")
+    def _reads_need_a_token(self) -> Settings:
+        if self.protect_reads and not self.writes_enabled:
+            raise ValueError("DSE_PROTECT_READS needs a token: set DSE_API_TOKEN as well")
+        return self
 
     @property
     def writes_enabled(self) -> bool:
         """Whether the write endpoints accept requests (a non-empty token is configured)."""
         return self.api_token is not None and bool(self.api_token.get_secret_value())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def bind_warnings(host: str, settings: Settings, *, public_reads: bool) -> list[str]:
+    """What ``dse serve --host HOST`` must warn about; raises when it must not start.
+
+    Off the loopback interface, a server without a token (every read open, writes disabled)
+    starts only when ``public_reads`` says so; one with a token but open reads warns that
+    anyone who reaches the port reads every study.
+
+    Raises:
+        ValueError: a non-loopback bind without a token and without ``public_reads``.
+    """
+    if is_loopback(host):
+        return []
+    if not settings.writes_enabled and not public_reads:
+        raise ValueError(
+            f"refusing to serve on {host}: without DSE_API_TOKEN every study is readable by "
+            "anyone who reaches the port; set DSE_API_TOKEN (and DSE_PROTECT_READS=1 to "
+            "protect reads), or pass --public-reads to serve reads to everyone on purpose"
+        )
+    if settings.protect_reads:
+        return [
+            f"serving on {host}: reads and writes need the token; the token travels in "
+            "clear text unless a TLS proxy is in front"
+        ]
+    return [
+        f"serving on {host}: reads are public (anyone who reaches the port sees every study, "
+        "trial and space file); set DSE_PROTECT_READS=1 to require the token for reads, and "
+        "put a TLS proxy in front"
+    ]

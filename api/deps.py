@@ -8,12 +8,15 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from dse.api.config import Settings
 from dse.api.launch import Launcher
+from dse.api.readcache import ReadCache, TimedMemo
 from dse.api.views import AnswerCache
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
+from dse.space_check import CheckedSpace, check_space_text
 from dse.storage import Storage, open_storage
 
 __all__ = [
@@ -23,7 +26,17 @@ __all__ = [
     "StudyDep",
     "LauncherDep",
     "CacheDep",
+    "Reads",
+    "ReadsDep",
+    "StudyName",
+    "SpaceChecker",
+    "SpaceCheckerDep",
     "WriteAccess",
+    "ReadAccess",
+    "TrustedDep",
+    "read_access",
+    "is_trusted",
+    "request_is_trusted",
     "get_settings",
     "get_storage",
     "get_study",
@@ -55,6 +68,10 @@ class StorageHolder:
                 self._storage = open_storage(self.url)
             return self._storage
 
+    def peek(self) -> Storage | None:
+        """The storage if it is open (never blocks)."""
+        return self._storage
+
     def close(self) -> None:
         with self._lock:
             if self._storage is not None:
@@ -62,7 +79,11 @@ class StorageHolder:
                 self._storage = None
 
 
-def get_settings(request: Request) -> Settings:
+# Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency in
+# the thread pool, a hop per request that costs more than the work under load.
+
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -70,18 +91,22 @@ def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_storage(request: Request) -> Storage:
+async def get_storage(request: Request) -> Storage:
     holder: StorageHolder = request.app.state.storage
-    return holder.get()
+    storage = holder.peek()
+    if storage is not None:
+        return storage
+    return await run_in_threadpool(holder.get)  # opening it may wait on the network
 
 
 StorageDep = Annotated[Storage, Depends(get_storage)]
 
 
-def get_study(
-    storage: StorageDep,
-    name: Annotated[str, Path(min_length=1, max_length=255, description="Study name.")],
-) -> StudyRecord:
+#: The ``{name}`` path parameter of a study.
+StudyName = Annotated[str, Path(min_length=1, max_length=255, description="Study name.")]
+
+
+def get_study(storage: StorageDep, name: StudyName) -> StudyRecord:
     """The study named in the path (404 when there is none)."""
     if any(ord(c) < 32 for c in name):  # never a stored name; PostgreSQL refuses NUL
         raise StudyNotFoundError(f"no study named {name!r}")
@@ -91,7 +116,7 @@ def get_study(
 StudyDep = Annotated[StudyRecord, Depends(get_study)]
 
 
-def get_launcher(request: Request) -> Launcher:
+async def get_launcher(request: Request) -> Launcher:
     launcher: Launcher = request.app.state.launcher
     return launcher
 
@@ -99,14 +124,116 @@ def get_launcher(request: Request) -> Launcher:
 LauncherDep = Annotated[Launcher, Depends(get_launcher)]
 
 
-def get_cache(request: Request) -> AnswerCache:
+async def get_cache(request: Request) -> AnswerCache:
     cache: AnswerCache = request.app.state.cache
     return cache
 
 
 CacheDep = Annotated[AnswerCache, Depends(get_cache)]
 
+
+class Reads:
+    """The read caches of an app (:mod:`dse.api.readcache`): answers, and the trial counts
+    that every page of a study shares."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.answers = ReadCache(ttl_s)
+        self.counts: TimedMemo[dict[str, int]] = TimedMemo(ttl_s)
+
+    def clear(self) -> None:
+        """After a write through this API: the next reads see it."""
+        self.answers.clear()
+        self.counts.clear()
+
+
+async def get_reads(request: Request) -> Reads:
+    reads: Reads = request.app.state.reads
+    return reads
+
+
+ReadsDep = Annotated[Reads, Depends(get_reads)]
+
+
+class SpaceChecker:
+    """Validates space files of ``POST /studies`` in child processes (at most ``parallel``
+    at once; more wait), each bounded by ``timeout_s`` and ``memory_mib``
+    (:func:`dse.space_check.check_space_text`). Called from worker threads."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        memory_mib: int,
+        *,
+        parallel: int = 2,
+        target: str = "dse.space_check:validate",
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.memory_mib = memory_mib
+        self.target = target
+        self._slots = threading.BoundedSemaphore(parallel)
+
+    def __call__(self, text: str, source: str) -> CheckedSpace:
+        with self._slots:
+            return check_space_text(
+                text,
+                source,
+                timeout_s=self.timeout_s,
+                memory_mib=self.memory_mib,
+                target=self.target,
+            )
+
+
+async def get_space_checker(request: Request) -> SpaceChecker:
+    checker: SpaceChecker = request.app.state.space_checker
+    return checker
+
+
+SpaceCheckerDep = Annotated[SpaceChecker, Depends(get_space_checker)]
+
 _bearer = HTTPBearer(auto_error=False, description="DSE_API_TOKEN of the server.")
+
+
+def _token_ok(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> bool:
+    if not settings.writes_enabled or settings.api_token is None or credentials is None:
+        return False
+    if credentials.scheme.lower() != "bearer":
+        return False
+    expected = settings.api_token.get_secret_value().encode()
+    return secrets.compare_digest(credentials.credentials.encode(), expected)
+
+
+async def is_trusted(request: Request) -> bool:
+    """Whether the request carries the server's token: a trusted reader also sees where
+    trials ran (hosts, log and metrics paths) and the database URL. (The header is read
+    directly: for reads the token is optional, which OpenAPI's security schemes cannot say.)"""
+    return request_is_trusted(request)
+
+
+def request_is_trusted(request: Request) -> bool:
+    """:func:`is_trusted` outside dependency injection (exception handlers)."""
+    settings: Settings = request.app.state.settings
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    creds = (
+        HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip()) if token else None
+    )
+    return _token_ok(settings, creds)
+
+
+TrustedDep = Annotated[bool, Depends(is_trusted)]
+
+
+async def read_access(settings: SettingsDep, trusted: TrustedDep) -> None:
+    """Read access: 401 when the server protects reads (``DSE_PROTECT_READS``) and the token
+    is missing or wrong; open otherwise."""
+    if settings.protect_reads and not trusted:
+        raise HTTPException(
+            status_code=401,
+            detail="this server protects reads: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+ReadAccess = Depends(read_access)
 
 
 def require_token(

@@ -1,7 +1,8 @@
 """Exception handlers: every error leaves as JSON ``{"detail": message}``.
 
 dse's own errors map to 4xx/503 here (the only place where they become HTTP statuses);
-anything else is a bug: logged with its traceback, answered with a bare 500.
+anything else is a bug: logged once with its traceback, answered with a bare JSON 500 on a
+connection that stays open (:class:`CatchBugs`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dse.api.deps import request_is_trusted
 from dse.api.schemas import ErrorPublic
 from dse.exceptions import (
     DSEError,
     DuplicatedStudyError,
+    NoCompleteTrialError,
     SchemaVersionError,
     SpaceError,
     StorageError,
@@ -29,13 +33,20 @@ from dse.exceptions import (
     WorkloadError,
 )
 
-__all__ = ["install_error_handlers", "status_of", "ERROR_RESPONSES", "error_responses"]
+__all__ = [
+    "CatchBugs",
+    "install_error_handlers",
+    "status_of",
+    "ERROR_RESPONSES",
+    "error_responses",
+]
 
 log = logging.getLogger("dse.api")
 
 #: dse errors and their status, narrowest first.
 _STATUS: tuple[tuple[type[DSEError], int], ...] = (
     (StudyNotFoundError, 404),
+    (NoCompleteTrialError, 404),
     (TrialNotFoundError, 404),
     (DuplicatedStudyError, 409),
     (SchemaVersionError, 503),
@@ -52,6 +63,7 @@ _DESCRIPTIONS = {
     403: "Write endpoints are disabled (no DSE_API_TOKEN on the server).",
     404: "No such study or trial (or nothing to answer yet).",
     409: "Conflicts with the current state (a study of that name exists, ...).",
+    413: "The body is larger than a space file may be.",
     422: "Invalid parameters or body; the message names the field.",
     503: "The study database cannot be reached.",
 }
@@ -82,9 +94,22 @@ def _message(exc: BaseException) -> str:
 
 async def _dse_error(request: Request, exc: Exception) -> JSONResponse:
     code = status_of(cast(DSEError, exc))  # registered for DSEError only
+    detail = _message(exc)
     if code >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse({"detail": _message(exc)}, status_code=code)
+        if not request_is_trusted(request):  # the message names the database's host or file
+            kind = next((k for k in _UNTRUSTED_503 if isinstance(exc, k)), StorageError)
+            detail = _UNTRUSTED_503[kind]
+    return JSONResponse({"detail": detail}, status_code=code)
+
+
+#: What a reader without the token is told of a 5xx dse error (the server log has the rest).
+_UNTRUSTED_503: dict[type[DSEError], str] = {
+    StorageError: "the study database cannot be reached (the server log says why)",
+    SchemaVersionError: "the study database was written by a newer dse (the server log "
+    "says which revision)",
+    TrialLaunchError: "the study controller cannot be started (the server log says why)",
+}
 
 
 def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -131,9 +156,41 @@ def _allowed_methods(app: FastAPI, path: str) -> set[str]:
     return out
 
 
-async def _bug(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse({"detail": "internal server error (logged)"}, status_code=500)
+class CatchBugs:
+    """ASGI middleware: an unhandled exception (a bug) becomes a JSON 500, logged once.
+
+    Starlette's ``add_exception_handler(Exception, ...)`` answers through its outermost
+    middleware and then re-raises, so the server logs the traceback a second time and closes
+    the keep-alive connection (the next request a client pools on it gets a reset). Caught
+    here, inside that middleware, the 500 is an ordinary response on a connection that stays
+    open. An exception after the response has started is re-raised (nothing else can be done).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.error(
+                "unhandled error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc
+            )
+            response = JSONResponse({"detail": "internal server error (logged)"}, status_code=500)
+            await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -141,4 +198,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DSEError, _dse_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _bug)
+    app.add_middleware(CatchBugs)

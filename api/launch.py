@@ -13,7 +13,7 @@ from typing import Protocol
 from dse.exceptions import TrialLaunchError
 from dse.storage import has_password
 
-__all__ = ["Launched", "Launcher", "SubprocessLauncher", "controller_command"]
+__all__ = ["Launched", "Launcher", "SubprocessLauncher", "controller_command", "controller_env"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,24 @@ def controller_command(study: str, storage_url: str) -> tuple[list[str], dict[st
     """The command that runs a study's controller, and extra environment variables.
 
     A URL with a password travels in ``DSE_STORAGE`` rather than on the command line, where
-    every local user could read it.
+    every local user could read it. The name travels as ``--study=NAME`` so that a name
+    starting with ``-`` is a value, not an option.
     """
-    argv = [sys.executable, "-m", "dse.cli", "resume", "--study", study]
+    argv = [sys.executable, "-m", "dse.cli", "resume", f"--study={study}"]
     if has_password(storage_url):
         return argv, {"DSE_STORAGE": storage_url}
     return [*argv, "--storage", storage_url], {}
+
+
+#: Variables of the API process a controller must not inherit: the API's write token (a
+#: controller and its trials never call the API; a trial runs the space's code).
+_WITHHELD = ("DSE_API_TOKEN",)
+
+
+def controller_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a started controller: the API's, less its secrets, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _WITHHELD}
+    return {**env, **extra}
 
 
 class SubprocessLauncher:
@@ -58,7 +70,7 @@ class SubprocessLauncher:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, **env},
+                    env=controller_env(env),
                     start_new_session=True,
                     close_fds=True,
                 )

@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 
 from dse import version
 from dse.api.config import Settings
-from dse.api.deps import StorageHolder
+from dse.api.deps import Reads, SpaceChecker, StorageHolder
 from dse.api.errors import install_error_handlers
 from dse.api.launch import SubprocessLauncher
 from dse.api.routes import api_router
@@ -70,6 +70,10 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     app.state.storage = holder
     app.state.launcher = SubprocessLauncher()
     app.state.cache = AnswerCache()
+    app.state.reads = Reads(settings.read_cache_s)
+    app.state.space_checker = SpaceChecker(
+        settings.validate_timeout_s, settings.validate_memory_mib
+    )
     install_error_handlers(app)
     app.include_router(api_router, prefix=API_PREFIX)
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from fastapi import Response
 
+from dse.api.plausible import value_range
 from dse.api.schemas import (
     BestPublic,
     BestQuery,
@@ -47,6 +48,7 @@ __all__ = [
     "study_summary",
     "study_public",
     "trial_public",
+    "trial_row",
     "trial_detail",
     "rejection_public",
     "points_of",
@@ -65,7 +67,7 @@ __all__ = [
 def clean(obj: Any) -> Any:
     """A JSON-safe copy: non-finite floats become None (JSON has no NaN)."""
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return finite(obj)
     if isinstance(obj, Mapping):
         return {str(k): clean(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -189,6 +191,13 @@ def trial_public(t: TrialRecord) -> TrialPublic:
     """A trial for a page: metrics without the per-step ``losses`` list."""
     metrics = {k: v for k, v in t.metrics.items() if k != "losses"}
     return TrialPublic(**_trial_fields(t), metrics=clean(metrics))
+
+
+def trial_row(t: TrialRecord) -> dict[str, Any]:
+    """:func:`trial_public` as a plain dict (a page of them is serialized once, without
+    building and validating a model per trial)."""
+    metrics = {k: v for k, v in t.metrics.items() if k != "losses"}
+    return {**_trial_fields(t), "metrics": clean(metrics)}
 
 
 def _step_public(s: StepMetrics) -> StepPublic:
@@ -353,14 +362,17 @@ def _exports(payload: dict[str, Any], num_layers: int | None) -> dict[str, str |
     return out
 
 
-def best_public(storage: Storage, study: StudyRecord) -> BestPublic:
-    """The best feasible trial of a study with its configuration in every export format.
+def best_public(
+    storage: Storage, study: StudyRecord, trial: TrialRecord | None = None
+) -> BestPublic:
+    """The best feasible trial of a study (or ``trial``) with its configuration in every
+    export format.
 
     Raises:
         StudyNotFoundError: the study has no complete trial yet (404).
         SpaceError: the stored space no longer validates.
     """
-    payload = best_payload(storage, study)
+    payload = best_payload(storage, study, trial)
     exports = _exports(payload, _num_layers(study))
     return BestPublic(**clean(payload), exports=exports)
 
@@ -435,11 +447,15 @@ def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
         raise StudyNotFoundError(f"no study matches {_describe(query)}")
     best: tuple[float, StudyRecord] | None = None
     maximize = METRIC_DIRECTION.get(query.metric, "maximize") == "maximize"
+    trials: dict[int, TrialRecord] = {}
     for study in matched:
-        t = storage.best_trial(study.id, study.direction)
+        # only finite values possible on the study's hardware count (api/plausible.py)
+        bounds = value_range(query.metric, study.hardware)
+        t = storage.best_trial(study.id, study.direction, value_range=bounds)
         v = None if t is None else finite(t.value)
-        if v is None:
+        if t is None or v is None:
             continue
+        trials[study.id] = t
         if best is None or (v > best[0] if maximize else v < best[0]):
             best = (v, study)
     if best is None:
@@ -447,7 +463,8 @@ def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
         raise StudyNotFoundError(
             f"no complete trial yet in the studies that match {_describe(query)} ({names})"
         )
-    return CrossBestPublic(matched=[s.name for s in matched], best=best_public(storage, best[1]))
+    chosen = best_public(storage, best[1], trials[best[1].id])
+    return CrossBestPublic(matched=[s.name for s in matched], best=chosen)
 
 
 def _describe(query: BestQuery) -> str:

@@ -1,16 +1,17 @@
 """``dse bench``: how many trials each agent needs to find a near-best configuration.
 
-Each agent runs once per seed on a measured table, in-process: proposals go through the
-same :class:`~dse.proposer.Proposer` as a study (validity rules, optional cost-model
-pre-screen), and every launchable one is answered by :meth:`ReplayTable.outcome` instead
-of a GPU run. Per agent the report gives the median number of trials (baseline included)
-until a configuration within ``--target-gap`` of the table's best was measured, and the
-fraction of seeds that got there within the budget.
+Each agent runs once per seed on a measured table through the study loop itself
+(:class:`dse.study.StudyRunner`: validity rules, optional cost-model pre-screen, claims,
+budget, storage), with in-memory storage and an in-process runner that answers every
+launched trial by :meth:`ReplayTable.outcome` instead of a GPU run. Per agent the report
+gives the median number of trials (baseline included) until a configuration within
+``--target-gap`` of the table's best was measured, and the fraction of seeds that got there
+within the budget.
 
-Counting. A *trial* is what would have cost a GPU run: an ``ok`` row, an ``oom`` or
-``error`` row, and an ``invalid`` row the rules did not catch. Proposals rejected before
-launch (a rule, the pre-screen) and combinations the table has no row for are told to the
-agent as infeasible and are not trials.
+Counting. A *trial* is what would have cost a GPU run, as in a study: an ``ok`` row, an
+``oom`` or ``error`` row, an ``invalid`` row the rules did not catch, and a combination the
+table has no row for. Proposals rejected before launch (a rule, the pre-screen) are told to
+the agent as infeasible and are not trials.
 
 ``n_valid`` (the default budget) is the number of configurations of the table's space that
 pass :func:`dse.rules.check` and have a row whose status is not ``invalid``: the trials an
@@ -184,13 +185,6 @@ def bench(
     best = max(ok) if maximize else min(ok)
     target = best * (1 - target_gap) if maximize else best * (1 + target_gap)
     n_budget = budget if budget is not None else n_valid
-    if prescreen:
-        _cost_model_class()  # fail early, before any run, when it is missing
-    if memory_hint:
-        try:
-            _cost_model_class()
-        except DSEError:
-            memory_hint = False  # the agents start without it
 
     def reached(out: Outcome) -> bool:
         v = out.metrics.get(obj.metric) if out.ok else None
@@ -198,37 +192,44 @@ def bench(
             return False
         return v >= target - 1e-12 if maximize else v <= target + 1e-12
 
-    per_agent: dict[str, Any] = {}
-    for name in agents:
-        runs = [
-            run_one(
-                space,
-                table,
-                name,
-                seed,
-                n_budget,
-                reached,
-                prescreen,
-                n_startup_trials,
-                prior,
-                full_budget,
-                memory_hint,
-            )
-            for seed in range(seeds)
-        ]
-        ttt = [r.trials_to_target for r in runs]
-        per_agent[name] = {
-            "median_trials_to_target": _median(ttt),
-            "reached_fraction": sum(t is not None for t in ttt) / len(ttt),
-            "trials_to_target": ttt,
-            "oom_trials_run": sum(r.oom_trials_run for r in runs),
-            "oom_after_first_oom": sum(r.oom_after_first_oom for r in runs),
-            "error_trials_run": sum(r.error_trials_run for r in runs),
-            "rule_rejections": sum(r.rule_rejections for r in runs),
-            "prescreen_rejections": sum(r.prescreen_rejections for r in runs),
-            "prescreen_saved": sum(r.prescreen_saved for r in runs),
-            "seconds": round(sum(r.seconds for r in runs), 3),
-        }
+    from dse.storage import open_storage
+
+    storage = open_storage("sqlite://")  # in memory: one study per agent and seed
+    try:
+        per_agent: dict[str, Any] = {}
+        for name in agents:
+            runs = [
+                run_one(
+                    space,
+                    table,
+                    name,
+                    seed,
+                    n_budget,
+                    reached,
+                    prescreen,
+                    n_startup_trials,
+                    prior,
+                    full_budget,
+                    memory_hint,
+                    storage,
+                )
+                for seed in range(seeds)
+            ]
+            ttt = [r.trials_to_target for r in runs]
+            per_agent[name] = {
+                "median_trials_to_target": _median(ttt),
+                "reached_fraction": sum(t is not None for t in ttt) / len(ttt),
+                "trials_to_target": ttt,
+                "oom_trials_run": sum(r.oom_trials_run for r in runs),
+                "oom_after_first_oom": sum(r.oom_after_first_oom for r in runs),
+                "error_trials_run": sum(r.error_trials_run for r in runs),
+                "rule_rejections": sum(r.rule_rejections for r in runs),
+                "prescreen_rejections": sum(r.prescreen_rejections for r in runs),
+                "prescreen_saved": sum(r.prescreen_saved for r in runs),
+                "seconds": round(sum(r.seconds for r in runs), 3),
+            }
+    finally:
+        storage.close()
     return {
         "table": str(table_path),
         "metric": obj.metric,
@@ -272,61 +273,72 @@ def run_one(
     prior: bool = True,
     full_budget: bool = False,
     memory_hint: bool = False,
+    storage: Any = None,
 ) -> RunStats:
-    """One agent, one seed: propose, screen, answer from the table, until the target is
-    measured (or, with ``full_budget``, until ``budget`` trials ran) or the agent is spent."""
+    """One agent, one seed: the study loop (:class:`dse.study.StudyRunner`) on an in-process
+    runner that answers each trial from the table, with in-memory storage, until the target
+    is measured (or, with ``full_budget``, until ``budget`` trials ran) or the agent is spent.
+    """
     from dse.agents import create_agent
-    from dse.proposer import (
-        Proposer,
-        cost_model_memory_hint,
-        cost_model_prescreen,
-        feedback_from_outcome,
-    )
+    from dse.proposer import cost_model_memory_hint
+    from dse.storage import open_storage
+    from dse.study import Progress, StudyRunner
+    from dse.workloads.runners import InProcessRunner
 
     t0 = time.perf_counter()
     upd: dict[str, Any] = {"name": agent_name, "seed": seed, "prior": prior}
     if n_startup_trials is not None:
         upd["n_startup_trials"] = n_startup_trials
-    sp = space.model_copy(update={"agent": space.agent.model_copy(update=upd)})
+    sp = space.model_copy(
+        update={
+            "study": f"bench-{agent_name}-{seed}",
+            "agent": space.agent.model_copy(update=upd),
+            "budget": space.budget.model_copy(update={"n_trials": budget}),
+            "prescreen": space.prescreen.model_copy(update={"enabled": prescreen}),
+        }
+    )
     features = set(sp.resources.features) if isinstance(sp.resources.features, list) else None
     cm = None
-    screen = None
     if prescreen or memory_hint:
         cm = _cost_model_class()(sp.model, sp.semantics, sp.resources)
-    if prescreen:
-        screen = cost_model_prescreen(sp, cm)
     # as in a study: the agent may weigh the calibrated cost model's memory predictions
     agent = create_agent(sp, cost_model_memory_hint(sp, cm) if memory_hint else None)
-    proposer = Proposer(sp, agent, features, prescreen=screen)
-    measured: dict[str, Outcome] = {}
-    trials = ooms = errors = ooms_after = 0
-    hit: int | None = None
-    while trials < budget and (hit is None or full_budget):
-        batch = proposer.propose(1, lookup=measured.get)
-        if not batch.proposals:
-            break
-        for s in batch:
-            if table.lookup(s.params) is None:  # no row: invalid, caught before launch
-                out = table.outcome(s.params)
-                agent.tell(s.trial_id, feedback_from_outcome(sp, out))
-                continue
-            out = table.outcome(s.params)
-            trials += 1
-            measured[s.params_key] = out
-            ooms_after += out.failure_class == "oom" and ooms > 0
-            ooms += out.failure_class == "oom"
-            errors += out.failure_class == "error"
-            if cm is not None and isinstance(out.metrics.get("peak_mem_gib"), int | float):
-                if out.ok or out.failure_class == "oom":
-                    cm.observe(
-                        sp.full_params(s.params), float(out.metrics["peak_mem_gib"]), not out.ok
-                    )
-            agent.tell(s.trial_id, feedback_from_outcome(sp, out))
-            if hit is None and reached(out):
-                hit = trials
-                if not full_budget:
-                    break
-    pre = [r for r in proposer.rejections if r.rule == "prescreen"]
+    own = storage is None
+    st = open_storage("sqlite://") if own else storage
+    hit: list[int] = []
+
+    def on_trial(rec: Any) -> None:
+        out = _outcome(rec)
+        if not hit and reached(out):
+            hit.append(rec.number + 1)
+            if not full_budget:
+                loop.request_stop("target reached")
+
+    loop = StudyRunner(
+        sp,
+        storage=st,
+        runner=InProcessRunner(lambda spec: table.outcome(spec.params)),
+        agent=agent,
+        space_yaml=sp.model_dump_json(),
+        features=features,
+        progress=Progress(quiet=True),
+        cost_model=cm,
+        on_trial=on_trial,
+    )
+    try:
+        loop.run()
+        rec = st.get_study(sp.study)
+        trials = sorted(st.list_trials(rec.id), key=lambda t: t.number)
+        rejections = st.list_rejections(rec.id)
+    finally:
+        if own:
+            st.close()
+    ooms = errors = ooms_after = 0
+    for t in trials:
+        ooms_after += t.failure_class == "oom" and ooms > 0
+        ooms += t.failure_class == "oom"
+        errors += t.failure_class == "error"
+    pre = [r for r in rejections if r.rule == "prescreen"]
     saved = 0
     for r in pre:
         row = table.lookup(r.params)
@@ -334,16 +346,22 @@ def run_one(
     return RunStats(
         agent=agent_name,
         seed=seed,
-        trials_to_target=hit,
-        trials_run=trials,
+        trials_to_target=hit[0] if hit else None,
+        trials_run=len(trials),
         oom_trials_run=ooms,
         oom_after_first_oom=ooms_after,
         error_trials_run=errors,
-        rule_rejections=sum(r.kind == "invalid" for r in proposer.rejections),
+        rule_rejections=sum(r.kind == "invalid" for r in rejections),
         prescreen_rejections=len(pre),
         prescreen_saved=saved,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _outcome(rec: Any) -> Outcome:
+    from dse.agent_session import outcome_of_record
+
+    return outcome_of_record(rec)
 
 
 def format_report(report: dict[str, Any]) -> str:

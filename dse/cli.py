@@ -16,16 +16,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dse.agents import create_agent
-from dse.exceptions import DSEError, SpaceError, StorageError, StudyNotFoundError
+from dse.bounds import MAX_EXPORT_BYTES, printable
+from dse.exceptions import (
+    DSEError,
+    DuplicatedStudyError,
+    NoCompleteTrialError,
+    SpaceError,
+    StorageError,
+    StudyFormatError,
+    StudyNotFoundError,
+)
 from dse.export import best_payload, render_best
-from dse.figures import figure
-from dse.proposer import cost_model_memory_hint
+from dse.names import display_name
 from dse.records import AGENT_NAMES, BEST_FORMATS, RUNNER_NAMES
-from dse.rules import check_space
-from dse.space import load_space, parse_space
-from dse.study import StudyRunner, detect_trial_features
-from dse.workloads.runners import LocalRunner
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
@@ -37,7 +40,8 @@ def _out(text: str) -> None:
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(f"dse: {text}\n")
+    # a message may quote its input: never send its control characters to the terminal
+    sys.stderr.write(f"dse: {printable(text)}\n")
 
 
 def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
@@ -48,89 +52,76 @@ def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
     return space_url or DEFAULT_STORAGE
 
 
+def _open_existing(args: argparse.Namespace) -> Any:
+    """The storage of a read-only command; a SQLite file that does not exist is an error
+    (exit 2), never created."""
+    from dse.storage import open_storage, sqlite_file
+
+    url = _storage_url(args)
+    db = sqlite_file(url)
+    if db is not None and not Path(db).is_file():
+        raise StudyNotFoundError(f"no study database at {db} (storage {url}); check --storage")
+    return open_storage(url)
+
+
 # --- validate -----------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     from dse.recipe_cli import check_recipe
+    from dse.rules import CHECK_SPACE_CAP, check_space
+    from dse.space import load_space
+    from dse.workloads.runners import check_runner
 
     space = load_space(args.space)
+    check_runner(space, args.space)
     n_total, n_valid = check_space(space, args.space)
     check_recipe(space, args.space)
+    if n_total >= CHECK_SPACE_CAP:
+        counted = (
+            f"more than {CHECK_SPACE_CAP} configurations (only the first {CHECK_SPACE_CAP} "
+            f"checked: the enumeration cap), {n_valid} of those pass the rules"
+        )
+    else:
+        counted = f"{n_total} configurations, {n_valid} pass the rules"
     _out(
         f"{args.space}: ok: study {space.study!r}, {len(space.knobs)} knobs, "
-        f"{n_total} configurations, {n_valid} pass the rules; baseline "
-        f"{json.dumps(space.baseline())}"
+        f"{counted}; baseline {json.dumps(space.baseline())}"
     )
     return 0
 
 
 # --- start / resume -----------------------------------------------------------------------
-def _apply_overrides(space: Any, args: argparse.Namespace) -> Any:
-    upd: dict[str, Any] = {}
-    if getattr(args, "study", None):
-        upd["study"] = args.study
-    if getattr(args, "n_trials", None):
-        upd["budget"] = space.budget.model_copy(update={"n_trials": args.n_trials})
-    if getattr(args, "agent", None):
-        upd["agent"] = space.agent.model_copy(update={"name": args.agent})
-    if getattr(args, "runner", None):
-        upd["runner"] = space.runner.model_copy(update={"name": args.runner})
-    if getattr(args, "workdir", None):
-        upd["runner"] = upd.get("runner", space.runner).model_copy(
-            update={"workdir": args.workdir}
-        )
-    if getattr(args, "max_parallel", None):
-        upd["runner"] = upd.get("runner", space.runner).model_copy(
-            update={"max_parallel": args.max_parallel}
-        )
-    if not upd:
-        return space
-    data = space.model_dump()
-    for k, v in upd.items():
-        data[k] = v.model_dump() if hasattr(v, "model_dump") else v
-    return parse_space(data, str(args.space))
+def _overrides(args: argparse.Namespace) -> Any:
+    from dse.run_settings import RunOverrides
 
-
-def _make_runner(space: Any) -> Any:
-    name = space.runner.name
-    if name == "local":
-        # replay and sim trials are plain CPU processes whatever the space's device is
-        from dse.recipe_spec import LAUNCHERS
-
-        trains = space.workload.name in ("megatron", *LAUNCHERS)
-        device = space.resources.device if trains else "cpu"
-        return LocalRunner(
-            device=device,
-            world_size=space.resources.world_size,
-            gpus=space.runner.gpus,
-            max_parallel=space.runner.max_parallel,
-        )
-    try:
-        import importlib
-
-        mod = importlib.import_module(f"dse.workloads.runners.{name}_runner")
-    except ImportError as e:
-        raise SpaceError(
-            f"runner {name!r} is not part of this dse version (only 'local' is); "
-            "set runner.name: local"
-        ) from e
-    return mod.make_runner(space)
+    return RunOverrides(
+        n_trials=getattr(args, "n_trials", None),
+        agent=getattr(args, "agent", None),
+        runner=getattr(args, "runner", None),
+        workdir=getattr(args, "workdir", None),
+        max_parallel=getattr(args, "max_parallel", None),
+    )
 
 
 def _make_cost_model(space: Any) -> Any:
-    try:
-        from dse.costmodel import CostModel
-    except ImportError:
-        return None
+    from dse.costmodel import CostModel
+
     return CostModel(space.model, space.semantics, space.resources)
 
 
 def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
+    import signal
+
+    from dse.agents import create_agent
+    from dse.proposer import cost_model_memory_hint
     from dse.storage import open_storage
+    from dse.study import StudyRunner, detect_trial_features
+    from dse.workloads.runners import make_runner
 
     url = _storage_url(args, space.storage)
     storage = open_storage(url)
+    caught: list[int] = []
     try:
-        runner = _make_runner(space)
+        runner = make_runner(space)
         features = detect_trial_features(space, space.runner.python)
         cost_model = _make_cost_model(space)
         agent = create_agent(space, cost_model_memory_hint(space, cost_model))
@@ -143,42 +134,89 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
             features=features,
             cost_model=cost_model,
         )
-        result = study.run()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            # SIGINT, SIGTERM, SIGHUP alike: stop the loop (trials killed and re-queued, the
+            # study left 'stopped'); a second signal while stopping interrupts the stop itself
+            if study.stop_requested is not None:
+                raise KeyboardInterrupt
+            caught.append(signum)
+            study.request_stop(f"signal {signal.Signals(signum).name}")
+
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+        try:
+            result = study.run()
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
     finally:
         storage.close()
-    return 130 if result.stopped else 0
+    if caught:
+        return 128 + caught[0]
+    if result.stop_kind == "launch":
+        return 1
+    return 130 if result.stopped and result.stop_kind == "request" else 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     from dse.recipe_cli import check_recipe, dry_run
+    from dse.rules import check_space
+    from dse.run_settings import apply_overrides
+    from dse.space import load_space, parse_space
+    from dse.workloads.runners import check_runner
 
-    space = _apply_overrides(load_space(args.space), args)
+    space = load_space(args.space)
+    if args.study:
+        data = space.model_dump(mode="json")
+        data["study"] = args.study
+        space = parse_space(data, f"{args.space} (--study)")
+    space = apply_overrides(space, _overrides(args), args.space)
     check_space(space, args.space, count=False)  # the baseline; counting is validate's job
     check_recipe(space, args.space)
-    if getattr(args, "dry_run", None):
+    if getattr(args, "dry_run", None):  # renders what a runner would run; runs nothing
         _out(dry_run(space, args.dry_run))
         return 0
+    check_runner(space, args.space)
     return _run_study(space, Path(args.space).read_text(), args)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    import yaml
+    from dse.records import IMPORTED_ATTR
+    from dse.run_settings import (
+        RUN_SETTINGS_ATTR,
+        apply_overrides,
+        strip_imported,
+        with_run_settings,
+    )
+    from dse.space import parse_space, parse_space_text
+    from dse.workloads.runners import check_runner
 
-    from dse.storage import open_storage
-
-    url = _storage_url(args)
-    storage = open_storage(url)
+    storage = _open_existing(args)
     try:
         rec = _pick_study(storage, args.study)
+        attrs = storage.get_study_attrs(rec.id)
     finally:
         storage.close()
-    space = parse_space(yaml.safe_load(rec.space_yaml), f"study {rec.name!r} (stored space)")
+    source = f"study {rec.name!r} (stored space)"
+    space = parse_space_text(rec.space_yaml, source)
     if space.study != rec.name:
         data = space.model_dump()
         data["study"] = rec.name
-        space = parse_space(data, f"study {rec.name!r}")
-    args.space = f"<stored space of {rec.name}>"
-    space = _apply_overrides(space, argparse.Namespace(**{**vars(args), "study": None}))
+        space = parse_space(data, source)
+    stored = attrs.get(RUN_SETTINGS_ATTR)
+    if isinstance(stored, dict):
+        space = with_run_settings(space, stored, f"study {rec.name!r} (stored run settings)")
+    ov = _overrides(args)
+    if attrs.get(IMPORTED_ATTR) and not args.trust_imported:
+        space = strip_imported(space, ov, source)
+        _err(
+            f"study {display_name(rec.name)!r} was imported: trials run with this "
+            f"installation's Python in {space.runner.workdir} (--trust-imported keeps the "
+            "export's runner.python and workdir)"
+        )
+    space = apply_overrides(space, ov, source)
+    check_runner(space, source)
     return _run_study(space, rec.space_yaml, args)
 
 
@@ -190,7 +228,7 @@ def _pick_study(storage: Any, name: str | None) -> Any:
     if not studies:
         raise StudyNotFoundError(f"no study in {storage.url}")
     if len(studies) > 1:
-        names = ", ".join(s.name for s in studies)
+        names = ", ".join(display_name(s.name) for s in studies)
         raise StudyNotFoundError(f"several studies in {storage.url} ({names}): give --study")
     return studies[0]
 
@@ -209,9 +247,7 @@ def _trial_json(t: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
-
-    storage = open_storage(_storage_url(args))
+    storage = _open_existing(args)
     try:
         studies = [storage.get_study(args.study)] if args.study else storage.list_studies()
         if not studies:
@@ -240,7 +276,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in out:
         c = s["counts"]
         _out(
-            f"study {s['study']} [{s['state']}]: {c.get('total', 0)} trials "
+            f"study {display_name(s['study'])} [{s['state']}]: {c.get('total', 0)} trials "
             f"({c.get('complete', 0)} complete, {c.get('running', 0)} running, "
             f"{c.get('failed', 0)} failed, {c.get('infeasible', 0)} infeasible, "
             f"{c.get('queued', 0)} queued), {sum(s['rejections'].values())} rejected before "
@@ -253,6 +289,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _status_text(s: dict[str, Any]) -> str:
     """A study's best trial and trial table (figures with four significant digits)."""
+    from dse.figures import figure
+
     lines: list[str] = []
     b = s["best"]
     if b:
@@ -279,9 +317,7 @@ def _status_text(s: dict[str, Any]) -> str:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
-
-    storage = open_storage(_storage_url(args))
+    storage = _open_existing(args)
     try:
         st = _pick_study(storage, args.study)
         payload = best_payload(storage, st)
@@ -293,9 +329,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 # --- export / import / serve ---------------------------------------------------------------
 def cmd_export(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
-
-    storage = open_storage(_storage_url(args))
+    storage = _open_existing(args)
     try:
         st = _pick_study(storage, args.study)
         data = storage.export_study(st.name)
@@ -311,15 +345,28 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from dse.storage import open_storage
+    from dse.names import study_name_problem
+    from dse.storage import open_storage, read_export_text
 
+    why = None if args.study is None else study_name_problem(args.study)
+    if why is not None:
+        raise SpaceError(f"--study: {why} (study={args.study!r})")
     try:
-        data = json.loads(Path(args.file).read_text())
-    except (OSError, ValueError) as e:
-        raise SpaceError(f"{args.file}: cannot read a study export: {e}") from e
+        with open(args.file, "rb") as f:
+            raw = f.read(MAX_EXPORT_BYTES + 1)
+    except OSError as e:
+        raise SpaceError(f"{args.file}: cannot read a study export ({e.strerror})") from e
+    try:
+        export = read_export_text(raw)
+    except StudyFormatError as e:
+        raise StudyFormatError(f"{args.file}: {e}") from None
     storage = open_storage(_storage_url(args))
     try:
-        rec = storage.import_study(data, name=args.study)
+        rec = storage.import_study(export, name=args.study)
+    except DuplicatedStudyError as e:
+        # bad input, not a storage failure: the name is taken (nothing was written)
+        _err(f"{args.file}: {e}; import it under another name with --study NAME")
+        return 2
     finally:
         storage.close()
     _err(f"imported study {rec.name!r}")
@@ -333,11 +380,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         import uvicorn
+        from pydantic import ValidationError
 
-        from dse.api import create_app
+        from dse.api import Settings, create_app
+        from dse.api.config import bind_warnings
     except ImportError as e:
         raise DSEError(f"the API needs the 'api' extra ({install_hint('api')}): {e}") from e
-    app = create_app(storage_url=_storage_url(args))
+    try:
+        settings = Settings()
+    except ValidationError as e:
+        _err(f"serve: {e.errors()[0].get('msg', e)}".replace("Value error, ", ""))
+        return 2
+    try:
+        for line in bind_warnings(
+            args.host, settings, public_reads=args.public_reads or settings.public_reads
+        ):
+            _err(f"warning: {line}")
+    except ValueError as e:
+        _err(str(e))
+        return 2
+    app = create_app(storage_url=_storage_url(args), settings=settings)
     # bind first (uvicorn would only log the error and exit 1 without a word on stdout)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -364,13 +426,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "Ctrl-C stops"
     )
     sys.stdout.flush()
-    config = uvicorn.Config(app, log_level="warning")
+    # keep-alive longer than clients' pools (httpx: 5 s) so that the server never closes a
+    # connection at the moment a client reuses it (a reset without a response)
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=65)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
 # --- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from dse import bench, recipe_cli
+    from dse.costmodel import cli as costmodel_cli
+
     p = argparse.ArgumentParser(
         prog="dse", description="Design-space exploration for Megatron-Core training recipes."
     )
@@ -391,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
         storage_arg(sp)
         sp.add_argument("--n-trials", type=int, help="trial budget (baseline included)")
         sp.add_argument("--agent", choices=AGENT_NAMES)
+        # every name a space may give (start refuses those this dse cannot run, naming them)
         sp.add_argument("--runner", choices=RUNNER_NAMES)
         sp.add_argument("--max-parallel", type=int, help="trials at once")
         sp.add_argument("--workdir", help="folder for trial specs, metrics and logs")
@@ -409,8 +477,16 @@ def build_parser() -> argparse.ArgumentParser:
     run_args(sp)
     sp.set_defaults(fn=cmd_start)
 
-    sp = sub.add_parser("resume", help="continue a study whose controller stopped or died")
+    sp = sub.add_parser(
+        "resume",
+        help="continue a study (stopped, died, or finished: --n-trials extends its budget)",
+    )
     sp.add_argument("--study")
+    sp.add_argument(
+        "--trust-imported",
+        action="store_true",
+        help="an imported study: run with the export's runner.python, workdir and table",
+    )
     run_args(sp)
     sp.set_defaults(fn=cmd_resume)
 
@@ -440,17 +516,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("serve", help="REST API and dashboard")
     storage_arg(sp)
-    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: loopback only; elsewhere needs DSE_API_TOKEN or "
+        "--public-reads, see docs/SECURITY.md)",
+    )
     sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument(
+        "--public-reads",
+        action="store_true",
+        help="serve reads to anyone off the loopback interface without a token "
+        "(also DSE_PUBLIC_READS=1)",
+    )
     sp.set_defaults(fn=cmd_serve)
 
-    for mod in ("dse.costmodel.cli", "dse.bench", "dse.recipe_cli"):
-        try:
-            import importlib
-
-            importlib.import_module(mod).register(sub)
-        except ImportError:
-            pass
+    costmodel_cli.register(sub)
+    bench.register(sub)
+    recipe_cli.register(sub)
     return p
 
 
@@ -469,9 +552,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
-    except (SpaceError, StudyNotFoundError) as e:
+    except (SpaceError, StudyNotFoundError, StudyFormatError) as e:
         _err(str(e))
         return 2
+    except NoCompleteTrialError as e:
+        _err(str(e))
+        return 1
     except StorageError as e:
         _err(f"storage: {e}")
         return 1

@@ -10,8 +10,10 @@ __all__ = [
     "DSEError",
     "SpaceError",
     "UnknownKnobError",
+    "ConstraintEvalError",
     "StorageError",
     "StudyNotFoundError",
+    "NoCompleteTrialError",
     "DuplicatedStudyError",
     "TrialNotFoundError",
     "SchemaVersionError",
@@ -33,12 +35,27 @@ class UnknownKnobError(SpaceError):
     """A knob name that the catalog does not know."""
 
 
+class ConstraintEvalError(SpaceError):
+    """A space's constraint could not be evaluated on a configuration (a division by zero,
+    a type mismatch, a result beyond the bounds). ``expr`` is the constraint, ``reason`` why."""
+
+    def __init__(self, expr: str, reason: str) -> None:
+        self.expr = expr
+        self.reason = reason
+        shown = repr(expr) if len(expr) <= 200 else repr(expr[:200]) + "..."
+        super().__init__(f"constraint {shown} cannot be evaluated: {reason}")
+
+
 class StorageError(DSEError):
     """A database operation failed (translated from the driver's error)."""
 
 
 class StudyNotFoundError(StorageError, LookupError):
     """No study of that name in the storage."""
+
+
+class NoCompleteTrialError(DSEError, LookupError):
+    """The study exists but has no complete trial yet (not bad input: ask again later)."""
 
 
 class DuplicatedStudyError(StorageError):

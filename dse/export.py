@@ -12,24 +12,25 @@ from typing import Any
 
 import yaml
 
-from dse.exceptions import StudyNotFoundError
+from dse.exceptions import NoCompleteTrialError
 from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
 from dse.records import BEST_FORMATS, BestFormat
-from dse.space import SearchSpace, parse_space
+from dse.space import SearchSpace, parse_space_text
 
 __all__ = ["best_payload", "render_best"]
 
 
-def best_payload(storage: Any, study: Any) -> dict[str, Any]:
-    """The best feasible trial of a study as the ``dse best`` / REST payload.
+def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
+    """The best feasible trial of a study (or ``best``, a trial record of it) as the
+    ``dse best`` / REST payload.
 
     Raises:
-        StudyNotFoundError: the study has no complete trial yet.
+        NoCompleteTrialError: the study has no complete trial yet.
         SpaceError: the stored space of the study no longer validates.
     """
-    best = storage.best_trial(study.id, study.direction)
+    best = best if best is not None else storage.best_trial(study.id, study.direction)
     if best is None:
-        raise StudyNotFoundError(f"study {study.name!r} has no complete trial yet")
+        raise NoCompleteTrialError(f"study {study.name!r} has no complete trial yet")
     space = _stored_space(study.space_yaml, study.name)
     full = space.full_params(best.params)
     m = best.metrics
@@ -54,7 +55,7 @@ def best_payload(storage: Any, study: Any) -> dict[str, Any]:
 @lru_cache(maxsize=64)
 def _stored_space(space_yaml: str, name: str) -> SearchSpace:
     """The parsed space of a study (cached: a stored space never changes; spaces are frozen)."""
-    return parse_space(yaml.safe_load(space_yaml), f"study {name!r}")
+    return parse_space_text(space_yaml, f"study {name!r}")
 
 
 def render_best(payload: dict[str, Any], fmt: BestFormat, num_layers: int | None = None) -> str:

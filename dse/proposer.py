@@ -137,7 +137,8 @@ def feedback_from_outcome(space: SearchSpace, outcome: Outcome) -> Feedback:
     * ``infeasible`` (``invalid``, ``predicted_oom``, ``oom``) -> ``infeasible`` with the
       outcome's metrics (the GPU capacity is added as ``gpu_memory_gib`` when the space
       knows it, so OOMs can be scaled by peak vs capacity).
-    * ``failed`` (``error``, ``timeout``, ``hang``, ``nan``) -> ``failed``.
+    * ``failed`` (``error``, ``timeout``, ``hang``, ``nan``, ``interrupted``, ``node_fail``,
+      ``preempted``, ``cancelled``) -> ``failed``.
     """
     metrics = dict(outcome.metrics)
     if outcome.ok:

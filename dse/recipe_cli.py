@@ -131,6 +131,10 @@ def dry_run(space: Any, n: int) -> str:
                 )
             else:
                 out.append(r.script().rstrip("\n"))
+        elif space.runner.name == "slurm":
+            from dse.workloads.runners.slurm_runner import dry_run_script
+
+            out.append(dry_run_script(space, i, env).rstrip("\n"))
         else:
             out += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
             argv = trial_command(

@@ -87,6 +87,10 @@ FailureClass = Literal[
     "timeout",  # ran past trial_timeout_s
     "hang",  # no step for hang_timeout_s
     "nan",  # loss became NaN/inf
+    "interrupted",  # the controller died while it ran
+    "node_fail",  # a node of the trial failed (cluster runners)
+    "preempted",  # the cluster's scheduler preempted the trial's job
+    "cancelled",  # the trial's job was cancelled from outside (e.g. scancel)
 ]
 FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
 #: Failure classes that say "this configuration cannot run" (the agent learns an infeasible
@@ -109,8 +113,9 @@ TAKEN_STATES: tuple[TrialState, ...] = ("queued", "running", "complete", "infeas
 ANSWERED_STATES: tuple[FinishedState, ...] = ("complete", "infeasible")
 
 #: States of a study: ``created`` -> ``running`` -> ``complete``, or ``stopping`` (asked
-#: through the API) -> ``stopped``. A study whose controller died stays ``running``.
-StudyState = Literal["created", "running", "stopping", "complete", "stopped"]
+#: through the API) -> ``stopped``; ``interrupted`` when the controller stopped on an error
+#: (its running trials re-queued). A study whose controller died stays ``running``.
+StudyState = Literal["created", "running", "stopping", "complete", "stopped", "interrupted"]
 STUDY_STATES: tuple[StudyState, ...] = get_args(StudyState)
 
 #: What a trial's outcome says.
@@ -125,7 +130,7 @@ REJECTION_KINDS: tuple[RejectionKind, ...] = get_args(RejectionKind)
 #: Objective metrics of a study (fields of a trial's summary line).
 Metric = Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"]
 METRICS: tuple[Metric, ...] = get_args(Metric)
-Direction = Literal["maximize", "minimize"]
+Direction = Literal["minimize", "maximize"]
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
 #: The direction in which each metric is better.
 METRIC_DIRECTION: dict[Metric, Direction] = {
@@ -544,3 +549,8 @@ def read_metrics(path: str | Path) -> Outcome | None:
         steps=tuple(steps),
         source=src,
     )
+
+
+#: Study attribute :meth:`dse.storage.Storage.import_study` sets (true): the study's run
+#: settings came from an export file and are not run unconfirmed (see dse.run_settings).
+IMPORTED_ATTR = "imported"

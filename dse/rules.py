@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dse.exceptions import SpaceError
+from dse.bounds import MAX_SPACE_COMBINATIONS, MAX_SPACE_CONFIGS
+from dse.exceptions import ConstraintEvalError, SpaceError
 from dse.knobs import KNOBS, get_knob
 from dse.layout import Layout
 from dse.space import ModelSpec, Resources, SearchSpace, Semantics
@@ -455,8 +456,17 @@ def r_features(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violat
 
 @_rule
 def r_constraints(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
-    """Extra constraints of the space file."""
-    for expr, ok in s.constraint_values(p):
+    """Extra constraints of the space file (one that cannot be evaluated on this
+    configuration, e.g. a division by zero, rejects it with rule ``space_constraint_error``)."""
+    try:
+        values = s.constraint_values(p)
+    except ConstraintEvalError as e:
+        return _v(
+            "space_constraint_error",
+            str(e),
+            **{k: v for k, v in s.full_params(p).items() if k in e.expr},
+        )
+    for expr, ok in values:
         if not ok:
             return _v(
                 "space_constraint",
@@ -492,11 +502,19 @@ def first_violation(
     return vs[0] if vs else None
 
 
-def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple[int, int]:
-    """Refuse a space whose baseline breaks a rule.
+#: Configurations :func:`check_space` enumerates at most.
+CHECK_SPACE_CAP = MAX_SPACE_CONFIGS
 
-    Returns (configurations looked at, configurations that pass the rules); with
-    ``count=False`` none are looked at (``(0, 0)``: ``dse start`` needs only the refusal)."""
+
+def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple[int, int]:
+    """Refuse a space whose baseline breaks a rule, or with a constraint that cannot be
+    evaluated on one of the configurations looked at.
+
+    Looks at the first ``MAX_SPACE_COMBINATIONS`` raw knob combinations and at most
+    ``MAX_SPACE_CONFIGS`` distinct configurations among them, so its time is bounded
+    whatever the space. Returns (configurations looked at, configurations that pass the
+    rules); with ``count=False`` none are looked at (``(0, 0)``: ``dse start`` needs only the
+    refusal)."""
     feats = space.resources.features if isinstance(space.resources.features, list) else None
     problems = check(space, space.baseline(), feats)
     if problems:
@@ -507,10 +525,14 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple
     n_total, n_valid = 0, 0
     if not count:
         return n_total, n_valid
-    for cfg in space.iter_configs():
+    for cfg in space.iter_configs(max_combinations=MAX_SPACE_COMBINATIONS):
         n_total += 1
-        if not check(space, cfg, feats):
+        problems = check(space, cfg, feats)
+        if not problems:
             n_valid += 1
-        if n_total >= 100_000:
+        for v in problems:
+            if v.rule == "space_constraint_error":
+                raise SpaceError(f"{source}: constraints: {v}")
+        if n_total >= MAX_SPACE_CONFIGS:
             break
     return n_total, n_valid

@@ -8,10 +8,10 @@ the budget, the agent, the runner, the workload and the storage URL.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import itertools
 import math
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,11 +26,15 @@ from pydantic import (
     model_validator,
 )
 
-from dse.exceptions import SpaceError
+from dse import bounds as B
+from dse.exceptions import ConstraintEvalError, SpaceError
+from dse.expr import ConstraintError, check_expr, eval_expr
 from dse.knobs import ENV_PREFIX, FEATURES, get_knob
 from dse.layout import Layout
+from dse.names import study_name_problem
 from dse.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
 from dse.records import AgentName, Direction, Metric, RunnerName, WorkloadName
+from dse.safeyaml import safe_load
 
 __all__ = [
     "ModelSpec",
@@ -45,6 +49,10 @@ __all__ = [
     "Budget",
     "AgentSpec",
     "RunnerSpec",
+    "LocalOptions",
+    "RayOptions",
+    "SlurmOptions",
+    "RUNNER_OPTIONS",
     "WorkloadSpec",
     "SearchSpace",
     "load_space",
@@ -55,7 +63,8 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no inf/nan: a timeout, a memory size or a learning rate is a finite number
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 #: ModelSpec fields added after studies were first stored (left out of the digest at 0).
@@ -65,18 +74,28 @@ _LATER_MODEL_FIELDS = ("hidden_dropout", "attention_dropout")
 class ModelSpec(_Strict):
     """The architecture, in Megatron-Core ``TransformerConfig`` field names."""
 
-    num_layers: int = Field(ge=1, description="Transformer layers.")
-    hidden_size: int = Field(ge=1, description="Hidden size h.")
-    num_attention_heads: int = Field(ge=1, description="Attention heads.")
+    num_layers: int = Field(ge=1, le=B.MAX_MODEL_INT, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, le=B.MAX_MODEL_INT, description="Hidden size h.")
+    num_attention_heads: int = Field(ge=1, le=B.MAX_MODEL_INT, description="Attention heads.")
     num_query_groups: int | None = Field(
-        None, ge=1, description="KV groups for GQA; None means MHA (= num_attention_heads)."
+        None,
+        ge=1,
+        le=B.MAX_MODEL_INT,
+        description="KV groups for GQA; None means MHA (= num_attention_heads).",
     )
-    ffn_hidden_size: int = Field(ge=1, description="MLP hidden size.")
-    vocab_size: int = Field(ge=1, description="Vocabulary size (padded by Megatron).")
+    ffn_hidden_size: int = Field(ge=1, le=B.MAX_MODEL_INT, description="MLP hidden size.")
+    vocab_size: int = Field(
+        ge=1, le=B.MAX_MODEL_INT, description="Vocabulary size (padded by Megatron)."
+    )
     seq_length: int | None = Field(
-        None, ge=1, description="Sequence length; must equal semantics.seq_length when given."
+        None,
+        ge=1,
+        le=B.MAX_MODEL_INT,
+        description="Sequence length; must equal semantics.seq_length when given.",
     )
-    kv_channels: int | None = Field(None, ge=1, description="Head dim; default h/heads.")
+    kv_channels: int | None = Field(
+        None, ge=1, le=B.MAX_MODEL_INT, description="Head dim; default h/heads."
+    )
     activation: Literal["gelu", "swiglu", "silu", "relu", "squared_relu"] = Field(
         "swiglu", description="MLP activation (swiglu = silu + gated_linear_unit)."
     )
@@ -96,11 +115,17 @@ class ModelSpec(_Strict):
     attention_dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="Dropout on the attention probabilities."
     )
-    num_moe_experts: int | None = Field(None, ge=1, description="Routed experts (MoE).")
-    moe_router_topk: int = Field(2, ge=1, description="Experts per token (MoE).")
-    moe_ffn_hidden_size: int | None = Field(None, ge=1, description="Expert FFN size (MoE).")
+    num_moe_experts: int | None = Field(
+        None, ge=1, le=B.MAX_MODEL_INT, description="Routed experts (MoE)."
+    )
+    moe_router_topk: int = Field(
+        2, ge=1, le=B.MAX_MODEL_INT, description="Experts per token (MoE)."
+    )
+    moe_ffn_hidden_size: int | None = Field(
+        None, ge=1, le=B.MAX_MODEL_INT, description="Expert FFN size (MoE)."
+    )
     moe_shared_expert_intermediate_size: int | None = Field(
-        None, ge=1, description="Shared expert FFN size (MoE)."
+        None, ge=1, le=B.MAX_MODEL_INT, description="Shared expert FFN size (MoE)."
     )
 
     @property
@@ -138,9 +163,11 @@ class DataSpec(_Strict):
     """Training data: seeded synthetic tokens (the same for every configuration) or a file."""
 
     kind: Literal["synthetic", "path"] = Field("synthetic", description="Data source.")
-    seed: int = Field(1234, description="Seed of the synthetic token stream.")
+    seed: int = Field(1234, ge=0, le=B.MAX_SEED, description="Seed of the synthetic token stream.")
     path: str | None = Field(
-        None, description="A .npy/.bin file of token ids (kind=path), read as int32/int64."
+        None,
+        max_length=B.MAX_PATH_CHARS,
+        description="A .npy/.bin file of token ids (kind=path), read as int32/int64.",
     )
 
     @model_validator(mode="after")
@@ -153,15 +180,20 @@ class DataSpec(_Strict):
 class Semantics(_Strict):
     """What the execution knobs must never change."""
 
-    global_batch_size: int = Field(ge=1, description="Global batch size in sequences.")
-    seq_length: int = Field(ge=1, description="Sequence length in tokens.")
-    steps: int = Field(6, ge=1, description="Training steps per trial.")
+    global_batch_size: int = Field(
+        ge=1, le=B.MAX_MODEL_INT, description="Global batch size in sequences."
+    )
+    seq_length: int = Field(ge=1, le=B.MAX_MODEL_INT, description="Sequence length in tokens.")
+    steps: int = Field(6, ge=1, le=1_000_000, description="Training steps per trial.")
     warmup_steps: int = Field(
-        2, ge=0, description="Steps excluded from the timing (allocation, first kernels)."
+        2,
+        ge=0,
+        le=1_000_000,
+        description="Steps excluded from the timing (allocation, first kernels).",
     )
     precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Parameter dtype.")
     lr: float = Field(1.0e-4, gt=0, description="Adam learning rate (constant).")
-    seed: int = Field(1234, description="Model initialisation seed.")
+    seed: int = Field(1234, ge=0, le=B.MAX_SEED, description="Model initialisation seed.")
     data: DataSpec = Field(default_factory=lambda: DataSpec(), description="Training data.")
 
     @model_validator(mode="after")
@@ -177,15 +209,20 @@ class Semantics(_Strict):
 class Resources(_Strict):
     """What one trial runs on."""
 
-    world_size: int = Field(1, ge=1, description="GPUs (or CPU ranks) per trial.")
-    gpus_per_node: int | None = Field(None, ge=1, description="GPUs per node (default: world).")
+    world_size: int = Field(1, ge=1, le=1 << 20, description="GPUs (or CPU ranks) per trial.")
+    gpus_per_node: int | None = Field(
+        None, ge=1, le=1 << 20, description="GPUs per node (default: world)."
+    )
     device: Literal["cuda", "cpu"] = Field("cuda", description="Where trials run.")
-    gpu: str | None = Field(None, description="GPU name, e.g. 'NVIDIA H200' (cost model).")
+    gpu: str | None = Field(
+        None, max_length=B.MAX_NAME_CHARS, description="GPU name, e.g. 'NVIDIA H200' (cost model)."
+    )
     gpu_memory_gib: float | None = Field(
         None, gt=0, description="Memory per GPU in GiB (cost-model pre-screen)."
     )
-    features: list[str] | Literal["detect"] = Field(
+    features: list[Annotated[str, Field(max_length=B.MAX_NAME_CHARS)]] | Literal["detect"] = Field(
         "detect",
+        max_length=B.MAX_LIST_ITEMS,
         description="Optional software present where trials run (transformer_engine, apex, "
         "deepep, hybridep, flash_attn), or 'detect' to probe the trial environment.",
     )
@@ -200,12 +237,19 @@ class Resources(_Strict):
         return v
 
 
-Scalar = int | bool | str | None
+Scalar = (
+    Annotated[int, Field(ge=-B.MAX_MODEL_INT, le=B.MAX_MODEL_INT)]
+    | bool
+    | Annotated[str, Field(max_length=B.MAX_NAME_CHARS)]
+    | None
+)
 
 
 class ChoiceDomain(_Strict):
     type: Literal["choice"] = "choice"
-    values: list[Scalar] = Field(min_length=1, description="The values to explore.")
+    values: list[Scalar] = Field(
+        min_length=1, max_length=B.MAX_DOMAIN_VALUES, description="The values to explore."
+    )
 
     def iter_values(self) -> list[Any]:
         return list(self.values)
@@ -213,9 +257,9 @@ class ChoiceDomain(_Strict):
 
 class IntDomain(_Strict):
     type: Literal["int"] = "int"
-    low: int = Field(description="Smallest value.")
-    high: int = Field(description="Largest value.")
-    step: int = Field(1, ge=1, description="Step between values.")
+    low: int = Field(ge=-B.MAX_MODEL_INT, le=B.MAX_MODEL_INT, description="Smallest value.")
+    high: int = Field(ge=-B.MAX_MODEL_INT, le=B.MAX_MODEL_INT, description="Largest value.")
+    step: int = Field(1, ge=1, le=B.MAX_MODEL_INT, description="Step between values.")
     log: bool = Field(False, description="Powers of two between low and high.")
 
     @model_validator(mode="after")
@@ -224,6 +268,12 @@ class IntDomain(_Strict):
             raise ValueError(f"low must be <= high ({self.low=}, {self.high=})")
         if self.log and (self.low < 1 or self.low & (self.low - 1)):
             raise ValueError(f"log domains start at a power of two >= 1 ({self.low=})")
+        n = (self.high - self.low) // self.step + 1
+        if not self.log and n > B.MAX_DOMAIN_VALUES:
+            raise ValueError(
+                f"an int domain has at most {B.MAX_DOMAIN_VALUES} values, this has {n} "
+                f"({self.low=}, {self.high=}, {self.step=}); use a larger step or log: true"
+            )
         return self
 
     def iter_values(self) -> list[Any]:
@@ -253,8 +303,15 @@ class KnobSpec(_Strict):
     baseline: Scalar = Field(
         None, description="The recipe's own value (default: the catalog default)."
     )
-    when: dict[str, Scalar | list[Scalar]] | None = Field(
+    when: (
+        dict[
+            Annotated[str, Field(max_length=B.MAX_NAME_CHARS)],
+            Scalar | Annotated[list[Scalar], Field(max_length=B.MAX_DOMAIN_VALUES)],
+        ]
+        | None
+    ) = Field(
         None,
+        max_length=B.MAX_KNOBS,
         description="Applies only when each named knob has the value (or one of the values); "
         "otherwise the knob is left at its baseline.",
     )
@@ -285,7 +342,9 @@ class Objective(_Strict):
 
 
 class Budget(_Strict):
-    n_trials: int = Field(12, ge=1, description="Trials to run (baseline included).")
+    n_trials: int = Field(
+        12, ge=1, le=10_000_000, description="Trials to run (baseline included)."
+    )
     wall_clock_s: float | None = Field(None, gt=0, description="Stop launching after this.")
     trial_timeout_s: float = Field(900, gt=0, description="Kill a trial after this long.")
     hang_timeout_s: float = Field(
@@ -296,9 +355,12 @@ class Budget(_Strict):
 
 class AgentSpec(_Strict):
     name: AgentName = Field("tpe", description="Search agent.")
-    seed: int | None = Field(None, description="Sampler seed.")
+    seed: int | None = Field(None, ge=0, le=B.MAX_SEED, description="Sampler seed.")
     n_startup_trials: int = Field(
-        4, ge=0, description="Start-up trials before the sampler's model takes over."
+        4,
+        ge=0,
+        le=10_000_000,
+        description="Start-up trials before the sampler's model takes over.",
     )
     prior: bool = Field(
         True,
@@ -306,33 +368,180 @@ class AgentSpec(_Strict):
         "(fused kernels, no recompute, larger micro-batches, smaller model-parallel sizes "
         "first, within the memory seen) instead of random samples.",
     )
-    warm_start: list[dict[str, Scalar]] = Field(
-        default_factory=list, description="Configurations to try right after the baseline."
+    warm_start: list[dict[Annotated[str, Field(max_length=B.MAX_NAME_CHARS)], Scalar]] = Field(
+        default_factory=list,
+        max_length=B.MAX_LIST_ITEMS,
+        description="Configurations to try right after the baseline.",
     )
     warm_start_study: str | None = Field(
-        None, description="Seed the agent with trials of an earlier study of the same model."
+        None,
+        max_length=B.MAX_NAME_CHARS,
+        description="Seed the agent with trials of an earlier study of the same model.",
     )
+
+
+# --- runner options: one typed model per runner ---------------------------------------
+# ``runner.options`` is validated by the model of ``runner.name`` (RUNNER_OPTIONS). To give a
+# runner a new option, add a bounded field to its model; to add a runner, add a model with
+# its ``runner`` tag and register it in RUNNER_OPTIONS and in RunnerOptions.
+def _tag(name: str) -> Any:
+    return Field(name, exclude=True, description="The runner (set from runner.name).")
+
+
+class LocalOptions(_Strict):
+    """Options of the local process pool (none: its settings are runner.gpus/max_parallel)."""
+
+    runner: Literal["local"] = _tag("local")
+
+
+def _names(description: str) -> Any:
+    return Field(
+        default_factory=list,
+        max_length=B.MAX_LIST_ITEMS,
+        description=description,
+    )
+
+
+_Arg = Annotated[str, Field(max_length=B.MAX_PATH_CHARS)]
+_EnvMap = Annotated[
+    dict[Annotated[str, Field(max_length=B.MAX_NAME_CHARS)], _Arg],
+    Field(max_length=B.MAX_LIST_ITEMS),
+]
+
+
+class RayOptions(_Strict):
+    """Options of the Ray runner."""
+
+    runner: Literal["ray"] = _tag("ray")
+    address: str | None = Field(
+        None,
+        max_length=B.MAX_PATH_CHARS,
+        description="Cluster address for ray.init ('auto', 'ray://head:10001'); "
+        "None starts a local Ray.",
+    )
+    gpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="GPUs per node (default: resources.gpus_per_node, else world).",
+    )
+    cpus_per_trial: float | None = Field(
+        None,
+        gt=0,
+        le=1 << 16,
+        description="CPUs reserved per node of a trial (default: a rank's each on CPU, 1 on GPU).",
+    )
+    num_cpus: int | None = Field(None, ge=1, le=1 << 16, description="A local instance's CPUs.")
+    num_gpus: int | None = Field(None, ge=0, le=1 << 16, description="A local instance's GPUs.")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = Field(
+        None, description="Placement strategy (default: PACK on one node, STRICT_SPREAD else)."
+    )
+    env: _EnvMap = Field(default_factory=dict, description="Variables for every trial.")
+
+
+class SlurmOptions(_Strict):
+    """Options of the Slurm runner (sbatch flags)."""
+
+    runner: Literal["slurm"] = _tag("slurm")
+    partition: str | None = Field(
+        None, max_length=B.MAX_NAME_CHARS, description="sbatch --partition."
+    )
+    account: str | None = Field(None, max_length=B.MAX_NAME_CHARS, description="sbatch --account.")
+    qos: str | None = Field(None, max_length=B.MAX_NAME_CHARS, description="sbatch --qos.")
+    time_limit: str | None = Field(
+        None,
+        max_length=32,
+        description="sbatch --time (Slurm format, e.g. '00:30:00'); default: the trial "
+        "timeout plus 2 minutes.",
+    )
+    gpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="GPUs per node (default: resources.gpus_per_node, else world).",
+    )
+    nodes: int | None = Field(
+        None, ge=1, le=1 << 16, description="Nodes per trial (default: world / gpus_per_node)."
+    )
+    cpus_per_task: int | None = Field(
+        None, ge=1, le=1 << 16, description="sbatch --cpus-per-task."
+    )
+    exclusive: bool | None = Field(
+        None, description="sbatch --exclusive (default: on for GPU trials, off on CPU)."
+    )
+    container_image: str | None = Field(
+        None, max_length=B.MAX_PATH_CHARS, description="pyxis --container-image."
+    )
+    container_mounts: list[_Arg] = _names(
+        "pyxis --container-mounts (src:dst); the workdir is always mounted."
+    )
+    sbatch_args: list[_Arg] = _names("More #SBATCH lines, e.g. ['--reservation=r1'].")
+    srun_args: list[_Arg] = _names("More srun options.")
+    env: _EnvMap = Field(
+        default_factory=dict, description="Variables exported in every batch script."
+    )
+    poll_interval_s: float = Field(2.0, gt=0, le=3600, description="Seconds between squeue calls.")
+
+
+RunnerOptions = Annotated[LocalOptions | RayOptions | SlurmOptions, Field(discriminator="runner")]
+RUNNER_OPTIONS: dict[str, type[_Strict]] = {
+    "local": LocalOptions,
+    "ray": RayOptions,
+    "slurm": SlurmOptions,
+}
 
 
 class RunnerSpec(_Strict):
     name: RunnerName = Field("local", description="Where trials run.")
     max_parallel: int | None = Field(
-        None, ge=1, description="Trials at once (default: free GPUs / world, 1 on CPU)."
+        None,
+        ge=1,
+        le=1 << 16,
+        description="Trials at once (default: free GPUs / world, 1 on CPU).",
     )
-    gpus: list[int] | None = Field(None, description="GPU ids the local runner may use.")
-    workdir: str = Field("dse_runs", description="Folder for trial specs, metrics and logs.")
-    python: str | None = Field(None, description="Python interpreter for trial processes.")
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Runner-specific options (ray address, slurm ...)."
+    gpus: list[Annotated[int, Field(ge=0, le=1 << 16)]] | None = Field(
+        None, max_length=B.MAX_LIST_ITEMS, description="GPU ids the local runner may use."
     )
+    workdir: str = Field(
+        "dse_runs",
+        min_length=1,
+        max_length=B.MAX_PATH_CHARS,
+        description="Folder for trial specs, metrics and logs.",
+    )
+    python: str | None = Field(
+        None, max_length=B.MAX_PATH_CHARS, description="Python interpreter for trial processes."
+    )
+    options: RunnerOptions = Field(
+        default_factory=LocalOptions,
+        description="Options of the runner named by runner.name (see its options model).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_of_runner(cls, data: Any) -> Any:
+        # the options are those of runner.name: tag them so the union picks that model
+        if isinstance(data, Mapping):
+            name = data.get("name", "local")
+            opts = data.get("options")
+            if opts is None:
+                opts = {}
+            elif isinstance(opts, BaseModel):
+                opts = opts.model_dump()
+            if isinstance(opts, Mapping) and isinstance(name, str) and name in RUNNER_OPTIONS:
+                data = {**data, "options": {**opts, "runner": name}}
+        return data
 
 
 class WorkloadSpec(_Strict):
     name: WorkloadName = Field(
         "megatron", description="Trial kind (bridge/nemo/megatron_lm: the user's recipe)."
     )
-    table: str | None = Field(None, description="Replay table (replay workload).")
-    delay_s: float = Field(0.0, ge=0, description="Replay: seconds a trial pretends to take.")
+    table: str | None = Field(
+        None, max_length=B.MAX_PATH_CHARS, description="Replay table (replay workload)."
+    )
+    delay_s: float = Field(
+        0.0, ge=0, le=86_400, description="Replay: seconds a trial pretends to take."
+    )
     launcher: LauncherSpec | None = Field(
         None, description="The recipe a bridge/nemo/megatron_lm workload runs."
     )
@@ -362,21 +571,29 @@ class SearchSpace(_Strict):
 
     version: Literal[1] = Field(1, description="Space file format version.")
     study: str = Field(min_length=1, max_length=128, description="Study name.")
-    recipe: str | None = Field(None, description="Recipe this space tunes (informational).")
+    recipe: str | None = Field(
+        None, max_length=B.MAX_NAME_CHARS, description="Recipe this space tunes (informational)."
+    )
     model: ModelSpec = Field(description="Architecture (fixed).")
     semantics: Semantics = Field(description="Training semantics (fixed).")
     resources: Resources = Field(default_factory=lambda: Resources(), description="Per trial.")
-    knobs: dict[str, KnobSpec] = Field(min_length=1, description="Knobs to explore.")
-    fixed: dict[str, Scalar] = Field(
-        default_factory=dict, description="Knobs held at a value (not explored)."
+    knobs: dict[str, KnobSpec] = Field(
+        min_length=1, max_length=B.MAX_KNOBS, description="Knobs to explore."
     )
-    derived: dict[str, str] = Field(
+    fixed: dict[str, Scalar] = Field(
         default_factory=dict,
+        max_length=B.MAX_KNOBS,
+        description="Knobs held at a value (not explored).",
+    )
+    derived: dict[str, Annotated[str, Field(max_length=B.MAX_NAME_CHARS)]] = Field(
+        default_factory=dict,
+        max_length=B.MAX_KNOBS,
         description="Knobs set from the layout as Megatron-Bridge sets them (knob: derivation, "
         "e.g. 'sequence_parallel: bridge': off where TP is 1); see dse/derive.py.",
     )
-    constraints: list[str] = Field(
+    constraints: list[Annotated[str, Field(max_length=B.MAX_CONSTRAINT_CHARS)]] = Field(
         default_factory=list,
+        max_length=B.MAX_CONSTRAINTS,
         description="Extra constraints: Python-like boolean expressions over knob names, "
         "world_size and dp (e.g. 'micro_batch_size * tensor_model_parallel_size <= 8').",
     )
@@ -393,7 +610,11 @@ class SearchSpace(_Strict):
     prescreen: PrescreenSpec = Field(
         default_factory=lambda: PrescreenSpec(), description="Cost-model pre-screen."
     )
-    storage: str = Field("sqlite:///dse.db", description="SQLAlchemy URL of the study database.")
+    storage: str = Field(
+        "sqlite:///dse.db",
+        max_length=B.MAX_PATH_CHARS,
+        description="SQLAlchemy URL of the study database.",
+    )
     env: EnvSpec = Field(
         default_factory=lambda: EnvSpec(),
         description="Environment of every rank; env.knobs are explored as knobs env.VAR.",
@@ -420,11 +641,21 @@ class SearchSpace(_Strict):
                 data = {**data, "env": env, "knobs": knobs}
         return data
 
+    @field_validator("study")
+    @classmethod
+    def _study_name(cls, v: str) -> str:
+        why = study_name_problem(v)
+        if why is not None:
+            raise ValueError(f"{why} (study={v!r})")
+        return v
+
     @field_validator("knobs", "fixed", "derived", mode="before")
     @classmethod
     def _known_knobs(cls, v: Any) -> Any:
         if isinstance(v, Mapping):
             for name in v:
+                if len(str(name)) > B.MAX_NAME_CHARS:
+                    raise ValueError(f"a knob name has at most {B.MAX_NAME_CHARS} characters")
                 get_knob(str(name))  # UnknownKnobError names the known ones
         return v
 
@@ -519,7 +750,12 @@ class SearchSpace(_Strict):
         if spec.baseline is not None:
             return spec.baseline
         default = get_knob(name).default
-        return default if default in spec.values() else spec.values()[0]
+        dom = spec.domain
+        if isinstance(dom, IntDomain) and not dom.log:  # O(1): called per combination
+            inside = isinstance(default, int) and default in range(dom.low, dom.high + 1, dom.step)
+            return default if inside else dom.low
+        values = dom.values if isinstance(dom, ChoiceDomain) else spec.values()  # no copy
+        return default if default in values else values[0]
 
     def is_active(self, name: str, params: Mapping[str, Any]) -> bool:
         spec = self.knobs[name]
@@ -543,11 +779,19 @@ class SearchSpace(_Strict):
     def size(self) -> int:
         return math.prod(len(s.values()) for s in self.knobs.values())
 
-    def iter_configs(self) -> Iterator[dict[str, Any]]:
-        """Every distinct canonical configuration of the space (conditions applied)."""
+    def iter_configs(self, max_combinations: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every distinct canonical configuration of the space (conditions applied).
+
+        ``max_combinations`` bounds the raw knob combinations looked at (conditions can
+        collapse many combinations into one configuration)."""
         names = list(self.knobs)
         seen: set[str] = set()
-        for combo in itertools.product(*(self.knobs[n].values() for n in names)):
+        combos: Iterator[tuple[Any, ...]] = itertools.product(
+            *(self.knobs[n].values() for n in names)
+        )
+        if max_combinations is not None:
+            combos = itertools.islice(combos, max_combinations)
+        for combo in combos:
             p = self.apply_conditions(dict(zip(names, combo, strict=True)))
             k = params_key(p)
             if k not in seen:
@@ -568,7 +812,7 @@ class SearchSpace(_Strict):
         r = self.resources
         return {
             "name": self.study,
-            "space_hash": self.digest(),
+            "space_hash": self.identity_digest(),
             "direction": self.objective.direction,
             "metric": self.objective.metric,
             "model": {**self.model.model_dump(), "seq_length": self.semantics.seq_length},
@@ -585,6 +829,41 @@ class SearchSpace(_Strict):
         unset = {k for k in _LATER_MODEL_FIELDS if getattr(self.model, k) == 0.0}
         text = self.model_dump_json(exclude={"model": unset} if unset else None)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def identity(self) -> dict[str, Any]:
+        """What changes the meaning of a study's trials (model, semantics, resources, knobs,
+        fixed values, constraints, objectives, trial kind): a study keeps these for life.
+        Everything else (budget, agent, runner, workdir, table path, pre-screen, storage)
+        is a run setting that ``dse resume`` / ``dse start`` may change."""
+        out = self.model_dump(
+            mode="json", include=set(IDENTITY_FIELDS) | {"workload"}, exclude=_RUN_WORKLOAD
+        )
+        for k in _LATER_MODEL_FIELDS:  # as in digest(): counted only when set
+            if out["model"].get(k) == 0.0:
+                out["model"].pop(k, None)
+        return out
+
+    def identity_digest(self) -> str:
+        """A hash of :meth:`identity` (the study record's ``space_hash``)."""
+        import json
+
+        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: Top-level fields of a space that make a study's identity (see :meth:`SearchSpace.identity`);
+#: of ``workload`` only the trial kind is (its table path and delay are run settings).
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "model",
+    "semantics",
+    "resources",
+    "knobs",
+    "fixed",
+    "constraints",
+    "objectives",
+    "env",
+)
+_RUN_WORKLOAD: dict[str, Any] = {"workload": {"table", "delay_s"}}
 
 
 def params_key(params: Mapping[str, Any]) -> str:
@@ -620,59 +899,28 @@ def _check_derived(space: SearchSpace) -> None:
             )
 
 
-# --- constraint expressions (a tiny safe subset of Python) ---------------------------------
-
-_ALLOWED = (
-    ast.Expression,
-    ast.BoolOp,
-    ast.And,
-    ast.Or,
-    ast.UnaryOp,
-    ast.Not,
-    ast.USub,
-    ast.BinOp,
-    ast.Add,
-    ast.Sub,
-    ast.Mult,
-    ast.Div,
-    ast.FloorDiv,
-    ast.Mod,
-    ast.Pow,
-    ast.Compare,
-    ast.Eq,
-    ast.NotEq,
-    ast.Lt,
-    ast.LtE,
-    ast.Gt,
-    ast.GtE,
-    ast.In,
-    ast.NotIn,
-    ast.Name,
-    ast.Load,
-    ast.Constant,
-    ast.Tuple,
-    ast.List,
-    ast.IfExp,
-)
+# --- constraint expressions (a bounded subset of Python: dse.expr) ------------------------
 
 
 def _check_expr(expr: str, where: str, names: set[str]) -> None:
     try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"{where}: not an expression: {expr!r} ({e.msg})")
-    for node in ast.walk(tree):
-        if not isinstance(node, _ALLOWED):
-            raise ValueError(f"{where}: {type(node).__name__} is not allowed in {expr!r}")
-        if isinstance(node, ast.Name) and node.id not in names | {"world_size", "dp"}:
-            raise ValueError(
-                f"{where}: {node.id!r} in {expr!r} is not a knob (nor world_size, dp)"
-            )
+        check_expr(expr, names)
+    except ConstraintError as e:
+        raise ValueError(f"{where}: {e} in {_shown(expr)}") from None
 
 
 def _eval_expr(expr: str, env: Mapping[str, Any]) -> Any:
-    code = compile(ast.parse(expr, mode="eval"), "<constraint>", "eval")
-    return eval(code, {"__builtins__": {}}, dict(env))  # noqa: S307 - checked subset above
+    """Evaluate a constraint; any failure is a ConstraintEvalError naming the constraint."""
+    try:
+        return eval_expr(expr, env)
+    except ConstraintError as e:
+        raise ConstraintEvalError(expr, str(e)) from None
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """``repr`` of a piece of input, shortened (repr also escapes control characters)."""
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 # --- loading ---------------------------------------------------------------------------
@@ -685,9 +933,14 @@ def _loc(loc: tuple[Any, ...]) -> str:
             out += f"[{part}]"
         elif part in ("choice", "int", "bool") and out.endswith("domain"):
             continue
+        elif part in RUNNER_OPTIONS and out.endswith("options"):
+            continue
         else:
             out += ("." if out else "") + str(part)
     return out or "(top level)"
+
+
+_NAMES_A_FIELD = re.compile(r"^[a-z_]+(\.[a-z_]+|\[\d+\])*[.:\[ ]")
 
 
 def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
@@ -698,34 +951,67 @@ def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
         return SearchSpace.model_validate(data)
     except ValidationError as e:
         lines = []
-        for err in e.errors():
+        for err in e.errors()[:20]:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}: {_loc(err['loc'])}: {msg}")
+            where = _loc(err["loc"])
+            if where == "(top level)" and _NAMES_A_FIELD.match(msg):
+                line = f"{source}: {msg}"  # a cross-field check that names its field itself
+            else:
+                line = f"{source}: {where}: {msg}"
+            lines.append(B.printable(line if len(line) <= 2000 else line[:1997] + "..."))
+        if e.error_count() > 20:
+            lines.append(f"{source}: ... and {e.error_count() - 20} more errors")
         raise SpaceError("\n".join(lines)) from None
+    except RecursionError:
+        raise SpaceError(f"{source}: the document is nested too deeply") from None
 
 
 def parse_space_text(text: str, source: str) -> SearchSpace:
     """Parse and validate a space file's YAML text; errors name ``source`` (and the line)."""
+    source = B.printable(source)
+    if len(text) > B.MAX_SPACE_BYTES:
+        raise SpaceError(
+            f"{source}: a space file has at most {B.MAX_SPACE_BYTES} bytes, "
+            f"this has {len(text)} characters"
+        )
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (NUL, ESC ...)
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        raise SpaceError(
+            f"{source}: not valid YAML at line {line}, column {column}: "
+            f"the character #x{e.character:04x} is not allowed"
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpaceError(
-            f"{source}: not valid YAML{where}: {getattr(e, 'problem', None) or e}"
-        ) from e
-    except RecursionError as e:  # a deeply nested document
-        raise SpaceError(f"{source}: the YAML document is nested too deeply") from e
+            B.printable(f"{source}: not valid YAML{where}: {getattr(e, 'problem', None) or e}")
+        ) from None
+    except RecursionError:  # a deeply nested document
+        raise SpaceError(f"{source}: the YAML document is nested too deeply") from None
     return parse_space(data, source)
 
 
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a space file."""
     p = Path(path)
+    where = B.printable(str(p))
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            raw = f.read(B.MAX_SPACE_BYTES + 1)
     except OSError as e:
-        raise SpaceError(f"{p}: cannot read the space file ({e.strerror})") from e
+        raise SpaceError(f"{where}: cannot read the space file ({e.strerror})") from e
+    if len(raw) > B.MAX_SPACE_BYTES:
+        raise SpaceError(f"{where}: a space file has at most {B.MAX_SPACE_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpaceError(
+            f"{where}: not UTF-8 text (byte {e.start} of the file: {e.reason}); "
+            "save the space file as UTF-8"
+        ) from None
     space = parse_space_text(text, str(p))
     return _resolve_paths(space, p.parent)
 

@@ -16,6 +16,13 @@ fi
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
 fi
+# A one-node Slurm (munge, slurmctld, slurmd; private config) for the Slurm runner's tests;
+# stopped when the checks end
+if [ "$(id -u)" = 0 ]; then
+  scripts/slurm_up.sh || echo "warning: Slurm did not start; the slurm tests will fail"
+  eval "$(scripts/slurm_up.sh env)"
+  trap 'scripts/slurm_up.sh stop' EXIT
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python scripts/typecheck.py

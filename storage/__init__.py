@@ -26,8 +26,14 @@ Example::
 
 from __future__ import annotations
 
-from dse.storage._engine import has_password, head_revision, is_ephemeral, safe_url
-from dse.storage._export import FORMAT, FORMAT_VERSION
+from dse.storage._engine import (
+    has_password,
+    head_revision,
+    is_ephemeral,
+    safe_url,
+    sqlite_file,
+)
+from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
 from dse.storage._repository import Storage, open_storage
 
 __all__ = [
@@ -37,6 +43,9 @@ __all__ = [
     "safe_url",
     "is_ephemeral",
     "has_password",
+    "sqlite_file",
     "FORMAT",
     "FORMAT_VERSION",
+    "StudyExport",
+    "read_export_text",
 ]

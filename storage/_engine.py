@@ -52,6 +52,7 @@ __all__ = [
     "SessionScope",
     "is_transient",
     "safe_url",
+    "sqlite_file",
     "is_ephemeral",
     "has_password",
 ]
@@ -93,6 +94,19 @@ def is_ephemeral(url: str) -> bool:
     except Exception:  # noqa: BLE001 - a malformed URL fails when the storage opens
         return False
     return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL that names one (not in memory, not a ``file:`` URI), else
+    None (another backend, or a malformed URL: it fails when a storage opens it)."""
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - a malformed URL fails when the storage opens
+        return None
+    db = u.database
+    if u.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return db
 
 
 def has_password(url: str) -> bool:

@@ -22,19 +22,41 @@ Format (``format_version`` 1)::
 
 Database ids are not exported (trials are identified by number). Non-finite floats (a NaN
 loss) are written as Python's ``json`` writes them (``NaN``), which Python reads back.
+
+An export comes from elsewhere, so reading one is bounded (:func:`read_export_text`): its size,
+its nesting, its integers (64-bit, 32-bit where the column is) and its trial values (finite,
+at most :data:`~dse.bounds.MAX_ABS_VALUE` in magnitude: an imported 1e308 would otherwise win
+every cross-study ranking). Every refusal is a :class:`StudyFormatError` naming the field.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any, Literal
+from collections import Counter
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dse.bounds import (
+    MAX_ABS_VALUE,
+    MAX_EXPORT_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_SPACE_BYTES,
+    printable,
+)
 from dse.exceptions import StudyFormatError
-from dse.records import STUDY_STATES, TRIAL_STATES
+from dse.records import STUDY_STATES, TRIAL_STATES, Direction
 from dse.storage._models import (
     RejectionModel,
     StudyAttrModel,
@@ -45,18 +67,35 @@ from dse.storage._models import (
 )
 from dse.storage._rows import param_rows, steps_of
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "StudyExport", "dump_study", "parse_export", "load_study"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "StudyExport",
+    "dump_study",
+    "parse_export",
+    "read_export_text",
+    "load_study",
+]
 
 FORMAT = "dse-study"
 FORMAT_VERSION = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+#: An INTEGER column (32-bit in PostgreSQL).
+_Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+#: A trial value or a timing: finite (allow_inf_nan=False) and not absurd.
+_Value = Annotated[float, Field(ge=-MAX_ABS_VALUE, le=MAX_ABS_VALUE)]
 
 
 class StepExport(_Strict):
-    step: int
+    # a diverged step has a NaN (or infinite) loss: that is data, not an error
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=True)
+
+    step: _Int32
     step_time_s: float | None
     tflops_per_gpu: float | None
     peak_mem_gib: float | None
@@ -66,12 +105,12 @@ class StepExport(_Strict):
 
 
 class TrialExport(_Strict):
-    number: int = Field(ge=0)
+    number: int = Field(ge=0, le=2**31 - 1)
     state: str
     params: dict[str, Any]
     params_key: str
     metrics: dict[str, Any] = Field(default_factory=dict)
-    value: float | None = None
+    value: _Value | None = None
     failure_class: str | None = None
     reason: str | None = None
     source: str | None = None
@@ -79,12 +118,12 @@ class TrialExport(_Strict):
     host: str | None = None
     log_path: str | None = None
     metrics_path: str | None = None
-    queued_at: float | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    heartbeat_at: float | None = None
-    gpu_seconds: float | None = None
-    attempts: int = 0
+    queued_at: _Value | None = None
+    started_at: _Value | None = None
+    finished_at: _Value | None = None
+    heartbeat_at: _Value | None = None
+    gpu_seconds: _Value | None = None
+    attempts: int = Field(0, ge=0, le=2**31 - 1)
     history: list[dict[str, Any]] = Field(default_factory=list)
     steps: list[StepExport] = Field(default_factory=list)
 
@@ -109,15 +148,34 @@ class RejectionExport(_Strict):
 
 class StudyMetaExport(_Strict):
     name: str = Field(min_length=1, max_length=255)
-    space_yaml: str
+    space_yaml: str = Field(max_length=MAX_SPACE_BYTES)
     space_hash: str
     state: str
-    direction: Literal["minimize", "maximize"]
+    direction: Direction
     metric: str
     model: dict[str, Any] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
     created_at: float
     updated_at: float | None = None
+
+    @field_validator("space_yaml")
+    @classmethod
+    def _readable_space(cls, v: str) -> str:
+        # resume, best and the API parse it later: refuse what the space-file reader refuses
+        # (an alias bomb, duplicate keys, ...) now, before it is stored
+        from dse.safeyaml import safe_load
+
+        try:
+            safe_load(v)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ValueError(
+                f"not a readable space file{where}: {getattr(e, 'problem', None) or e}"
+            ) from None
+        except RecursionError:
+            raise ValueError("not a readable space file: nested too deeply") from None
+        return v
 
     @model_validator(mode="after")
     def _known_state(self) -> StudyMetaExport:
@@ -145,8 +203,8 @@ class StudyExport(_Strict):
                 f"format_version {self.format_version} is not readable by this dse "
                 f"(it reads 1..{FORMAT_VERSION}); export it with this dse's version"
             )
-        numbers = [t.number for t in self.trials]
-        dup = sorted({n for n in numbers if numbers.count(n) > 1})
+        counts = Counter(t.number for t in self.trials)
+        dup = sorted(n for n, c in counts.items() if c > 1)
         if dup:
             raise ValueError(f"trial numbers must be unique, repeated: {dup}")
         return self
@@ -164,10 +222,77 @@ def parse_export(data: Any) -> StudyExport:
         raise StudyFormatError(
             f"not a dse study export: 'format' is {data.get('format')!r}, expected {FORMAT!r}"
         )
+    _check_json(data)
     try:
         return StudyExport.model_validate(data)
     except ValidationError as e:
-        raise StudyFormatError(f"invalid dse study export: {e}") from e
+        raise StudyFormatError(_readable(e)) from None
+    except RecursionError:
+        raise StudyFormatError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def read_export_text(text: str | bytes) -> StudyExport:
+    """Parse and validate the JSON text of an export (a file's bytes must be UTF-8).
+
+    Raises:
+        StudyFormatError: too large, not UTF-8, not JSON, nested too deeply, an integer
+            out of range, or not a valid export (the message names the field).
+    """
+    if len(text) > MAX_EXPORT_BYTES:
+        raise StudyFormatError(f"larger than {MAX_EXPORT_BYTES} bytes")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise StudyFormatError(f"not UTF-8 text (byte {e.start}: {e.reason})") from None
+    try:
+        data = json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise StudyFormatError(f"not JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as e:  # json.JSONDecodeError, _parse_int
+        raise StudyFormatError(printable(f"not JSON: {e}")) from None
+    return parse_export(data)
+
+
+def _parse_int(s: str) -> int:
+    if len(s.lstrip("-")) > 19:  # beyond any 64-bit integer
+        raise ValueError(f"an integer of {len(s.lstrip('-'))} digits is out of range")
+    return int(s)
+
+
+def _check_json(data: Any) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH and integers beyond 64 bits, naming where
+    (iterative: a deep document cannot exhaust the stack)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise StudyFormatError(
+                printable(f"{path or '(top level)'}: nested deeper than {MAX_JSON_DEPTH} levels")
+            )
+        if isinstance(v, dict):
+            stack.extend((x, f"{path}.{k}" if path else str(k), depth + 1) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+        elif isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+            raise StudyFormatError(
+                printable(f"{path or '(top level)'}: the integer {v} is out of the 64-bit range")
+            )
+
+
+def _readable(e: ValidationError, limit: int = 20) -> str:
+    """A validation error as 'field.path: message' lines (at most ``limit``)."""
+    lines = []
+    for err in e.errors()[:limit]:
+        where = ""
+        for part in err["loc"]:
+            where += f"[{part}]" if isinstance(part, int) else ("." if where else "") + str(part)
+        msg = err["msg"].removeprefix("Value error, ")
+        line = f"{where or '(top level)'}: {msg}"
+        lines.append(printable(line if len(line) <= 1000 else line[:997] + "..."))
+    if e.error_count() > limit:
+        lines.append(f"... and {e.error_count() - limit} more errors")
+    return "invalid dse study export:\n  " + "\n  ".join(lines)
 
 
 def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.engine import Engine, make_url
@@ -41,13 +41,16 @@ from sqlalchemy.orm import Session
 from dse.exceptions import (
     DuplicatedStudyError,
     StorageError,
+    StudyFormatError,
     StudyNotFoundError,
     TrialNotFoundError,
 )
+from dse.names import study_name_problem
 from dse.records import (
     ANSWERED_STATES,
     DIRECTIONS,
     FINISHED_STATES,
+    IMPORTED_ATTR,
     STUDY_STATES,
     TAKEN_STATES,
     TRIAL_STATES,
@@ -68,7 +71,7 @@ from dse.storage._engine import (
     normalize_url,
     safe_url,
 )
-from dse.storage._export import dump_study, load_study, parse_export
+from dse.storage._export import StudyExport, dump_study, load_study, parse_export
 from dse.storage._models import (
     RejectionModel,
     StudyAttrModel,
@@ -512,8 +515,12 @@ class Storage:
         *,
         value: float | None,
         gpu_seconds: float | None = None,
+        host: str | None = None,
     ) -> TrialRecord:
         """Store a trial's outcome: ``ok`` -> complete, else failed / infeasible.
+
+        ``host``, when given, replaces the trial's host with where it ran (a cluster runner's
+        node names and GPU indices).
 
         Stores the metrics, value, failure class and reason, source, finish time, GPU-seconds
         and the per-step metrics (replacing any earlier steps of the trial).
@@ -545,6 +552,8 @@ class Storage:
             row.finished_at = time.time()
             if gpu_seconds is not None:
                 row.gpu_seconds = gpu_seconds
+            if host:
+                row.host = host[:255]
             s.execute(delete(TrialStepModel).where(TrialStepModel.trial_id == row.id))
             s.add_all(step_rows(row.id, outcome.steps))
             return trial_record(row, tuple(outcome.steps))
@@ -662,10 +671,10 @@ class Storage:
                 if limit is not None:
                     ids_q = ids_q.limit(limit)
                 ids = list(s.scalars(ids_q))
-                by_id = {
-                    r.id: r for r in s.scalars(select(TrialModel).where(TrialModel.id.in_(ids)))
-                } if ids else {}  # fmt: skip
-                rows = [by_id[i] for i in ids]
+                # plain rows, not ORM objects: half the CPU of a page (same attribute names)
+                page = select(*TrialModel.__table__.c).where(TrialModel.id.in_(ids))
+                by_id = {r.id: r for r in s.execute(page)} if ids else {}
+                rows = [cast(TrialModel, by_id[i]) for i in ids]
             steps = steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
             return [trial_record(r, steps.get(r.id, ())) for r in rows]
 
@@ -760,20 +769,43 @@ class Storage:
 
         return self._db.run(fn, write=False, what="find trial")
 
-    def best_trial(self, study_id: int, direction: str) -> TrialRecord | None:
-        """The complete trial with the best value (ties: the lowest number), or None."""
+    def best_trial(
+        self,
+        study_id: int,
+        direction: str,
+        *,
+        value_range: tuple[float, float] | None = None,
+    ) -> TrialRecord | None:
+        """The complete trial with the best value (ties: the lowest number), or None.
+
+        ``value_range=(low, high)``: only values with ``low < value <= high`` count (this
+        also leaves out infinities and NaN).
+        """
         _check_direction(direction)
 
+        where = [
+            TrialModel.study_id == study_id,
+            TrialModel.state == "complete",
+            TrialModel.value.is_not(None),
+        ]
+        if value_range is not None:
+            where += [TrialModel.value > value_range[0], TrialModel.value <= value_range[1]]
+
         def fn(s: Session) -> TrialRecord | None:
+            # Two index walks on (study_id, value, number): the best value, then the lowest
+            # number with it. One ``ORDER BY value DESC, number`` mixes directions, which
+            # PostgreSQL cannot walk that index for: it sorted every complete trial (200 ms
+            # at 100,000 trials).
             value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            best = s.execute(
+                select(TrialModel.value).where(*where).order_by(value).limit(1)
+            ).scalar_one_or_none()
+            if best is None:
+                return None
             row = s.scalars(
                 select(TrialModel)
-                .where(
-                    TrialModel.study_id == study_id,
-                    TrialModel.state == "complete",
-                    TrialModel.value.is_not(None),
-                )
-                .order_by(value, TrialModel.number)
+                .where(*where, TrialModel.value == best)
+                .order_by(TrialModel.number)
                 .limit(1)
             ).first()
             return None if row is None else trial_record(row)
@@ -853,15 +885,24 @@ class Storage:
 
         return self._db.run(fn, write=True, what="add rejection")
 
-    def list_rejections(self, study_id: int, *, limit: int | None = None) -> list[RejectionRecord]:
-        """A study's rejections, oldest first."""
+    def list_rejections(
+        self,
+        study_id: int,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        kind: str | None = None,
+    ) -> list[RejectionRecord]:
+        """A study's rejections, oldest first (``kind``: only those; a page with ``limit``
+        and ``offset``)."""
 
         def fn(s: Session) -> list[RejectionRecord]:
-            q = (
-                select(RejectionModel)
-                .where(RejectionModel.study_id == study_id)
-                .order_by(RejectionModel.id)
-            )
+            where = [RejectionModel.study_id == study_id]
+            if kind is not None:
+                where.append(RejectionModel.kind == kind)
+            q = select(RejectionModel).where(*where).order_by(RejectionModel.id)
+            if offset:
+                q = q.offset(offset)
             if limit is not None:
                 q = q.limit(limit)
             return [rejection_record(r) for r in s.scalars(q).all()]
@@ -899,8 +940,11 @@ class Storage:
 
         return self._db.run(fn, write=False, what=f"export study {name!r}")
 
-    def import_study(self, data: dict[str, Any], *, name: str | None = None) -> StudyRecord:
-        """Create a study from :meth:`export_study`'s dict (optionally under another name).
+    def import_study(
+        self, data: dict[str, Any] | StudyExport, *, name: str | None = None
+    ) -> StudyRecord:
+        """Create a study from :meth:`export_study`'s dict, or an export already read with
+        :func:`~dse.storage.read_export_text` (optionally under another name).
 
         Trial numbers, states, timings, steps and rejections are kept; ids are new.
 
@@ -908,13 +952,24 @@ class Storage:
             StudyFormatError: ``data`` is not a dse study export this dse can read.
             DuplicatedStudyError: a study of that name exists.
         """
-        export = parse_export(data)
+        export = data if isinstance(data, StudyExport) else parse_export(data)
         target = name or export.study.name
+        why = study_name_problem(target)
+        if why is not None:
+            raise StudyFormatError(f"study name: {why} (study={target!r})")
 
         def fn(s: Session) -> StudyRecord:
             if _study_by_name(s, target) is not None:
                 raise DuplicatedStudyError(f"a study named {target!r} already exists")
-            return study_record(load_study(s, export, name=target))
+            row = load_study(s, export, name=target)
+            s.flush()
+            # an export is data from elsewhere: its run settings are not run unconfirmed
+            attr = s.get(StudyAttrModel, (row.id, IMPORTED_ATTR))
+            if attr is None:
+                s.add(StudyAttrModel(study_id=row.id, key=IMPORTED_ATTR, value=True))
+            else:
+                attr.value = True
+            return study_record(row)
 
         return self._db.run(fn, write=True, retry_integrity=True, what=f"import study {target!r}")
 

@@ -8,9 +8,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
+
+# Property-based tests (fuzz) draw the same examples on every CI run: a failure there is
+# reproducible, and a passing run does not depend on luck. Locally they explore at random.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

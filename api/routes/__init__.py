@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from dse.api.deps import ReadAccess
 from dse.api.routes import best, studies, system, trials
 
 __all__ = ["api_router"]
 
 api_router = APIRouter()
-api_router.include_router(system.router)
-api_router.include_router(studies.router)
-api_router.include_router(trials.router)
-api_router.include_router(best.router)
+api_router.include_router(system.router)  # /health: open (liveness), details for the token
+api_router.include_router(studies.router, dependencies=[ReadAccess])
+api_router.include_router(trials.router, dependencies=[ReadAccess])
+api_router.include_router(best.router, dependencies=[ReadAccess])

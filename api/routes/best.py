@@ -7,12 +7,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 
-from dse.api.deps import StorageDep, StudyDep
+from dse.api.deps import ReadsDep, StorageDep, StudyName, get_study
 from dse.api.errors import error_responses
 from dse.api.schemas import BestPublic, BestQuery, CrossBestPublic
-from dse.api.views import best_public, best_text, cross_best
+from dse.api.views import best_public, best_text, cross_best, json_bytes
 from dse.exceptions import SpaceError
 from dse.records import BestFormat, Metric
 from dse.storage import Storage
@@ -37,9 +37,10 @@ _INT = {"ge": 1, "le": 2**31 - 1}
         **error_responses(404, 409, 422, 503),
     },
 )
-def get_best(
+async def get_best(
     storage: StorageDep,
-    study: StudyDep,
+    reads: ReadsDep,
+    name: StudyName,
     fmt: Annotated[
         BestFormat,
         Query(
@@ -47,21 +48,29 @@ def get_best(
             description="json (an object with every export) or yaml|megatron|bridge|nemo.",
         ),
     ] = "json",
-) -> BestPublic | PlainTextResponse:
+) -> Response:
     """The best feasible (complete) trial of a study and its configuration.
 
     ``format=json`` answers a JSON object whose ``exports`` hold the Megatron-LM arguments
     and the Megatron-Bridge / NeMo-Run overrides; ``yaml``, ``megatron``, ``bridge`` and
     ``nemo`` answer exactly what ``dse best --format ...`` prints, as text/plain. 404 while
-    the study has no complete trial.
+    the study has no complete trial. (Answers are reused for ``DSE_READ_CACHE_S``.)
     """
-    try:
-        if fmt == "json":
-            return best_public(storage, study)
-        text = best_text(storage, study, fmt)
-        return PlainTextResponse(text if text.endswith("\n") else text + "\n")
-    except SpaceError as e:  # the stored space, not the request, is at fault
-        raise HTTPException(status_code=409, detail=f"the stored space no longer loads: {e}")
+
+    def build() -> bytes:
+        study = get_study(storage, name)
+        try:
+            if fmt == "json":
+                return json_bytes(best_public(storage, study).model_dump(mode="json"))
+            text = best_text(storage, study, fmt)
+        except SpaceError as e:  # the stored space, not the request, is at fault
+            raise HTTPException(status_code=409, detail=f"the stored space no longer loads: {e}")
+        return (text if text.endswith("\n") else text + "\n").encode()
+
+    body = await reads.answers.get(("best", name, fmt), build)
+    if fmt == "json":
+        return Response(body, media_type="application/json")
+    return PlainTextResponse(body)
 
 
 @router.get(

@@ -10,7 +10,10 @@ from starlette.concurrency import run_in_threadpool
 from dse.api.deps import (
     CacheDep,
     LauncherDep,
+    ReadsDep,
     SettingsDep,
+    SpaceChecker,
+    SpaceCheckerDep,
     StorageDep,
     StudyDep,
     WriteAccess,
@@ -33,8 +36,7 @@ from dse.api.views import (
     study_summary,
 )
 from dse.exceptions import SpaceError
-from dse.rules import check_space
-from dse.space import SearchSpace, parse_space_text
+from dse.space_check import CheckedSpace
 from dse.storage import is_ephemeral
 
 __all__ = ["router"]
@@ -60,23 +62,52 @@ def list_studies(storage: StorageDep) -> StudiesPublic:
     return StudiesPublic(data=data, count=len(data))
 
 
-def _space_from_body(body: bytes) -> tuple[SearchSpace, str]:
-    """Validate a space file from a request body (SpaceError -> 422 names the field)."""
+#: A space file is a few KiB; a body beyond this is refused (413) before it is read in full.
+MAX_SPACE_BYTES = 1024 * 1024
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with 413 past :data:`MAX_SPACE_BYTES`."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_SPACE_BYTES:
+        raise _too_large()
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > MAX_SPACE_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large() -> HTTPException:
+    return HTTPException(
+        status_code=413,
+        detail=f"request body: a space file is at most {MAX_SPACE_BYTES // 1024} KiB",
+    )
+
+
+def _space_from_body(body: bytes, checker: SpaceChecker) -> tuple[CheckedSpace, str]:
+    """Validate a space file from a request body (SpaceError -> 422 names the field).
+
+    Runs in a worker thread; the parsing and checking itself runs in a child process bounded
+    in time and memory (:mod:`dse.space_check`), so a slow or explosive space neither stalls
+    the event loop nor kills the server.
+    """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpaceError(f"request body: the space file is not UTF-8 text ({e.reason})") from e
     if not text.strip():
         raise SpaceError("request body: empty; send a space file (YAML)")
-    space = parse_space_text(text, "request body")
-    check_space(space, "request body")
-    name = space.study
+    checked = checker(text, "request body")
+    name = checked.name
     if "/" in name or name in (".", "..") or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise SpaceError(
             f"request body: study: a study name must not contain '/' or control characters "
             f"and must not be '.' or '..' (study={name!r})"
         )
-    return space, text
+    return checked, text
 
 
 @router.post(
@@ -85,13 +116,15 @@ def _space_from_body(body: bytes) -> tuple[SearchSpace, str]:
     status_code=status.HTTP_201_CREATED,
     dependencies=[WriteAccess],
     openapi_extra=_SPACE_BODY,
-    responses=error_responses(401, 403, 409, 422, 503),
+    responses=error_responses(401, 403, 409, 413, 422, 503),
 )
 async def create_study(
     request: Request,
     storage: StorageDep,
     settings: SettingsDep,
     launcher: LauncherDep,
+    checker: SpaceCheckerDep,
+    reads: ReadsDep,
     start: Annotated[
         bool, Query(description="Also start the study: `dse resume` as a detached process.")
     ] = False,
@@ -100,25 +133,22 @@ async def create_study(
 
     The space is validated like ``dse validate`` does: an error answers 422 with a message
     naming the field. A study of that name answers 409. ``?start=true`` launches
-    ``dse resume --study NAME --storage URL`` in its own session (output in
+    ``dse resume --study=NAME --storage URL`` in its own session (output in
     ``<runner.workdir>/<study>/controller.log``).
     """
-    space, text = _space_from_body(await request.body())
+    body = await _read_body(request)
+    checked, text = await run_in_threadpool(_space_from_body, body, checker)
     if start and is_ephemeral(settings.storage):
         raise HTTPException(
             status_code=409,
             detail="cannot start a study controller on an in-memory database "
             f"({settings.storage}); serve a file or server database",
         )
-    rec = await run_in_threadpool(
-        lambda: storage.create_study(space_yaml=text, **space.study_fields())
-    )
+    rec = await run_in_threadpool(lambda: storage.create_study(space_yaml=text, **checked.fields))
     launch = None
     if start:
         launched = await run_in_threadpool(
-            lambda: launcher(
-                study=rec.name, storage_url=settings.storage, workdir=space.runner.workdir
-            )
+            lambda: launcher(study=rec.name, storage_url=settings.storage, workdir=checked.workdir)
         )
         launch = LaunchPublic(
             pid=launched.pid, command=launched.command, log_path=launched.log_path
@@ -140,7 +170,7 @@ def get_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
     dependencies=[WriteAccess],
     responses=error_responses(401, 403, 404, 409, 422, 503),
 )
-def stop_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
+def stop_study(storage: StorageDep, study: StudyDep, reads: ReadsDep) -> StudyPublic:
     """Ask a running study to stop: its state becomes ``stopping``; the study loop sees it
     within seconds, kills and re-queues its running trials and sets ``stopped``."""
     if study.state not in _STOPPABLE:
@@ -149,6 +179,7 @@ def stop_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
             detail=f"study {study.name!r} is not running (state {study.state!r})",
         )
     storage.set_study_state(study.name, "stopping")
+    reads.clear()
     return study_public(storage, storage.get_study(study.name))
 
 
@@ -184,10 +215,6 @@ def list_rejections(
 ) -> RejectionsPublic:
     """Proposals rejected before launch, oldest first: the rule and its reason."""
     counts = storage.count_rejections(study.id)
-    rows = storage.list_rejections(study.id)
-    if kind is not None:
-        rows = [r for r in rows if r.kind == kind]
-    page = rows[offset : offset + limit]
-    return RejectionsPublic(
-        data=[rejection_public(r) for r in page], count=len(rows), counts=counts
-    )
+    page = storage.list_rejections(study.id, kind=kind, limit=limit, offset=offset)
+    total = counts.get(kind, 0) if kind is not None else sum(counts.values())
+    return RejectionsPublic(data=[rejection_public(r) for r in page], count=total, counts=counts)

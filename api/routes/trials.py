@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
 
-from dse.api.deps import StorageDep, StudyDep
+from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep, get_study
 from dse.api.errors import error_responses
-from dse.api.schemas import TrialDetailPublic, TrialOrder, TrialsPublic
-from dse.api.views import trial_detail, trial_public
+from dse.api.schemas import (
+    TrialDetailPublic,
+    TrialOrder,
+    TrialPublic,
+    TrialsPublic,
+)
+from dse.api.views import json_bytes, trial_detail, trial_row
 from dse.records import TrialState
 
 __all__ = ["router"]
@@ -18,6 +24,19 @@ router = APIRouter(tags=["trials"])
 
 #: Ids and numbers are 32-bit integers in every backend.
 _MAX_INT = 2**31 - 1
+#: Where a trial ran: shown only to readers with the token (docs/SECURITY.md).
+_WHERE = ("host", "runner", "log_path", "metrics_path")
+_WHERE_IN_PAGES = tuple(k for k in _WHERE if k in TrialPublic.model_fields)
+
+
+_T = TypeVar("_T", bound=TrialPublic)
+
+
+def _redact(trial: _T, trusted: bool) -> _T:
+    if trusted:
+        return trial
+    hidden = {k: None for k in _WHERE if k in type(trial).model_fields}
+    return trial.model_copy(update=hidden)
 
 
 @router.get(
@@ -25,9 +44,11 @@ _MAX_INT = 2**31 - 1
     response_model=TrialsPublic,
     responses=error_responses(404, 422, 503),
 )
-def list_trials(
+async def list_trials(
     storage: StorageDep,
-    study: StudyDep,
+    reads: ReadsDep,
+    trusted: TrustedDep,
+    name: StudyName,
     state: Annotated[TrialState | None, Query(description="Only this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
     offset: Annotated[int, Query(ge=0, le=_MAX_INT, description="Trials to skip.")] = 0,
@@ -35,14 +56,23 @@ def list_trials(
         TrialOrder,
         Query(description="number, -number, value or -value (no value last)."),
     ] = "number",
-) -> TrialsPublic:
-    """A page of a study's trials (``count``: how many match in all pages)."""
-    counts = storage.count_trials(study.id)
-    rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
-    return TrialsPublic(
-        data=[trial_public(t) for t in rows],
-        count=counts.get(state, 0) if state is not None else counts.get("total", 0),
-    )
+) -> Response:
+    """A page of a study's trials (``count``: how many match in all pages). (Pages are
+    reused for ``DSE_READ_CACHE_S``.)"""
+
+    def build() -> bytes:
+        study = get_study(storage, name)
+        counts = reads.counts.get(study.id, lambda: storage.count_trials(study.id))
+        rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
+        data = [trial_row(t) for t in rows]
+        if not trusted:
+            for row in data:
+                row.update(dict.fromkeys(_WHERE_IN_PAGES, None))
+        count = counts.get(state, 0) if state is not None else counts.get("total", 0)
+        return json_bytes({"data": data, "count": count})
+
+    key = ("trials", name, state, limit, offset, order, trusted)
+    return Response(await reads.answers.get(key, build), media_type="application/json")
 
 
 @router.get(
@@ -53,10 +83,12 @@ def list_trials(
 def get_trial_by_number(
     storage: StorageDep,
     study: StudyDep,
+    trusted: TrustedDep,
     number: Annotated[int, Path(ge=0, le=_MAX_INT, description="Trial number in the study.")],
 ) -> TrialDetailPublic:
     """One trial of a study by its number, with per-step metrics and failure reason."""
-    return trial_detail(storage.get_trial_by_number(study.id, number), study)
+    detail = trial_detail(storage.get_trial_by_number(study.id, number), study)
+    return _redact(detail, trusted)
 
 
 @router.get(
@@ -66,9 +98,10 @@ def get_trial_by_number(
 )
 def get_trial(
     storage: StorageDep,
+    trusted: TrustedDep,
     trial_id: Annotated[int, Path(ge=1, le=_MAX_INT, description="Trial id.")],
 ) -> TrialDetailPublic:
     """One trial by id: configuration, state, metrics, per-step curves (loss, step time,
     TFLOP/s, memory), failure class and reason, where it ran."""
     t = storage.get_trial(trial_id, with_steps=True)
-    return trial_detail(t, storage.get_study_by_id(t.study_id))
+    return _redact(trial_detail(t, storage.get_study_by_id(t.study_id)), trusted)

@@ -39,9 +39,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(url: str, **settings: Any) -> Iterator[str]:
-    """Serve the app on ``url``'s database over HTTP on a free port; yields the base URL."""
-    app = create_app(settings=Settings(storage=url, **settings))
+def serve(url: str, *, app: Any = None, **settings: Any) -> Iterator[str]:
+    """Serve the app on ``url``'s database over HTTP on a free port; yields the base URL.
+    (``app``: serve this app instead of a new one.)"""
+    app = app if app is not None else create_app(settings=Settings(storage=url, **settings))
     port = free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", ws="none", lifespan="on"

@@ -48,12 +48,17 @@ def _free_port() -> int:
 
 def test_unreachable_database_is_503(caplog: pytest.LogCaptureFixture) -> None:
     url = f"postgresql+psycopg://postgres@127.0.0.1:{_free_port()}/nothing"
+    token = {"Authorization": "Bearer t0ken"}
     with caplog.at_level(logging.WARNING, logger="dse.api"):
-        with TestClient(create_app(settings=Settings(storage=url, api_token=None))) as c:
+        with TestClient(create_app(settings=Settings(storage=url, api_token="t0ken"))) as c:
             for path in ("/health", "/studies", "/studies/x", "/trials/1"):
-                r = c.get(V1 + path)
+                r = c.get(V1 + path, headers=token)
                 assert r.status_code == 503, (path, r.text)
                 assert "127.0.0.1" in r.json()["detail"]  # names the server it tried
+                # a reader without the token is not told where the database is
+                r = c.get(V1 + path)
+                assert r.status_code == 503, (path, r.text)
+                assert "127.0.0.1" not in r.text and "cannot be reached" in r.text
             assert c.get("/").status_code == 200  # the dashboard still loads
     assert "not available yet" in caplog.text
 

@@ -16,6 +16,12 @@ from tests.api.seed import Seeded
 V1 = "/api/v1"
 
 
+def _auth(client: TestClient) -> dict[str, str]:
+    """The bearer header of the client's server (its token)."""
+    token = client.app.state.settings.api_token.get_secret_value()  # type: ignore[attr-defined]
+    return {"Authorization": f"Bearer {token}"}
+
+
 def test_health(client: TestClient) -> None:
     r = client.get(f"{V1}/health")
     assert r.status_code == 200
@@ -23,7 +29,10 @@ def test_health(client: TestClient) -> None:
     assert body["status"] == "ok"
     assert body["writes_enabled"] is True
     assert body["schema_revision"]
-    assert "://" in body["storage"]
+    # the database URL only for a reader with the token; others see the backend
+    assert body["storage"] in ("sqlite", "postgresql")
+    trusted = client.get(f"{V1}/health", headers=_auth(client)).json()
+    assert "://" in trusted["storage"] and trusted["storage"].startswith(body["storage"])
 
 
 def test_list_studies(client: TestClient, seeds: dict[str, Seeded]) -> None:
@@ -114,8 +123,18 @@ def test_trial_detail(client: TestClient, seeds: dict[str, Seeded]) -> None:
     assert [s["step"] for s in t["steps"]] == [1, 2, 3, 4]
     assert t["steps"][0]["loss"] == pytest.approx(7.0)
     assert t["metrics"]["losses"] == [7.0, 6.9, 6.8, 6.7]
-    assert t["host"] == "node-1" and t["log_path"].endswith("log.txt")
+    # where it ran: for readers with the token only
+    assert t["host"] is None and t["log_path"] is None and t["metrics_path"] is None
+    assert t["runner"] is None
     assert client.get(f"{V1}/studies/llama-seeded/trials/1").json() == t
+    trusted = client.get(f"{V1}/trials/{tid}", headers=_auth(client)).json()
+    assert trusted["host"] == "node-1" and trusted["log_path"].endswith("log.txt")
+    by_number = client.get(f"{V1}/studies/llama-seeded/trials/1", headers=_auth(client))
+    assert by_number.json() == trusted
+    page = client.get(f"{V1}/studies/llama-seeded/trials").json()["data"]
+    assert page and all(row["host"] is None for row in page)
+    page = client.get(f"{V1}/studies/llama-seeded/trials", headers=_auth(client)).json()["data"]
+    assert any(row["host"] == "node-1" for row in page)
 
 
 def test_failed_trial_detail_has_reason_and_nan_as_null(
@@ -225,6 +244,13 @@ def test_rejections(client: TestClient) -> None:
     assert r.json()["count"] == 1 and r.json()["data"][0]["values"]["margin"] == 0.25
     r = client.get(f"{V1}/studies/llama-seeded/rejections", params={"limit": 1, "offset": 1})
     assert [x["kind"] for x in r.json()["data"]] == ["predicted_oom"]
+    assert r.json()["count"] == 2  # all pages
+    r = client.get(
+        f"{V1}/studies/llama-seeded/rejections", params={"kind": "invalid", "offset": 1}
+    )
+    assert r.json()["data"] == [] and r.json()["count"] == 1
+    r = client.get(f"{V1}/studies/llama-seeded/rejections", params={"kind": "nothing"})
+    assert r.json() == {"data": [], "count": 0, "counts": {"invalid": 1, "predicted_oom": 1}}
 
 
 def test_best_across_studies(client: TestClient) -> None:

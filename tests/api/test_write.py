@@ -152,7 +152,7 @@ def test_create_and_start(writable_url: str, tmp_path: Path) -> None:
             {"study": "started", "storage_url": writable_url, "workdir": str(tmp_path)}
         ]
         cmd = launch["command"]
-        assert cmd[1:6] == ["-m", "dse.cli", "resume", "--study", "started"]
+        assert cmd[1:5] == ["-m", "dse.cli", "resume", "--study=started"]
         assert cmd[-2:] == ["--storage", writable_url]  # no password in the test URLs
 
 
@@ -171,7 +171,7 @@ def test_controller_command_keeps_passwords_off_the_command_line() -> None:
     assert "secret" not in " ".join(argv)
     assert env == {"DSE_STORAGE": "postgresql+psycopg://dse:secret@db/dse"}
     argv, env = controller_command("s", "sqlite:///x.db")
-    assert argv[-2:] == ["--storage", "sqlite:///x.db"] and env == {}
+    assert argv[-3:] == ["--study=s", "--storage", "sqlite:///x.db"] and env == {}
     assert argv[0] == sys.executable
 
 

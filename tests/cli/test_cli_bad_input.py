@@ -74,9 +74,65 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_unknown_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dse.storage import open_storage
+
     url = f"sqlite:///{tmp_path / 'x.db'}"
+    open_storage(url).close()
     assert main(["best", "--storage", url, "--study", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["status"], ["best"], ["export"], ["resume"]])
+def test_mistyped_storage_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    db = tmp_path / "typo" / "studies.db"
+    assert main([*command, "--storage", f"sqlite:///{db}"]) == 2
+    assert "no study database at" in capsys.readouterr().err
+    assert not db.exists() and not db.parent.exists()
+
+
+def test_validate_refuses_runners_start_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dse.workloads.runners import RUNNERS
+
+    # a runner this installation lacks: validate and start ask the same registry
+    monkeypatch.delitem(RUNNERS, "slurm")
+    d = _tiny()
+    d["runner"] = {"name": "slurm"}
+    p = _write(tmp_path, d)
+    assert main(["validate", str(p)]) == 2
+    assert "runner 'slurm' is not available" in capsys.readouterr().err
+    assert main(["start", "--space", str(p), "--storage", f"sqlite:///{tmp_path}/s.db"]) == 2
+
+
+def test_validate_prints_the_cap_as_a_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dse.rules
+
+    monkeypatch.setattr(dse.rules, "CHECK_SPACE_CAP", 2)
+    rc = main(["validate", str(_write(tmp_path, _tiny()))])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "more than 2 configurations (only the first 2 checked: the enumeration cap)" in out
+
+
+@pytest.mark.parametrize("name", ["../x", "/tmp/abs", "a/b", "..", "line\nforged"])
+def test_study_names_are_path_components(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    name = name.replace("\\n", "\n")
+    p = _write(tmp_path, _tiny())
+    url = f"sqlite:///{tmp_path}/s.db"
+    assert main(["start", "--space", str(p), "--study", name, "--storage", url]) == 2
+    assert "study" in capsys.readouterr().err
+    d = _tiny()
+    d["study"] = name
+    assert main(["validate", str(_write(tmp_path, d))]) == 2
+    assert main(["import", str(p), "--study", name, "--storage", url]) == 2
+    assert not (tmp_path / "x").exists()
 
 
 def test_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,3 +143,35 @@ def test_validate_examples(capsys: pytest.CaptureFixture[str]) -> None:
     for f in sorted(EXAMPLES.glob("*.yaml")):
         assert main(["validate", str(f)]) == 0, f
     assert "pass the rules" in capsys.readouterr().out
+
+
+def test_best_without_a_complete_trial_is_not_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study that exists but has no complete trial yet: exit 1 (ask again later), not 2."""
+    from dse.space import parse_space
+    from dse.storage import open_storage
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    st = open_storage(url)
+    space = parse_space(_tiny(), "t")
+    st.create_study(space_yaml=yaml.safe_dump(_tiny()), **space.study_fields())
+    st.close()
+    assert main(["best", "--storage", url, "--study", space.study]) == 1
+    assert "no complete trial yet" in capsys.readouterr().err
+
+
+def test_status_prints_names_safely(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stored name with a newline (an old database, an import) cannot forge a line."""
+    from dse.storage import open_storage
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    st = open_storage(url)
+    st.create_study(name="a\nstudy forged [complete]", space_yaml="{}", space_hash="h",
+                    direction="maximize", metric="tflops_per_gpu", model={},
+                    hardware={})  # fmt: skip
+    st.close()
+    assert main(["status", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert "study a\\nstudy forged [complete] [created]" in out
+    assert not any(line.startswith("study forged") for line in out.splitlines())

@@ -74,7 +74,7 @@ def test_step_and_summary_refuse_non_finite_numbers(tmp_path: Path) -> None:
 
 def test_an_unknown_failure_class_is_refused() -> None:
     with pytest.raises(ValidationError, match="failure_class"):
-        FailureLine(failure_class="interrupted", reason="x")  # type: ignore[arg-type]
+        FailureLine(failure_class="pruned", reason="x")  # type: ignore[arg-type]
 
 
 def test_reader_turns_a_broken_final_line_into_an_error_naming_it(tmp_path: Path) -> None:

@@ -258,6 +258,19 @@ def test_finish_failure_classes(storage: Storage) -> None:
     assert fb.state == "failed" and fb.failure_class == "hang"
 
 
+def test_finish_records_where_a_cluster_trial_ran(storage: Storage) -> None:
+    s = make_study(storage)
+    t = claim(storage, s.id, 1)
+    assert t is not None
+    storage.start_trial(t.id, runner="ctl", host="login-1", log_path=None, metrics_path=None)
+    where = "node-3:gpu0,1,2,3,node-4:gpu0,1,2,3"
+    f = storage.finish_trial(
+        t.id, Outcome.failure("node_fail", "NODE_FAIL"), value=None, host=where
+    )
+    assert f.host == where and storage.get_trial(t.id).host == where
+    assert f.failure_class == "node_fail" and f.state == "failed"
+
+
 def test_finish_is_idempotent(storage: Storage) -> None:
     s = make_study(storage)
     t = claim(storage, s.id, 1)
@@ -525,6 +538,8 @@ def test_export_import_round_trip(storage: Storage) -> None:
     copy = storage.import_study(data, name="s-copy")
     assert dataclasses.replace(copy, id=s.id, name="s") == s
     again = storage.export_study("s-copy")
+    # an import is marked: its run settings came from elsewhere (dse.run_settings)
+    assert again["attrs"].pop("imported") is True
     for doc in (exported, again):
         doc.pop("exported_at")
         doc["study"].pop("name")
@@ -532,7 +547,10 @@ def test_export_import_round_trip(storage: Storage) -> None:
     original = [_strip_ids(t) for t in storage.list_trials(s.id, with_steps=True)]
     imported = [_strip_ids(t) for t in storage.list_trials(copy.id, with_steps=True)]
     assert imported == original
-    assert storage.get_study_attrs(copy.id) == storage.get_study_attrs(s.id)
+    assert storage.get_study_attrs(copy.id) == {
+        **storage.get_study_attrs(s.id),
+        "imported": True,
+    }
     assert storage.count_rejections(copy.id) == storage.count_rejections(s.id)
     # the imported study keeps working: numbering continues, duplicates are still refused
     nxt = claim(storage, copy.id, 99)

@@ -1,6 +1,6 @@
 """Storage speaks the vocabulary of dse.records: its states are the records' states, and a
-row holding a value the vocabulary dropped (``pruned``, a study ``interrupted``: no dse ever
-wrote them) still loads."""
+row holding a value the vocabulary dropped (a trial ``pruned``: no dse ever wrote it) or a
+value no dse writes (a study ``paused``) still loads."""
 
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ def test_states_are_the_vocabularys(tmp_path: Path) -> None:
             metric="tflops_per_gpu", model={}, hardware={},
         )  # fmt: skip
         assert set(st.count_trials(s.id)) == {*get_args(TrialState), "total"}
-        assert "pruned" not in TRIAL_STATES and "interrupted" not in STUDY_STATES
+        assert "pruned" not in TRIAL_STATES and "paused" not in STUDY_STATES
+        assert "interrupted" in STUDY_STATES  # the controller stopped on an error
         with pytest.raises(ValueError, match="trial state must be one of"):
             st.list_trials(s.id, state="pruned")
         with pytest.raises(ValueError, match="study state must be one of"):
-            st.set_study_state("s", "interrupted")
+            st.set_study_state("s", "paused")
     finally:
         st.close()
 
@@ -44,11 +45,11 @@ def test_a_dropped_value_in_a_stored_row_still_loads(tmp_path: Path) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text("UPDATE trials SET state = 'pruned', failure_class = 'interrupted'"))
-        conn.execute(text("UPDATE studies SET state = 'interrupted'"))
+        conn.execute(text("UPDATE studies SET state = 'paused'"))
     engine.dispose()
     st = open_storage(url)
     try:
-        assert st.get_study("s").state == "interrupted"
+        assert st.get_study("s").state == "paused"
         row = st.get_trial(t.id)
         assert row.state == "pruned" and row.failure_class == "interrupted"
         assert st.count_trials(s.id)["pruned"] == 1 and st.count_trials(s.id)["total"] == 1

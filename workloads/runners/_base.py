@@ -11,10 +11,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dse.records import Outcome
+from dse.records import Outcome, TrialSpec
 from dse.workloads.logs import LOG_PATTERNS, classify_log
 
-__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS"]
+__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS", "OWNER_ENV"]
+
+#: Environment variable that carries a trial's ownership token (its controller's owner string)
+#: into the trial process; also written to ``<trial_dir>/pgid`` and checked before a leftover
+#: process group is signalled.
+OWNER_ENV = "DSE_TRIAL_OWNER"
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 900.0
     hang_timeout_s: float = 300.0
+    #: the trial spec itself (runners that answer in-process read it; others run ``argv``)
+    spec: TrialSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -40,12 +47,16 @@ class Finished:
     outcome: Outcome
     wall_s: float
     devices: int
+    #: where it ran, e.g. ``node1:gpu0,1,node2:gpu0,1`` (cluster runners; None: this host)
+    placement: str | None = None
 
 
 class BaseRunner(ABC):
     """Runs trial processes; the study loop asks for free slots, submits, polls."""
 
     name = "base"
+    #: whether trials read a spec file and write metrics/log files in ``trial_dir``
+    uses_files = True
 
     @abstractmethod
     def free_slots(self) -> int:
@@ -66,6 +77,14 @@ class BaseRunner(ABC):
     @abstractmethod
     def stop(self) -> list[int]:
         """Kill every running trial (whole process groups); returns their ids."""
+
+    def kill_leftover(self, trial_dir: Path, owner: str) -> bool:
+        """End what a dead controller's trial left running: by default its process group,
+        only if this installation started it for ``owner`` (the trial row's owner). Returns
+        whether something was signalled."""
+        from dse.workloads.runners.local import kill_owned_group
+
+        return kill_owned_group(trial_dir, owner)
 
     @property
     def host(self) -> str:

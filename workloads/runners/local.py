@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -12,9 +13,13 @@ from pathlib import Path
 
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
-from dse.workloads.runners._base import BaseRunner, Finished, Launch, classify_log
+from dse.workloads.runners._base import OWNER_ENV, BaseRunner, Finished, Launch, classify_log
 
-__all__ = ["LocalRunner", "detect_gpus", "kill_group"]
+__all__ = ["LocalRunner", "detect_gpus", "kill_group", "kill_owned_group", "TRIAL_ENV_DROP"]
+
+#: Variables of the controller's environment that trial processes never inherit (the API's
+#: write token; a storage URL that may hold a password): a trial needs neither.
+TRIAL_ENV_DROP: tuple[str, ...] = ("DSE_API_TOKEN", "DSE_STORAGE")
 
 
 def detect_gpus() -> list[int]:
@@ -49,6 +54,54 @@ def kill_group(pgid: int, grace_s: float = 5.0) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _group_members(pgid: int) -> list[int] | None:
+    """Pids in process group ``pgid`` (None where /proc cannot tell)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    out: list[int] = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            # fields after the command (which may hold spaces and parentheses)
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid:
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _carries_token(pid: int, token: str) -> bool:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{OWNER_ENV}={token}".encode() in env.split(b"\0")
+
+
+def kill_owned_group(trial_dir: Path, owner: str, grace_s: float = 2.0) -> bool:
+    """Kill the process group a dead controller left in ``trial_dir``, only if this
+    installation started it for ``owner``: ``<trial_dir>/pgid`` must name ``owner`` (the
+    trial row's owner, written at launch), and where /proc exists a member of the group must
+    carry it in its environment (so a reused pgid or a file from elsewhere is never
+    signalled). Returns whether a group was signalled."""
+    try:
+        data = json.loads((trial_dir / "pgid").read_text())
+        pgid, token = int(data["pgid"]), str(data["owner"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not owner or token != owner or pgid <= 1:
+        return False
+    members = _group_members(pgid)
+    if members is not None and not any(_carries_token(p, token) for p in members):
+        return False
+    kill_group(pgid, grace_s=grace_s)
+    return True
 
 
 @dataclass
@@ -105,7 +158,7 @@ class LocalRunner(BaseRunner):
 
     def submit(self, launch: Launch) -> None:
         devices: list[int] = []
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in TRIAL_ENV_DROP}
         env.update(launch.env)
         # each trial rank gets its share of the cores (torchrun warns and picks 1 otherwise)
         ranks = max(1, self.slots * launch.world_size)
@@ -116,17 +169,31 @@ class LocalRunner(BaseRunner):
             devices = self._free_gpus[: launch.world_size]
             del self._free_gpus[: launch.world_size]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-        launch.trial_dir.mkdir(parents=True, exist_ok=True)
-        log = open(launch.log_path, "ab")  # noqa: SIM115 - closed when the trial ends
-        popen = subprocess.Popen(
-            launch.argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=launch.trial_dir,
-            start_new_session=True,
-        )
-        (launch.trial_dir / "pgid").write_text(str(popen.pid))
+        try:
+            launch.trial_dir.mkdir(parents=True, exist_ok=True)
+            log = open(launch.log_path, "ab")  # noqa: SIM115 - closed when the trial ends
+        except OSError as e:
+            self._free_gpus = sorted(self._free_gpus + devices)
+            raise TrialLaunchError(
+                f"trial {launch.number}: cannot write {launch.log_path}: {e}"
+            ) from e
+        try:
+            popen = subprocess.Popen(
+                launch.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=launch.trial_dir,
+                start_new_session=True,
+            )
+        except OSError as e:
+            log.close()
+            self._free_gpus = sorted(self._free_gpus + devices)
+            raise TrialLaunchError(
+                f"trial {launch.number}: cannot start {launch.argv[0]!r}: {e}"
+            ) from e
+        owner = launch.env.get(OWNER_ENV, "")
+        (launch.trial_dir / "pgid").write_text(json.dumps({"pgid": popen.pid, "owner": owner}))
         now = time.monotonic()
         self._procs[launch.trial_id] = _Proc(launch, popen, devices, now, now, 0, log)
 
@@ -150,7 +217,7 @@ class LocalRunner(BaseRunner):
                 kill_group(p.popen.pid, grace_s=0.5)  # stray children of the trial
                 self._finish(tid, self._outcome_of(p, rc))
             elif now - p.started > p.launch.timeout_s:
-                kill_group(p.popen.pid)
+                _kill_trial(p.popen)
                 self._finish(
                     tid,
                     read_metrics(mp)
@@ -159,7 +226,7 @@ class LocalRunner(BaseRunner):
                     ),
                 )
             elif now - p.last_progress > p.launch.hang_timeout_s:
-                kill_group(p.popen.pid)
+                _kill_trial(p.popen)
                 self._finish(
                     tid,
                     read_metrics(mp)
@@ -189,12 +256,30 @@ class LocalRunner(BaseRunner):
         ids = list(self._procs)
         for tid in ids:
             p = self._procs[tid]
-            kill_group(p.popen.pid, grace_s=3.0)
-            p.popen.wait()
+            _kill_trial(p.popen, grace_s=3.0)
             p.log.close()  # type: ignore[attr-defined]
             self._free_gpus.extend(p.devices)
         self._procs.clear()
         return ids
+
+
+def _kill_trial(popen: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM the trial's process group, reap its leader (a zombie leader keeps the group
+    alive), then SIGKILL whatever of the group is left."""
+    pgid = popen.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    popen.wait()
 
 
 def _tail(path: Path, n: int = 8000) -> str:

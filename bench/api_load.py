@@ -1,0 +1,295 @@
+"""The REST API under load: a writer adding trials while many readers poll, and /best idle.
+
+What it does:
+
+1. Builds a study database (SQLite in a temporary folder, or a new PostgreSQL database on
+   127.0.0.1:5432 that is dropped at the end) with ``--trials`` trials, by the bulk insert of
+   ``bench/api_latency.py`` (the rows ``claim_trial``/``start_trial``/``finish_trial`` write).
+2. Starts the real server, ``dse serve --storage URL --port P`` (uvicorn, loopback only).
+3. ``load`` (default): a writer process adds trials through the storage API as a controller
+   does (``claim_trial``, ``start_trial``, ``finish_trial``: three transactions per trial) at
+   ``--write-rate`` trials/s, while ``--readers`` clients (asyncio, one connection each, no
+   pause between requests) alternate ``GET /api/v1/studies/bench/best`` and
+   ``GET .../trials?limit=100`` at a random offset and order, for ``--duration`` seconds.
+   ``idle``: ``--requests`` sequential ``/best`` requests on one keep-alive connection, nothing
+   else running.
+4. Prints p50 / p95 / p99 / max per endpoint, HTTP errors, connection resets (a request that
+   got no response), the writes done, and the load average before and after.
+
+Bounded: at most 300 s of load, 200 readers, 200,000 trials; it talks to 127.0.0.1 only.
+
+Run:  python bench/api_load.py [--backend sqlite|postgresql] [--mode load|idle]
+          [--trials 10000] [--readers 50] [--duration 60] [--write-rate 10] [--requests 300]
+
+Targets: under load p99 <= 200 ms for /best and the trial page; idle /best p99 <= 50 ms at
+100,000 trials. ``--check`` exits 1 when one is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from api_latency import STUDY, build_database, pct, start_server  # noqa: E402
+
+from tests.api.live import free_port  # noqa: E402
+
+TARGET_LOAD_MS = 200.0
+TARGET_IDLE_MS = 50.0
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+# --- databases -----------------------------------------------------------------------------
+
+
+def _pg_admin(sql: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(sql))
+    finally:
+        engine.dispose()
+
+
+def _fix_pg_sequences(url: str) -> None:
+    """The bulk insert sets ids itself: move each id sequence past them."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for table in ("trials", "rejections"):
+                seq = conn.execute(text(f"SELECT pg_get_serial_sequence('{table}', 'id')"))
+                name = seq.scalar()
+                if name:
+                    conn.execute(
+                        text(
+                            f"SELECT setval('{name}', (SELECT COALESCE(MAX(id), 1) FROM {table}))"
+                        )
+                    )
+    finally:
+        engine.dispose()
+
+
+# --- the writer ----------------------------------------------------------------------------
+
+
+def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any) -> None:
+    """Add trials as a controller does, ``rate`` per second, from ``ready`` until ``stop``."""
+    from dse.records import Outcome, StepMetrics
+    from dse.space import params_key
+    from dse.storage import open_storage
+
+    rng = random.Random(7)
+    storage = open_storage(url)
+    study = storage.get_study(STUDY)
+    period = 1.0 / rate
+    ready.set()
+    next_t = time.time()
+    n = 0
+    try:
+        while not stop.is_set():
+            p = {
+                "tensor_model_parallel_size": rng.choice([1, 2, 4, 8]),
+                "pipeline_model_parallel_size": rng.choice([1, 2, 4]),
+                "micro_batch_size": rng.choice([1, 2, 4, 8]),
+                "recompute": rng.choice(["none", "selective", "full"]),
+                "use_distributed_optimizer": rng.random() < 0.5,
+                "sequence_parallel": rng.random() < 0.5,
+            }
+            t = storage.claim_trial(
+                study_id=study.id, params=p, params_key=params_key(p), budget=10**9,
+                allow_repeat=True, runner="bench:1:w",
+            )  # fmt: skip
+            assert t is not None
+            storage.start_trial(
+                t.id, runner="bench:1:w", host="node-w",
+                log_path=f"dse_runs/bench/w-{n}/log.txt",
+                metrics_path=f"dse_runs/bench/w-{n}/metrics.jsonl",
+            )  # fmt: skip
+            tflops, mem = rng.uniform(250, 520), rng.uniform(40, 135)
+            steps = tuple(
+                StepMetrics(s + 1, 8.0, tflops, mem, mem + 2, 11.0 - 0.3 * s, 1.0)
+                for s in range(6)
+            )
+            metrics = {"tflops_per_gpu": tflops, "peak_mem_gib": mem, "step_time_s": 8.0,
+                       "loss": 9.5, "steps": 6}  # fmt: skip
+            storage.finish_trial(
+                t.id, Outcome("ok", metrics, steps=steps), value=tflops, gpu_seconds=392.0
+            )
+            n += 1
+            done.value = n
+            next_t += period
+            delay = next_t - time.time()
+            if delay > 0:
+                time.sleep(delay)
+    finally:
+        storage.close()
+
+
+# --- the readers ---------------------------------------------------------------------------
+
+
+async def _reader(
+    base: str, stop_at: float, n_trials: int, seed: int, out: dict[str, list[float]],
+    errors: dict[str, int],
+) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    api = f"/api/v1/studies/{STUDY}"
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        i = seed
+        while time.time() < stop_at:
+            i += 1
+            if i % 2:
+                name, path = "best", f"{api}/best"
+            else:
+                order = rng.choice(["number", "-number", "value", "-value"])
+                off = rng.randrange(0, max(1, n_trials - 100))
+                name, path = "trials_page", f"{api}/trials?limit=100&offset={off}&order={order}"
+            t0 = time.perf_counter()
+            try:
+                r = await client.get(path)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError) as e:
+                errors[f"reset ({type(e).__name__})"] = (
+                    errors.get(f"reset ({type(e).__name__})", 0) + 1
+                )
+                continue
+            ms = (time.perf_counter() - t0) * 1000
+            if r.status_code != 200:
+                errors[f"HTTP {r.status_code}"] = errors.get(f"HTTP {r.status_code}", 0) + 1
+                continue
+            out[name].append(ms)
+
+
+async def _readers(
+    base: str, n: int, duration: float, n_trials: int
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    out: dict[str, list[float]] = {"best": [], "trials_page": []}
+    errors: dict[str, int] = {}
+    stop_at = time.time() + duration
+    await asyncio.gather(*(_reader(base, stop_at, n_trials, k, out, errors) for k in range(n)))
+    return out, errors
+
+
+def _idle(base: str, n: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"best": []}
+    with httpx.Client(base_url=base, timeout=30) as client:
+        for _ in range(10):
+            client.get(f"/api/v1/studies/{STUDY}/best").raise_for_status()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = client.get(f"/api/v1/studies/{STUDY}/best")
+            out["best"].append((time.perf_counter() - t0) * 1000)
+            r.raise_for_status()
+    return out
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--mode", choices=["load", "idle"], default="load")
+    ap.add_argument("--trials", type=int, default=10_000)
+    ap.add_argument("--readers", type=int, default=50)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--write-rate", type=float, default=10.0)
+    ap.add_argument("--requests", type=int, default=300, help="idle mode: /best requests")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = ap.parse_args(argv)
+    if not (1 <= args.readers <= 200 and 0 < args.duration <= 300 and 0 < args.trials <= 200_000):
+        ap.error("bounds: 1..200 readers, 0..300 s, 1..200,000 trials")
+    if not 0 < args.write_rate <= 100:
+        ap.error("--write-rate: 0..100 trials/s")
+
+    tmp = tempfile.TemporaryDirectory(prefix="dse-load-")
+    pg_name = None
+    if args.backend == "postgresql":
+        pg_name = "dse_load_" + uuid.uuid4().hex[:8]
+        _pg_admin(f'CREATE DATABASE "{pg_name}"')
+        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{pg_name}"
+    else:
+        url = f"sqlite:///{Path(tmp.name) / 'load.db'}"
+    server = None
+    try:
+        t0 = time.perf_counter()
+        info = build_database(url, args.trials)
+        if pg_name:
+            _fix_pg_sequences(url)
+        took = time.perf_counter() - t0
+        print(f"database ({args.backend}): {info['trials']} trials, {info['steps']} step rows, "
+              f"{info['rejections']} rejections; built in {took:.1f} s")  # fmt: skip
+        port = free_port()
+        server = start_server(url, port, Path(tmp.name) / "serve.log")
+        base = f"http://127.0.0.1:{port}"
+        load_before = os.getloadavg()
+        writes = 0
+        errors: dict[str, int] = {}
+        if args.mode == "idle":
+            results = _idle(base, args.requests)
+            target = TARGET_IDLE_MS
+            what = f"idle, {args.requests} sequential requests, one keep-alive connection"
+        else:
+            ctx = mp.get_context("spawn")
+            done, ready, stop = ctx.Value("i", 0), ctx.Event(), ctx.Event()
+            writer = ctx.Process(target=_writer, args=(url, args.write_rate, ready, stop, done))
+            writer.start()
+            if not ready.wait(timeout=120):
+                raise RuntimeError("the writer did not start in 120 s")
+            results, errors = asyncio.run(_readers(base, args.readers, args.duration, args.trials))
+            stop.set()
+            writer.join(timeout=60)
+            writes = int(done.value)
+            target = TARGET_LOAD_MS
+            what = (f"{args.readers} readers (no pause) + a writer at {args.write_rate:g} "
+                    f"trials/s for {args.duration:g} s")  # fmt: skip
+        load_after = os.getloadavg()
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+        if pg_name:
+            _pg_admin(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+        tmp.cleanup()
+
+    print(f"\n{args.backend}, {args.trials} trials at start; {what}")
+    print(f"{'endpoint':<12} {'n':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    ok = True
+    for name, xs in results.items():
+        if not xs:
+            print(f"{name:<12} no answers")
+            ok = False
+            continue
+        p99 = pct(xs, 99)
+        ok &= p99 <= target
+        print(f"{name:<12} {len(xs):6d} {statistics.median(xs):8.1f} {pct(xs, 95):8.1f} "
+              f"{p99:8.1f} {max(xs):8.1f}")  # fmt: skip
+    total = sum(len(xs) for xs in results.values())
+    if args.mode == "load":
+        print(f"reads: {total} ({total / args.duration:.0f}/s); writes: {writes} trials "
+              f"({writes / args.duration:.1f}/s); errors: {errors or 0}")  # fmt: skip
+    print(f"p99 target <= {target:.0f} ms: {'ok' if ok else 'MISSED'}")
+    print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+          f"on {os.cpu_count()} CPUs")  # fmt: skip
+    return 1 if args.check and not ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Launching one trial: its folder, its spec, the runner's submit, its ``running`` row.
+
+A launch the runner cannot make (a missing interpreter, an unwritable folder:
+:class:`~dse.exceptions.TrialLaunchError`) is the trial's failure, returned as an
+:class:`~dse.records.Outcome` (class ``error``), never an exception that ends the study.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dse.exceptions import TrialLaunchError
+from dse.records import Outcome, TrialRecord, TrialSpec
+from dse.space import SearchSpace
+from dse.workloads import trial_command
+from dse.workloads.runners import OWNER_ENV, BaseRunner, Launch
+
+if TYPE_CHECKING:
+    from dse.storage import Storage
+
+__all__ = ["TrialLauncher", "short_params", "trial_launch"]
+
+
+class TrialLauncher:
+    """Writes a trial's spec and submits it to ``runner`` as ``owner``.
+
+    Args:
+        workdir: the study's folder (``<runner.workdir>/<study>``); trial ``n`` runs in
+            ``trial-0000n`` under it (only for runners whose trials use files).
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        storage: Storage,
+        runner: BaseRunner,
+        owner: str,
+        *,
+        features: set[str] | None,
+        workdir: Path,
+        progress: Callable[[str], None] = lambda _m: None,
+    ) -> None:
+        self.space = space
+        self.storage = storage
+        self.runner = runner
+        self.owner = owner
+        self.features = features
+        self.workdir = workdir
+        self.progress = progress
+
+    def spec(self, t: TrialRecord, metrics_path: str, workload: dict[str, Any]) -> TrialSpec:
+        s = self.space
+        return TrialSpec(
+            study=s.study,
+            trial_number=t.number,
+            params=s.full_params(t.params),
+            model=s.model.model_dump(),
+            semantics=s.semantics.model_dump(),
+            world_size=s.resources.world_size,
+            device=s.resources.device,
+            metrics_path=metrics_path,
+            workload=workload,
+            features=None if self.features is None else sorted(self.features),
+            gpu=s.resources.gpu,
+            gpu_memory_gib=s.resources.gpu_memory_gib,
+        )
+
+    def launch(self, t: TrialRecord) -> Outcome | None:
+        """Start trial ``t``; None when it runs, its failure when it could not start."""
+        s = self.space
+        tdir = (self.workdir / f"trial-{t.number:05d}").resolve()
+        metrics = tdir / "metrics.jsonl"
+        env, workload = trial_launch(s, t.params)
+        spec = self.spec(t, str(metrics), workload)
+        argv: list[str] = []
+        try:
+            if self.runner.uses_files:
+                tdir.mkdir(parents=True, exist_ok=True)
+                if metrics.exists():  # a re-queued trial starts clean
+                    metrics.rename(tdir / f"metrics.{int(time.time())}.jsonl.old")
+                spec_path = tdir / "trial.json"
+                spec_path.write_text(spec.model_dump_json(indent=2))
+                argv = trial_command(
+                    s.workload.name, str(spec_path), world_size=s.resources.world_size,
+                    python=s.runner.python,
+                )  # fmt: skip
+            launch = Launch(
+                trial_id=t.id,
+                number=t.number,
+                argv=argv,
+                trial_dir=tdir,
+                metrics_path=metrics,
+                log_path=tdir / "log.txt",
+                world_size=s.resources.world_size,
+                device=s.resources.device,
+                env={**env, OWNER_ENV: self.owner},
+                timeout_s=s.budget.trial_timeout_s,
+                hang_timeout_s=s.budget.hang_timeout_s,
+                spec=spec,
+            )
+            self.runner.submit(launch)
+        except (TrialLaunchError, OSError) as e:
+            why = str(e) if isinstance(e, TrialLaunchError) else f"{tdir}: {e}"
+            self.progress(f"trial {t.number} could not be launched: {why}")
+            return Outcome.failure("error", f"launch failed: {why}")
+        files = self.runner.uses_files
+        self.storage.start_trial(
+            t.id,
+            runner=self.owner,
+            host=self.runner.host,
+            log_path=str(launch.log_path) if files else None,
+            metrics_path=str(metrics) if files else None,
+        )
+        self.progress(f"trial {t.number} started: {short_params(t.params)}")
+        return None
+
+
+def short_params(params: dict[str, Any]) -> str:
+    abbrev = {
+        "tensor_model_parallel_size": "tp",
+        "pipeline_model_parallel_size": "pp",
+        "context_parallel_size": "cp",
+        "micro_batch_size": "mbs",
+        "use_distributed_optimizer": "distopt",
+        "attention_backend": "attn",
+    }
+    return " ".join(f"{abbrev.get(k, k)}={v}" for k, v in params.items())
+
+
+def trial_launch(space: SearchSpace, params: dict[str, Any]) -> tuple[dict[str, str], dict]:
+    """(environment of every rank, trial spec ``workload`` dict) of a trial: the space's
+    ``env`` section and ``env.*`` knobs; for a recipe launcher also the rendered command."""
+    from dse.knobs import trial_env
+
+    full = space.full_params(params)
+    workload = space.workload.model_dump()
+    workload["node_steps"] = list(space.env.node_steps)
+    env = trial_env(full, space.env.fixed)
+    if space.workload.launcher is not None:
+        from dse.exceptions import SpaceError
+        from dse.workloads.launchers import NotTaken, launcher_for
+
+        spec = space.workload.launcher
+        try:
+            rendered = launcher_for(space).render(
+                full, python=spec.python or space.runner.python or sys.executable
+            )
+        except (NotTaken, SpaceError) as e:
+            # a combination the per-knob check at validate could not see: the trial process
+            # records it as invalid without starting the recipe
+            workload["rendered"] = {"not_taken": f"the {space.workload.name} recipe cannot "
+                                    f"take this configuration: {e}"}  # fmt: skip
+            return env, workload
+        workload["rendered"] = rendered.to_dict()
+        env = rendered.env
+    return env, workload

@@ -1,0 +1,156 @@
+"""A study's run settings: what ``dse resume`` / ``dse start`` may change between runs.
+
+A study's *identity* (:meth:`dse.space.SearchSpace.identity`: model, semantics, resources,
+knobs, constraints, objectives, trial kind) fixes the meaning of its trials. Its *run
+settings* (budget, agent, runner, workdir, parallelism, table path, pre-screen) only say how
+the next run goes. The effective run settings of the last run are stored with the study
+(attribute ``run_settings``), so ``dse resume`` continues with them unless told otherwise.
+
+An imported study's run settings came from the export file, and an export is data from
+elsewhere: its ``runner.python``, ``runner.workdir`` and ``workload.table`` are never run
+unless the user confirms them (see :func:`untrusted_settings`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dse.exceptions import DuplicatedStudyError, SpaceError
+from dse.records import IMPORTED_ATTR
+from dse.space import IDENTITY_FIELDS, SearchSpace, parse_space
+
+__all__ = [
+    "RUN_SETTINGS_ATTR",
+    "IMPORTED_ATTR",
+    "RunOverrides",
+    "run_settings",
+    "with_run_settings",
+    "apply_overrides",
+    "check_same_identity",
+    "identity_changes",
+    "strip_imported",
+]
+
+#: Study attribute holding the effective run settings of the last run.
+RUN_SETTINGS_ATTR = "run_settings"
+
+
+@dataclass(frozen=True)
+class RunOverrides:
+    """Run settings given on the command line (None: keep the stored / file value)."""
+
+    n_trials: int | None = None
+    agent: str | None = None
+    runner: str | None = None
+    workdir: str | None = None
+    max_parallel: int | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in vars(self).values())
+
+
+def run_settings(space: SearchSpace) -> dict[str, Any]:
+    """The run settings of ``space`` as JSON (what the study attribute stores)."""
+    return {
+        "budget": space.budget.model_dump(mode="json"),
+        "agent": space.agent.model_dump(mode="json"),
+        "runner": space.runner.model_dump(mode="json"),
+        "workload": {"table": space.workload.table, "delay_s": space.workload.delay_s},
+        "prescreen": space.prescreen.model_dump(mode="json"),
+    }
+
+
+def _rebuild(space: SearchSpace, data: dict[str, Any], source: str) -> SearchSpace:
+    return parse_space(data, source)
+
+
+def with_run_settings(space: SearchSpace, settings: dict[str, Any], source: str) -> SearchSpace:
+    """``space`` with stored run ``settings`` put in place of its own (identity unchanged).
+
+    Raises:
+        SpaceError: the stored settings do not validate (names ``source``).
+    """
+    data = space.model_dump(mode="json")
+    for key in ("budget", "agent", "runner", "prescreen"):
+        if isinstance(settings.get(key), dict):
+            data[key] = settings[key]
+    wl = settings.get("workload")
+    if isinstance(wl, dict):
+        data["workload"] = {
+            **data["workload"],
+            **{k: wl[k] for k in ("table", "delay_s") if k in wl},
+        }
+    return _rebuild(space, data, source)
+
+
+def apply_overrides(space: SearchSpace, ov: RunOverrides, source: str) -> SearchSpace:
+    """``space`` with the command line's run settings applied (validated again)."""
+    if not ov.any():
+        return space
+    data = space.model_dump(mode="json")
+    if ov.n_trials is not None:
+        data["budget"]["n_trials"] = ov.n_trials
+    if ov.agent is not None:
+        data["agent"]["name"] = ov.agent
+    if ov.runner is not None:
+        if ov.runner != data["runner"]["name"]:
+            data["runner"]["options"] = {}  # another runner's options do not apply to this one
+        data["runner"]["name"] = ov.runner
+    if ov.workdir is not None:
+        data["runner"]["workdir"] = ov.workdir
+    if ov.max_parallel is not None:
+        data["runner"]["max_parallel"] = ov.max_parallel
+    return _rebuild(space, data, source)
+
+
+def identity_changes(old: SearchSpace, new: SearchSpace) -> list[str]:
+    """The identity fields that differ between two spaces (empty: the same study)."""
+    a, b = old.identity(), new.identity()
+    return [k for k in (*IDENTITY_FIELDS, "workload") if a.get(k) != b.get(k)]
+
+
+def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
+    """Refuse to run ``given`` as the stored study when its identity differs.
+
+    Raises:
+        DuplicatedStudyError: names the fields that differ.
+    """
+    diff = identity_changes(stored, given)
+    if diff:
+        raise DuplicatedStudyError(
+            f"study {given.study!r} exists with a different space: {', '.join(diff)} "
+            "differ (these change what its trials mean; budget, agent, runner, workdir and "
+            "max-parallel may change). Pick another study name or restore the original "
+            "space file"
+        )
+
+
+def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchSpace:
+    """An imported study's space with the export's interpreter and workdir replaced by local
+    defaults (the controller's own Python; ``--workdir`` or ``dse_runs``).
+
+    Raises:
+        SpaceError: its workload reads a table or runs a recipe the export names, or its
+            environment is set by the export; a local space file (``dse start --space``) or
+            ``--trust-imported`` must confirm it.
+    """
+    data = space.model_dump(mode="json")
+    named = {
+        "workload.table": data["workload"].get("table"),
+        "workload.launcher": data["workload"].get("launcher"),
+        "env.fixed": (data.get("env") or {}).get("fixed") or None,
+        "env.node_steps": (data.get("env") or {}).get("node_steps") or None,
+    }
+    code = [k for k, v in named.items() if v is not None]
+    if code:
+        raise SpaceError(
+            f"study {space.study!r} was imported: its {', '.join(code)} come from the export "
+            "file (programs, paths, environment) and are not used unconfirmed. Run it with a "
+            "local space file of the same study (dse start --space FILE --study NAME), or "
+            "pass --trust-imported to use the imported settings"
+        )
+    data["runner"]["python"] = None
+    data["runner"]["workdir"] = ov.workdir or "dse_runs"
+    data["runner"]["gpus"] = None
+    return _rebuild(space, data, source)

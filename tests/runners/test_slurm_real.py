@@ -1,0 +1,255 @@
+"""The Slurm runner against a real one-node Slurm (scripts/slurm_up.sh): jobs cancelled from
+outside, over their time limit, on a node taken down, each come back as a classified failure
+with the log's last lines; a study runs through sbatch end to end and resumes after its
+controller is killed while its jobs are queued."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dse.storage import open_storage
+from dse.workloads.runners import Launch
+from dse.workloads.runners.slurm_runner import SlurmOptions, SlurmRunner
+from tests.conftest import REPLAY_TABLE, REPO
+from tests.runners.conftest import drain, make_launch, wait_seen
+
+pytestmark = pytest.mark.slurm
+
+
+def _runner(**opts: object) -> SlurmRunner:
+    return SlurmRunner(
+        SlurmOptions.model_validate({"poll_interval_s": 0.5, **opts}),
+        device="cpu",
+        world_size=1,
+        max_parallel=4,
+        job_prefix="dse-test",
+    )
+
+
+def _job_id(launch: object) -> str:
+    return (launch.trial_dir / "slurm_job_id").read_text().strip()  # type: ignore[attr-defined]
+
+
+def test_job_on_a_node_that_goes_down_is_node_fail(slurm: str, tmp_path: Path) -> None:
+    r = _runner()
+    launch = make_launch(tmp_path, 1, 120)
+    r.submit(launch)
+    wait_seen(launch)
+    try:
+        # drained: Slurm lets the running job go on; taken down: it ends the job (NODE_FAIL)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={slurm}", "state=drain", "reason=dse-test"],
+            check=True,
+        )
+        time.sleep(1.5)
+        assert r.poll() == [] and r.running() == [1]
+        subprocess.run(
+            ["scontrol", "update", f"nodename={slurm}", "state=down", "reason=dse-test"],
+            check=True,
+        )
+        out = drain(r, 1, timeout=60)[1].outcome
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={slurm}", "state=resume"], check=False)
+        _wait_idle(slurm)
+    assert out.failure_class == "node_fail", out
+    assert "NODE_FAIL" in out.reason and slurm in out.reason
+
+
+@pytest.fixture(scope="module")
+def overtime(slurm: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[SlurmRunner, Launch]:
+    """A job over its time limit, submitted early: Slurm checks time limits about every 30 s
+    (the job is ended by Slurm, not by the runner), so the test that waits for it runs last."""
+    r = _runner(time_limit="0:02")
+    launch = make_launch(tmp_path_factory.mktemp("overtime"), 1, 300)
+    r.submit(launch)
+    return r, launch
+
+
+def test_trial_completes_and_records_its_node(
+    slurm: str, tmp_path: Path, overtime: tuple[SlurmRunner, Launch]
+) -> None:
+    r = _runner()
+    launch = make_launch(tmp_path, 1, 0.5)
+    r.submit(launch)
+    fin = drain(r, 1)[1]
+    assert fin.outcome.ok, fin.outcome.reason
+    assert fin.placement == slurm
+    assert "#SBATCH --nodes=1" in (launch.trial_dir / "job.sbatch").read_text()
+
+
+def test_failed_trial_keeps_the_logs_last_lines(slurm: str, tmp_path: Path) -> None:
+    r = _runner()
+    r.submit(make_launch(tmp_path, 1, 0.1, "--fail"))
+    out = drain(r, 1)[1].outcome
+    assert out.failure_class == "error"
+    assert "FAILED" in out.reason and "giving up with exit code 3" in out.reason
+
+
+def test_scancel_from_outside_is_cancelled(slurm: str, tmp_path: Path) -> None:
+    r = _runner()
+    launch = make_launch(tmp_path, 1, 120)
+    r.submit(launch)
+    wait_seen(launch)
+    subprocess.run(["scancel", _job_id(launch)], check=True)
+    out = drain(r, 1, timeout=60)[1].outcome
+    assert out.failure_class == "cancelled", out
+    assert "ended CANCELLED" in out.reason and "Terminat" in out.reason  # the log's tail
+
+
+def test_stop_cancels_every_job(slurm: str, tmp_path: Path) -> None:
+    r = _runner()
+    launches = [make_launch(tmp_path, i, 120) for i in (1, 2)]
+    for la in launches:
+        r.submit(la)
+    wait_seen(launches[0])
+    assert sorted(r.stop()) == [1, 2]
+    states = subprocess.run(
+        ["squeue", "-h", "--states=all", "-j", ",".join(_job_id(la) for la in launches),
+         "-o", "%T"], capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    assert states and set(states) == {"CANCELLED"}, states
+
+
+def _wait_idle(node: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = subprocess.run(
+            ["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True
+        ).stdout.strip()
+        if st in ("idle", "mixed", "allocated"):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"node {node} did not come back: {st}")
+
+
+def _space(tmp_path: Path, study: str, **runner: object) -> Path:
+    space = yaml.safe_load((REPO / "examples" / "replay_llama1b.yaml").read_text())
+    space["study"] = study
+    space["workload"] = {"name": "replay", "table": str(REPLAY_TABLE), "delay_s": 1.0}
+    space["budget"] = {"n_trials": 4, "trial_timeout_s": 120, "hang_timeout_s": 120}
+    space["prescreen"] = {"enabled": False}
+    space["runner"] = {
+        "name": "slurm", "max_parallel": 2, "workdir": str(tmp_path / "runs"), **runner,
+    }  # fmt: skip
+    p = tmp_path / f"{study}.yaml"
+    p.write_text(yaml.safe_dump(space))
+    return p
+
+
+def test_study_resumes_after_its_controller_dies_with_jobs_queued(
+    slurm: str, tmp_path: Path
+) -> None:
+    # each job takes 7 of the node's 8 CPUs: one runs, the next waits in the queue
+    p = _space(tmp_path, "slurm-resume", options={"cpus_per_task": 7, "poll_interval_s": 0.5})
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cmd = [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", url]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "first.log", "wb") as log:
+        first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=log)
+    runs = tmp_path / "runs" / "slurm-resume"
+    deadline = time.monotonic() + 120
+    while len(list(runs.glob("trial-*/slurm_job_id"))) < 2:
+        alive = first.poll() is None
+        assert time.monotonic() < deadline and alive, (tmp_path / "first.log").read_text()
+        time.sleep(0.2)
+    old_jobs = [f.read_text().strip() for f in runs.glob("trial-*/slurm_job_id")]
+    queued = subprocess.run(
+        ["squeue", "-h", "-j", ",".join(old_jobs), "-o", "%T"], capture_output=True, text=True
+    ).stdout.split()
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert "PENDING" in queued, queued
+    resume = [sys.executable, "-m", "dse.cli", "resume", "--study", "slurm-resume",
+              "--storage", url, "--runner", "slurm"]  # fmt: skip
+    out = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "re-queued" in out.stderr
+    st = open_storage(url)
+    try:
+        trials = st.list_trials(st.get_study("slurm-resume").id)
+    finally:
+        st.close()
+    assert sorted(t.number for t in trials) == [0, 1, 2, 3]
+    assert all(t.state in ("complete", "infeasible") for t in trials), [
+        (t.number, t.state, t.reason) for t in trials
+    ]
+    assert all(t.host == slurm for t in trials)
+    # the dead controller's jobs were cancelled, not left to run beside their re-runs
+    left = subprocess.run(
+        ["squeue", "-h", "--states=all", "-j", ",".join(old_jobs), "-o", "%i %T"],
+        capture_output=True, text=True,
+    ).stdout.split("\n")  # fmt: skip
+    assert not any(line.endswith(("RUNNING", "PENDING")) for line in left), left
+
+
+@pytest.mark.postgres
+def test_two_controllers_share_one_study_on_the_cluster(
+    slurm: str, tmp_path: Path, pg_url: str
+) -> None:
+    p = _space(tmp_path, "slurm-two", options={"poll_interval_s": 0.5})
+    space = yaml.safe_load(p.read_text())
+    space["budget"]["n_trials"] = 8
+    p.write_text(yaml.safe_dump(space))
+    cmd = [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", pg_url]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    logs = [pr.communicate(timeout=300)[1] for pr in procs]
+    assert [pr.returncode for pr in procs] == [0, 0], logs
+    st = open_storage(pg_url)
+    try:
+        trials = st.list_trials(st.get_study("slurm-two").id)
+    finally:
+        st.close()
+    assert sorted(t.number for t in trials) == list(range(8))
+    assert len({t.params_key for t in trials}) == 8
+    assert all(t.state in ("complete", "infeasible") for t in trials)
+    assert len({t.runner.split(":")[1] for t in trials if t.runner}) == 2  # both ran trials
+    jobs = {(tmp_path / "runs" / "slurm-two" / f"trial-{t.number:05d}" / "slurm_job_id")
+            .read_text() for t in trials}  # fmt: skip
+    assert len(jobs) == 8  # one Slurm job per trial
+
+
+@pytest.mark.slow
+def test_tiny_gpt_study_through_sbatch(slurm: str, tmp_path: Path) -> None:
+    space = yaml.safe_load((REPO / "examples" / "tiny_gpt_cpu.yaml").read_text())
+    space["budget"]["n_trials"] = 2
+    space["runner"] = {"name": "slurm", "max_parallel": 2, "workdir": str(tmp_path / "runs"),
+                       "options": {"cpus_per_task": 2, "poll_interval_s": 1.0}}  # fmt: skip
+    p = tmp_path / "tiny.yaml"
+    p.write_text(yaml.safe_dump(space))
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", url],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    st = open_storage(url)
+    try:
+        trials = st.list_trials(st.get_study("tiny-gpt-cpu").id)
+    finally:
+        st.close()
+    assert len(trials) == 2
+    assert [t.state for t in trials] == ["complete", "complete"], [t.reason for t in trials]
+    assert all(t.host == slurm and t.value and t.value > 0 for t in trials)
+    script = (tmp_path / "runs" / "tiny-gpt-cpu" / "trial-00000" / "job.sbatch").read_text()
+    assert "srun" in script and "--standalone" in script and "--nproc-per-node=2" in script
+
+
+def test_job_over_its_time_limit_is_timeout(overtime: tuple[SlurmRunner, Launch]) -> None:
+    r, _ = overtime
+    out = drain(r, 1, timeout=150)[1].outcome
+    assert out.failure_class == "timeout", out
+    assert "ended TIMEOUT" in out.reason and "; log: " in out.reason

@@ -1,0 +1,326 @@
+"""The study loop's parts at their seams: ownership and heartbeat (Reconciler), launch errors
+as trial failures, the state after a controller error, imported studies. The loop runs on the
+in-process runner with SQLite storage (real storage, no trial processes) where the test is
+about the loop; on the local runner where it is about processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dse.agents import create_agent
+from dse.cli import main
+from dse.reconcile import SAME_HOST_STALE_S, STALE_S, Owner, Reconciler
+from dse.records import Outcome, TrialRecord
+from dse.space import parse_space
+from dse.storage import Storage, open_storage
+from dse.study import StudyRunner
+from dse.workloads.runners import OWNER_ENV, InProcessRunner, kill_owned_group
+from tests.conftest import EXAMPLES, REPLAY_TABLE
+
+
+def _sim_space(tmp_path: Path, **upd: Any) -> Any:
+    d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    d["study"] = "loop"
+    d["workload"] = {"name": "replay", "table": str(REPLAY_TABLE)}
+    d["budget"] = {"n_trials": 4}
+    d["agent"] = {"name": "random", "seed": 0}
+    d["runner"] = {"name": "local", "workdir": str(tmp_path / "runs")}
+    d["prescreen"] = {"enabled": False}
+    d.update(upd)
+    return parse_space(d, "test")
+
+
+def _trial(**kw: Any) -> TrialRecord:
+    base: dict[str, Any] = {"id": 1, "study_id": 1, "number": 0, "state": "running",
+                            "params": {}, "params_key": "{}"}  # fmt: skip
+    return TrialRecord(**{**base, **kw})
+
+
+# --- ownership ---------------------------------------------------------------------------
+def test_owner_parse_roundtrip() -> None:
+    o = Owner("node-1", 4242, "abcd1234")
+    assert Owner.parse(str(o)) == o
+    assert Owner.parse("garbage") is None
+    assert Owner.parse(None) is None
+    assert Owner.parse("h:notapid:tok") is None
+
+
+@pytest.mark.parametrize(
+    ("owner", "alive", "age", "dead"),
+    [
+        ("me", True, 10_000.0, False),  # mine, whatever the heartbeat
+        ("same-pid-other-token", True, 0.0, True),  # an earlier controller of this process
+        ("same-host", False, 0.0, True),  # its pid is gone
+        ("same-host", True, 1.0, False),  # alive and beating
+        ("same-host", True, SAME_HOST_STALE_S + 1, True),  # alive pid, stale heartbeat (B12)
+        ("other-host", True, STALE_S - 1, False),
+        ("other-host", True, STALE_S + 1, True),
+        (None, True, STALE_S + 1, True),  # no readable owner: the heartbeat decides
+        (None, True, 1.0, False),
+    ],
+)
+def test_owner_dead(owner: str | None, alive: bool, age: float, dead: bool) -> None:
+    me = Owner("here", 100, "mine0000")
+    runner = {
+        "me": str(me),
+        "same-pid-other-token": "here:100:other000",
+        "same-host": "here:200:tok",
+        "other-host": "there:100:tok",
+        None: None,
+    }[owner]
+    now = 1_000_000.0
+    rec = Reconciler(
+        _sim_space(Path("/nonexistent")), storage=None, me=me,  # type: ignore[arg-type]
+        clock=lambda: now, alive=lambda pid: alive,
+    )  # fmt: skip
+    assert rec.owner_dead(_trial(runner=runner, heartbeat_at=now - age)) is dead
+
+
+def _storage(tmp_path: Path) -> Storage:
+    return open_storage(f"sqlite:///{tmp_path / 'loop.db'}")
+
+
+def _running_trial(st: Storage, space: Any, owner: str, metrics: Path | None) -> TrialRecord:
+    rec, _ = st.get_or_create_study(space_yaml="{}", **space.study_fields())
+    key = f"k{time.time_ns()}"
+    t = st.claim_trial(study_id=rec.id, params={"micro_batch_size": 1}, params_key=key,
+                       budget=10, runner=owner)  # fmt: skip
+    assert t is not None
+    return st.start_trial(t.id, runner=owner, host="h", log_path=None,
+                          metrics_path=None if metrics is None else str(metrics))  # fmt: skip
+
+
+def test_reconcile_requeues_and_kills_only_owned_groups(tmp_path: Path) -> None:
+    space = _sim_space(tmp_path)
+    st = _storage(tmp_path)
+    dead_owner = "here:999999:dead0000"
+    tdir = tmp_path / "trial"
+    tdir.mkdir()
+    t = _running_trial(st, space, dead_owner, tdir / "metrics.jsonl")
+    killed: list[tuple[Path, str]] = []
+    rec = Reconciler(
+        space, st, Owner("here", os.getpid(), "new00000"),
+        alive=lambda pid: False, kill=lambda d, o: killed.append((d, o)) or True,
+    )  # fmt: skip
+    assert rec.reconcile(t.study_id) == 1
+    assert st.get_trial(t.id).state == "queued"
+    assert killed == [(tdir, dead_owner)]
+    # an imported study: its paths are not trusted, nothing is read or signalled
+    t2 = _running_trial(st, space, dead_owner, tdir / "metrics.jsonl")
+    (tdir / "metrics.jsonl").write_text(
+        json.dumps({"type": "summary", "tflops_per_gpu": 1e308}) + "\n"
+    )
+    killed.clear()
+    rec.trust_paths = False
+    rec.reconcile(t2.study_id)
+    assert st.get_trial(t2.id).state == "queued" and killed == []
+    st.close()
+
+
+def _group(env_token: str | None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    if env_token is not None:
+        env[OWNER_ENV] = env_token
+    return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+
+
+def test_kill_owned_group_checks_the_token(tmp_path: Path) -> None:
+    owner = "here:1:tok00000"
+    mine = _group(owner)
+    stranger = _group(None)
+    try:
+        (tmp_path / "pgid").write_text(json.dumps({"pgid": stranger.pid, "owner": owner}))
+        assert kill_owned_group(tmp_path, owner) is False  # the group does not carry it
+        assert stranger.poll() is None
+        (tmp_path / "pgid").write_text(json.dumps({"pgid": mine.pid, "owner": owner}))
+        assert kill_owned_group(tmp_path, "here:1:someone") is False  # another owner's row
+        assert mine.poll() is None
+        (tmp_path / "pgid").write_text(str(stranger.pid))  # the old format: no token
+        assert kill_owned_group(tmp_path, owner) is False
+        (tmp_path / "pgid").write_text(json.dumps({"pgid": mine.pid, "owner": owner}))
+        assert kill_owned_group(tmp_path, owner, grace_s=0.5) is True
+        assert mine.wait(timeout=10) == -signal.SIGTERM
+        assert stranger.poll() is None
+    finally:
+        for p in (mine, stranger):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# --- the loop ----------------------------------------------------------------------------
+def _loop(space: Any, st: Storage, runner: Any, **kw: Any) -> StudyRunner:
+    return StudyRunner(space, storage=st, runner=runner, agent=create_agent(space),
+                       space_yaml=yaml.safe_dump(space.model_dump(mode="json")),
+                       features=None, progress=lambda m: None, **kw)  # fmt: skip
+
+
+def test_loop_on_the_in_process_runner(tmp_path: Path) -> None:
+    from dse.workloads.replay import ReplayTable
+
+    table = ReplayTable.load(REPLAY_TABLE)
+    space = _sim_space(tmp_path)
+    st = _storage(tmp_path)
+    seen: list[int] = []
+    loop = _loop(space, st, InProcessRunner(lambda spec: table.outcome(spec.params)),
+                 on_trial=lambda r: seen.append(r.number))  # fmt: skip
+    res = loop.run()
+    assert not res.stopped and res.counts["total"] == 4 and seen == [0, 1, 2, 3]
+    assert st.get_study("loop").state == "complete"
+    assert not (tmp_path / "runs").exists()  # an in-process runner writes no files
+    st.close()
+
+
+def test_stop_request_is_a_loop_condition(tmp_path: Path) -> None:
+    from dse.workloads.replay import ReplayTable
+
+    table = ReplayTable.load(REPLAY_TABLE)
+    st = _storage(tmp_path)
+    loop = _loop(_sim_space(tmp_path), st, InProcessRunner(lambda s: table.outcome(s.params)))
+    loop.on_trial = lambda r: loop.request_stop("enough")
+    res = loop.run()
+    assert res.stopped and res.stop_reason == "enough" and res.counts["total"] == 1
+    assert st.get_study("loop").state == "stopped"
+    st.close()
+
+
+def test_wall_clock_budget_stops_with_a_hint(tmp_path: Path) -> None:
+    st = _storage(tmp_path)
+    lines: list[str] = []
+    space = _sim_space(tmp_path, budget={"n_trials": 4, "wall_clock_s": 1e-6})
+    loop = _loop(space, st, InProcessRunner(lambda s: Outcome("ok", {})))
+    loop.progress = lines.append
+    res = loop.run()
+    assert res.stopped and res.stop_kind == "wall_clock" and res.counts["total"] == 0
+    assert st.get_study("loop").state == "stopped"
+    assert any(x.startswith("to continue: dse resume --study loop --storage") for x in lines)
+    assert not any(x.startswith("done:") for x in lines)
+    st.close()
+
+
+class _BrokenRunner(InProcessRunner):
+    def poll(self) -> list[Any]:
+        if self._pending:
+            raise RuntimeError("runner bug")
+        return []
+
+
+def test_controller_error_resets_the_study_state(tmp_path: Path) -> None:
+    st = _storage(tmp_path)
+    loop = _loop(_sim_space(tmp_path), st, _BrokenRunner(lambda s: Outcome("ok", {})))
+    with pytest.raises(RuntimeError, match="runner bug"):
+        loop.run()
+    assert st.get_study("loop").state == "interrupted"
+    trials = st.list_trials(st.get_study("loop").id)
+    assert [t.state for t in trials] == ["queued"]  # re-queued, no owner
+    assert trials[0].runner is None
+    st.close()
+
+
+def test_missing_trial_python_is_a_trial_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B14: a missing runner.python fails the trials (TrialLaunchError), the study ends
+    stopped, not 'running' with a queued trial and no controller."""
+    d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    d.update(study="nopy", budget={"n_trials": 5}, prescreen={"enabled": False})
+    d["workload"] = {"name": "replay", "table": str(REPLAY_TABLE)}
+    d["runner"] = {"name": "local", "workdir": str(tmp_path / "runs"),
+                   "python": str(tmp_path / "no" / "python")}  # fmt: skip
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(d))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    rc = main(["start", "--space", str(p), "--storage", url])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "could not be launched" in err and "to continue: dse resume" in err
+    st = open_storage(url)
+    rec = st.get_study("nopy")
+    assert rec.state == "stopped"
+    trials = st.list_trials(rec.id)
+    assert len(trials) == 3 and all(t.state == "failed" for t in trials)
+    assert all("launch failed" in (t.reason or "") for t in trials)
+    st.close()
+
+
+def test_resuming_an_import_does_not_run_its_python(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B11: an export names runner.python; resuming the imported study runs the local one
+    (and with --trust-imported the export's)."""
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.sh"
+    evil.write_text(f'#!/bin/sh\ntouch {marker}\nexec {sys.executable} "$@"\n')
+    evil.chmod(0o755)
+    d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    d.update(study="exp", budget={"n_trials": 1}, prescreen={"enabled": False})
+    d["workload"] = {"name": "replay", "table": str(REPLAY_TABLE)}
+    d["runner"] = {"name": "local", "workdir": str(tmp_path / "theirs"), "python": str(evil)}
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    st = open_storage(src)
+    space = parse_space(d, "t")
+    st.create_study(space_yaml=yaml.safe_dump(d), **space.study_fields())
+    export = st.export_study("exp")
+    st.close()
+    f = tmp_path / "exp.json"
+    f.write_text(json.dumps(export))
+    url = f"sqlite:///{tmp_path / 'dst.db'}"
+    assert main(["import", str(f), "--storage", url]) == 0
+    # the imported table path is refused unconfirmed
+    assert main(["resume", "--study", "exp", "--storage", url]) == 2
+    assert "workload.table" in capsys.readouterr().err
+    # a local space file of the same study replaces the export's run settings
+    d_local = {**d, "runner": {"name": "local", "workdir": str(tmp_path / "mine")}}
+    p = tmp_path / "local.yaml"
+    p.write_text(yaml.safe_dump(d_local))
+    assert main(["start", "--space", str(p), "--storage", url]) == 0
+    assert not marker.exists() and not (tmp_path / "theirs").exists()
+    assert (tmp_path / "mine" / "exp").is_dir()
+    # confirmed explicitly, the export's settings are used
+    assert main(["import", str(f), "--storage", url, "--study", "exp2"]) == 0
+    assert main(["resume", "--study", "exp2", "--storage", url, "--trust-imported"]) == 0
+    assert marker.exists() and (tmp_path / "theirs" / "exp2").is_dir()
+
+
+def test_import_refuses_a_name_that_is_not_a_path_component(tmp_path: Path) -> None:
+    from dse.exceptions import StudyFormatError
+
+    d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    space = parse_space({**d, "study": "ok"}, "t")
+    st = _storage(tmp_path)
+    st.create_study(space_yaml=yaml.safe_dump(d), **space.study_fields())
+    export = st.export_study("ok")
+    export["study"]["name"] = "../escape"
+    with pytest.raises(StudyFormatError, match="must not contain '/'"):
+        st.import_study(export)
+    with pytest.raises(StudyFormatError, match="must not be '.' or '..'"):
+        st.import_study(st.export_study("ok"), name="..")
+    st.close()
+
+
+def test_trials_do_not_inherit_the_api_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dse.workloads.runners import Launch, LocalRunner
+
+    monkeypatch.setenv("DSE_API_TOKEN", "secret-token")
+    r = LocalRunner(device="cpu", world_size=1)
+    out = tmp_path / "env.txt"
+    r.submit(Launch(trial_id=1, number=0, trial_dir=tmp_path, metrics_path=tmp_path / "m",
+                    log_path=tmp_path / "log", world_size=1, device="cpu",
+                    argv=["sh", "-c", f"env > {out}"]))  # fmt: skip
+    deadline = time.monotonic() + 20
+    while r.running() and time.monotonic() < deadline:
+        r.poll()
+        time.sleep(0.05)
+    assert out.exists() and "secret-token" not in out.read_text()

@@ -1,0 +1,455 @@
+"""Slurm runner: one batch job per trial, submitted with ``sbatch``, followed with ``squeue`` /
+``scontrol show job``, cancelled with ``scancel``.
+
+The batch script asks for the trial's nodes (``world_size / gpus_per_node``), GPUs per node and
+a time limit, takes the rendezvous from its allocation (the first host of
+``scontrol show hostnames $SLURM_JOB_NODELIST``) and starts the trial once per node with
+``srun`` (``torchrun`` with a c10d rendezvous when the trial spans nodes), inside a pyxis/enroot
+container when ``container_image`` is set. The trial writes its metrics into the study's work
+directory, which must be on a file system every node shares; the controller reads them there.
+
+A job that ends without a result comes back as a classified failure with the log's last lines
+(``timeout``, ``node_fail``, ``preempted``, ``cancelled``, ``oom`` or the log's class), never as
+an exception. ``sacct`` is not needed: job states come from ``squeue`` and, once a job left the
+queue, from ``scontrol show job`` (kept for the controller's ``MinJobAge``).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from dse.exceptions import TrialLaunchError
+from dse.records import FailureClass, Outcome, read_metrics
+from dse.space import SlurmOptions
+from dse.workloads.runners._base import BaseRunner, Finished, Launch
+from dse.workloads.runners._cluster import (
+    PLACEMENT_FILE,
+    TrialShape,
+    container_python,
+    outcome_after_exit,
+    read_placement,
+    rendezvous_argv,
+    trial_device,
+    trial_shape,
+)
+
+__all__ = [
+    "SlurmOptions",
+    "SlurmRunner",
+    "make_runner",
+    "render_batch_script",
+    "failure_class_of_state",
+    "JOB_ID_FILE",
+]
+
+#: The trial folder keeps its job id here (a resumed controller cancels leftover jobs).
+JOB_ID_FILE = "slurm_job_id"
+
+#: Slurm job states after which the job is gone for good.
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+        "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
+    }
+)  # fmt: skip
+
+_STATE_CLASS: dict[str, FailureClass] = {
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
+    "NODE_FAIL": "node_fail",
+    "BOOT_FAIL": "node_fail",
+    "PREEMPTED": "preempted",
+    "CANCELLED": "cancelled",
+    "REVOKED": "cancelled",
+    "OUT_OF_MEMORY": "oom",
+}
+
+
+def failure_class_of_state(state: str) -> FailureClass | None:
+    """The failure class a terminal Slurm job state means (None: ask the log)."""
+    return _STATE_CLASS.get(state.split()[0].rstrip("+"))
+
+
+def _time_limit(timeout_s: float) -> str:
+    minutes = max(1, math.ceil((timeout_s + 120) / 60))
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def render_batch_script(
+    launch: Launch,
+    opts: SlurmOptions,
+    shape: TrialShape,
+    *,
+    job_name: str,
+    workdir: Path | None = None,
+) -> str:
+    """The batch script of one trial (submitted as it is; printed by ``--dry-run``)."""
+    q = shlex.quote
+    sb: list[str] = [
+        f"--job-name={job_name}",
+        f"--nodes={shape.nodes}",
+        "--ntasks-per-node=1",
+    ]
+    if shape.gpus_per_node:
+        sb.append(f"--gpus-per-node={shape.gpus_per_node}")
+    if opts.cpus_per_task:
+        sb.append(f"--cpus-per-task={opts.cpus_per_task}")
+    sb.append(f"--time={opts.time_limit or _time_limit(launch.timeout_s)}")
+    if opts.exclusive if opts.exclusive is not None else shape.device == "cuda":
+        sb.append("--exclusive")
+    for flag, val in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos)):
+        if val:
+            sb.append(f"--{flag}={val}")
+    sb += [
+        f"--output={launch.log_path}",
+        "--open-mode=append",
+        "--no-requeue",
+        f"--chdir={launch.trial_dir}",
+    ]
+    sb += opts.sbatch_args
+    lines = ["#!/bin/bash", *(f"#SBATCH {a}" for a in sb), ""]
+    lines.append(f"# dse trial {launch.number}: {shape.nodes} node(s) x {shape.per_node} rank(s)")
+    lines.append("set -uo pipefail")
+    env = {**opts.env, **launch.env}
+    lines += [f"export {k}={q(v)}" for k, v in env.items()]
+    lines += [
+        'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        'export MASTER_ADDR="${NODES[0]}"',
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        'echo "dse: job $SLURM_JOB_ID on ${NODES[*]}, rendezvous $MASTER_ADDR:$MASTER_PORT"',
+        "",
+    ]
+    argv = list(launch.argv)
+    srun = [
+        "srun",
+        f"--nodes={shape.nodes}",
+        f"--ntasks={shape.nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--label" if shape.nodes > 1 else "",
+    ]
+    srun = [a for a in srun if a]
+    if shape.gpus_per_node:  # the step's own GPUs, whatever the site's step defaults are
+        srun.append(f"--gpus-per-node={shape.gpus_per_node}")
+    if opts.container_image:
+        argv = container_python(argv)
+        mounts = list(opts.container_mounts)
+        if workdir is not None:
+            mounts.insert(0, f"{workdir}:{workdir}")
+        srun.append(f"--container-image={q(opts.container_image)}")
+        if mounts:
+            srun.append(f"--container-mounts={q(','.join(mounts))}")
+        srun.append(f"--container-workdir={q(str(launch.trial_dir))}")
+    srun += [q(a) for a in opts.srun_args]
+    argv = rendezvous_argv(
+        argv, shape, master_addr="__ADDR__", master_port="__PORT__", run_id="__RUNID__"
+    )
+    cmd = " ".join(q(a) for a in argv)
+    cmd = (
+        cmd.replace("__ADDR__", '"$MASTER_ADDR"')
+        .replace("__PORT__", '"$MASTER_PORT"')
+        .replace("__RUNID__", '"$SLURM_JOB_ID"')
+    )
+    # each node notes where it runs (node name, its GPUs), then becomes the trial
+    note = (
+        'echo "$(hostname -s) ${CUDA_VISIBLE_DEVICES:-}" >> '
+        + q(str(launch.trial_dir / PLACEMENT_FILE))
+        + '; exec "$@"'
+    )
+    lines.append(" \\\n  ".join([" ".join(srun), f"bash -c {q(note)} dse-trial", cmd]))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _run(cmd: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class _Job:
+    launch: Launch
+    job_id: str
+    submitted: float
+    started: float | None = None
+    state: str = "PENDING"
+    nodes: str = ""
+    last_size: int = 0
+    last_progress: float = 0.0
+    killed_for: Outcome | None = None
+
+
+class SlurmRunner(BaseRunner):
+    """Submits each trial as one batch job; ``max_parallel`` jobs at once (queued or running)."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        options: SlurmOptions,
+        *,
+        device: str,
+        world_size: int,
+        gpus_per_node: int | None = None,
+        max_parallel: int | None = None,
+        workdir: Path | None = None,
+        job_prefix: str = "dse",
+    ) -> None:
+        for tool in ("sbatch", "squeue", "scontrol", "scancel"):
+            if shutil.which(tool) is None:
+                raise TrialLaunchError(
+                    f"the slurm runner needs {tool!r} on PATH (run the controller on a login "
+                    "node or inside a Slurm job)"
+                )
+        self.opts = options
+        self.device = device
+        try:
+            shape = trial_shape(world_size, device, options.gpus_per_node or gpus_per_node)
+        except ValueError as e:
+            raise TrialLaunchError(str(e)) from e
+        if options.nodes and device == "cuda" and options.nodes != shape.nodes:
+            raise TrialLaunchError(
+                f"runner.options.nodes={options.nodes} but world_size {world_size} over "
+                f"{shape.per_node} GPUs per node needs {shape.nodes} node(s)"
+            )
+        self.shape = shape
+        self.slots = max_parallel or 1
+        self.workdir = workdir
+        self.job_prefix = job_prefix
+        self._jobs: dict[int, _Job] = {}
+        self._done: list[Finished] = []
+        self._last_poll = 0.0
+
+    # --- contract --------------------------------------------------------------------------
+    def free_slots(self) -> int:
+        return self.slots - len(self._jobs)
+
+    def script(self, launch: Launch) -> str:
+        return render_batch_script(
+            launch,
+            self.opts,
+            self.shape,
+            job_name=f"{self.job_prefix}-{launch.number}",
+            workdir=self.workdir,
+        )
+
+    def submit(self, launch: Launch) -> None:
+        launch.trial_dir.mkdir(parents=True, exist_ok=True)
+        (launch.trial_dir / PLACEMENT_FILE).unlink(missing_ok=True)
+        path = launch.trial_dir / "job.sbatch"
+        path.write_text(self.script(launch))
+        try:
+            r = _run(["sbatch", "--parsable", str(path)], timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise TrialLaunchError(f"sbatch failed for trial {launch.number}: {e}") from e
+        if r.returncode != 0:
+            raise TrialLaunchError(
+                f"sbatch refused trial {launch.number} ({path}): {r.stderr.strip()[-400:]}"
+            )
+        job_id = r.stdout.strip().split(";")[0]
+        (launch.trial_dir / JOB_ID_FILE).write_text(job_id)
+        now = time.monotonic()
+        self._jobs[launch.trial_id] = _Job(launch, job_id, now, last_progress=now)
+
+    def running(self) -> list[int]:
+        return list(self._jobs)
+
+    def poll(self) -> list[Finished]:
+        now = time.monotonic()
+        if self._jobs and now - self._last_poll >= self.opts.poll_interval_s:
+            self._last_poll = now
+            states = self._states([j.job_id for j in self._jobs.values()])
+            for tid, job in list(self._jobs.items()):
+                st = states.get(job.job_id)
+                if st is not None:
+                    job.state, nodes = st
+                    job.nodes = nodes or job.nodes
+                self._check(tid, job, now)
+        done, self._done = self._done, []
+        return done
+
+    def stop(self) -> list[int]:
+        ids = list(self._jobs)
+        if ids:
+            self._cancel([j.job_id for j in self._jobs.values()])
+            deadline = time.monotonic() + 30
+            pending = {j.job_id for j in self._jobs.values()}
+            while pending and time.monotonic() < deadline:
+                states = self._states(sorted(pending))
+                pending = {
+                    jid
+                    for jid in pending
+                    if jid in states and states[jid][0].split()[0] not in TERMINAL_STATES
+                }
+                if pending:
+                    time.sleep(0.5)
+        self._jobs.clear()
+        return ids
+
+    def kill_leftover(self, trial_dir: Path, owner: str) -> bool:
+        """Cancel the job of a trial left behind by a dead controller (Slurm cancels only
+        the jobs of the submitting user)."""
+        try:
+            job_id = (trial_dir / JOB_ID_FILE).read_text().strip()
+        except OSError:
+            return False
+        if not job_id.isdigit():
+            return False
+        self._cancel([job_id])
+        return True
+
+    # --- internals -------------------------------------------------------------------------
+    def _check(self, tid: int, job: _Job, now: float) -> None:
+        launch = job.launch
+        state = job.state.split()[0].rstrip("+")
+        if state == "RUNNING" and job.started is None:
+            job.started = now
+            job.last_progress = now
+        if state in TERMINAL_STATES:
+            self._finish(tid, self._outcome(job, state))
+            return
+        if job.started is None:
+            return
+        mp = launch.metrics_path
+        size = mp.stat().st_size if mp.exists() else 0
+        if size != job.last_size:
+            job.last_size, job.last_progress = size, now
+        if now - job.started > launch.timeout_s:
+            reason = f"trial ran past its timeout of {launch.timeout_s:.0f} s"
+            self._kill(tid, job, read_metrics(mp) or Outcome.failure("timeout", reason))
+        elif now - job.last_progress > launch.hang_timeout_s:
+            reason = f"no progress for {launch.hang_timeout_s:.0f} s (hang timeout)"
+            self._kill(tid, job, read_metrics(mp) or Outcome.failure("hang", reason))
+
+    def _kill(self, tid: int, job: _Job, outcome: Outcome) -> None:
+        self._cancel([job.job_id])
+        self._finish(tid, outcome)
+
+    def _outcome(self, job: _Job, state: str) -> Outcome:
+        where = f" on {job.nodes}" if job.nodes else ""
+        what = f"slurm job {job.job_id} ended {state}{where}"
+        return outcome_after_exit(job.launch, failure_class_of_state(state), what)
+
+    def _finish(self, tid: int, outcome: Outcome) -> None:
+        job = self._jobs.pop(tid)
+        wall = time.monotonic() - (job.started or job.submitted)
+        ndev = self.shape.nodes * (self.shape.gpus_per_node or self.shape.per_node)
+        placement = read_placement(job.launch.trial_dir) or (job.nodes or None)
+        self._done.append(Finished(tid, outcome, wall, ndev, placement=placement))
+
+    def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """job id -> (state, node list) for the given jobs (queue first, then scontrol)."""
+        out: dict[str, tuple[str, str]] = {}
+        try:
+            r = _run(["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T|%N"])
+            for line in r.stdout.splitlines():
+                parts = line.strip().split("|")
+                if len(parts) == 3:
+                    out[parts[0]] = (parts[1], parts[2])
+        except (OSError, subprocess.SubprocessError):
+            pass
+        for jid in job_ids:
+            if jid not in out:
+                st = _scontrol_state(jid)
+                if st is not None:
+                    out[jid] = st
+        return out
+
+    def _cancel(self, job_ids: list[str]) -> None:
+        try:
+            _run(["scancel", *job_ids])
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
+def _scontrol_state(job_id: str) -> tuple[str, str] | None:
+    """(JobState, NodeList) from ``scontrol show job``; a job unknown to Slurm (purged after
+    ``MinJobAge``) is taken as ended: COMPLETED when it left a result, else FAILED."""
+    try:
+        r = _run(["scontrol", "-o", "show", "job", job_id])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        if "Invalid job id" in r.stderr:
+            return ("FAILED", "")
+        return None
+    fields = dict(
+        tok.split("=", 1) for tok in r.stdout.split() if "=" in tok and not tok.startswith("=")
+    )
+    state = fields.get("JobState", "")
+    if not state:
+        return None
+    nodes = fields.get("NodeList", "")
+    return (state, "" if nodes == "(null)" else nodes)
+
+
+def slurm_options(space: Any) -> SlurmOptions:
+    """The space's ``runner.options`` as slurm options (typed and bounded by the space file:
+    :class:`dse.space.SlurmOptions`; a plain mapping is validated with a clear error)."""
+    from dse.exceptions import SpaceError
+
+    opts = space.runner.options
+    if isinstance(opts, SlurmOptions):
+        return opts
+    try:
+        return SlurmOptions.model_validate({**dict(opts or {}), "runner": "slurm"})
+    except ValidationError as e:
+        errs = "; ".join(
+            f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
+        )
+        raise SpaceError(f"slurm runner options: {errs}") from e
+
+
+def make_runner(space: Any) -> SlurmRunner:
+    opts = slurm_options(space)
+    device = trial_device(space)
+    return SlurmRunner(
+        opts,
+        device=device,
+        world_size=space.resources.world_size,
+        gpus_per_node=space.resources.gpus_per_node,
+        max_parallel=space.runner.max_parallel,
+        workdir=(Path(space.runner.workdir) / space.study).resolve(),
+        job_prefix=f"dse-{space.study}"[:40],
+    )
+
+
+def dry_run_script(space: Any, number: int, env: dict[str, str]) -> str:
+    """The batch script trial ``number`` of ``space`` (with its environment ``env``) is
+    submitted with (``dse start --dry-run``); it starts the trial from the ``trial.json`` the
+    controller writes next to it before it submits."""
+    from dse.workloads import trial_command
+
+    opts = slurm_options(space)
+    device = trial_device(space)
+    try:
+        shape = trial_shape(
+            space.resources.world_size, device, opts.gpus_per_node or space.resources.gpus_per_node
+        )
+    except ValueError as e:
+        from dse.exceptions import SpaceError
+
+        raise SpaceError(str(e)) from e
+    workdir = Path(space.runner.workdir).resolve() / space.study
+    tdir = workdir / f"trial-{number:05d}"
+    argv = trial_command(
+        space.workload.name, str(tdir / "trial.json"),
+        world_size=space.resources.world_size, python=space.runner.python,
+    )  # fmt: skip
+    launch = Launch(
+        trial_id=number, number=number, argv=argv, trial_dir=tdir,
+        metrics_path=tdir / "metrics.jsonl", log_path=tdir / "log.txt",
+        world_size=space.resources.world_size, device=device,
+        timeout_s=space.budget.trial_timeout_s, env=dict(env),
+    )  # fmt: skip
+    return render_batch_script(
+        launch, opts, shape, job_name=f"dse-{space.study}-{number}"[:64], workdir=workdir
+    )
