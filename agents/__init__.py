@@ -4,13 +4,23 @@
 ``random``, ``grid``). Agents know nothing of GPUs, SQL or HTTP: the study loop screens
 their proposals with the validity rules and the cost model and tells every outcome back;
 after a restart their state is rebuilt from storage with :meth:`BaseAgent.add_evaluated`.
+
+Importing this package does not import Optuna: the Optuna agents (``OptunaAgent``,
+``TPEAgent``, ``GPAgent``, ``NSGA2Agent``) load on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from dse.agents._base import BaseAgent, Feedback, MemoryHint, Proposal
 from dse.agents._common import Observation, SpaceAgent
-from dse.agents._factory import AGENTS, create_agent
-from dse.agents._optuna import GPAgent, NSGA2Agent, OptunaAgent, TPEAgent
+from dse.agents._factory import AGENTS, agent_class, create_agent
 from dse.agents._simple import GridAgent, RandomAgent
+
+if TYPE_CHECKING:
+    from dse.agents._optuna import GPAgent, NSGA2Agent, OptunaAgent, TPEAgent
 
 __all__ = [
     "AGENTS",
@@ -26,5 +36,14 @@ __all__ = [
     "RandomAgent",
     "SpaceAgent",
     "TPEAgent",
+    "agent_class",
     "create_agent",
 ]
+
+_LAZY = dict.fromkeys(("GPAgent", "NSGA2Agent", "OptunaAgent", "TPEAgent"), "dse.agents._optuna")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

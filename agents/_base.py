@@ -12,8 +12,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from dse.records import FailureClass, FinishedState
 from dse.space import SearchSpace
 
 __all__ = ["BaseAgent", "Proposal", "Feedback", "MemoryHint", "Validity"]
@@ -51,10 +52,10 @@ class Feedback:
         failure_class: ``invalid``, ``predicted_oom``, ``oom``, ``error``, ...
     """
 
-    state: Literal["complete", "infeasible", "failed"]
+    state: FinishedState
     values: tuple[float, ...] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
-    failure_class: str | None = None
+    failure_class: FailureClass | None = None
 
 
 class BaseAgent(ABC):

@@ -54,6 +54,7 @@ from dse.agents._base import Feedback, MemoryHint
 from dse.agents._common import ENUMERATE_LIMIT, SpaceAgent, canonical
 from dse.agents._prior import PriorGuide
 from dse.exceptions import DSEError
+from dse.records import OOM_CLASSES, REJECTION_KINDS, finite
 from dse.space import SearchSpace, params_key
 
 __all__ = ["OptunaAgent", "TPEAgent", "GPAgent", "NSGA2Agent"]
@@ -289,9 +290,7 @@ class OptunaAgent(SpaceAgent):
         if self._guide is None:
             return False
         launched = sum(
-            1
-            for ob in self._observations
-            if ob.feedback.failure_class not in ("invalid", "predicted_oom")
+            1 for ob in self._observations if ob.feedback.failure_class not in REJECTION_KINDS
         )
         return launched + len(self._prior_pending) < self._start_count + self._n_prior
 
@@ -329,8 +328,7 @@ class OptunaAgent(SpaceAgent):
 
 
 def _num_metric(metrics: Mapping[str, Any], key: str) -> float | None:
-    v = metrics.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return finite(metrics.get(key))
 
 
 def _capacity(space: SearchSpace, metrics: Mapping[str, Any]) -> float | None:
@@ -339,7 +337,7 @@ def _capacity(space: SearchSpace, metrics: Mapping[str, Any]) -> float | None:
 
 
 def _violation(fb: Feedback, cap: float | None) -> float:
-    if fb.failure_class in ("oom", "predicted_oom"):
+    if fb.failure_class in OOM_CLASSES:
         mem = None
         for key in ("predicted_peak_mem_gib", "predicted_mem_gib", "peak_mem_gib"):
             mem = _num_metric(fb.metrics, key)

@@ -47,15 +47,14 @@ from typing import Any, Literal
 
 from dse.agents._base import MemoryHint
 from dse.agents._common import Observation
+from dse.records import METRIC_DIRECTION, OOM_CLASSES, Direction, Metric, finite
 from dse.space import SearchSpace, params_key
 
 __all__ = ["KnobPrior", "PRIORS", "PriorGuide", "SPEED_METRICS"]
 
 #: Objectives the throughput prior speaks about (metric -> the direction that is "faster").
-SPEED_METRICS = {
-    "tflops_per_gpu": "maximize",
-    "tokens_per_s_per_gpu": "maximize",
-    "step_time_s": "minimize",
+SPEED_METRICS: dict[Metric, Direction] = {
+    m: d for m, d in METRIC_DIRECTION.items() if m != "peak_mem_gib"
 }
 
 #: Probability that an unbounded memory increase (one knob) still fits.
@@ -96,7 +95,8 @@ def _table(prefs: Mapping[Any, float]) -> Callable[[Any, Sequence[Any]], float]:
 
 
 def _num(v: Any) -> float:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+    f = finite(v)
+    return 0.0 if f is None else f
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ class PriorGuide:
                 cap = float(fb.metrics["gpu_memory_gib"])
             if fb.state == "complete" and fb.values:
                 fits.append((ob.params, _mem_of(fb.metrics)))
-            elif fb.state == "infeasible" and fb.failure_class in ("oom", "predicted_oom"):
+            elif fb.state == "infeasible" and fb.failure_class in OOM_CLASSES:
                 ooms.append(ob.params)
         return fits, self._minimal(ooms), cap
 

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy.engine import make_url
-
 from dse.exceptions import TrialLaunchError
+from dse.storage import has_password
 
 __all__ = ["Launched", "Launcher", "SubprocessLauncher", "controller_command", "controller_env"]
 
@@ -40,11 +39,7 @@ def controller_command(study: str, storage_url: str) -> tuple[list[str], dict[st
     starting with ``-`` is a value, not an option.
     """
     argv = [sys.executable, "-m", "dse.cli", "resume", f"--study={study}"]
-    try:
-        has_password = make_url(storage_url).password is not None
-    except Exception:  # noqa: BLE001 - an unparsable URL is passed on as given
-        has_password = False
-    if has_password:
+    if has_password(storage_url):
         return argv, {"DSE_STORAGE": storage_url}
     return [*argv, "--storage", storage_url], {}
 

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from dse import version
 from dse.api.config import Settings
 from dse.api.deps import Reads, SpaceChecker, StorageHolder
 from dse.api.errors import install_error_handlers
@@ -59,7 +60,7 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
         "NeMo-Run), Pareto fronts and pre-launch rejections. Errors are "
         '`{"detail": message}`. Write endpoints need `Authorization: Bearer <DSE_API_TOKEN>` '
         "and are disabled (403) when the server has no token.",
-        version=_version(),
+        version=version(),
         lifespan=lifespan,
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
@@ -82,14 +83,3 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from dse import DISTRIBUTION
-
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "0"

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dse.records import Metric
 from dse.space import ModelSpec, Semantics
 
 __all__ = [
@@ -36,20 +37,15 @@ __all__ = [
     "ParetoPublic",
     "RejectionPublic",
     "RejectionsPublic",
-    "BestFormat",
     "TrialOrder",
-    "TrialStateName",
-    "Metric",
 ]
 
-#: Formats of ``GET /studies/{name}/best``: ``json`` is a JSON object, the others text/plain.
-BestFormat = Literal["json", "yaml", "megatron", "bridge", "nemo"]
+# Formats of ``GET /studies/{name}/best`` (``json`` is a JSON object, the others text/plain),
+# trial states and objective metrics are the vocabulary's (dse.records): BestFormat,
+# TrialState, Metric.
+
 #: Orders of a trial page.
 TrialOrder = Literal["number", "-number", "value", "-value"]
-#: States of a trial.
-TrialStateName = Literal["queued", "running", "complete", "failed", "infeasible", "pruned"]
-#: Objective metrics a study may have.
-Metric = Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"]
 
 
 class ErrorPublic(BaseModel):

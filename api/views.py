@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -29,15 +28,22 @@ from dse.api.schemas import (
 )
 from dse.exceptions import StudyNotFoundError
 from dse.export import best_payload, render_best
-from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialPoint, TrialRecord
+from dse.records import (
+    METRIC_DIRECTION,
+    BestFormat,
+    RejectionRecord,
+    StepMetrics,
+    StudyRecord,
+    TrialPoint,
+    TrialRecord,
+    finite,
+)
 from dse.space import Semantics
 from dse.storage import Storage
 from dse.studyplots import pareto_front
 
 __all__ = [
-    "DEFAULT_DIRECTION",
     "clean",
-    "finite",
     "pareto_front",
     "study_summary",
     "study_public",
@@ -57,27 +63,11 @@ __all__ = [
     "study_semantics",
 ]
 
-#: The direction each objective metric is optimised in.
-DEFAULT_DIRECTION: dict[str, str] = {
-    "tflops_per_gpu": "maximize",
-    "tokens_per_s_per_gpu": "maximize",
-    "step_time_s": "minimize",
-    "peak_mem_gib": "minimize",
-}
-
-
-def finite(x: Any) -> float | None:
-    """``x`` as a float, or None when it is missing, not a number, NaN or infinite."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
 
 def clean(obj: Any) -> Any:
     """A JSON-safe copy: non-finite floats become None (JSON has no NaN)."""
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return finite(obj)
     if isinstance(obj, Mapping):
         return {str(k): clean(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -253,7 +243,7 @@ def rejection_public(r: RejectionRecord) -> RejectionPublic:
 
 
 def _kind(state: str, failure_class: str | None) -> str:
-    if state in ("failed", "infeasible", "pruned"):
+    if state in ("failed", "infeasible"):
         return failure_class or state
     return state
 
@@ -365,7 +355,7 @@ def best_public(
     return BestPublic(**clean(payload), exports=exports)
 
 
-def best_text(storage: Storage, study: StudyRecord, fmt: str) -> str:
+def best_text(storage: Storage, study: StudyRecord, fmt: BestFormat) -> str:
     """What ``dse best --format fmt`` prints for the study."""
     payload = best_payload(storage, study)
     return render_best(clean(payload), fmt, _num_layers(study))
@@ -402,7 +392,7 @@ def study_matches(study: StudyRecord, query: BestQuery) -> bool:
     """Whether a study optimises the query's metric on that model, semantics and hardware."""
     if study.metric != query.metric:
         return False
-    if study.direction != DEFAULT_DIRECTION.get(query.metric, study.direction):
+    if study.direction != METRIC_DIRECTION.get(query.metric, study.direction):
         return False
     semantics = study_semantics(study) if query.semantics or query.model else {}
     for key, want in query.model.items():
@@ -434,7 +424,7 @@ def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
     if not matched:
         raise StudyNotFoundError(f"no study matches {_describe(query)}")
     best: tuple[float, StudyRecord] | None = None
-    maximize = DEFAULT_DIRECTION.get(query.metric, "maximize") == "maximize"
+    maximize = METRIC_DIRECTION.get(query.metric, "maximize") == "maximize"
     trials: dict[int, TrialRecord] = {}
     for study in matched:
         # only finite values possible on the study's hardware count (api/plausible.py)

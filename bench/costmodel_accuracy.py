@@ -7,7 +7,7 @@ ok rows, and the Spearman rank correlation of the estimated vs measured TFLOP/s.
 
     python bench/costmodel_accuracy.py [TABLE.jsonl ...] [--json] [--rows]
 
-The default table is ../shared/data/h200_llama1b_unfused_1gpu.jsonl next to the repository.
+The default table is examples/tables/h200_llama1b_unfused_1gpu.jsonl.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from pathlib import Path
 from dse.costmodel.table import TableError, evaluate_rows, load_table, summarize
 
 DEFAULT_TABLE = (
-    Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-    / "h200_llama1b_unfused_1gpu.jsonl"
-)  # fmt: skip
+    Path(__file__).resolve().parents[1] / "examples" / "tables" / "h200_llama1b_unfused_1gpu.jsonl"
+)
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dse.exceptions import StudyNotFoundError
 from dse.proposer import Proposed, Proposer, cost_model_prescreen, feedback_from_outcome
-from dse.records import Outcome, TrialRecord
+from dse.records import ANSWERED_STATES, FINISHED_STATES, Outcome, TrialRecord
 from dse.space import SearchSpace, params_key
 
 if TYPE_CHECKING:
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["AgentSession", "outcome_of_record"]
 
 log = logging.getLogger("dse.study")
-
-_FINISHED = ("complete", "infeasible", "failed")
 
 
 def outcome_of_record(t: TrialRecord) -> Outcome:
@@ -76,7 +74,7 @@ class AgentSession:
         trials = self.storage.list_trials(self.study_id)
         n = 0
         for t in trials:
-            if t.state in _FINISHED:
+            if t.state in FINISHED_STATES:
                 self.agent.add_evaluated(t.params, self._feedback(outcome_of_record(t)))
                 n += 1
         for r in self.storage.list_rejections(self.study_id):
@@ -112,7 +110,7 @@ class AgentSession:
         base = self.space.baseline()
         n = 0
         for t in self.storage.list_trials(other.id):
-            if t.state not in ("complete", "infeasible"):
+            if t.state not in ANSWERED_STATES:
                 continue
             params = dict(base)
             fits = True

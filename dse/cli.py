@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import sys
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from dse.exceptions import (
 )
 from dse.export import best_payload, render_best
 from dse.names import display_name
+from dse.records import AGENT_NAMES, BEST_FORMATS, RUNNER_NAMES
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
@@ -55,19 +55,12 @@ def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
 def _open_existing(args: argparse.Namespace) -> Any:
     """The storage of a read-only command; a SQLite file that does not exist is an error
     (exit 2), never created."""
-    from sqlalchemy.engine import make_url
-
-    from dse.storage import open_storage
+    from dse.storage import open_storage, sqlite_file
 
     url = _storage_url(args)
-    try:
-        u = make_url(url)
-    except Exception:  # noqa: BLE001 - open_storage names a malformed URL
-        return open_storage(url)
-    db = u.database
-    if u.get_backend_name() == "sqlite" and db and db != ":memory:" and not db.startswith("file:"):
-        if not Path(db).is_file():
-            raise StudyNotFoundError(f"no study database at {db} (storage {url}); check --storage")
+    db = sqlite_file(url)
+    if db is not None and not Path(db).is_file():
+        raise StudyNotFoundError(f"no study database at {db} (storage {url}); check --storage")
     return open_storage(url)
 
 
@@ -469,10 +462,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from dse import bench, interop_cli, recipe_cli
     from dse.costmodel import cli as costmodel_cli
-    from dse.space import RunnerSpec
-
-    # every name a space may give (start refuses those this dse cannot run, naming them)
-    runner_names = list(typing.get_args(RunnerSpec.model_fields["name"].annotation))
 
     p = argparse.ArgumentParser(
         prog="dse", description="Design-space exploration for Megatron-Core training recipes."
@@ -493,8 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     def run_args(sp: argparse.ArgumentParser) -> None:
         storage_arg(sp)
         sp.add_argument("--n-trials", type=int, help="trial budget (baseline included)")
-        sp.add_argument("--agent", choices=["tpe", "gp", "nsga2", "random", "grid"])
-        sp.add_argument("--runner", choices=runner_names)
+        sp.add_argument("--agent", choices=AGENT_NAMES)
+        # every name a space may give (start refuses those this dse cannot run, naming them)
+        sp.add_argument("--runner", choices=RUNNER_NAMES)
         sp.add_argument("--max-parallel", type=int, help="trials at once")
         sp.add_argument("--workdir", help="folder for trial specs, metrics and logs")
 
@@ -538,9 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("best", help="the best configuration and its metrics")
     sp.add_argument("--study")
-    sp.add_argument(
-        "--format", choices=["json", "yaml", "megatron", "bridge", "nemo"], default="json"
-    )
+    sp.add_argument("--format", choices=BEST_FORMATS, default="json")
     storage_arg(sp)
     sp.set_defaults(fn=cmd_best)
 

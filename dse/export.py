@@ -1,24 +1,23 @@
 """The best configuration of a study as a payload and as launcher text.
 
 Shared by ``dse best`` (:mod:`dse.cli`) and the REST API (:mod:`dse.api`), so both print the
-same thing. Heavy or optional imports (PyYAML, the knob exporters) happen inside the calls.
+same thing.
 """
 
 from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import yaml
 
 from dse.exceptions import NoCompleteTrialError
+from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
+from dse.records import BEST_FORMATS, BestFormat
+from dse.space import SearchSpace, parse_space_text
 
-if TYPE_CHECKING:
-    from dse.space import SearchSpace
-
-__all__ = ["BEST_FORMATS", "best_payload", "render_best"]
-
-#: The formats :func:`render_best` knows.
-BEST_FORMATS: tuple[str, ...] = ("json", "yaml", "megatron", "bridge", "nemo")
+__all__ = ["best_payload", "render_best"]
 
 
 def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
@@ -56,25 +55,20 @@ def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
 @lru_cache(maxsize=64)
 def _stored_space(space_yaml: str, name: str) -> SearchSpace:
     """The parsed space of a study (cached: a stored space never changes; spaces are frozen)."""
-    from dse.space import parse_space_text
-
     return parse_space_text(space_yaml, f"study {name!r}")
 
 
-def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None) -> str:
-    """``payload`` as JSON, YAML, Megatron-LM arguments or Bridge / NeMo-Run overrides.
+def render_best(payload: dict[str, Any], fmt: BestFormat, num_layers: int | None = None) -> str:
+    """``payload`` as JSON, YAML, Megatron-LM arguments or Bridge / NeMo-Run overrides
+    (``fmt``: one of :data:`dse.records.BEST_FORMATS`).
 
     Raises:
         ValueError: an unknown format, or a configuration the exporter cannot express.
     """
-    from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
-
     params = payload["params"]
     if fmt == "json":
         return json.dumps(payload, indent=2)
     if fmt == "yaml":
-        import yaml
-
         return yaml.safe_dump(payload, sort_keys=False)
     if fmt == "megatron":
         return " ".join(to_megatron_args(params, num_layers=num_layers))
@@ -82,7 +76,7 @@ def render_best(payload: dict[str, Any], fmt: str, num_layers: int | None = None
         return " ".join(f"{k}={_ov(v)}" for k, v in to_bridge_overrides(params).items())
     if fmt == "nemo":
         return " ".join(f"{k}={_ov(v)}" for k, v in to_nemo_overrides(params).items())
-    raise ValueError(f"unknown format {fmt!r}")
+    raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(BEST_FORMATS)}")
 
 
 def _ov(v: Any) -> str:

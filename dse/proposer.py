@@ -10,7 +10,6 @@ boundary and never proposes the same configuration again. Used by the study loop
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from dse.agents import BaseAgent, Feedback, MemoryHint, Proposal
-from dse.records import Outcome
+from dse.records import OOM_CLASSES, Outcome, RejectionKind, finite
 from dse.rules import check
 from dse.space import SearchSpace, params_key
 
@@ -37,7 +36,7 @@ __all__ = [
 ]
 
 #: ``prescreen(params) -> (failure_class, reason, metrics)`` to reject, None to pass.
-Prescreen = Callable[[dict[str, Any]], "tuple[str, str, dict[str, Any]] | None"]
+Prescreen = Callable[[dict[str, Any]], "tuple[RejectionKind, str, dict[str, Any]] | None"]
 #: ``lookup(params_key) -> Outcome`` of a configuration already measured, or None.
 Lookup = Callable[[str], "Outcome | None"]
 
@@ -71,8 +70,7 @@ class Rejection:
     """A proposal rejected before launch.
 
     Attributes:
-        kind: ``invalid`` (a validity rule) or ``predicted_oom`` (the pre-screen; any other
-            failure class the pre-screen returns is kept as given).
+        kind: ``invalid`` (a validity rule) or ``predicted_oom`` (the pre-screen).
         rule: the rule's name (the first one broken), or ``prescreen`` for the pre-screen.
         reason: a message naming the rule(s) and the values involved.
         values: the values the (first) rule names, or the pre-screen's metrics.
@@ -80,7 +78,7 @@ class Rejection:
 
     params: dict[str, Any]
     params_key: str
-    kind: str
+    kind: RejectionKind
     rule: str
     reason: str
     values: dict[str, Any] = field(default_factory=dict)
@@ -153,7 +151,7 @@ def feedback_from_outcome(space: SearchSpace, outcome: Outcome) -> Feedback:
         return Feedback("complete", values=tuple(values), metrics=metrics)
     if outcome.status == "infeasible":
         cap = space.resources.gpu_memory_gib
-        if cap is not None and outcome.failure_class in ("oom", "predicted_oom"):
+        if cap is not None and outcome.failure_class in OOM_CLASSES:
             metrics.setdefault("gpu_memory_gib", cap)
         return Feedback("infeasible", metrics=metrics, failure_class=outcome.failure_class)
     return Feedback("failed", metrics=metrics, failure_class=outcome.failure_class or "error")
@@ -167,7 +165,7 @@ def cost_model_prescreen(space: SearchSpace, cost_model: Any) -> Prescreen | Non
     if cost_model is None or not space.prescreen.enabled or cap is None:
         return None
 
-    def screen(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    def screen(params: dict[str, Any]) -> tuple[RejectionKind, str, dict[str, Any]] | None:
         margin = float(cost_model.margin(space.prescreen.margin))
         ok, pred = cost_model.fits(space.full_params(params), margin)
         if ok:
@@ -215,9 +213,7 @@ def _metric(space: SearchSpace, metrics: dict[str, Any], name: str) -> float | N
         if isinstance(st, int | float) and st > 0:
             sem = space.semantics
             v = sem.global_batch_size * sem.seq_length / st / space.resources.world_size
-    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-        return None
-    return float(v)
+    return finite(v)
 
 
 class Proposer:

@@ -1,24 +1,64 @@
-"""The shared vocabulary between layers: trial specs, outcomes and frozen storage records.
+"""The shared vocabulary between layers: its names, trial specs, outcomes, frozen storage
+records and the trial contract.
+
+Names: every closed set of values the layers exchange (trial and study states, failure
+classes, metrics and their directions, best formats, agent / runner / workload names) is a
+``Literal`` defined here once, with its tuple of values; storage, API, agents and CLI import
+them. :func:`finite` is the one rule for "a finite number or None".
 
 Trial contract: a trial process reads a :class:`TrialSpec` (JSON) and writes metrics JSONL
-to ``spec.metrics_path``: one ``{"type": "step", ...}`` line per training step, then one
-``{"type": "summary", ...}`` line, or one ``{"type": "failure", "failure_class": ...,
-"reason": ...}`` line. :func:`read_metrics` turns such a file into an :class:`Outcome`.
+to ``spec.metrics_path`` with a :class:`MetricsWriter`: one :class:`StepLine` per training
+step, then one :class:`SummaryLine`, or one :class:`FailureLine` (a failure class and a
+reason). :func:`read_metrics` turns such a file into an :class:`Outcome`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
+import os
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
-    "FailureClass",
+    # names (each defined once; every layer imports them from here)
     "TrialState",
+    "FinishedState",
+    "TRIAL_STATES",
+    "FINISHED_STATES",
+    "TAKEN_STATES",
+    "ANSWERED_STATES",
+    "StudyState",
+    "STUDY_STATES",
+    "FailureClass",
+    "FAILURE_CLASSES",
+    "INFEASIBLE_CLASSES",
+    "OOM_CLASSES",
+    "OutcomeStatus",
+    "Source",
+    "RejectionKind",
+    "REJECTION_KINDS",
+    "Metric",
+    "Direction",
+    "METRICS",
+    "DIRECTIONS",
+    "METRIC_DIRECTION",
+    "BestFormat",
+    "BEST_FORMATS",
+    "AgentName",
+    "AGENT_NAMES",
+    "RunnerName",
+    "RUNNER_NAMES",
+    "WorkloadName",
+    "WORKLOAD_NAMES",
+    "finite",
+    # records
     "TrialSpec",
     "StepMetrics",
     "Outcome",
@@ -26,9 +66,17 @@ __all__ = [
     "TrialRecord",
     "TrialPoint",
     "RejectionRecord",
+    # the trial contract
+    "StepLine",
+    "SummaryLine",
+    "FailureLine",
+    "MetricsLine",
+    "MetricsWriter",
     "read_metrics",
     "summarize_steps",
 ]
+
+# --- names -----------------------------------------------------------------------------------
 
 #: Classes of expected trial failures (values, not exceptions).
 FailureClass = Literal[
@@ -44,9 +92,82 @@ FailureClass = Literal[
     "preempted",  # the cluster's scheduler preempted the trial's job
     "cancelled",  # the trial's job was cancelled from outside (e.g. scancel)
 ]
+FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
+#: Failure classes that say "this configuration cannot run" (the agent learns an infeasible
+#: region; the trial's state is ``infeasible``); the others are ``failed``.
+INFEASIBLE_CLASSES: frozenset[FailureClass] = frozenset({"oom", "predicted_oom", "invalid"})
+#: Failure classes that say "it does not fit in memory" (measured or predicted).
+OOM_CLASSES: frozenset[FailureClass] = frozenset({"oom", "predicted_oom"})
 
-#: States of a trial in storage.
-TrialState = Literal["queued", "running", "complete", "failed", "infeasible", "pruned"]
+#: States of a finished trial (also what an agent is told: :class:`dse.agents.Feedback`).
+FinishedState = Literal["complete", "failed", "infeasible"]
+#: States of a trial in storage: ``queued`` -> ``running`` -> one of :data:`FinishedState`
+#: (an interrupted trial goes back to ``queued``).
+TrialState = Literal["queued", "running", FinishedState]
+TRIAL_STATES: tuple[TrialState, ...] = get_args(TrialState)
+FINISHED_STATES: tuple[FinishedState, ...] = get_args(FinishedState)
+#: States in which a configuration counts as taken (no second trial unless repeats are on).
+TAKEN_STATES: tuple[TrialState, ...] = ("queued", "running", "complete", "infeasible")
+#: Finished states whose answer holds for the configuration (a ``failed`` trial, a crash or a
+#: timeout, may go differently next time): duplicates and warm starts reuse these.
+ANSWERED_STATES: tuple[FinishedState, ...] = ("complete", "infeasible")
+
+#: States of a study: ``created`` -> ``running`` -> ``complete``, or ``stopping`` (asked
+#: through the API) -> ``stopped``; ``interrupted`` when the controller stopped on an error
+#: (its running trials re-queued). A study whose controller died stays ``running``.
+StudyState = Literal["created", "running", "stopping", "complete", "stopped", "interrupted"]
+STUDY_STATES: tuple[StudyState, ...] = get_args(StudyState)
+
+#: What a trial's outcome says.
+OutcomeStatus = Literal["ok", "failed", "infeasible"]
+#: Where an outcome's numbers came from.
+Source = Literal["measured", "replay", "estimate", "rules"]
+#: Why a proposal was rejected before launch: a validity rule or the cost-model pre-screen
+#: (both are also failure classes: the agent is told them as infeasible).
+RejectionKind = Literal["invalid", "predicted_oom"]
+REJECTION_KINDS: tuple[RejectionKind, ...] = get_args(RejectionKind)
+
+#: Objective metrics of a study (fields of a trial's summary line).
+Metric = Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"]
+METRICS: tuple[Metric, ...] = get_args(Metric)
+Direction = Literal["minimize", "maximize"]
+DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
+#: The direction in which each metric is better.
+METRIC_DIRECTION: dict[Metric, Direction] = {
+    "tflops_per_gpu": "maximize",
+    "tokens_per_s_per_gpu": "maximize",
+    "step_time_s": "minimize",
+    "peak_mem_gib": "minimize",
+}
+
+#: Formats of the best configuration (``dse best --format``, ``GET .../best?format=``).
+BestFormat = Literal["json", "yaml", "megatron", "bridge", "nemo"]
+BEST_FORMATS: tuple[BestFormat, ...] = get_args(BestFormat)
+#: Search agents a space file may name (``agent.name``).
+AgentName = Literal["tpe", "gp", "nsga2", "random", "grid"]
+AGENT_NAMES: tuple[AgentName, ...] = get_args(AgentName)
+#: Runners a space file may name (``runner.name``).
+RunnerName = Literal["local", "ray", "slurm"]
+RUNNER_NAMES: tuple[RunnerName, ...] = get_args(RunnerName)
+#: Workloads a trial may run (``workload.name``; bridge / nemo / megatron_lm: the user's recipe
+#: through its launcher).
+WorkloadName = Literal["megatron", "replay", "sim", "bridge", "nemo", "megatron_lm"]
+WORKLOAD_NAMES: tuple[WorkloadName, ...] = get_args(WorkloadName)
+
+
+def finite(x: object) -> float | None:
+    """``x`` as a float when it is a finite real number, else None.
+
+    The one rule for metric values everywhere (agents, storage, API, metrics lines): None,
+    a bool, a string, NaN and +/-inf are not numbers.
+    """
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+# --- records ---------------------------------------------------------------------------------
 
 
 class TrialSpec(BaseModel):
@@ -89,12 +210,12 @@ class Outcome:
     ``replay`` (a measured table), ``estimate`` (the cost model / simulator) or ``rules``.
     """
 
-    status: Literal["ok", "failed", "infeasible"]
+    status: OutcomeStatus
     metrics: dict[str, Any] = field(default_factory=dict)
-    failure_class: str | None = None
+    failure_class: FailureClass | None = None
     reason: str | None = None
     steps: tuple[StepMetrics, ...] = ()
-    source: Literal["measured", "replay", "estimate", "rules"] = "measured"
+    source: Source = "measured"
 
     @property
     def ok(self) -> bool:
@@ -103,16 +224,14 @@ class Outcome:
     @classmethod
     def failure(
         cls,
-        failure_class: str,
+        failure_class: FailureClass,
         reason: str,
         *,
         metrics: dict[str, Any] | None = None,
         steps: tuple[StepMetrics, ...] = (),
-        source: Literal["measured", "replay", "estimate", "rules"] = "measured",
+        source: Source = "measured",
     ) -> Outcome:
-        status: Literal["failed", "infeasible"] = (
-            "infeasible" if failure_class in ("oom", "predicted_oom", "invalid") else "failed"
-        )
+        status: OutcomeStatus = "infeasible" if failure_class in INFEASIBLE_CLASSES else "failed"
         return cls(status, dict(metrics or {}), failure_class, reason, steps, source)
 
 
@@ -122,9 +241,9 @@ class StudyRecord:
     name: str
     space_yaml: str
     space_hash: str
-    state: str
-    direction: str
-    metric: str
+    state: StudyState
+    direction: Direction
+    metric: Metric
     created_at: float
     model: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, Any] = field(default_factory=dict)
@@ -135,14 +254,14 @@ class TrialRecord:
     id: int
     study_id: int
     number: int
-    state: str
+    state: TrialState
     params: dict[str, Any]
     params_key: str
     metrics: dict[str, Any] = field(default_factory=dict)
     value: float | None = None
-    failure_class: str | None = None
+    failure_class: FailureClass | None = None
     reason: str | None = None
-    source: str | None = None
+    source: Source | None = None
     runner: str | None = None
     host: str | None = None
     log_path: str | None = None
@@ -167,10 +286,10 @@ class TrialPoint:
 
     id: int
     number: int
-    state: str
+    state: TrialState
     params: dict[str, Any]
     value: float | None = None
-    failure_class: str | None = None
+    failure_class: FailureClass | None = None
     reason: str | None = None
     gpu_seconds: float | None = None
     tflops_per_gpu: float | None = None
@@ -186,7 +305,7 @@ class RejectionRecord:
     study_id: int
     params: dict[str, Any]
     params_key: str
-    kind: str  # "invalid" (a rule) | "predicted_oom" (the cost model)
+    kind: RejectionKind
     rule: str
     reason: str
     values: dict[str, Any] = field(default_factory=dict)
@@ -207,48 +326,226 @@ def summarize_steps(steps: list[StepMetrics], warmup_steps: int) -> dict[str, An
     }
 
 
+# --- the trial contract: metrics lines, their writer and their reader -------------------------
+
+_FinalLineType = Literal["summary", "failure"]
+_FINAL: tuple[_FinalLineType, ...] = get_args(_FinalLineType)
+
+
+class StepLine(BaseModel):
+    """One training step (``{"type": "step", ...}``); numbers are finite, unknown fields are
+    ignored."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    type: Literal["step"] = "step"
+    step: int
+    step_time_s: float
+    tflops_per_gpu: float
+    peak_mem_gib: float
+    peak_reserved_gib: float | None = Field(None, description="Default: peak_mem_gib.")
+    loss: float
+    grad_norm: float | None = None
+    source: Source | None = None
+
+    @classmethod
+    def of(cls, m: StepMetrics, source: Source | None = None) -> StepLine:
+        """The line of a step's metrics."""
+        return cls(
+            step=m.step,
+            step_time_s=m.step_time_s,
+            tflops_per_gpu=m.tflops_per_gpu,
+            peak_mem_gib=m.peak_mem_gib,
+            peak_reserved_gib=m.peak_reserved_gib,
+            loss=m.loss,
+            grad_norm=finite(m.grad_norm),
+            source=source,
+        )
+
+    @classmethod
+    def coerce(cls, m: StepMetrics | StepLine | Mapping[str, Any]) -> StepLine:
+        """A step line from metrics, a line or a mapping of its fields (validated)."""
+        if isinstance(m, StepLine):
+            return m
+        if isinstance(m, StepMetrics):
+            return cls.of(m)
+        return cls.model_validate({**m, "type": "step"})
+
+    def metrics(self) -> StepMetrics:
+        """The step as :class:`StepMetrics`."""
+        reserved = self.peak_mem_gib if self.peak_reserved_gib is None else self.peak_reserved_gib
+        return StepMetrics(
+            step=self.step,
+            step_time_s=self.step_time_s,
+            tflops_per_gpu=self.tflops_per_gpu,
+            peak_mem_gib=self.peak_mem_gib,
+            peak_reserved_gib=reserved,
+            loss=self.loss,
+            grad_norm=self.grad_norm,
+        )
+
+
+class SummaryLine(BaseModel):
+    """The summary of a run that finished (``{"type": "summary", ...}``).
+
+    The three figures every objective needs are required; a workload adds its own (layout,
+    losses, memory breakdown, versions) as extra fields, which become the outcome's metrics.
+    """
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    type: Literal["summary"] = "summary"
+    step_time_s: float
+    tflops_per_gpu: float
+    peak_mem_gib: float
+    source: Source = "measured"
+
+
+class FailureLine(BaseModel):
+    """A classified failure (``{"type": "failure", ...}``); unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["failure"] = "failure"
+    failure_class: FailureClass
+    reason: str
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    source: Source = "measured"
+
+
+MetricsLine = StepLine | SummaryLine | FailureLine
+
+
+class MetricsWriter:
+    """Append-only writer of one trial's metrics JSONL (what :func:`read_metrics` reads).
+
+    Each line is appended with one ``write`` under an exclusive ``flock`` and reaches the OS at
+    once, so the controller can tail the file while the trial runs. JSON has no NaN: step and
+    summary lines refuse non-finite numbers (:class:`pydantic.ValidationError`), a failure
+    line drops them from its metrics. Only the first final line (summary or failure) of a
+    file counts: a second rank that fails after another one already wrote a failure writes
+    nothing.
+
+    Args:
+        path: the metrics file (``spec.metrics_path``); its folder is created.
+        source: the ``source`` of every line written (``None``: lines keep their own).
+    """
+
+    def __init__(self, path: str | Path, *, source: Source | None = None) -> None:
+        self.path = Path(path)
+        self.source = source
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, line: MetricsLine) -> bool:
+        """Append ``line``; False when it is final and a final line was already there."""
+        if self.source is not None:
+            line = line.model_copy(update={"source": self.source})
+        data = line.model_dump(mode="json")
+        if isinstance(line, StepLine) and data["source"] is None:
+            del data["source"]
+        text = json.dumps(data, allow_nan=False) + "\n"
+        final = isinstance(line, SummaryLine | FailureLine)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if final and self.has_final():
+                return False
+            os.write(fd, text.encode())
+            return True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def has_final(self) -> bool:
+        """True when the file already holds a summary or failure line."""
+        if not self.path.exists():
+            return False
+        for raw in self.path.read_text().splitlines():
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and rec.get("type") in _FINAL:
+                return True
+        return False
+
+    def step(self, m: StepMetrics | StepLine | Mapping[str, Any]) -> None:
+        """One step line (from metrics, a line or a mapping of its fields)."""
+        self.write(StepLine.coerce(m))
+
+    def summary(self, record: Mapping[str, Any] | SummaryLine) -> bool:
+        """The summary line; False when a final line was already there."""
+        if not isinstance(record, SummaryLine):
+            record = SummaryLine.model_validate({**record, "type": "summary"})
+        return self.write(record)
+
+    def failure(
+        self,
+        failure_class: FailureClass,
+        reason: str,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """The failure line (non-finite metrics dropped); False when a final line was already
+        there."""
+        clean = {
+            k: v
+            for k, v in (metrics or {}).items()
+            if not isinstance(v, float) or math.isfinite(v)
+        }
+        return self.write(FailureLine(failure_class=failure_class, reason=reason, metrics=clean))
+
+
 def read_metrics(path: str | Path) -> Outcome | None:
     """Read a metrics JSONL file written by a trial.
 
     Returns the outcome when the file ends in a summary or failure line, None when the trial
-    has not finished (or the file does not exist). Partial trailing lines are ignored.
+    has not finished (or the file does not exist). Partial trailing lines (not JSON) and lines
+    of an unknown ``type`` are ignored; a line that breaks its model (:class:`StepLine`,
+    :class:`SummaryLine`, :class:`FailureLine`) makes the outcome an ``error`` naming it.
     """
     p = Path(path)
     if not p.exists():
         return None
     steps: list[StepMetrics] = []
-    final: dict[str, Any] | None = None
-    for line in p.read_text().splitlines():
+    final: SummaryLine | FailureLine | None = None
+    raw_final: dict[str, Any] = {}
+    bad: str | None = None
+    for n, raw in enumerate(p.read_text().splitlines(), start=1):
         try:
-            rec = json.loads(line)
+            rec = json.loads(raw)
         except json.JSONDecodeError:
             continue
+        if not isinstance(rec, dict):
+            continue
         kind = rec.get("type")
-        if kind == "step":
-            steps.append(
-                StepMetrics(
-                    step=int(rec["step"]),
-                    step_time_s=float(rec["step_time_s"]),
-                    tflops_per_gpu=float(rec["tflops_per_gpu"]),
-                    peak_mem_gib=float(rec["peak_mem_gib"]),
-                    peak_reserved_gib=float(rec.get("peak_reserved_gib", rec["peak_mem_gib"])),
-                    loss=float(rec["loss"]),
-                    grad_norm=None if rec.get("grad_norm") is None else float(rec["grad_norm"]),
-                )
-            )
-        elif kind in ("summary", "failure"):
-            final = rec
-    if final is None:
+        try:
+            if kind == "step":
+                steps.append(StepLine.model_validate(rec).metrics())
+            elif kind == "summary":
+                final, raw_final = SummaryLine.model_validate(rec), rec
+            elif kind == "failure":
+                final, raw_final = FailureLine.model_validate(rec), rec
+        except ValidationError as e:
+            if kind in _FINAL:
+                final = None
+                raw_final = rec
+            if bad is None:
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first["loc"]) or kind
+                bad = f"{p.name} line {n}: bad {kind} line ({where}: {first['msg']})"
+    if final is None and not raw_final:
         return None
-    src = final.get("source", "measured")
-    if final["type"] == "summary":
-        metrics = {k: v for k, v in final.items() if k not in ("type", "source")}
+    src: Source = final.source if final is not None else "measured"
+    if bad is not None:
+        return Outcome.failure("error", bad, steps=tuple(steps), source=src)
+    if isinstance(final, SummaryLine):
+        metrics = {k: v for k, v in raw_final.items() if k not in ("type", "source")}
         return Outcome("ok", metrics, steps=tuple(steps), source=src)
-    metrics = dict(final.get("metrics") or {})
+    assert isinstance(final, FailureLine)
     return Outcome.failure(
-        final.get("failure_class", "error"),
-        str(final.get("reason", "")),
-        metrics=metrics,
+        final.failure_class,
+        final.reason,
+        metrics=dict(final.metrics),
         steps=tuple(steps),
         source=src,
     )

@@ -29,10 +29,11 @@ from pydantic import (
 from dse import bounds as B
 from dse.exceptions import ConstraintEvalError, SpaceError
 from dse.expr import ConstraintError, check_expr, eval_expr
-from dse.knobs import ENV_PREFIX, get_knob
+from dse.knobs import ENV_PREFIX, FEATURES, get_knob
 from dse.layout import Layout
 from dse.names import study_name_problem
 from dse.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
+from dse.records import AgentName, Direction, Metric, RunnerName, WorkloadName
 from dse.safeyaml import safe_load
 
 __all__ = [
@@ -370,8 +371,6 @@ class Resources(_Strict):
     @field_validator("features")
     @classmethod
     def _known_features(cls, v: Any) -> Any:
-        from dse.knobs import FEATURES
-
         if isinstance(v, list):
             bad = [f for f in v if f not in FEATURES]
             if bad:
@@ -479,10 +478,8 @@ class KnobSpec(_Strict):
 
 
 class Objective(_Strict):
-    metric: Literal["tflops_per_gpu", "step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu"] = (
-        Field("tflops_per_gpu", description="Metric of the trial summary.")
-    )
-    direction: Literal["maximize", "minimize"] = Field("maximize", description="Direction.")
+    metric: Metric = Field("tflops_per_gpu", description="Metric of the trial summary.")
+    direction: Direction = Field("maximize", description="Direction.")
 
 
 class Budget(_Strict):
@@ -498,9 +495,7 @@ class Budget(_Strict):
 
 
 class AgentSpec(_Strict):
-    name: Literal["tpe", "gp", "nsga2", "random", "grid"] = Field(
-        "tpe", description="Search agent."
-    )
+    name: AgentName = Field("tpe", description="Search agent.")
     seed: int | None = Field(None, ge=0, le=B.MAX_SEED, description="Sampler seed.")
     n_startup_trials: int = Field(
         4,
@@ -638,7 +633,7 @@ RUNNER_OPTIONS: dict[str, type[_Strict]] = {
 
 
 class RunnerSpec(_Strict):
-    name: Literal["local", "ray", "slurm"] = Field("local", description="Where trials run.")
+    name: RunnerName = Field("local", description="Where trials run.")
     max_parallel: int | None = Field(
         None,
         ge=1,
@@ -679,7 +674,7 @@ class RunnerSpec(_Strict):
 
 
 class WorkloadSpec(_Strict):
-    name: Literal["megatron", "replay", "sim", "bridge", "nemo", "megatron_lm"] = Field(
+    name: WorkloadName = Field(
         "megatron", description="Trial kind (bridge/nemo/megatron_lm: the user's recipe)."
     )
     table: str | None = Field(

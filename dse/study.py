@@ -30,7 +30,7 @@ from dse.launcher import TrialLauncher, trial_launch
 from dse.names import display_name
 from dse.objective import objective_value
 from dse.reconcile import HEARTBEAT_S, STALE_S, Owner, Reconciler
-from dse.records import Outcome, TrialRecord
+from dse.records import FINISHED_STATES, Outcome, TrialRecord
 from dse.run_settings import (
     IMPORTED_ATTR,
     RUN_SETTINGS_ATTR,
@@ -108,7 +108,9 @@ class StudyResult:
 
 def resume_hint(study: str, storage_url: str) -> str:
     """The command that continues a stopped study."""
-    url = _shell(_safe_url(storage_url))
+    from dse.storage import safe_url
+
+    url = _shell(safe_url(storage_url))
     return f"to continue: dse resume --study {_shell(study)} --storage {url}"
 
 
@@ -209,7 +211,7 @@ class StudyRunner:
             self.storage.set_study_attr(rec.id, IMPORTED_ATTR, False)
         self.progress(
             f"study {s.study!r}: {'created' if created else 'resumed'} in "
-            f"{_safe_url(self.storage.url)} (budget {s.budget.n_trials} trials)"
+            f"{self.storage.display_url} (budget {s.budget.n_trials} trials)"
         )
         self.storage.set_study_state(s.study, "running")
         return rec.id, not imported
@@ -434,7 +436,7 @@ class StudyRunner:
         self, counts: dict[str, int], best: TrialRecord | None, rej: int, prefix: str
     ) -> str:
         budget = self.space.budget.n_trials
-        done = sum(counts.get(k, 0) for k in ("complete", "failed", "infeasible"))
+        done = sum(counts.get(k, 0) for k in FINISHED_STATES)
         b = (
             f"best {best.value:.4g} (trial {best.number})"
             if best is not None and best.value is not None
@@ -445,12 +447,3 @@ class StudyRunner:
             f"{counts.get('failed', 0)} failed, {counts.get('infeasible', 0)} infeasible, "
             f"{rej} rejected before launch, {b}"
         ).strip()
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - only for display
-        return "<storage>"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs dse with every extra into .venv and runs the checks CI runs: ruff, mypy, pytest.
+# Installs dse with every extra into .venv and runs the checks CI runs: ruff, mypy,
+# import-linter (the layer contracts of pyproject.toml), pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -25,4 +26,5 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python scripts/typecheck.py
+.venv/bin/python scripts/lint_imports.py
 .venv/bin/python -m pytest -q "$@"

@@ -14,16 +14,21 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"agents": "agents", "workloads": "workloads", "storage": "storage", "api": "api"}
 
 
-def main() -> int:
-    out = ROOT / "build" / "typecheck"
+def build_tree(root: Path, out: Path) -> Path:
+    """A folder under which ``dse`` is the installed package of checkout ``root`` (links)."""
     shutil.rmtree(out, ignore_errors=True)
     pkg = out / "dse"
     pkg.mkdir(parents=True)
-    for item in (ROOT / "dse").iterdir():
+    for item in (root / "dse").iterdir():
         if item.name != "__pycache__":
             os.symlink(item, pkg / item.name)
     for name, folder in LAYERS.items():
-        os.symlink(ROOT / folder, pkg / name)
+        os.symlink(root / folder, pkg / name)
+    return out
+
+
+def main() -> int:
+    out = build_tree(ROOT, ROOT / "build" / "typecheck")
     cfg = ROOT / "pyproject.toml"
     cmd = [sys.executable, "-m", "mypy", "--config-file", str(cfg), "-p", "dse"]
     return subprocess.call(cmd, cwd=out)

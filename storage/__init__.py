@@ -26,7 +26,13 @@ Example::
 
 from __future__ import annotations
 
-from dse.storage._engine import head_revision
+from dse.storage._engine import (
+    has_password,
+    head_revision,
+    is_ephemeral,
+    safe_url,
+    sqlite_file,
+)
 from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
 from dse.storage._repository import Storage, open_storage
 
@@ -34,6 +40,10 @@ __all__ = [
     "Storage",
     "open_storage",
     "head_revision",
+    "safe_url",
+    "is_ephemeral",
+    "has_password",
+    "sqlite_file",
     "FORMAT",
     "FORMAT_VERSION",
     "StudyExport",

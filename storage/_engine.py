@@ -52,6 +52,9 @@ __all__ = [
     "SessionScope",
     "is_transient",
     "safe_url",
+    "sqlite_file",
+    "is_ephemeral",
+    "has_password",
 ]
 
 log = logging.getLogger("dse.storage")
@@ -82,9 +85,36 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def _is_memory_sqlite(url: str) -> bool:
-    u = make_url(url)
+def is_ephemeral(url: str) -> bool:
+    """True for an in-memory SQLite URL: that database lives and dies with one process (a
+    second process, such as a launched controller, cannot see it). False for a malformed
+    URL (it fails when a storage opens it)."""
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - a malformed URL fails when the storage opens
+        return False
     return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL that names one (not in memory, not a ``file:`` URI), else
+    None (another backend, or a malformed URL: it fails when a storage opens it)."""
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - a malformed URL fails when the storage opens
+        return None
+    db = u.database
+    if u.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return db
+
+
+def has_password(url: str) -> bool:
+    """Whether ``url`` carries a password (then it must not travel on a command line)."""
+    try:
+        return make_url(url).password is not None
+    except Exception:  # noqa: BLE001 - an unparsable URL is passed on as given
+        return False
 
 
 def make_engine(url: str) -> Engine:
@@ -97,7 +127,7 @@ def make_engine(url: str) -> Engine:
         u = make_url(url)
         backend = u.get_backend_name()
         if backend == "sqlite":
-            if _is_memory_sqlite(url):
+            if is_ephemeral(url):
                 engine = create_engine(
                     url,
                     connect_args={"check_same_thread": False},
@@ -123,7 +153,7 @@ def make_engine(url: str) -> Engine:
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:
-    memory = _is_memory_sqlite(str(engine.url))
+    memory = is_ephemeral(str(engine.url))
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -168,7 +198,8 @@ def _enable_wal(cur: Any) -> None:
 
 
 def safe_url(url: str) -> str:
-    """The URL with its password hidden, for messages."""
+    """The URL with its password hidden, for messages and display (a malformed URL is shown
+    as given)."""
     try:
         u = make_url(url)
     except Exception:  # noqa: BLE001 - a malformed URL is shown as given

@@ -56,9 +56,8 @@ from dse.bounds import (
     printable,
 )
 from dse.exceptions import StudyFormatError
+from dse.records import STUDY_STATES, TRIAL_STATES, Direction
 from dse.storage._models import (
-    STUDY_STATES,
-    TRIAL_STATES,
     RejectionModel,
     StudyAttrModel,
     StudyModel,
@@ -66,6 +65,7 @@ from dse.storage._models import (
     TrialParamModel,
     TrialStepModel,
 )
+from dse.storage._rows import param_rows, steps_of
 
 __all__ = [
     "FORMAT",
@@ -151,7 +151,7 @@ class StudyMetaExport(_Strict):
     space_yaml: str = Field(max_length=MAX_SPACE_BYTES)
     space_hash: str
     state: str
-    direction: Literal["minimize", "maximize"]
+    direction: Direction
     metric: str
     model: dict[str, Any] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
@@ -297,8 +297,6 @@ def _readable(e: ValidationError, limit: int = 20) -> str:
 
 def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any]:
     """Everything ``study`` has, as a JSON-serializable dict (inside the caller's session)."""
-    from dse.storage._repository import _steps_of
-
     attrs = s.scalars(
         select(StudyAttrModel)
         .where(StudyAttrModel.study_id == study.id)
@@ -307,7 +305,7 @@ def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any
     trials = s.scalars(
         select(TrialModel).where(TrialModel.study_id == study.id).order_by(TrialModel.number)
     ).all()
-    steps = _steps_of(s, [t.id for t in trials]) if trials else {}
+    steps = steps_of(s, [t.id for t in trials]) if trials else {}
     rejections = s.scalars(
         select(RejectionModel)
         .where(RejectionModel.study_id == study.id)
@@ -385,8 +383,6 @@ def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any
 
 def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
     """Insert an exported study under ``name`` (inside the caller's write session)."""
-    from dse.storage._repository import _param_rows
-
     meta = export.study
     study = StudyModel(
         name=name,
@@ -411,8 +407,7 @@ def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
         s.add(row)
         s.flush()
         s.add_all(
-            TrialParamModel(trial_id=row.id, name=n, value_json=v)
-            for n, v in _param_rows(t.params)
+            TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in param_rows(t.params)
         )
         s.add_all(TrialStepModel(trial_id=row.id, **st.model_dump()) for st in t.steps)
     s.add_all(RejectionModel(study_id=study.id, **r.model_dump()) for r in export.rejections)

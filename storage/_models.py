@@ -1,10 +1,13 @@
 """SQLAlchemy 2.0 ORM models of a study database (private: records leave as frozen DTOs).
 
-The schema is owned by the Alembic migrations in ``dse/storage/migrations/versions``; these
-models must match them exactly (``tests/storage/test_migrations.py`` compares the two on every
-backend). Times are float epoch seconds (portable across SQLite and PostgreSQL). JSON is kept
-in ``TEXT`` columns through :class:`JSONText`, so values round-trip exactly on both backends,
-including non-finite floats (a NaN loss), which PostgreSQL's ``json`` type would refuse.
+Closed sets of values (states, failure classes, metrics...) are the vocabulary's
+:mod:`dse.records` literals; the columns are plain strings (no database enum), so a value
+added there needs no migration. The schema is owned by the Alembic migrations in
+``dse/storage/migrations/versions``; these models must match them exactly
+(``tests/storage/test_migrations.py`` compares the two on every backend). Times are float
+epoch seconds (portable across SQLite and PostgreSQL). JSON is kept in ``TEXT`` columns
+through :class:`JSONText`, so values round-trip exactly on both backends, including
+non-finite floats (a NaN loss), which PostgreSQL's ``json`` type would refuse.
 """
 
 from __future__ import annotations
@@ -26,6 +29,16 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from dse.records import (
+    Direction,
+    FailureClass,
+    Metric,
+    RejectionKind,
+    Source,
+    StudyState,
+    TrialState,
+)
+
 __all__ = [
     "Base",
     "JSONText",
@@ -35,21 +48,8 @@ __all__ = [
     "TrialParamModel",
     "TrialStepModel",
     "RejectionModel",
-    "TRIAL_STATES",
-    "STUDY_STATES",
 ]
 
-#: Every state a trial row may have (mirrors :data:`dse.records.TrialState`).
-TRIAL_STATES: tuple[str, ...] = ("queued", "running", "complete", "failed", "infeasible", "pruned")
-#: Every state a study row may have.
-STUDY_STATES: tuple[str, ...] = (
-    "created",
-    "running",
-    "stopping",
-    "complete",
-    "stopped",
-    "interrupted",
-)
 
 # Deterministic constraint names, identical on every backend (Alembic relies on them).
 NAMING_CONVENTION = {
@@ -89,9 +89,9 @@ class StudyModel(Base):
     name: Mapped[str] = mapped_column(String(255), unique=True)
     space_yaml: Mapped[str] = mapped_column(Text)
     space_hash: Mapped[str] = mapped_column(String(128))
-    state: Mapped[str] = mapped_column(String(16))
-    direction: Mapped[str] = mapped_column(String(16))
-    metric: Mapped[str] = mapped_column(String(128))
+    state: Mapped[StudyState] = mapped_column(String(16))
+    direction: Mapped[Direction] = mapped_column(String(16))
+    metric: Mapped[Metric] = mapped_column(String(128))
     model: Mapped[Any] = mapped_column(JSONText, nullable=False)
     hardware: Mapped[Any] = mapped_column(JSONText, nullable=False)
     created_at: Mapped[float] = mapped_column(Float)
@@ -126,14 +126,14 @@ class TrialModel(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[TrialState] = mapped_column(String(16))
     params: Mapped[Any] = mapped_column(JSONText, nullable=False)
     params_key: Mapped[str] = mapped_column(Text)
     metrics: Mapped[Any] = mapped_column(JSONText, nullable=False)
     value: Mapped[float | None] = mapped_column(Float)
-    failure_class: Mapped[str | None] = mapped_column(String(32))
+    failure_class: Mapped[FailureClass | None] = mapped_column(String(32))
     reason: Mapped[str | None] = mapped_column(Text)
-    source: Mapped[str | None] = mapped_column(String(16))
+    source: Mapped[Source | None] = mapped_column(String(16))
     runner: Mapped[str | None] = mapped_column(String(255))
     host: Mapped[str | None] = mapped_column(String(255))
     log_path: Mapped[str | None] = mapped_column(Text)
@@ -189,7 +189,7 @@ class RejectionModel(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
     params: Mapped[Any] = mapped_column(JSONText, nullable=False)
     params_key: Mapped[str] = mapped_column(Text)
-    kind: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[RejectionKind] = mapped_column(String(32))
     rule: Mapped[str] = mapped_column(Text)
     reason: Mapped[str] = mapped_column(Text)
     values: Mapped[Any] = mapped_column(JSONText, nullable=False)

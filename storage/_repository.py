@@ -29,11 +29,10 @@ re-queued trial is free for any controller.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.engine import Engine, make_url
@@ -48,18 +47,32 @@ from dse.exceptions import (
 )
 from dse.names import study_name_problem
 from dse.records import (
+    ANSWERED_STATES,
+    DIRECTIONS,
+    FINISHED_STATES,
     IMPORTED_ATTR,
+    STUDY_STATES,
+    TAKEN_STATES,
+    TRIAL_STATES,
+    FinishedState,
     Outcome,
+    OutcomeStatus,
     RejectionRecord,
-    StepMetrics,
     StudyRecord,
     TrialPoint,
     TrialRecord,
+    finite,
 )
-from dse.storage._engine import SessionScope, make_engine, migrate, normalize_url, safe_url
+from dse.storage._engine import (
+    SessionScope,
+    is_ephemeral,
+    make_engine,
+    migrate,
+    normalize_url,
+    safe_url,
+)
+from dse.storage._export import StudyExport, dump_study, load_study, parse_export
 from dse.storage._models import (
-    STUDY_STATES,
-    TRIAL_STATES,
     RejectionModel,
     StudyAttrModel,
     StudyModel,
@@ -67,23 +80,27 @@ from dse.storage._models import (
     TrialParamModel,
     TrialStepModel,
 )
-
-if TYPE_CHECKING:
-    from dse.storage._export import StudyExport
+from dse.storage._rows import (
+    param_rows,
+    rejection_record,
+    step_rows,
+    steps_of,
+    study_record,
+    trial_record,
+)
 
 __all__ = ["Storage", "open_storage"]
 
-#: States in which a configuration counts as taken (no second trial unless allow_repeat).
-TAKEN_STATES: tuple[str, ...] = ("queued", "running", "complete", "infeasible")
-#: States of a finished trial.
-FINISHED_STATES: tuple[str, ...] = ("complete", "failed", "infeasible", "pruned")
 #: Trial orders accepted by :meth:`Storage.list_trials`.
 TRIAL_ORDERS: tuple[str, ...] = ("number", "-number", "value", "-value")
-DIRECTIONS: tuple[str, ...] = ("minimize", "maximize")
 
 _Sel = TypeVar("_Sel", bound=Select[Any])
 
-_OUTCOME_STATE = {"ok": "complete", "infeasible": "infeasible", "failed": "failed"}
+_OUTCOME_STATE: dict[OutcomeStatus, FinishedState] = {
+    "ok": "complete",
+    "infeasible": "infeasible",
+    "failed": "failed",
+}
 
 
 def open_storage(url: str) -> Storage:
@@ -130,7 +147,18 @@ class Storage:
         self._db = SessionScope(engine)
 
     def __repr__(self) -> str:
-        return f"Storage({safe_url(self.url)!r})"
+        return f"Storage({self.display_url!r})"
+
+    @property
+    def display_url(self) -> str:
+        """The database URL with its password hidden (for messages, logs and the API)."""
+        return safe_url(self.url)
+
+    @property
+    def is_ephemeral(self) -> bool:
+        """True for an in-memory database (gone when this process ends; other processes
+        cannot open it)."""
+        return is_ephemeral(self.url)
 
     def close(self) -> None:
         """Release the connections (an in-memory database is gone after this)."""
@@ -173,7 +201,7 @@ class Storage:
         def fn(s: Session) -> StudyRecord:
             if _study_by_name(s, name) is not None:
                 raise DuplicatedStudyError(f"a study named {name!r} already exists")
-            return _study_record(
+            return study_record(
                 _insert_study(s, name, space_yaml, space_hash, direction, metric, model, hardware)
             )
 
@@ -210,11 +238,11 @@ class Storage:
                         f"{row.space_hash!r}, given space_hash={space_hash!r}); pick another "
                         "study name or restore the original space file"
                     )
-                return _study_record(row), False
+                return study_record(row), False
             row = _insert_study(
                 s, name, space_yaml, space_hash, direction, metric, model, hardware
             )
-            return _study_record(row), True
+            return study_record(row), True
 
         return self._db.run(
             fn, write=True, retry_integrity=True, what=f"get or create study {name!r}"
@@ -228,7 +256,7 @@ class Storage:
         """
 
         def fn(s: Session) -> StudyRecord:
-            return _study_record(_study_or_raise(s, name))
+            return study_record(_study_or_raise(s, name))
 
         return self._db.run(fn, write=False, what=f"get study {name!r}")
 
@@ -240,7 +268,7 @@ class Storage:
         """
 
         def fn(s: Session) -> StudyRecord:
-            return _study_record(_study_id_or_raise(s, study_id))
+            return study_record(_study_id_or_raise(s, study_id))
 
         return self._db.run(fn, write=False, what=f"get study {study_id}")
 
@@ -249,7 +277,7 @@ class Storage:
 
         def fn(s: Session) -> list[StudyRecord]:
             rows = s.scalars(select(StudyModel).order_by(StudyModel.id)).all()
-            return [_study_record(r) for r in rows]
+            return [study_record(r) for r in rows]
 
         return self._db.run(fn, write=False, what="list studies")
 
@@ -340,7 +368,7 @@ class Storage:
             params_key: its canonical key (:func:`dse.space.params_key`).
             budget: the most trials the study may have (every trial row counts).
             allow_repeat: claim even if a trial of this configuration is queued, running,
-                complete or infeasible (failed and pruned ones never block a retry).
+                complete or infeasible (failed ones never block a retry).
             runner: the claiming owner (e.g. ``host:pid:token``); its heartbeat starts now.
 
         Returns:
@@ -350,7 +378,7 @@ class Storage:
             StudyNotFoundError: no such study.
         """
         _check_json(params, "params")
-        param_rows = _param_rows(params)
+        pairs = param_rows(params)
 
         def fn(s: Session) -> TrialRecord | None:
             locked = s.execute(
@@ -393,10 +421,8 @@ class Storage:
             )
             s.add(row)
             s.flush()
-            s.add_all(
-                TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in param_rows
-            )
-            return _trial_record(row)
+            s.add_all(TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in pairs)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, retry_integrity=True, what="claim a trial")
 
@@ -429,7 +455,7 @@ class Storage:
                 return None
             row.runner = runner
             row.heartbeat_at = time.time()
-            return _trial_record(row)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, what="acquire a queued trial")
 
@@ -454,7 +480,7 @@ class Storage:
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id, for_update=True)
             if row.state in FINISHED_STATES:
-                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+                return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             now = time.time()
             row.state = "running"
             row.runner = runner
@@ -463,7 +489,7 @@ class Storage:
             row.metrics_path = metrics_path
             row.started_at = now
             row.heartbeat_at = now
-            return _trial_record(row)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"start trial {trial_id}")
 
@@ -500,7 +526,7 @@ class Storage:
         and the per-step metrics (replacing any earlier steps of the trial).
 
         Idempotent and never loses a result: a ``complete`` trial is returned unchanged; a
-        trial already failed / infeasible / pruned is returned unchanged unless the new
+        trial already failed / infeasible is returned unchanged unless the new
         outcome is ``ok`` (a result found later, e.g. in the metrics file of a trial that was
         declared interrupted, replaces the failure).
 
@@ -516,7 +542,7 @@ class Storage:
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id, for_update=True)
             if row.state == "complete" or (row.state in FINISHED_STATES and not outcome.ok):
-                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+                return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             row.state = state
             row.metrics = dict(outcome.metrics)
             row.value = value
@@ -529,8 +555,8 @@ class Storage:
             if host:
                 row.host = host[:255]
             s.execute(delete(TrialStepModel).where(TrialStepModel.trial_id == row.id))
-            s.add_all(_step_rows(row.id, outcome.steps))
-            return _trial_record(row, tuple(outcome.steps))
+            s.add_all(step_rows(row.id, outcome.steps))
+            return trial_record(row, tuple(outcome.steps))
 
         return self._db.run(fn, write=True, what=f"finish trial {trial_id}")
 
@@ -548,7 +574,7 @@ class Storage:
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id, for_update=True)
             if row.state in FINISHED_STATES:
-                return _trial_record(row, _steps_of(s, [row.id]).get(row.id, ()))
+                return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             entry = {
                 "at": time.time(),
                 "reason": reason,
@@ -565,7 +591,7 @@ class Storage:
             row.host = None
             row.started_at = None
             row.heartbeat_at = None
-            return _trial_record(row)
+            return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"requeue trial {trial_id}")
 
@@ -580,8 +606,8 @@ class Storage:
 
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id)
-            steps = _steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
-            return _trial_record(row, steps)
+            steps = steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
+            return trial_record(row, steps)
 
         return self._db.run(fn, write=False, what=f"get trial {trial_id}")
 
@@ -602,8 +628,8 @@ class Storage:
             ).one_or_none()
             if row is None:
                 raise TrialNotFoundError(f"no trial number {number} in study {study_id}")
-            steps = _steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
-            return _trial_record(row, steps)
+            steps = steps_of(s, [row.id]).get(row.id, ()) if with_steps else ()
+            return trial_record(row, steps)
 
         return self._db.run(fn, write=False, what=f"get trial number {number}")
 
@@ -649,8 +675,8 @@ class Storage:
                 page = select(*TrialModel.__table__.c).where(TrialModel.id.in_(ids))
                 by_id = {r.id: r for r in s.execute(page)} if ids else {}
                 rows = [cast(TrialModel, by_id[i]) for i in ids]
-            steps = _steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
-            return [_trial_record(r, steps.get(r.id, ())) for r in rows]
+            steps = steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
+            return [trial_record(r, steps.get(r.id, ())) for r in rows]
 
         return self._db.run(fn, write=False, what="list trials")
 
@@ -684,9 +710,9 @@ class Storage:
                         failure_class=r.failure_class,
                         reason=r.reason,
                         gpu_seconds=r.gpu_seconds,
-                        tflops_per_gpu=_num(m.get("tflops_per_gpu")),
-                        peak_mem_gib=_num(m.get("peak_mem_gib")),
-                        step_time_s=_num(m.get("step_time_s")),
+                        tflops_per_gpu=finite(m.get("tflops_per_gpu")),
+                        peak_mem_gib=finite(m.get("peak_mem_gib")),
+                        step_time_s=finite(m.get("step_time_s")),
                     )  # fmt: skip
                 )
             return out
@@ -702,7 +728,7 @@ class Storage:
                 .where(TrialModel.study_id == study_id)
                 .group_by(TrialModel.state)
             ).all()
-            counts = dict.fromkeys(TRIAL_STATES, 0)
+            counts: dict[str, int] = dict.fromkeys(TRIAL_STATES, 0)
             for st, n in rows:
                 counts[st] = int(n)
             counts["total"] = sum(int(n) for _, n in rows)
@@ -734,12 +760,12 @@ class Storage:
                 .where(
                     TrialModel.study_id == study_id,
                     TrialModel.params_key == params_key,
-                    TrialModel.state.in_(("complete", "infeasible")),
+                    TrialModel.state.in_(ANSWERED_STATES),
                 )
                 .order_by(TrialModel.number)
                 .limit(1)
             ).first()
-            return None if row is None else _trial_record(row)
+            return None if row is None else trial_record(row)
 
         return self._db.run(fn, write=False, what="find trial")
 
@@ -782,7 +808,7 @@ class Storage:
                 .order_by(TrialModel.number)
                 .limit(1)
             ).first()
-            return None if row is None else _trial_record(row)
+            return None if row is None else trial_record(row)
 
         return self._db.run(fn, write=False, what="best trial")
 
@@ -816,7 +842,7 @@ class Storage:
                 )
                 .order_by(TrialModel.number)
             ).all()
-            return [_trial_record(r) for r in rows]
+            return [trial_record(r) for r in rows]
 
         return self._db.run(fn, write=False, what="stale trials")
 
@@ -855,7 +881,7 @@ class Storage:
             )
             s.add(row)
             s.flush()
-            return _rejection_record(row)
+            return rejection_record(row)
 
         return self._db.run(fn, write=True, what="add rejection")
 
@@ -879,7 +905,7 @@ class Storage:
                 q = q.offset(offset)
             if limit is not None:
                 q = q.limit(limit)
-            return [_rejection_record(r) for r in s.scalars(q).all()]
+            return [rejection_record(r) for r in s.scalars(q).all()]
 
         return self._db.run(fn, write=False, what="list rejections")
 
@@ -908,7 +934,6 @@ class Storage:
         Raises:
             StudyNotFoundError: no such study.
         """
-        from dse.storage._export import dump_study
 
         def fn(s: Session) -> dict[str, Any]:
             return dump_study(s, _study_or_raise(s, name), revision=self.revision)
@@ -927,8 +952,6 @@ class Storage:
             StudyFormatError: ``data`` is not a dse study export this dse can read.
             DuplicatedStudyError: a study of that name exists.
         """
-        from dse.storage._export import StudyExport, load_study, parse_export
-
         export = data if isinstance(data, StudyExport) else parse_export(data)
         target = name or export.study.name
         why = study_name_problem(target)
@@ -946,7 +969,7 @@ class Storage:
                 s.add(StudyAttrModel(study_id=row.id, key=IMPORTED_ATTR, value=True))
             else:
                 attr.value = True
-            return _study_record(row)
+            return study_record(row)
 
         return self._db.run(fn, write=True, retry_integrity=True, what=f"import study {target!r}")
 
@@ -1046,118 +1069,3 @@ def _ordered(q: _Sel, order: str) -> _Sel:
     # walk ix_trials_study_id_value_number instead of sorting every row of the study.
     value = TrialModel.value.asc() if order == "value" else TrialModel.value.desc()
     return q.order_by(value.nulls_last(), TrialModel.number)
-
-
-def _param_rows(params: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(str(k), json.dumps(v, sort_keys=True)) for k, v in params.items()]
-
-
-def _step_rows(trial_id: int, steps: Iterable[StepMetrics]) -> list[TrialStepModel]:
-    return [
-        TrialStepModel(
-            trial_id=trial_id,
-            step=st.step,
-            step_time_s=st.step_time_s,
-            tflops_per_gpu=st.tflops_per_gpu,
-            peak_mem_gib=st.peak_mem_gib,
-            peak_reserved_gib=st.peak_reserved_gib,
-            loss=st.loss,
-            grad_norm=st.grad_norm,
-        )
-        for st in steps
-    ]
-
-
-def _steps_of(s: Session, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, ...]]:
-    out: dict[int, list[StepMetrics]] = {}
-    for chunk_start in range(0, len(trial_ids), 500):
-        chunk = trial_ids[chunk_start : chunk_start + 500]
-        rows = s.scalars(
-            select(TrialStepModel)
-            .where(TrialStepModel.trial_id.in_(chunk))
-            .order_by(TrialStepModel.trial_id, TrialStepModel.step, TrialStepModel.id)
-        ).all()
-        for r in rows:
-            out.setdefault(r.trial_id, []).append(_step_record(r))
-    return {k: tuple(v) for k, v in out.items()}
-
-
-def _num(x: Any) -> float | None:
-    """A metric value as a float (None when missing or not a number)."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    return float(x)
-
-
-def _nan_if_none(x: float | None) -> float:
-    # SQLite stores NaN as NULL: a missing required number reads back as NaN.
-    return math.nan if x is None else x
-
-
-def _step_record(r: TrialStepModel) -> StepMetrics:
-    return StepMetrics(
-        step=r.step,
-        step_time_s=_nan_if_none(r.step_time_s),
-        tflops_per_gpu=_nan_if_none(r.tflops_per_gpu),
-        peak_mem_gib=_nan_if_none(r.peak_mem_gib),
-        peak_reserved_gib=_nan_if_none(r.peak_reserved_gib),
-        loss=_nan_if_none(r.loss),
-        grad_norm=r.grad_norm,
-    )
-
-
-def _study_record(r: StudyModel) -> StudyRecord:
-    return StudyRecord(
-        id=r.id,
-        name=r.name,
-        space_yaml=r.space_yaml,
-        space_hash=r.space_hash,
-        state=r.state,
-        direction=r.direction,
-        metric=r.metric,
-        created_at=r.created_at,
-        model=dict(r.model or {}),
-        hardware=dict(r.hardware or {}),
-    )
-
-
-def _trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRecord:
-    return TrialRecord(
-        id=r.id,
-        study_id=r.study_id,
-        number=r.number,
-        state=r.state,
-        params=dict(r.params or {}),
-        params_key=r.params_key,
-        metrics=dict(r.metrics or {}),
-        value=r.value,
-        failure_class=r.failure_class,
-        reason=r.reason,
-        source=r.source,
-        runner=r.runner,
-        host=r.host,
-        log_path=r.log_path,
-        metrics_path=r.metrics_path,
-        queued_at=r.queued_at,
-        started_at=r.started_at,
-        finished_at=r.finished_at,
-        heartbeat_at=r.heartbeat_at,
-        gpu_seconds=r.gpu_seconds,
-        steps=steps,
-        attempts=r.attempts or 0,
-        history=tuple(dict(h) for h in (r.history or [])),
-    )
-
-
-def _rejection_record(r: RejectionModel) -> RejectionRecord:
-    return RejectionRecord(
-        id=r.id,
-        study_id=r.study_id,
-        params=dict(r.params or {}),
-        params_key=r.params_key,
-        kind=r.kind,
-        rule=r.rule,
-        reason=r.reason,
-        values=dict(r.values or {}),
-        created_at=r.created_at,
-    )

@@ -1,4 +1,4 @@
-"""Shared fixtures: paths of the repository and of the shared measured data."""
+"""Shared fixtures: paths of the repository and of the measured table it ships."""
 
 from __future__ import annotations
 
@@ -21,17 +21,17 @@ if os.environ.get("CI"):
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-SHARED_TABLE = REPO.parent / "shared" / "data" / "h200_llama1b_unfused_1gpu.jsonl"
 REPLAY_TABLE = EXAMPLES / "tables" / "h200_llama1b_unfused_1gpu.jsonl"
+#: The measured H200 table (shipped in examples/tables/, so the tests never skip for it).
+SHARED_TABLE = REPLAY_TABLE
 PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 PG_ADMIN_DB = "postgres"
 
 
 @pytest.fixture
 def shared_table() -> Path:
-    """The measured table of the shared folder (next to the repository)."""
-    if not SHARED_TABLE.exists():
-        pytest.skip(f"shared table not present ({SHARED_TABLE.name})")
+    """The measured H200 table (examples/tables/); a missing file is an error, not a skip."""
+    assert SHARED_TABLE.exists(), f"measured table missing: {SHARED_TABLE}"
     return SHARED_TABLE
 
 

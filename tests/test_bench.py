@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import dse.costmodel
 from dse import bench
+from tests.conftest import REPLAY_TABLE
 
 MODEL = {
     "num_layers": 4,
@@ -122,35 +122,12 @@ def test_bad_input(
     assert match in capsys.readouterr().err
 
 
-class FakeCostModel:
-    """Predicts 10 + 8 * mbs GiB (ignores recompute): conservative, so it over-rejects."""
-
-    def __init__(self, model: Any, semantics: Any, resources: Any) -> None:
-        self.cap = resources.gpu_memory_gib
-        self.observed: list[tuple[float, bool]] = []
-
-    def margin(self, initial: float) -> float:
-        return 0.0
-
-    def fits(self, params: dict[str, Any], margin: float) -> tuple[bool, float]:
-        pred = 10.0 + 8.0 * params["micro_batch_size"]
-        return pred <= self.cap * (1 + margin), pred
-
-    def observe(self, params: dict[str, Any], peak_mem_gib: float, oom: bool) -> None:
-        self.observed.append((peak_mem_gib, oom))
-
-    def calibration(self) -> dict[str, Any]:
-        return {"observed": len(self.observed)}
-
-
-def test_prescreen(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    t = _table(tmp_path / "t.jsonl")
-    monkeypatch.setattr(dse.costmodel, "CostModel", FakeCostModel, raising=False)
-    argv = ["--table", str(t), "--agents", "grid", "--seeds", "2", "--prescreen", "--json"]
-    assert bench.run(_args(*argv)) == 0
+def test_prescreen_with_the_cost_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """The real cost model on the measured H200 table: it rejects only configurations the
+    table measured as OOM, and no OOM is launched."""
+    argv = ["--table", str(REPLAY_TABLE), "--agents", "grid", "--seeds", "2", "--prescreen"]
+    assert bench.run(_args(*argv, "--json")) == 0
     a = json.loads(capsys.readouterr().out)["agents"]["grid"]
-    assert a["oom_trials_run"] == 0  # mbs 8 is never launched
-    assert a["prescreen_rejections"] > 0  # mbs 8 predicted above the GPU
-    assert a["prescreen_rejections"] >= a["prescreen_saved"]
+    assert a["oom_trials_run"] == 0
+    assert a["prescreen_rejections"] > 0
+    assert a["prescreen_saved"] == a["prescreen_rejections"]  # every rejection was an OOM

@@ -1,5 +1,6 @@
 """What a trial runs (built-in Megatron-Core trainer, replay of a measured table, the cost
-model's simulator) and where it runs (``dse.workloads.runners``).
+model's simulator) and where it runs (``dse.workloads.runners``). Every workload writes the
+trial contract of :mod:`dse.records` with its :class:`~dse.records.MetricsWriter`.
 
 Importing this package never imports torch or megatron.
 """
@@ -13,7 +14,7 @@ __all__ = ["trial_command"]
 _MODULES = {
     "megatron": "dse.workloads.megatron.trainer",
     "replay": "dse.workloads.replay",
-    "sim": "dse.costmodel.sim",
+    "sim": "dse.workloads.sim",
     # a user's recipe: the trial process runs the command the launcher rendered
     "bridge": "dse.workloads.launchers.run",
     "nemo": "dse.workloads.launchers.run",

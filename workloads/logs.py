@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dse.records import FailureClass
+
 __all__ = [
     "LOG_FORMATS",
     "LOG_PATTERNS",
@@ -82,7 +84,7 @@ BRIDGE_MEMORY = re.compile(
 # --- failures (most specific first) -------------------------------------------------------
 
 #: Named failure patterns: (failure class, name, compiled regex). The first match wins.
-LOG_PATTERNS: list[tuple[str, str, re.Pattern[str]]] = [
+LOG_PATTERNS: list[tuple[FailureClass, str, re.Pattern[str]]] = [
     (
         "oom",
         "cuda_oom",
@@ -143,7 +145,7 @@ _VALIDATION_FRAME = re.compile(
 )
 
 
-def classify_failure(text: str) -> tuple[str, str] | None:
+def classify_failure(text: str) -> tuple[FailureClass, str] | None:
     """(failure class, message) a log shows, or None when it shows no known failure.
 
     Classes: ``oom``, ``nan``, ``hang`` (NCCL collective timeout), ``error`` (NCCL
@@ -167,7 +169,7 @@ def classify_failure(text: str) -> tuple[str, str] | None:
     return None
 
 
-def classify_log(text: str) -> str:
+def classify_log(text: str) -> FailureClass:
     """The failure class a crashed trial's log suggests (``error`` when nothing matches)."""
     found = classify_failure(text)
     return found[0] if found else "error"
@@ -194,7 +196,7 @@ class ParsedLog:
     total_steps: int | None = None
     peak_mem_gib: float | None = None
     peak_reserved_gib: float | None = None
-    failure: tuple[str, str] | None = None
+    failure: tuple[FailureClass, str] | None = None
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -18,9 +18,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from dse.exceptions import DSEError, WorkloadError
-from dse.records import Outcome, StepMetrics, TrialSpec
-from dse.space import params_key
+from dse.records import FailureClass, MetricsWriter, Outcome, StepMetrics, TrialSpec
+from dse.space import SearchSpace, params_key
 from dse.table import MeasuredRow, read_table, space_model_fields
 
 __all__ = ["ReplayRow", "ReplayTable", "main"]
@@ -127,10 +129,6 @@ class ReplayTable:
         the workload is ``replay`` with ``table`` (default: the path the table was loaded
         from). Resources declare no optional features (``features: []``).
         """
-        from pydantic import ValidationError
-
-        from dse.space import SearchSpace
-
         first = self.rows[0]
         m = first.model
         base = dict(baseline) if baseline is not None else dict(first.params)
@@ -226,7 +224,7 @@ def _summary(row: ReplayRow) -> dict[str, Any]:
     }
 
 
-def _failure(row: ReplayRow) -> tuple[str, str, dict[str, Any]]:
+def _failure(row: ReplayRow) -> tuple[FailureClass, str, dict[str, Any]]:
     m = row.metrics
     err = str(m.get("error") or "")
     if row.status == "oom":
@@ -253,46 +251,35 @@ def row_outcome(row: ReplayRow) -> Outcome:
 # --- the trial process ---------------------------------------------------------------------
 
 
-def _write(f: Any, rec: dict[str, Any]) -> None:
-    f.write(json.dumps(rec) + "\n")
-    f.flush()
-
-
 def run_trial(spec: TrialSpec, *, sleep: Any = time.sleep) -> int:
     """Answer one trial from its table: sleep ``delay_s`` (step lines spread over it), then
     write the steps and the summary, or the failure line. Returns the exit status."""
-    out = Path(spec.metrics_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = MetricsWriter(spec.metrics_path, source="replay")
     delay = float(spec.workload.get("delay_s") or 0.0)
-    with out.open("a") as f:
-        try:
-            table_path = spec.workload.get("table")
-            if not table_path:
-                raise WorkloadError("the replay workload needs workload.table")
-            table = ReplayTable.load(table_path)
-        except DSEError as e:
-            _write(f, {"type": "failure", "failure_class": "error", "reason": str(e),
-                       "source": "replay"})  # fmt: skip
-            return 1
-        row = table.lookup(spec.params)
-        if row is None or row.status != "ok":
-            metrics: dict[str, Any] = {}
-            if row is None:
-                cls, reason = "invalid", "no measured row for this configuration"
-            else:
-                cls, reason, metrics = _failure(row)
-            sleep(delay)
-            _write(f, {"type": "failure", "failure_class": cls, "reason": reason,
-                       "metrics": metrics, "source": "replay"})  # fmt: skip
-            return 0
-        steps = _steps(row)
-        for s in steps:
-            sleep(delay / len(steps))
-            _write(f, {"type": "step", "step": s.step, "step_time_s": s.step_time_s,
-                       "tflops_per_gpu": s.tflops_per_gpu, "peak_mem_gib": s.peak_mem_gib,
-                       "peak_reserved_gib": s.peak_reserved_gib, "loss": s.loss,
-                       "grad_norm": None, "source": "replay"})  # fmt: skip
-        _write(f, {"type": "summary", **_summary(row), "source": "replay"})
+    try:
+        table_path = spec.workload.get("table")
+        if not table_path:
+            raise WorkloadError("the replay workload needs workload.table")
+        table = ReplayTable.load(table_path)
+    except DSEError as e:
+        writer.failure("error", str(e))
+        return 1
+    row = table.lookup(spec.params)
+    if row is None or row.status != "ok":
+        metrics: dict[str, Any] = {}
+        cls: FailureClass
+        if row is None:
+            cls, reason = "invalid", "no measured row for this configuration"
+        else:
+            cls, reason, metrics = _failure(row)
+        sleep(delay)
+        writer.failure(cls, reason, metrics)
+        return 0
+    steps = _steps(row)
+    for s in steps:
+        sleep(delay / len(steps))
+        writer.step(s)
+    writer.summary(_summary(row))
     return 0
 
 

@@ -11,9 +11,10 @@ from fastapi.responses import PlainTextResponse, Response
 
 from dse.api.deps import ReadsDep, StorageDep, StudyName, get_study
 from dse.api.errors import error_responses
-from dse.api.schemas import BestFormat, BestPublic, BestQuery, CrossBestPublic, Metric
+from dse.api.schemas import BestPublic, BestQuery, CrossBestPublic
 from dse.api.views import best_public, best_text, cross_best, json_bytes
 from dse.exceptions import SpaceError
+from dse.records import BestFormat, Metric
 from dse.storage import Storage
 
 __all__ = ["router"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
-from sqlalchemy.engine import make_url
 from starlette.concurrency import run_in_threadpool
 
 from dse.api.deps import (
@@ -38,6 +37,7 @@ from dse.api.views import (
 )
 from dse.exceptions import SpaceError
 from dse.space_check import CheckedSpace
+from dse.storage import is_ephemeral
 
 __all__ = ["router"]
 
@@ -138,7 +138,7 @@ async def create_study(
     """
     body = await _read_body(request)
     checked, text = await run_in_threadpool(_space_from_body, body, checker)
-    if start and _in_memory(settings.storage):
+    if start and is_ephemeral(settings.storage):
         raise HTTPException(
             status_code=409,
             detail="cannot start a study controller on an in-memory database "
@@ -155,14 +155,6 @@ async def create_study(
         )
     public = await run_in_threadpool(study_public, storage, rec)
     return StudyCreatedPublic(**public.model_dump(), launch=launch)
-
-
-def _in_memory(url: str) -> bool:
-    try:
-        u = make_url(url)
-    except Exception:  # noqa: BLE001 - a malformed URL fails when the storage opens
-        return False
-    return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
 
 
 @router.get("/{name}", response_model=StudyPublic, responses=error_responses(404, 422, 503))

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from fastapi import APIRouter
-from sqlalchemy.engine import make_url
 
-from dse import DISTRIBUTION
+from dse import version
 from dse.api.deps import SettingsDep, StorageDep, TrustedDep
 from dse.api.errors import error_responses
 from dse.api.schemas import HealthPublic
@@ -15,13 +12,6 @@ from dse.api.schemas import HealthPublic
 __all__ = ["router"]
 
 router = APIRouter(tags=["system"])
-
-
-def _version() -> str:
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "unknown"
 
 
 @router.get("/health", response_model=HealthPublic, responses=error_responses(503))
@@ -32,11 +22,10 @@ def health(storage: StorageDep, settings: SettingsDep, trusted: TrustedDep) -> H
     backend (``sqlite``, ``postgresql``) for others.
     """
     storage.list_studies()  # a round trip: raises StorageError (503) when down
-    url = make_url(storage.url)
     return HealthPublic(
         status="ok",
-        version=_version(),
-        storage=url.render_as_string(hide_password=True) if trusted else url.get_backend_name(),
+        version=version(),
+        storage=storage.display_url if trusted else storage.dialect,
         schema_revision=storage.revision,
         writes_enabled=settings.writes_enabled,
         poll_interval_s=settings.poll_interval_s,

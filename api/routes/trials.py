@@ -14,9 +14,9 @@ from dse.api.schemas import (
     TrialOrder,
     TrialPublic,
     TrialsPublic,
-    TrialStateName,
 )
 from dse.api.views import json_bytes, trial_detail, trial_row
+from dse.records import TrialState
 
 __all__ = ["router"]
 
@@ -49,7 +49,7 @@ async def list_trials(
     reads: ReadsDep,
     trusted: TrustedDep,
     name: StudyName,
-    state: Annotated[TrialStateName | None, Query(description="Only this state.")] = None,
+    state: Annotated[TrialState | None, Query(description="Only this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
     offset: Annotated[int, Query(ge=0, le=_MAX_INT, description="Trials to skip.")] = 0,
     order: Annotated[

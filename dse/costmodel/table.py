@@ -19,6 +19,7 @@ import numpy as np
 
 from dse.costmodel.model import CostModel
 from dse.knobs import KNOBS
+from dse.records import finite
 from dse.space import ModelSpec, Resources, Semantics
 from dse.table import MeasuredRow, TableError, read_table, space_model_fields
 
@@ -100,10 +101,6 @@ class RowResult:
         }
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
 def evaluate_rows(rows: Sequence[MeasuredRow], calibrate: bool = False) -> list[RowResult]:
     """Predict every row (``index``: its position, from 0); with ``calibrate``,
     sequentially: row i from a fit on rows < i.
@@ -124,7 +121,7 @@ def evaluate_rows(rows: Sequence[MeasuredRow], calibrate: bool = False) -> list[
         est = cm.predict_memory(params)
         fits, total = cm.fits(params, 0.0)
         thr = cm.estimate_throughput(params)
-        peak = _num(row.metrics.get("peak_mem_gib"))
+        peak = finite(row.metrics.get("peak_mem_gib"))
         out.append(
             RowResult(
                 index=index,
@@ -135,7 +132,7 @@ def evaluate_rows(rows: Sequence[MeasuredRow], calibrate: bool = False) -> list[
                 measured_peak_mem_gib=peak,
                 capacity_gib=res.gpu_memory_gib,
                 estimated_tflops_per_gpu=float(thr["tflops_per_gpu"]),
-                measured_tflops_per_gpu=_num(row.metrics.get("tflops_per_gpu")),
+                measured_tflops_per_gpu=finite(row.metrics.get("tflops_per_gpu")),
                 peak_phase=est.peak_phase,
             )
         )

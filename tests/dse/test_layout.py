@@ -13,9 +13,8 @@ import pytest
 from dse import rules
 from dse.costmodel._layout import resolve as cost_resolve
 from dse.layout import Layout
-from dse.records import TrialSpec, read_metrics
+from dse.records import MetricsWriter, TrialSpec, read_metrics
 from dse.space import SearchSpace, parse_space
-from dse.workloads.megatron._metrics import MetricsWriter
 from dse.workloads.megatron._plan import TrialFailure, make_plan
 from dse.workloads.megatron.trainer import _Dist, run_trial
 

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.records import TrialSpec, read_metrics
+from dse.records import MetricsWriter, TrialSpec, read_metrics
 from dse.workloads.launchers.run import main, run_rendered
-from dse.workloads.megatron._metrics import MetricsWriter
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 MODEL = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,

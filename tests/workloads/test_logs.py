@@ -225,9 +225,8 @@ def test_nan_loss_of_a_real_nemo_log() -> None:
 
 
 def test_nan_loss_recorded_as_nan_by_the_trial_process(tmp_path: Path) -> None:
-    from dse.records import TrialSpec, read_metrics
+    from dse.records import MetricsWriter, TrialSpec, read_metrics
     from dse.workloads.launchers.run import run_rendered
-    from dse.workloads.megatron._metrics import MetricsWriter
 
     spec = TrialSpec(
         study="s", trial_number=0, params={}, world_size=8, device="cuda",

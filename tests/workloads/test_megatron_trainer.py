@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from dse.records import Outcome, TrialSpec, read_metrics
-from dse.workloads.megatron._metrics import MetricsWriter
 from dse.workloads.megatron._plan import TrialFailure, make_plan
 
 HAVE_MEGATRON = (
@@ -148,38 +147,6 @@ def test_importing_the_package_does_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "dse.workloads.megatron.trainer"
-
-
-# --- metrics file ----------------------------------------------------------------------------
-
-
-def test_metrics_writer_round_trips_through_read_metrics(tmp_path: Path) -> None:
-    w = MetricsWriter(tmp_path / "sub" / "m.jsonl")
-    step = {
-        "step": 0,
-        "step_time_s": 0.5,
-        "tflops_per_gpu": 1.0,
-        "peak_mem_gib": 0.4,
-        "peak_reserved_gib": 0.5,
-        "loss": 6.9,
-        "grad_norm": None,
-    }
-    w.step(step)
-    assert read_metrics(w.path) is None  # not finished yet
-    assert w.summary({"step_time_s": 0.5, "loss": 6.9, "device": "cpu"})
-    assert not w.failure("error", "late")  # a final line is already there
-    out = read_metrics(w.path)
-    assert isinstance(out, Outcome) and out.ok
-    assert out.metrics["device"] == "cpu" and out.steps[0].loss == 6.9
-
-
-def test_metrics_writer_failure_keeps_only_finite_metrics(tmp_path: Path) -> None:
-    w = MetricsWriter(tmp_path / "m.jsonl")
-    assert w.failure("nan", "loss is nan at step 2", {"peak_mem_gib": 1.5, "x": float("nan")})
-    assert not w.failure("error", "second rank")
-    out = read_metrics(w.path)
-    assert out is not None and out.failure_class == "nan" and out.status == "failed"
-    assert out.metrics == {"peak_mem_gib": 1.5}
 
 
 # --- data and weights (torch, no megatron) ---------------------------------------------------

@@ -68,7 +68,7 @@ def _pgid(tmp_path: Path, tid: int) -> int:
 
 def test_exit_with_a_result(tmp_path: Path, make: Callable[..., BaseRunner]) -> None:
     r = make()
-    line = '{"type": "summary", "tflops_per_gpu": 10.0, "step_time_s": 1.0}'
+    line = '{"type": "summary", "tflops_per_gpu": 10.0, "step_time_s": 1.0, "peak_mem_gib": 2.0}'
     r.submit(_launch(tmp_path, 1, f"sleep 0.2; echo '{line}' > metrics.jsonl"))
     assert r.free_slots() == 0 and r.running() == [1]
     (fin,) = _wait(r)

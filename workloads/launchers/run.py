@@ -19,10 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dse.flops import model_flops_per_step
-from dse.records import TrialSpec
+from dse.records import MetricsWriter, TrialSpec
 from dse.workloads.launchers._core import run_node_steps
 from dse.workloads.logs import LogParser, LogStep
-from dse.workloads.megatron._metrics import MetricsWriter
 
 __all__ = ["main", "run_rendered"]
 

@@ -19,7 +19,7 @@ from dse import rules
 from dse.exceptions import UnknownKnobError
 from dse.knobs import FIELD_SOURCES, KNOBS, assignments, get_knob, knob_value
 from dse.layout import Layout
-from dse.records import TrialSpec
+from dse.records import FailureClass, TrialSpec
 from dse.space import ModelSpec, Resources, Semantics
 
 __all__ = [
@@ -47,7 +47,7 @@ class TrialFailure(Exception):
     """An expected failure of a trial: becomes a failure line, never a crash."""
 
     def __init__(
-        self, failure_class: str, reason: str, metrics: dict[str, Any] | None = None
+        self, failure_class: FailureClass, reason: str, metrics: dict[str, Any] | None = None
     ) -> None:
         super().__init__(f"{failure_class}: {reason}")
         self.failure_class = failure_class

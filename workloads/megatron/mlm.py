@@ -20,11 +20,10 @@ import datetime
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dse.records import TrialSpec
-from dse.workloads.megatron._metrics import MetricsWriter
+from dse.records import MetricsWriter, StepLine, StepMetrics, TrialSpec
 from dse.workloads.megatron._plan import TrialFailure
 
 __all__ = ["main"]
@@ -37,7 +36,8 @@ class _MegatronLog(MetricsWriter):
         super().__init__(os.path.join(tempfile.gettempdir(), "dse-mlm-unused.jsonl"))
         self.spec = spec
 
-    def step(self, record: dict[str, Any]) -> None:
+    def step(self, m: StepMetrics | StepLine | Mapping[str, Any]) -> None:
+        record = StepLine.coerce(m).model_dump()
         sem = self.spec.semantics
         it = int(record["step"]) + 1
         now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")

@@ -36,8 +36,7 @@ from typing import Any
 
 from dse.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
 from dse.knobs import KNOBS
-from dse.records import StepMetrics, TrialSpec, summarize_steps
-from dse.workloads.megatron._metrics import MetricsWriter, finite_or_none
+from dse.records import MetricsWriter, StepMetrics, TrialSpec, finite, summarize_steps
 from dse.workloads.megatron._plan import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -513,11 +512,11 @@ def _train(
             peak_mem_gib=alloc,
             peak_reserved_gib=reserved,
             loss=loss,
-            grad_norm=finite_or_none(grad_norm),
+            grad_norm=finite(grad_norm),
         )
         steps.append(m)
         if writer is not None:
-            writer.step(dataclasses.asdict(m))
+            writer.step(m)
     return steps
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dse.records import Outcome, read_metrics
+from dse.records import FailureClass, Outcome, read_metrics
 from dse.workloads.runners._base import Launch, classify_log
 
 __all__ = [
@@ -133,7 +133,7 @@ def last_lines(text: str, n: int = 3, width: int = 400) -> str:
     return " | ".join(lines[-n:])[-width:]
 
 
-def outcome_after_exit(launch: Launch, failure_class: str | None, what: str) -> Outcome:
+def outcome_after_exit(launch: Launch, failure_class: FailureClass | None, what: str) -> Outcome:
     """The outcome of a trial whose process or job ended: its metrics file when it wrote a
     result, else ``failure_class`` (or the class its log suggests) with the log's last lines."""
     out = read_metrics(launch.metrics_path)

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dse.exceptions import TrialLaunchError
-from dse.records import Outcome, read_metrics
+from dse.records import FailureClass, Outcome, read_metrics
 from dse.space import SlurmOptions
 from dse.workloads.runners._base import BaseRunner, Finished, Launch
 from dse.workloads.runners._cluster import (
@@ -62,7 +62,7 @@ TERMINAL_STATES = frozenset(
     }
 )  # fmt: skip
 
-_STATE_CLASS = {
+_STATE_CLASS: dict[str, FailureClass] = {
     "TIMEOUT": "timeout",
     "DEADLINE": "timeout",
     "NODE_FAIL": "node_fail",
@@ -74,7 +74,7 @@ _STATE_CLASS = {
 }
 
 
-def failure_class_of_state(state: str) -> str | None:
+def failure_class_of_state(state: str) -> FailureClass | None:
     """The failure class a terminal Slurm job state means (None: ask the log)."""
     return _STATE_CLASS.get(state.split()[0].rstrip("+"))
 

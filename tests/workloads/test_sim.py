@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
-from dse.costmodel import sim
 from dse.records import TrialSpec, read_metrics
+from dse.workloads import sim
 
 MODEL = {
     "num_layers": 16, "hidden_size": 2048, "num_attention_heads": 16, "num_query_groups": 8,
@@ -80,7 +80,7 @@ def test_bad_spec_returns_2(tmp_path, capsys):
 def test_runs_as_a_module(tmp_path):
     spec = _spec(tmp_path, {"micro_batch_size": 1, "attention_backend": "sdpa"})
     proc = subprocess.run(
-        [sys.executable, "-m", "dse.costmodel.sim", "--spec", spec],
+        [sys.executable, "-m", "dse.workloads.sim", "--spec", spec],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

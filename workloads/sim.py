@@ -1,7 +1,9 @@
 """The ``sim`` workload: a trial process that answers from the cost model, not a GPU.
 
-``python -m dse.costmodel.sim --spec trial.json`` reads a :class:`dse.records.TrialSpec`
-and writes the metrics JSONL contract of :mod:`dse.records` to ``spec.metrics_path``: one
+The estimate itself is the cost model's (:class:`dse.costmodel.model.CostModel`); this module
+is only its trial process. ``python -m dse.workloads.sim --spec trial.json`` reads a
+:class:`dse.records.TrialSpec` and writes the metrics JSONL contract of :mod:`dse.records`
+(with its :class:`~dse.records.MetricsWriter`) to ``spec.metrics_path``: one
 ``step`` line per ``semantics.steps`` with the estimated step time, TFLOP/s and peak
 memory, then a ``summary`` line; or, when the configuration is predicted not to fit, one
 ``failure`` line of class ``oom``. Every line carries ``"source": "estimate"``. The loss is
@@ -15,32 +17,25 @@ The GPU's name and memory come from ``--gpu`` / ``--gpu-memory-gib``, else the e
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
 
 from pydantic import ValidationError
 
 from dse.costmodel.model import CostModel
 from dse.exceptions import DSEError
-from dse.records import TrialSpec
+from dse.records import FailureLine, MetricsLine, MetricsWriter, StepLine, SummaryLine, TrialSpec
 from dse.space import ModelSpec, Resources, Semantics
 
 __all__ = ["main", "run_trial", "simulate"]
 
 
-def _write(f: IO[str], rec: dict[str, Any]) -> None:
-    f.write(json.dumps(rec) + "\n")
-    f.flush()
-
-
 def simulate(
     spec: TrialSpec, gpu: str | None = None, gpu_memory_gib: float | None = None
-) -> list[dict[str, Any]]:
+) -> list[MetricsLine]:
     """The metrics lines of a simulated trial (without writing them)."""
     model = ModelSpec.model_validate(spec.model)
     sem = Semantics.model_validate(spec.semantics)
@@ -63,44 +58,48 @@ def simulate(
     mem = cm.predict_memory(spec.params)
     fits, total = cm.fits(spec.params, 0.0)
     if not fits:
-        return [{
-            "type": "failure",
-            "failure_class": "oom",
-            "reason": (
-                f"predicted peak {total:.2f} GiB > {res.gpu_memory_gib} GiB per GPU "
-                f"({mem.peak_phase}, cost-model estimate)"
-            ),
-            "metrics": {"peak_mem_gib": round(mem.allocated_gib, 4),
-                        "predicted_total_gib": round(total, 4)},
-            "source": "estimate",
-        }]  # fmt: skip
+        return [
+            FailureLine(
+                failure_class="oom",
+                reason=(
+                    f"predicted peak {total:.2f} GiB > {res.gpu_memory_gib} GiB per GPU "
+                    f"({mem.peak_phase}, cost-model estimate)"
+                ),
+                metrics={
+                    "peak_mem_gib": round(mem.allocated_gib, 4),
+                    "predicted_total_gib": round(total, 4),
+                },
+                source="estimate",
+            )
+        ]
     thr = cm.estimate_throughput(spec.params)
     peak = round(mem.allocated_gib, 4)
     reserved = round(mem.allocated_gib + mem.fragmentation_gib, 4)
-    lines: list[dict[str, Any]] = []
+    lines: list[MetricsLine] = []
     for step in range(sem.steps):
-        lines.append({
-            "type": "step", "step": step, "step_time_s": thr["step_time_s"],
-            "tflops_per_gpu": thr["tflops_per_gpu"], "peak_mem_gib": peak,
-            "peak_reserved_gib": reserved, "loss": 0.0, "grad_norm": None,
-            "source": "estimate",
-        })  # fmt: skip
+        lines.append(
+            StepLine(
+                step=step, step_time_s=thr["step_time_s"], tflops_per_gpu=thr["tflops_per_gpu"],
+                peak_mem_gib=peak, peak_reserved_gib=reserved, loss=0.0, source="estimate",
+            )
+        )  # fmt: skip
     lines.append(
-        {
-            "type": "summary",
-            "step_time_s": thr["step_time_s"],
-            "tflops_per_gpu": thr["tflops_per_gpu"],
-            "tokens_per_s_per_gpu": thr["tokens_per_s_per_gpu"],
-            "peak_mem_gib": peak,
-            "peak_reserved_gib": reserved,
-            "loss": 0.0,
-            "losses": [0.0] * sem.steps,
-            "steps": sem.steps,
-            "memory": mem.as_dict() | {"details": None},
-            "throughput_breakdown_s": thr["breakdown_s"],
-            "gpu": thr["gpu"],
-            "source": "estimate",
-        }
+        SummaryLine.model_validate(
+            {
+                "step_time_s": thr["step_time_s"],
+                "tflops_per_gpu": thr["tflops_per_gpu"],
+                "tokens_per_s_per_gpu": thr["tokens_per_s_per_gpu"],
+                "peak_mem_gib": peak,
+                "peak_reserved_gib": reserved,
+                "loss": 0.0,
+                "losses": [0.0] * sem.steps,
+                "steps": sem.steps,
+                "memory": mem.as_dict() | {"details": None},
+                "throughput_breakdown_s": thr["breakdown_s"],
+                "gpu": thr["gpu"],
+                "source": "estimate",
+            }
+        )
     )
     return lines
 
@@ -110,24 +109,26 @@ def run_trial(spec: TrialSpec, gpu: str | None = None, gpu_memory_gib: float | N
     try:
         lines = simulate(spec, gpu, gpu_memory_gib)
     except (DSEError, ValidationError, ValueError) as e:
-        lines = [{"type": "failure", "failure_class": "error",
-                  "reason": f"cost model could not estimate the configuration: {e}",
-                  "metrics": {}, "source": "estimate"}]  # fmt: skip
+        lines = [
+            FailureLine(
+                failure_class="error",
+                reason=f"cost model could not estimate the configuration: {e}",
+                source="estimate",
+            )
+        ]
     delay = float((spec.workload or {}).get("delay_s") or 0.0)
     if delay > 0:
         time.sleep(delay)
-    path = Path(spec.metrics_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        for rec in lines:
-            _write(f, rec)
+    writer = MetricsWriter(spec.metrics_path, source="estimate")
+    for line in lines:
+        writer.write(line)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dse.costmodel.sim --spec trial.json``."""
+    """``python -m dse.workloads.sim --spec trial.json``."""
     ap = argparse.ArgumentParser(
-        prog="python -m dse.costmodel.sim",
+        prog="python -m dse.workloads.sim",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

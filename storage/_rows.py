@@ -1,0 +1,133 @@
+"""Rows to records and back: the one place that maps ORM rows of :mod:`dse.storage._models`
+to the frozen records of :mod:`dse.records` (used by the repository and the exporter)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialRecord
+from dse.storage._models import RejectionModel, StudyModel, TrialModel, TrialStepModel
+
+__all__ = [
+    "param_rows",
+    "step_rows",
+    "steps_of",
+    "step_record",
+    "study_record",
+    "trial_record",
+    "rejection_record",
+]
+
+
+def param_rows(params: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(str(k), json.dumps(v, sort_keys=True)) for k, v in params.items()]
+
+
+def step_rows(trial_id: int, steps: Iterable[StepMetrics]) -> list[TrialStepModel]:
+    return [
+        TrialStepModel(
+            trial_id=trial_id,
+            step=st.step,
+            step_time_s=st.step_time_s,
+            tflops_per_gpu=st.tflops_per_gpu,
+            peak_mem_gib=st.peak_mem_gib,
+            peak_reserved_gib=st.peak_reserved_gib,
+            loss=st.loss,
+            grad_norm=st.grad_norm,
+        )
+        for st in steps
+    ]
+
+
+def steps_of(s: Session, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, ...]]:
+    out: dict[int, list[StepMetrics]] = {}
+    for chunk_start in range(0, len(trial_ids), 500):
+        chunk = trial_ids[chunk_start : chunk_start + 500]
+        rows = s.scalars(
+            select(TrialStepModel)
+            .where(TrialStepModel.trial_id.in_(chunk))
+            .order_by(TrialStepModel.trial_id, TrialStepModel.step, TrialStepModel.id)
+        ).all()
+        for r in rows:
+            out.setdefault(r.trial_id, []).append(step_record(r))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _nan_if_none(x: float | None) -> float:
+    # SQLite stores NaN as NULL: a missing required number reads back as NaN.
+    return math.nan if x is None else x
+
+
+def step_record(r: TrialStepModel) -> StepMetrics:
+    return StepMetrics(
+        step=r.step,
+        step_time_s=_nan_if_none(r.step_time_s),
+        tflops_per_gpu=_nan_if_none(r.tflops_per_gpu),
+        peak_mem_gib=_nan_if_none(r.peak_mem_gib),
+        peak_reserved_gib=_nan_if_none(r.peak_reserved_gib),
+        loss=_nan_if_none(r.loss),
+        grad_norm=r.grad_norm,
+    )
+
+
+def study_record(r: StudyModel) -> StudyRecord:
+    return StudyRecord(
+        id=r.id,
+        name=r.name,
+        space_yaml=r.space_yaml,
+        space_hash=r.space_hash,
+        state=r.state,
+        direction=r.direction,
+        metric=r.metric,
+        created_at=r.created_at,
+        model=dict(r.model or {}),
+        hardware=dict(r.hardware or {}),
+    )
+
+
+def trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRecord:
+    return TrialRecord(
+        id=r.id,
+        study_id=r.study_id,
+        number=r.number,
+        state=r.state,
+        params=dict(r.params or {}),
+        params_key=r.params_key,
+        metrics=dict(r.metrics or {}),
+        value=r.value,
+        failure_class=r.failure_class,
+        reason=r.reason,
+        source=r.source,
+        runner=r.runner,
+        host=r.host,
+        log_path=r.log_path,
+        metrics_path=r.metrics_path,
+        queued_at=r.queued_at,
+        started_at=r.started_at,
+        finished_at=r.finished_at,
+        heartbeat_at=r.heartbeat_at,
+        gpu_seconds=r.gpu_seconds,
+        steps=steps,
+        attempts=r.attempts or 0,
+        history=tuple(dict(h) for h in (r.history or [])),
+    )
+
+
+def rejection_record(r: RejectionModel) -> RejectionRecord:
+    return RejectionRecord(
+        id=r.id,
+        study_id=r.study_id,
+        params=dict(r.params or {}),
+        params_key=r.params_key,
+        kind=r.kind,
+        rule=r.rule,
+        reason=r.reason,
+        values=dict(r.values or {}),
+        created_at=r.created_at,
+    )

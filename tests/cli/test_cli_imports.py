@@ -1,0 +1,21 @@
+"""The CLI starts without the heavy stacks: importing dse.cli (and with it the study loop,
+the agents' interface and the runners) loads no Optuna, SQLAlchemy, numpy, torch or FastAPI;
+they load when a command needs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("optuna", "sqlalchemy", "alembic", "numpy", "torch", "megatron", "fastapi", "ray")
+
+
+def test_importing_the_cli_loads_no_heavy_stack() -> None:
+    code = (
+        "import sys, dse.cli, dse.study, dse.agents, dse.proposer\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == ""

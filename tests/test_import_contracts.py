@@ -1,0 +1,63 @@
+"""The import contracts of pyproject.toml hold, and break on an upward import.
+
+``scripts/lint_imports.py`` runs import-linter on the installed layout; here it runs on this
+checkout (kept) and on a copy with one upward import injected (broken, naming the import).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "lint_imports.py"
+FOLDERS = ("dse", "agents", "workloads", "storage", "api", "scripts")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--root", str(root)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def copy_checkout(dst: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", "static", "*.pyc")
+    for name in FOLDERS:
+        shutil.copytree(REPO / name, dst / name, ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", dst / "pyproject.toml")
+    return dst
+
+
+def test_the_contracts_are_kept() -> None:
+    out = lint(REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        # the vocabulary reaching up into storage
+        ("dse/records.py", "import dse.storage  # injected", "The vocabulary imports none"),
+        # an agent importing a sibling layer (storage)
+        ("agents/_simple.py", "import dse.storage  # injected", "Layers"),
+        # the controller importing the trainer
+        ("dse/study.py", "import dse.workloads.megatron.trainer  # injected", "trainer"),
+    ],
+)
+def test_an_upward_import_breaks_a_contract(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    root = copy_checkout(tmp_path / "checkout")
+    target = root / module
+    target.write_text(target.read_text() + "\n" + line + "\n")
+    out = lint(root)
+    assert out.returncode != 0, out.stdout
+    # a contract with ignored imports reads "... BROKEN (1 ignored import)"
+    broken = [x for x in out.stdout.splitlines() if " BROKEN" in x]
+    assert any(contract in x for x in broken), out.stdout
