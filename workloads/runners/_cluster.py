@@ -8,12 +8,16 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from dse.exceptions import SpaceError
 from dse.records import FailureClass, Outcome, read_metrics
 from dse.workloads.runners._base import Launch, classify_log
 
 __all__ = [
+    "runner_options",
     "TrialShape",
     "trial_shape",
     "trial_device",
@@ -41,6 +45,24 @@ class TrialShape:
     @property
     def gpus_per_node(self) -> int:
         return self.per_node if self.device == "cuda" else 0
+
+
+_Opts = TypeVar("_Opts", bound=BaseModel)
+
+
+def runner_options(space: Any, model: type[_Opts], name: str) -> _Opts:
+    """The space's ``runner.options`` as ``model`` (typed and bounded by the space file, see
+    :mod:`dse.space`); a plain mapping is validated with a clear error naming the field."""
+    opts = space.runner.options
+    if isinstance(opts, model):
+        return opts
+    try:
+        return model.model_validate({**dict(opts or {}), "runner": name})
+    except ValidationError as e:
+        errs = "; ".join(
+            f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
+        )
+        raise SpaceError(f"{name} runner options: {errs}") from e
 
 
 def trial_device(space: Any) -> str:

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
 from dse.space import RayOptions
@@ -35,6 +33,7 @@ from dse.workloads.runners._cluster import (
     outcome_after_exit,
     read_placement,
     rendezvous_argv,
+    runner_options,
     trial_device,
     trial_shape,
 )
@@ -350,20 +349,8 @@ def _fmt(res: dict[str, float]) -> str:
 
 
 def ray_options(space: Any) -> RayOptions:
-    """The space's ``runner.options`` as ray options (typed and bounded by the space file:
-    :class:`dse.space.RayOptions`; a plain mapping is validated with a clear error)."""
-    from dse.exceptions import SpaceError
-
-    opts = space.runner.options
-    if isinstance(opts, RayOptions):
-        return opts
-    try:
-        return RayOptions.model_validate({**dict(opts or {}), "runner": "ray"})
-    except ValidationError as e:
-        errs = "; ".join(
-            f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
-        )
-        raise SpaceError(f"ray runner options: {errs}") from e
+    """The space's ``runner.options`` as ray options."""
+    return runner_options(space, RayOptions, "ray")
 
 
 def make_runner(space: Any) -> RayRunner:

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from dse.exceptions import TrialLaunchError
 from dse.records import FailureClass, Outcome, read_metrics
 from dse.space import SlurmOptions
@@ -38,6 +36,7 @@ from dse.workloads.runners._cluster import (
     outcome_after_exit,
     read_placement,
     rendezvous_argv,
+    runner_options,
     trial_device,
     trial_shape,
 )
@@ -392,20 +391,8 @@ def _scontrol_state(job_id: str) -> tuple[str, str] | None:
 
 
 def slurm_options(space: Any) -> SlurmOptions:
-    """The space's ``runner.options`` as slurm options (typed and bounded by the space file:
-    :class:`dse.space.SlurmOptions`; a plain mapping is validated with a clear error)."""
-    from dse.exceptions import SpaceError
-
-    opts = space.runner.options
-    if isinstance(opts, SlurmOptions):
-        return opts
-    try:
-        return SlurmOptions.model_validate({**dict(opts or {}), "runner": "slurm"})
-    except ValidationError as e:
-        errs = "; ".join(
-            f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
-        )
-        raise SpaceError(f"slurm runner options: {errs}") from e
+    """The space's ``runner.options`` as slurm options."""
+    return runner_options(space, SlurmOptions, "slurm")
 
 
 def make_runner(space: Any) -> SlurmRunner:
