@@ -252,7 +252,7 @@ def test_dry_run_slurm_batch_script_golden(
     script = out[out.index("#!/bin/bash") :]
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "--container-image=nvcr.io/nvidia/nemo:26.04" in script
-    assert "--rdzv-endpoint=${MASTER_ADDR}:${MASTER_PORT}" in script  # the recipe's own
+    assert '--rdzv-endpoint="${MASTER_ADDR}":"${MASTER_PORT}"' in script  # the recipe's own
     assert "srun --nodes=2 --ntasks=2" in script and "vboost 1 ||" in script
     assert "-m dse.workloads.launchers.run --spec" in script and "--node-steps-done --" in script
     p = tmp_path / "trial.sbatch"

@@ -170,10 +170,22 @@ def _recipe(launch: Launch) -> dict[str, Any] | None:
     return r if isinstance(r, dict) and r.get("argv") else None
 
 
+#: The placeholders a recipe's command may hold for its rendezvous (the launchers write them):
+#: the batch shell expands them; everything else is quoted as it is.
+_RDZV = re.compile(r"(\$\{(?:MASTER_ADDR|MASTER_PORT)\})")
+
+
 def _shell_words(argv: list[str]) -> str:
-    """``argv`` as shell words; a ``${VAR}`` placeholder of the recipe (its rendezvous) is
-    left for the batch shell to expand."""
-    return " ".join(a if "${" in a else shlex.quote(a) for a in argv)
+    """``argv`` as shell words, quoted, with the rendezvous placeholders left for the batch
+    shell to expand (``--rdzv-endpoint="${MASTER_ADDR}":"${MASTER_PORT}"``)."""
+    words = []
+    for a in argv:
+        parts = _RDZV.split(a)
+        words.append(
+            "".join(f'"{p}"' if _RDZV.fullmatch(p) else shlex.quote(p) for p in parts if p)
+            or "''"
+        )
+    return " ".join(words)
 
 
 def render_batch_script(
