@@ -44,9 +44,7 @@ def ray_cluster() -> Iterator[None]:
     import ray
 
     # address="local": a new instance, never a cluster another test (or user) started here
-    ray.init(
-        address="local", num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False
-    )
+    ray.init(address="local", num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
