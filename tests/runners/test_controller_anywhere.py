@@ -226,3 +226,31 @@ def test_controller_as_a_ray_job_on_the_head(
         assert (
             tmp_path / "runs" / "tiny-gpt-cpu" / f"trial-{t.number:05d}" / "placement.txt"
         ).exists()
+
+
+@pytest.mark.slurm
+def test_scancel_of_the_controller_job_cancels_its_trial_jobs_and_requeues(
+    slurm: str, tmp_path: Path
+) -> None:
+    p = _replay_space(tmp_path, "slurm-ctl-cancel", n_trials=4)
+    space = yaml.safe_load(p.read_text())
+    space["workload"]["delay_s"] = 30.0  # trials that outlive the controller
+    p.write_text(yaml.safe_dump(space))
+    job = _submit_controller(tmp_path, p, "sqlite:///dse.db")
+    runs = tmp_path / "runs" / "slurm-ctl-cancel"
+    deadline = time.monotonic() + 120
+    while len(list(runs.glob("trial-*/placement.txt"))) < 2:  # two trial jobs running
+        assert time.monotonic() < deadline and _job_state(job) in ("PENDING", "RUNNING")
+        time.sleep(0.5)
+    trial_jobs = [f.read_text().strip() for f in runs.glob("trial-*/slurm_job_id")]
+    subprocess.run(["scancel", job], check=True)
+    assert _wait_jobs([job], timeout=120) == ["CANCELLED"]
+    log = (tmp_path / f"dse-controller-{job}.log").read_text()
+    assert "2 running trial(s) killed and re-queued" in log, log
+    assert {_job_state(j) for j in trial_jobs} == {"CANCELLED"}
+    st = open_storage(f"sqlite:///{tmp_path / 'dse.db'}")
+    try:
+        trials = st.list_trials(st.get_study("slurm-ctl-cancel").id)
+    finally:
+        st.close()
+    assert sorted(t.state for t in trials) == ["queued", "queued"]  # resumable as they were
