@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,6 +190,10 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
         log.close()
+        # the head noted its address for local drivers; a dead one must not be joined
+        note = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
+        if note.exists() and note.read_text().strip().endswith(f":{port}"):
+            note.unlink()
 
 
 @pytest.mark.ray

@@ -182,8 +182,7 @@ def _shell_words(argv: list[str]) -> str:
     for a in argv:
         parts = _RDZV.split(a)
         words.append(
-            "".join(f'"{p}"' if _RDZV.fullmatch(p) else shlex.quote(p) for p in parts if p)
-            or "''"
+            "".join(f'"{p}"' if _RDZV.fullmatch(p) else shlex.quote(p) for p in parts if p) or "''"
         )
     return " ".join(words)
 
