@@ -115,6 +115,7 @@ class _Trial:
     started: float
     strategy: str
     running_since: float | None = None
+    checked: float = 0.0
     last_size: int = 0
     last_progress: float = 0.0
     rcs: dict[int, int] = field(default_factory=dict)
@@ -272,7 +273,9 @@ class RayRunner(BaseRunner):
         for tid, t in list(self._trials.items()):
             if t.running_since is None:
                 if not ray.wait([t.ready], timeout=0)[0]:
-                    self._check_pending(tid, t, now)
+                    if now - t.checked >= 1.0:  # Ray's scheduling state, once a second
+                        t.checked = now
+                        self._check_pending(tid, t, now)
                     continue
                 t.running_since = t.last_progress = now
             ready, _ = ray.wait(t.waits, num_returns=len(t.waits), timeout=0)
