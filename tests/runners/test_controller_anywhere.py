@@ -43,7 +43,9 @@ def _wait_jobs(jobs: list[str], timeout: float) -> list[str]:
         time.sleep(1.0)
 
 
-def _submit_controller(tmp_path: Path, space: Path, storage: str, *extra: str) -> str:
+def _submit_controller(
+    tmp_path: Path, space: Path, storage: str, *extra: str, runner: str | None = None
+) -> str:
     """sbatch examples/slurm/controller.sbatch as its header says, from the space's folder."""
     env = {
         **os.environ,
@@ -51,6 +53,8 @@ def _submit_controller(tmp_path: Path, space: Path, storage: str, *extra: str) -
         "DSE_SPACE": space.name,
         "DSE_STORAGE": storage,
     }
+    if runner:
+        env["DSE_RUNNER"] = runner
     r = subprocess.run(
         ["sbatch", "--parsable", *extra, str(CONTROLLER_SCRIPT)],
         cwd=space.parent, env=env, capture_output=True, text=True, check=True,
@@ -122,6 +126,26 @@ def test_controller_in_a_slurm_job_runs_the_tiny_cpu_study(slurm: str, tmp_path:
     runs = tmp_path / "runs" / "tiny-gpt-cpu"
     jobs = {(runs / f"trial-{t.number:05d}" / "slurm_job_id").read_text() for t in trials}
     assert len(jobs) == 2 and job not in jobs
+
+
+@pytest.mark.slurm
+def test_controller_job_with_the_local_runner_runs_trials_in_its_allocation(
+    slurm: str, tmp_path: Path
+) -> None:
+    p = _replay_space(tmp_path, "slurm-local", n_trials=3)
+    job = _submit_controller(tmp_path, p, "sqlite:///dse.db", "--cpus-per-task=2", runner="local")
+    states = _wait_jobs([job], timeout=300)
+    log = (tmp_path / f"dse-controller-{job}.log").read_text()
+    assert states == ["COMPLETED"], log
+    st = open_storage(f"sqlite:///{tmp_path / 'dse.db'}")
+    try:
+        trials = st.list_trials(st.get_study("slurm-local").id)
+    finally:
+        st.close()
+    assert len(trials) == 3 and all(t.state in ("complete", "infeasible") for t in trials)
+    assert all(t.host == slurm for t in trials)
+    runs = tmp_path / "runs" / "slurm-local"
+    assert not list(runs.glob("trial-*/slurm_job_id"))  # no job of their own: processes
 
 
 @pytest.mark.slurm

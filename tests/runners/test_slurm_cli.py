@@ -52,10 +52,17 @@ def test_dry_run_without_slurm_prints_commands(
     assert "#SBATCH" not in out and "torch.distributed.run" in out
 
 
-def test_unknown_slurm_option_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    p = _space(tmp_path, options={"partiton": "batch"})
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [({"partiton": "batch"}, "runner.options.partiton"),
+     ({"queue_timeout_s": -5}, "runner.options.queue_timeout_s")],
+)  # fmt: skip
+def test_bad_slurm_option_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: dict, field: str
+) -> None:
+    p = _space(tmp_path, options=options)
     assert main(["start", "--space", str(p), "--dry-run"]) == 2
-    assert "runner.options.partiton" in capsys.readouterr().err
+    assert field in capsys.readouterr().err
 
 
 def test_recipe_launcher_trials_ask_for_gpus_replay_trials_do_not() -> None:

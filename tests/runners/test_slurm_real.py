@@ -5,6 +5,7 @@ controller is killed while its jobs are queued."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -280,7 +281,7 @@ def test_recipe_trial_runs_under_the_batch_scripts_srun(slurm: str, tmp_path: Pa
     )  # fmt: skip
     (launch.trial_dir / "trial.json").write_text(spec.model_dump_json())
     argv = trial_command("megatron_lm", str(launch.trial_dir / "trial.json"), world_size=1)
-    launch = Launch(**{**launch.__dict__, "argv": argv, "spec": spec, "env": {"DSE_R": "0"}})
+    launch = dataclasses.replace(launch, argv=argv, spec=spec, env={"DSE_R": "0"})
     r = _runner()
     r.submit(launch)
     fin = drain(r, 1)[1]
