@@ -134,9 +134,9 @@ def feedback_from_outcome(space: SearchSpace, outcome: Outcome) -> Feedback:
     * ``ok`` -> ``complete`` with one value per ``space.objectives`` (in order) taken from
       ``outcome.metrics``; ``tokens_per_s_per_gpu`` is derived from ``step_time_s`` when
       missing. An ok outcome without a finite objective value -> ``failed`` (``error``).
-    * ``infeasible`` (``invalid``, ``predicted_oom``, ``oom``) -> ``infeasible`` with the
-      outcome's metrics (the GPU capacity is added as ``gpu_memory_gib`` when the space
-      knows it, so OOMs can be scaled by peak vs capacity).
+    * ``infeasible`` (``invalid``, ``predicted_oom``, ``oom``, ``unschedulable``) ->
+      ``infeasible`` with the outcome's metrics (the GPU capacity is added as
+      ``gpu_memory_gib`` when the space knows it, so OOMs can be scaled by peak vs capacity).
     * ``failed`` (``error``, ``timeout``, ``hang``, ``nan``, ``interrupted``, ``node_fail``,
       ``preempted``, ``cancelled``) -> ``failed``.
     """

@@ -109,32 +109,17 @@ def dry_run(space: Any, n: int) -> str:
         env, workload = trial_launch(space, params)
         out.append("")
         out.append(f"## trial {i}: {json.dumps(params, sort_keys=True)}")
-        if "rendered" in workload:
+        if space.runner.name == "slurm":  # the batch script the runner submits, as it is
+            from dse.workloads.runners.slurm_runner import dry_run_script
+
+            out.append(dry_run_script(space, i, env, workload).rstrip("\n"))
+        elif "rendered" in workload:
             from dse.workloads.launchers import launcher_for
 
             r = launcher_for(space).render(
                 space.full_params(params), python=space.workload.launcher.python
             )
-            if space.runner.name == "slurm":
-                from dse.workloads.launchers import sbatch_script
-
-                res = space.resources
-                out.append(
-                    sbatch_script(
-                        r,
-                        job_name=f"dse-{space.study}-{i}",
-                        time_limit_s=space.budget.trial_timeout_s,
-                        log_path=f"{space.runner.workdir}/{space.study}/trial-{i:05d}/log.txt",
-                        gpus_per_node=min(res.gpus_per_node or res.world_size, res.world_size),
-                        options=dict(space.runner.options),
-                    ).rstrip("\n")
-                )
-            else:
-                out.append(r.script().rstrip("\n"))
-        elif space.runner.name == "slurm":
-            from dse.workloads.runners.slurm_runner import dry_run_script
-
-            out.append(dry_run_script(space, i, env).rstrip("\n"))
+            out.append(r.script().rstrip("\n"))
         else:
             out += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
             argv = trial_command(

@@ -84,18 +84,25 @@ FailureClass = Literal[
     "predicted_oom",  # cost model said it will not fit (never launched)
     "invalid",  # a validity rule rejected it (never launched) or Megatron refused it at build
     "error",  # the trial crashed for another reason
-    "timeout",  # ran past trial_timeout_s
+    "timeout",  # ran past trial_timeout_s, or waited in the cluster's queue past the
+    # runner's queue_timeout_s while the cluster was busy (the job could have started later)
     "hang",  # no step for hang_timeout_s
     "nan",  # loss became NaN/inf
     "interrupted",  # the controller died while it ran
     "node_fail",  # a node of the trial failed (cluster runners)
     "preempted",  # the cluster's scheduler preempted the trial's job
     "cancelled",  # the trial's job was cancelled from outside (e.g. scancel)
+    # the cluster can never start the trial as asked: sbatch refused the job, Slurm holds it
+    # for a reason that does not clear (PartitionNodeLimit, ...), or Ray finds its placement
+    # group infeasible; infeasible for this cluster, whatever its load
+    "unschedulable",
 ]
 FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
 #: Failure classes that say "this configuration cannot run" (the agent learns an infeasible
 #: region; the trial's state is ``infeasible``); the others are ``failed``.
-INFEASIBLE_CLASSES: frozenset[FailureClass] = frozenset({"oom", "predicted_oom", "invalid"})
+INFEASIBLE_CLASSES: frozenset[FailureClass] = frozenset(
+    {"oom", "predicted_oom", "invalid", "unschedulable"}
+)
 #: Failure classes that say "it does not fit in memory" (measured or predicted).
 OOM_CLASSES: frozenset[FailureClass] = frozenset({"oom", "predicted_oom"})
 

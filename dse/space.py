@@ -578,6 +578,14 @@ class RayOptions(_Strict):
         None, description="Placement strategy (default: PACK on one node, STRICT_SPREAD else)."
     )
     env: _EnvMap = Field(default_factory=dict, description="Variables for every trial.")
+    queue_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=30 * 86400,
+        description="Seconds a trial's placement group may wait for room before the trial "
+        "is ended as a failure with Ray's scheduling state (default: no limit; a group Ray "
+        "finds infeasible fails at once).",
+    )
 
 
 class SlurmOptions(_Strict):
@@ -622,6 +630,14 @@ class SlurmOptions(_Strict):
         default_factory=dict, description="Variables exported in every batch script."
     )
     poll_interval_s: float = Field(2.0, gt=0, le=3600, description="Seconds between squeue calls.")
+    queue_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=30 * 86400,
+        description="Seconds a trial's job may stay pending before it is cancelled and "
+        "recorded with Slurm's pending reason (default: no limit; a job Slurm holds for a "
+        "reason that never clears, e.g. PartitionNodeLimit, is cancelled at once).",
+    )
 
 
 RunnerOptions = Annotated[LocalOptions | RayOptions | SlurmOptions, Field(discriminator="runner")]

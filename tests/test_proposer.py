@@ -244,6 +244,15 @@ def test_with_a_real_agent_every_launch_passes_the_rules() -> None:
         (Outcome.failure("error", "crash"), "failed", None, "error"),
         (Outcome.failure("hang", "no step for 300 s"), "failed", None, "hang"),
         (Outcome.failure("nan", "loss is nan"), "failed", None, "nan"),
+        # the cluster can never start it: infeasible here (the agent avoids it)
+        (
+            Outcome.failure("unschedulable", "Slurm's reason: PartitionNodeLimit"),
+            "infeasible",
+            None,
+            "unschedulable",
+        ),
+        # it waited in a busy queue: a failure, not a property of the configuration
+        (Outcome.failure("timeout", "Slurm's reason: Resources"), "failed", None, "timeout"),
     ],
 )
 def test_feedback_from_outcome(

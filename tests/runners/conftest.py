@@ -43,7 +43,8 @@ def ray_cluster() -> Iterator[None]:
     """A local Ray instance declaring 4 GPUs it does not have (Ray still hands them out)."""
     import ray
 
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    # address="local": a new instance, never a cluster another test (or user) started here
+    ray.init(address="local", num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -101,6 +101,43 @@ def test_trial_over_its_timeout_is_killed(ray_cluster: None, tmp_path: Path) -> 
     assert not alive(pid)
 
 
+@pytest.mark.parametrize(
+    ("world", "per_node", "shape"),
+    [(8, 8, "1 x CPU=1, GPU=8"), (4, 2, "2 x CPU=1, GPU=2")],  # a node too small; one node
+)
+def test_placement_group_the_cluster_can_never_hold_is_unschedulable(
+    ray_cluster: None, tmp_path: Path, world: int, per_node: int, shape: str
+) -> None:
+    r = RayRunner(RayOptions(), device="cuda", world_size=world, gpus_per_node=per_node)
+    assert r.free_slots() == 1  # let through to be recorded, never held back for ever
+    la = make_launch(tmp_path, 7, 1.0, world_size=world, device="cuda")
+    r.submit(la)
+    out = drain(r, 1, timeout=60)[7].outcome
+    assert out.failure_class == "unschedulable" and out.status == "infeasible", out
+    assert "Ray's scheduling state: INFEASIBLE" in out.reason and shape in out.reason
+    assert not seen(la) and r.running() == []  # nothing started, nothing left
+    _wait_slots(r, 1)
+
+
+def test_placement_group_waiting_past_the_queue_timeout_is_timeout(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    r = RayRunner(RayOptions(queue_timeout_s=2), device="cuda", world_size=4, gpus_per_node=4)
+    first = make_launch(tmp_path, 1, 60, world_size=4, device="cuda")
+    r.submit(first)
+    wait_seen(first)
+    second = make_launch(tmp_path, 2, 1.0, world_size=4, device="cuda")
+    r.submit(second)  # e.g. another controller's: it waits for the first one's GPUs
+    try:
+        out = drain(r, 1, timeout=60)[2].outcome
+        assert r.running() == [1]  # the first one runs on
+    finally:
+        r.stop()
+    assert out.failure_class == "timeout" and out.status == "failed", out
+    assert "queue_timeout_s 2" in out.reason and "NO_RESOURCES" in out.reason
+    assert not seen(second)
+
+
 @pytest.mark.slow
 def test_tiny_study_through_ray(ray_cluster: None, tmp_path: Path) -> None:
     from dse.cli import main

@@ -5,6 +5,7 @@ controller is killed while its jobs are queued."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -253,3 +254,42 @@ def test_job_over_its_time_limit_is_timeout(overtime: tuple[SlurmRunner, Launch]
     out = drain(r, 1, timeout=150)[1].outcome
     assert out.failure_class == "timeout", out
     assert "ended TIMEOUT" in out.reason and "; log: " in out.reason
+
+
+def test_recipe_trial_runs_under_the_batch_scripts_srun(slurm: str, tmp_path: Path) -> None:
+    """A recipe launcher's trial through sbatch: the node step runs on the node first (and is
+    skipped with a note where it is not permitted), srun starts the recipe's command, and dse's
+    trial process reads its output into the metrics contract."""
+    from dse.records import TrialSpec
+    from dse.workloads import trial_command
+
+    log = REPO / "tests" / "fixtures" / "logs" / "megatron_mixtral_16xh100.log"
+    launch = make_launch(tmp_path, 1, 0)
+    spec = TrialSpec(
+        study="s", trial_number=1, params={"micro_batch_size": 1},
+        model={"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+               "ffn_hidden_size": 14336, "vocab_size": 32000},
+        semantics={"global_batch_size": 128, "seq_length": 4096, "steps": 100,
+                   "warmup_steps": 1},
+        world_size=1, device="cpu", metrics_path=str(launch.metrics_path),
+        workload={"name": "megatron_lm", "rendered": {
+            "launcher": "megatron_lm", "argv": ["sh", "-c", f"cat {log}; echo rank ${{DSE_R}}"],
+            "env": {"DSE_R": "0"}, "log_format": "auto", "world_size": 1,
+            "node_step_names": ["vboost"],
+            "node_steps": [["nvidia-smi", "boost-slider", "--vboost", "1"]],
+        }},
+    )  # fmt: skip
+    (launch.trial_dir / "trial.json").write_text(spec.model_dump_json())
+    argv = trial_command("megatron_lm", str(launch.trial_dir / "trial.json"), world_size=1)
+    launch = dataclasses.replace(launch, argv=argv, spec=spec, env={"DSE_R": "0"})
+    r = _runner()
+    r.submit(launch)
+    fin = drain(r, 1)[1]
+    assert fin.outcome.ok, fin.outcome.reason
+    assert fin.outcome.metrics["tflops_per_gpu"] == pytest.approx(238.7)  # from the log
+    assert fin.placement == slurm
+    text = launch.log_path.read_text()
+    assert "dse: node step vboost not permitted here; skipped" in text
+    assert "rank 0" in text  # the environment reached the recipe through srun
+    script = (launch.trial_dir / "job.sbatch").read_text()
+    assert "--node-steps-done -- \\\n  srun --nodes=1" in script

@@ -20,6 +20,8 @@ seen = {
     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "master_addr": os.environ.get("MASTER_ADDR"),
     "start": time.time(),
+    # what Slurm set for the trial's job (a controller inside a job must not pass its own on)
+    "slurm": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SRUN_"))},
 }
 if "--child" in sys.argv:
     seen["child"] = subprocess.Popen(["sleep", "600"]).pid

@@ -229,22 +229,36 @@ def test_bad_launcher_sections_exit_2(
 
 
 def test_dry_run_slurm_batch_script_golden(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The script the Slurm runner submits, as it is: the recipe's node steps and its command
+    under srun on both nodes in the recipe's image; dse's trial process on the first node
+    reads the recipe's output. (The run folder and dse's interpreter are this machine's: the
+    golden names them <workdir> and python.)"""
+    import os
     import subprocess
+    import sys
 
+    monkeypatch.chdir(tmp_path)
     rc = main(["start", "--space", str(EXAMPLES / "qwen3_30b_a3b.yaml"), "--dry-run", "1",
                "--runner", "slurm"])  # fmt: skip
     assert rc == 0
     out = capsys.readouterr().out
-    assert out == (GOLDEN / "dryrun_qwen3_30b_a3b_slurm.txt").read_text()
+    out = out.replace(str(tmp_path.resolve()), "<workdir>").replace(sys.executable, "python")
+    path = GOLDEN / "dryrun_qwen3_30b_a3b_slurm.txt"
+    if os.environ.get("DSE_UPDATE_GOLDEN"):
+        path.write_text(out)
+    assert out == path.read_text()
     script = out[out.index("#!/bin/bash") :]
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "--container-image=nvcr.io/nvidia/nemo:26.04" in script
-    assert "--rdzv-endpoint=${MASTER_ADDR}:${MASTER_PORT}" in script
+    assert '--rdzv-endpoint="${MASTER_ADDR}":"${MASTER_PORT}"' in script  # the recipe's own
+    assert "srun --nodes=2 --ntasks=2" in script and "vboost 1 ||" in script
+    assert "-m dse.workloads.launchers.run --spec" in script and "--node-steps-done --" in script
     p = tmp_path / "trial.sbatch"
     p.write_text(script)
     assert subprocess.run(["bash", "-n", str(p)]).returncode == 0  # valid shell
+    assert not (tmp_path / "dse_runs").exists()  # nothing written, nothing submitted
 
 
 def test_a_combination_the_recipe_cannot_take_becomes_an_invalid_trial(tmp_path: Path) -> None:

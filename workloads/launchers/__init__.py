@@ -2,7 +2,8 @@
 
 A launcher turns a trial's knob values into the recipe's own overrides and environment
 (:meth:`Launcher.render`); the trial process :mod:`dse.workloads.launchers.run` runs that
-command, reads the recipe's log (:mod:`dse.workloads.logs`) and writes the metrics contract.
+command (under Slurm: the batch script's ``srun`` of it; the Slurm runner writes every batch
+script), reads the recipe's log (:mod:`dse.workloads.logs`) and writes the metrics contract.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dse.workloads.launchers._core import (
     check_launcher,
     launcher_for,
     run_node_steps,
-    sbatch_script,
 )
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "check_launcher",
     "launcher_for",
     "run_node_steps",
-    "sbatch_script",
     "RUN_MODULE",
 ]
 

@@ -30,7 +30,6 @@ __all__ = [
     "RenderedTrial",
     "check_launcher",
     "run_node_steps",
-    "sbatch_script",
     "launcher_for",
 ]
 
@@ -85,60 +84,6 @@ class RenderedTrial:
                 parts.append(a)
         lines.append(" \\\n    ".join(parts))
         return "\n".join(lines) + "\n"
-
-
-def _quote_env(items: dict[str, str]) -> list[str]:
-    return [f"export {k}={shlex.quote(v)}" for k, v in sorted(items.items())]
-
-
-def sbatch_script(
-    r: RenderedTrial,
-    *,
-    job_name: str,
-    time_limit_s: float,
-    log_path: str,
-    gpus_per_node: int,
-    options: dict[str, Any] | None = None,
-) -> str:
-    """A Slurm batch script of a rendered trial: one ``srun`` task per node runs torchrun
-    (or the recipe's own launcher) inside the container image (pyxis ``--container-image``);
-    node steps run once per node first and are skipped with a note when not permitted.
-
-    ``options`` (the space's ``runner.options``): ``partition``, ``account``,
-    ``container_mounts``.
-    """
-    opts = options or {}
-    minutes = max(1, math.ceil(time_limit_s / 60))
-    head = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={r.nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={gpus_per_node}",
-        f"#SBATCH --time={minutes // 60}:{minutes % 60:02d}:00",
-        f"#SBATCH --output={log_path}",
-    ]
-    for key in ("partition", "account"):
-        if opts.get(key):
-            head.append(f"#SBATCH --{key}={opts[key]}")
-    container: list[str] = []
-    if r.container_image:
-        container = [f"--container-image={r.container_image}"]
-        if opts.get("container_mounts"):
-            container.append(f"--container-mounts={opts['container_mounts']}")
-    srun = ["srun", f"--ntasks={r.nodes}", "--ntasks-per-node=1", "--export=ALL", *container]
-    body = [
-        *_quote_env(r.env),
-        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "export MASTER_PORT=${MASTER_PORT:-29500}",
-    ]
-    for name, step in zip(r.node_step_names, r.node_steps, strict=True):
-        note = f"dse: node step {name} not permitted here; skipped"
-        cmd = f'{shlex.join(step)} || echo "{note}"'
-        body.append(shlex.join(srun) + " bash -c " + shlex.quote(cmd))
-    argv = " ".join(a if "${" in a else shlex.quote(a) for a in r.argv)
-    body.append(shlex.join(srun) + " " + argv)
-    return "\n".join(head + [""] + body) + "\n"
 
 
 def _layout(space: SearchSpace) -> tuple[int, int, int]:

@@ -44,14 +44,26 @@ def _step_record(s: LogStep, parser: LogParser, flops: float, world: int) -> dic
     }
 
 
-def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int:
-    """Run the rendered recipe of ``spec``; write its metrics; return 0 or 3."""
+def run_rendered(
+    spec: TrialSpec,
+    writer: MetricsWriter,
+    out: Any = None,
+    *,
+    command: Sequence[str] | None = None,
+    node_steps_done: bool = False,
+) -> int:
+    """Run the rendered recipe of ``spec``; write its metrics; return 0 or 3.
+
+    ``command`` replaces the rendered command by the one that starts it (a Slurm batch
+    script's ``srun`` of the recipe on every node); ``node_steps_done``: the node steps ran
+    already (the batch script ran them on every node)."""
     out = out or sys.stdout
     r = spec.workload["rendered"]
     if "not_taken" in r:
         writer.failure("invalid", str(r["not_taken"]))
         return 3
-    notes = run_node_steps(list(r.get("node_step_names", [])))
+    argv = list(command) if command else list(r["argv"])
+    notes = [] if node_steps_done else run_node_steps(list(r.get("node_step_names", [])))
     for n in notes:
         out.write(f"dse: {n}\n")
     env = {**os.environ, **r["env"]}
@@ -62,11 +74,11 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
     pending: LogStep | None = None
     try:
         proc = subprocess.Popen(
-            r["argv"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
             bufsize=1, errors="replace",
         )  # fmt: skip
     except OSError as e:
-        writer.failure("error", f"cannot start the recipe ({r['argv'][0]}): {e}")
+        writer.failure("error", f"cannot start the recipe ({argv[0]}): {e}")
         return 3
     with proc:
         assert proc.stdout is not None
@@ -135,10 +147,21 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="trial spec JSON with workload.rendered")
+    p.add_argument(
+        "--node-steps-done", action="store_true", help="the node steps ran already (Slurm)"
+    )
+    p.add_argument(
+        "command", nargs=argparse.REMAINDER,
+        help="after --: the command that starts the recipe (default: the rendered one)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     with open(args.spec) as f:
         spec = TrialSpec.model_validate_json(f.read())
-    return run_rendered(spec, MetricsWriter(spec.metrics_path))
+    return run_rendered(
+        spec, MetricsWriter(spec.metrics_path), command=command or None,
+        node_steps_done=args.node_steps_done,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

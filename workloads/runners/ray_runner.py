@@ -10,6 +10,11 @@ process group of the trial, then free its placement group.
 
 As many trials run at once as the cluster has room for (GPUs, or CPUs for CPU trials), capped
 by ``max_parallel``.
+
+A trial whose placement group Ray finds infeasible (a bundle no node can hold: more GPUs than
+a node has, more nodes than the cluster has) is recorded ``unschedulable`` with Ray's
+scheduling state at once; one still waiting for room past ``runner.options.queue_timeout_s``
+is recorded ``timeout``. Neither hangs the study.
 """
 
 from __future__ import annotations
@@ -108,6 +113,9 @@ class _Trial:
     ready: Any
     waits: list[Any]
     started: float
+    strategy: str
+    running_since: float | None = None
+    checked: float = 0.0
     last_size: int = 0
     last_progress: float = 0.0
     rcs: dict[int, int] = field(default_factory=dict)
@@ -153,17 +161,10 @@ class RayRunner(BaseRunner):
             except Exception as e:  # noqa: BLE001 - any failure to join is a launch error
                 raise TrialLaunchError(f"could not start or join Ray: {e}") from e
         self.max_parallel = max_parallel
-        total = ray.cluster_resources()
-        need = self._bundle()
-        cap = (
-            min(int(total.get(k, 0) // v) if v else 10**6 for k, v in need.items())
-            // self.shape.nodes
-        )
-        if cap < 1:
-            raise TrialLaunchError(
-                f"the Ray cluster ({_fmt(total)}) cannot hold one trial of {self.shape.nodes} "
-                f"x {_fmt(need)}"
-            )
+        self._cap_at: tuple[float, int] | None = None
+        # a cluster that cannot hold one trial still takes one at a time: its placement
+        # group is infeasible and the trial is recorded unschedulable (never a hang)
+        cap = max(1, self._capacity())
         self.capacity = min(cap, max_parallel) if max_parallel else cap
         # trial tasks reuse Ray's workers (max_calls=0: GPU tasks too; they touch no GPU)
         self._where = ray.remote(num_cpus=0, max_calls=0)(_where)
@@ -182,12 +183,31 @@ class RayRunner(BaseRunner):
             return {"GPU": float(self.shape.per_node), "CPU": self._cpus()}
         return {"CPU": self._cpus()}
 
+    def _capacity(self) -> int:
+        """Trials the cluster's nodes hold at once (0: not one, whatever its load); asked
+        again every few seconds (nodes join and leave)."""
+        now = time.monotonic()
+        if self._cap_at is not None and now - self._cap_at[0] < 5.0:
+            return self._cap_at[1]
+        need = self._bundle()
+        bundles = 0
+        for node in self._ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            bundles += min(int(res.get(k, 0) // v) if v else 10**6 for k, v in need.items())
+        self._cap_at = (now, bundles // self.shape.nodes)
+        return self._cap_at[1]
+
     # --- contract --------------------------------------------------------------------------
     def free_slots(self) -> int:
-        """Trials that fit now: the cap less what runs, and no more than free resources hold."""
+        """Trials that fit now: the cap less what runs, and no more than free resources hold
+        (a trial the cluster can never hold is let through to be recorded unschedulable)."""
         room = self.capacity - len(self._trials)
         if room <= 0:
             return 0
+        if self._capacity() < 1:
+            return room
         avail = self._ray.available_resources()
         fits = (
             min(int(avail.get(k, 0) // v) if v else 10**6 for k, v in self._bundle().items())
@@ -241,7 +261,7 @@ class RayRunner(BaseRunner):
         ]
         now = time.monotonic()
         self._trials[launch.trial_id] = _Trial(
-            launch, pg, pg.ready(), waits, now, last_progress=now
+            launch, pg, pg.ready(), waits, now, strategy, last_progress=now
         )
 
     def running(self) -> list[int]:
@@ -251,6 +271,13 @@ class RayRunner(BaseRunner):
         ray = self._ray
         now = time.monotonic()
         for tid, t in list(self._trials.items()):
+            if t.running_since is None:
+                if not ray.wait([t.ready], timeout=0)[0]:
+                    if now - t.checked >= 1.0:  # Ray's scheduling state, once a second
+                        t.checked = now
+                        self._check_pending(tid, t, now)
+                    continue
+                t.running_since = t.last_progress = now
             ready, _ = ray.wait(t.waits, num_returns=len(t.waits), timeout=0)
             failed: str | None = None
             for ref in ready:
@@ -276,7 +303,7 @@ class RayRunner(BaseRunner):
                 else:
                     what = "trial processes exited with code 0"
                 self._finish(tid, outcome_after_exit(t.launch, None, what))
-            elif now - t.started > t.launch.timeout_s:
+            elif now - t.running_since > t.launch.timeout_s:
                 reason = f"trial ran past its timeout of {t.launch.timeout_s:.0f} s"
                 self._finish(tid, read_metrics(mp) or Outcome.failure("timeout", reason))
             elif now - t.last_progress > t.launch.hang_timeout_s:
@@ -293,14 +320,40 @@ class RayRunner(BaseRunner):
         return ids
 
     # --- internals -------------------------------------------------------------------------
+    def _check_pending(self, tid: int, t: _Trial, now: float) -> None:
+        """End a trial whose placement group Ray finds infeasible, or that waited for room
+        past the queue timeout, with Ray's scheduling state."""
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            state = str(placement_group_table(t.pg).get("stats", {}).get("scheduling_state", ""))
+        except Exception:  # noqa: BLE001 - the table is a diagnosis, not a need
+            state = ""
+        limit = self.opts.queue_timeout_s
+        waited = now - t.started
+        what = f"{self.shape.nodes} x {_fmt(self._bundle())}"
+        if state == "INFEASIBLE":
+            why = (
+                f"the Ray cluster ({_fmt(self._ray.cluster_resources())}) can never place the "
+                f"trial's placement group ({what}, strategy {t.strategy}); Ray's scheduling "
+                f"state: {state}"
+            )
+            self._finish(tid, Outcome.failure("unschedulable", why))
+        elif limit is not None and waited > limit:
+            why = (
+                f"the trial's placement group ({what}) waited {waited:.0f} s for room "
+                f"(runner.options.queue_timeout_s {limit:g}); Ray's scheduling state: "
+                f"{state or 'unknown'}"
+            )
+            self._finish(tid, Outcome.failure("timeout", why))
+
     def _finish(self, tid: int, outcome: Outcome) -> None:
         t = self._trials.pop(tid)
         self._teardown(t)
         ndev = self.shape.nodes * self.shape.per_node
         placement = read_placement(t.launch.trial_dir)
-        self._done.append(
-            Finished(tid, outcome, time.monotonic() - t.started, ndev, placement=placement)
-        )
+        wall = time.monotonic() - (t.running_since or time.monotonic())
+        self._done.append(Finished(tid, outcome, wall, ndev, placement=placement))
 
     def _teardown(self, t: _Trial) -> None:
         """Kill the trial's process groups on every node, then free its placement group."""

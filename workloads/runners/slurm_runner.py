@@ -12,11 +12,23 @@ A job that ends without a result comes back as a classified failure with the log
 (``timeout``, ``node_fail``, ``preempted``, ``cancelled``, ``oom`` or the log's class), never as
 an exception. ``sacct`` is not needed: job states come from ``squeue`` and, once a job left the
 queue, from ``scontrol show job`` (kept for the controller's ``MinJobAge``).
+
+A job the cluster can never start is cancelled and recorded ``unschedulable`` (infeasible for
+this cluster) with Slurm's own words: sbatch refused it (its message), or Slurm holds it for a
+reason that does not clear (:data:`NEVER_STARTS`, e.g. ``PartitionNodeLimit``). A job pending
+past ``runner.options.queue_timeout_s`` is cancelled too: ``unschedulable`` when the nodes it
+needs are unavailable (:data:`NOT_AVAILABLE`, e.g. ``ReqNodeNotAvail``), else ``timeout`` (the
+cluster was busy: the configuration is not to blame).
+
+The controller may itself run inside a Slurm job: the variables Slurm set for that job are
+kept out of the trials' jobs (:func:`submission_env`).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -47,7 +59,11 @@ __all__ = [
     "make_runner",
     "render_batch_script",
     "failure_class_of_state",
+    "pending_class",
+    "submission_env",
     "JOB_ID_FILE",
+    "NEVER_STARTS",
+    "NOT_AVAILABLE",
 ]
 
 #: The trial folder keeps its job id here (a resumed controller cancels leftover jobs).
@@ -73,14 +89,102 @@ _STATE_CLASS: dict[str, FailureClass] = {
 }
 
 
+def _base(state: str) -> str:
+    """``CANCELLED by 0`` -> ``CANCELLED``; ``COMPLETED+`` -> ``COMPLETED``."""
+    return (state.split() or [""])[0].rstrip("+")
+
+
 def failure_class_of_state(state: str) -> FailureClass | None:
     """The failure class a terminal Slurm job state means (None: ask the log)."""
-    return _STATE_CLASS.get(state.split()[0].rstrip("+"))
+    return _STATE_CLASS.get(_base(state))
+
+
+#: Pending reasons (squeue ``%r``) that do not clear while the cluster's configuration
+#: stands: the job asks for more than the partition, the QOS or the association allows for
+#: one job, or for something no node has. Such a job is cancelled at once.
+NEVER_STARTS = frozenset(
+    {
+        "PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "BadConstraints",
+        "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied", "ReservationDeleted",
+    }
+)  # fmt: skip
+#: ... and the per-job limits of a QOS or an association (``QOSMaxGRESPerJob``,
+#: ``AssocMaxNodesPerJobLimit``, ``QOSMinGRES``, ...).
+_PER_JOB_LIMIT = re.compile(r"^(QOS|Assoc)\w*PerJob\w*$|^QOSMin\w+$")
+#: Pending reasons that say the nodes the job needs are not available (down, drained,
+#: reserved, a partition down): past the queue timeout the job is ``unschedulable``.
+NOT_AVAILABLE = frozenset({"ReqNodeNotAvail", "NodeDown", "PartitionDown", "PartitionInactive"})
+
+
+def pending_class(reason: str, *, timed_out: bool) -> FailureClass | None:
+    """The failure class of a job still pending for ``reason`` (squeue's reason code);
+    None while it may still start. ``timed_out``: it waited past the queue timeout."""
+    code = reason.split(",")[0].strip()
+    if code in NEVER_STARTS or _PER_JOB_LIMIT.match(code):
+        return "unschedulable"
+    if not timed_out:
+        return None
+    return "unschedulable" if code in NOT_AVAILABLE else "timeout"
+
+
+#: sbatch messages that say Slurm could not be asked (not that it refused the job): the
+#: runner cannot work now (a launch error, counted by the study loop), not the trial's fault.
+_SBATCH_UNREACHABLE = re.compile(
+    r"Unable to contact|Socket timed out|temporarily unable|Zero Bytes were transmitted"
+    r"|Connection refused|Transport endpoint|Communication connection failure"
+    r"|Resource temporarily unavailable|job submit limit",
+    re.IGNORECASE,
+)
+
+#: Variables of the enclosing job that sbatch must still see (the client's configuration).
+_KEEP_SLURM = frozenset({"SLURM_CONF"})
+
+
+def submission_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``sbatch`` runs with. A controller inside a Slurm job of its own
+    (``SLURM_JOB_ID`` set) would pass that job's ``SLURM_*`` variables (its memory and CPUs
+    per task, its node list, ...) on to every trial job (``--export=ALL``), where ``srun``
+    reads them as its own options; they are dropped (``SLURM_CONF`` stays). Outside a job the
+    environment is passed on as it is."""
+    env = dict(os.environ if environ is None else environ)
+    if "SLURM_JOB_ID" not in env:
+        return env
+    return {
+        k: v
+        for k, v in env.items()
+        if not ((k.startswith("SLURM_") and k not in _KEEP_SLURM) or k.startswith("SRUN_"))
+    }
 
 
 def _time_limit(timeout_s: float) -> str:
     minutes = max(1, math.ceil((timeout_s + 120) / 60))
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def _recipe(launch: Launch) -> dict[str, Any] | None:
+    """The rendered recipe command of a launcher workload's trial (``workload.rendered`` of
+    its spec), or None (a built-in workload, or a configuration the recipe cannot take)."""
+    if launch.spec is None:
+        return None
+    r = launch.spec.workload.get("rendered")
+    return r if isinstance(r, dict) and r.get("argv") else None
+
+
+#: The placeholders a recipe's command may hold for its rendezvous (the launchers write them):
+#: the batch shell expands them; everything else is quoted as it is.
+_RDZV = re.compile(r"(\$\{(?:MASTER_ADDR|MASTER_PORT)\})")
+
+
+def _shell_words(argv: list[str]) -> str:
+    """``argv`` as shell words, quoted, with the rendezvous placeholders left for the batch
+    shell to expand (``--rdzv-endpoint="${MASTER_ADDR}":"${MASTER_PORT}"``)."""
+    words = []
+    for a in argv:
+        parts = _RDZV.split(a)
+        words.append(
+            "".join(f'"{p}"' if _RDZV.fullmatch(p) else shlex.quote(p) for p in parts if p) or "''"
+        )
+    return " ".join(words)
 
 
 def render_batch_script(
@@ -91,8 +195,18 @@ def render_batch_script(
     job_name: str,
     workdir: Path | None = None,
 ) -> str:
-    """The batch script of one trial (submitted as it is; printed by ``--dry-run``)."""
+    """The batch script of one trial: the one place that writes a Slurm batch script (the
+    runner submits it as it is; ``dse start --dry-run`` prints it).
+
+    Built-in workloads: ``srun`` starts the trial process once per node (its ``torchrun``
+    set for the allocation's rendezvous). A recipe launcher's trial (``launch.spec`` holds
+    the rendered recipe): its node steps run once per node first, then ``srun`` starts the
+    recipe's own command on every node, in the recipe's container image, under dse's trial
+    process on the first node, which reads the recipe's output and writes the metrics (so
+    the image needs no dse).
+    """
     q = shlex.quote
+    recipe = _recipe(launch)
     sb: list[str] = [
         f"--job-name={job_name}",
         f"--nodes={shape.nodes}",
@@ -116,7 +230,10 @@ def render_batch_script(
     ]
     sb += opts.sbatch_args
     lines = ["#!/bin/bash", *(f"#SBATCH {a}" for a in sb), ""]
-    lines.append(f"# dse trial {launch.number}: {shape.nodes} node(s) x {shape.per_node} rank(s)")
+    what = f" ({recipe['launcher']} recipe)" if recipe else ""
+    lines.append(
+        f"# dse trial {launch.number}{what}: {shape.nodes} node(s) x {shape.per_node} rank(s)"
+    )
     lines.append("set -uo pipefail")
     env = {**opts.env, **launch.env}
     lines += [f"export {k}={q(v)}" for k, v in env.items()]
@@ -127,7 +244,6 @@ def render_batch_script(
         'echo "dse: job $SLURM_JOB_ID on ${NODES[*]}, rendezvous $MASTER_ADDR:$MASTER_PORT"',
         "",
     ]
-    argv = list(launch.argv)
     srun = [
         "srun",
         f"--nodes={shape.nodes}",
@@ -139,16 +255,43 @@ def render_batch_script(
     srun = [a for a in srun if a]
     if shape.gpus_per_node:  # the step's own GPUs, whatever the site's step defaults are
         srun.append(f"--gpus-per-node={shape.gpus_per_node}")
-    if opts.container_image:
-        argv = container_python(argv)
+    image = (recipe or {}).get("container_image") or opts.container_image
+    if image:
         mounts = list(opts.container_mounts)
         if workdir is not None:
             mounts.insert(0, f"{workdir}:{workdir}")
-        srun.append(f"--container-image={q(opts.container_image)}")
+        srun.append(f"--container-image={q(image)}")
         if mounts:
             srun.append(f"--container-mounts={q(','.join(mounts))}")
         srun.append(f"--container-workdir={q(str(launch.trial_dir))}")
     srun += [q(a) for a in opts.srun_args]
+    # each node notes where it runs (node name, its GPUs), then becomes the trial
+    note = (
+        'echo "$(hostname -s) ${CUDA_VISIBLE_DEVICES:-}" >> '
+        + q(str(launch.trial_dir / PLACEMENT_FILE))
+        + '; exec "$@"'
+    )
+    if recipe is not None:
+        names = list(recipe.get("node_step_names") or [])
+        for name, step in zip(names, recipe.get("node_steps") or [], strict=False):
+            cmd = f'{shlex.join(step)} || echo "dse: node step {name} not permitted here; skipped"'
+            lines.append(f"{' '.join(srun)} bash -c {q(cmd)}")
+        trial = " ".join(q(a) for a in launch.argv)
+        lines.append(
+            " \\\n  ".join(
+                [
+                    f"{trial} --node-steps-done --",
+                    " ".join(srun),
+                    f"bash -c {q(note)} dse-trial",
+                    _shell_words(
+                        container_python(list(recipe["argv"])) if image else recipe["argv"]
+                    ),
+                ]
+            )
+        )
+        lines.append("")
+        return "\n".join(lines)
+    argv = container_python(list(launch.argv)) if image else list(launch.argv)
     argv = rendezvous_argv(
         argv, shape, master_addr="__ADDR__", master_port="__PORT__", run_id="__RUNID__"
     )
@@ -158,19 +301,15 @@ def render_batch_script(
         .replace("__PORT__", '"$MASTER_PORT"')
         .replace("__RUNID__", '"$SLURM_JOB_ID"')
     )
-    # each node notes where it runs (node name, its GPUs), then becomes the trial
-    note = (
-        'echo "$(hostname -s) ${CUDA_VISIBLE_DEVICES:-}" >> '
-        + q(str(launch.trial_dir / PLACEMENT_FILE))
-        + '; exec "$@"'
-    )
     lines.append(" \\\n  ".join([" ".join(srun), f"bash -c {q(note)} dse-trial", cmd]))
     lines.append("")
     return "\n".join(lines)
 
 
-def _run(cmd: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+def _run(
+    cmd: list[str], timeout: float = 30.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @dataclass
@@ -180,6 +319,7 @@ class _Job:
     submitted: float
     started: float | None = None
     state: str = "PENDING"
+    reason: str = ""
     nodes: str = ""
     last_size: int = 0
     last_progress: float = 0.0
@@ -246,13 +386,21 @@ class SlurmRunner(BaseRunner):
         path = launch.trial_dir / "job.sbatch"
         path.write_text(self.script(launch))
         try:
-            r = _run(["sbatch", "--parsable", str(path)], timeout=60)
+            r = _run(["sbatch", "--parsable", str(path)], timeout=60, env=submission_env())
         except (OSError, subprocess.SubprocessError) as e:
             raise TrialLaunchError(f"sbatch failed for trial {launch.number}: {e}") from e
         if r.returncode != 0:
-            raise TrialLaunchError(
-                f"sbatch refused trial {launch.number} ({path}): {r.stderr.strip()[-400:]}"
+            msg = " | ".join(ln.strip() for ln in r.stderr.strip().splitlines()[-3:])[-400:]
+            if _SBATCH_UNREACHABLE.search(msg) or not msg:
+                raise TrialLaunchError(
+                    f"sbatch failed for trial {launch.number} ({path}): {msg or 'no message'}"
+                )
+            # the job as asked cannot be submitted to this cluster: the trial's failure
+            reason = f"sbatch refused the job ({path.name}): {msg}"
+            self._done.append(
+                Finished(launch.trial_id, Outcome.failure("unschedulable", reason), 0.0, 0)
             )
+            return
         job_id = r.stdout.strip().split(";")[0]
         (launch.trial_dir / JOB_ID_FILE).write_text(job_id)
         now = time.monotonic()
@@ -269,7 +417,7 @@ class SlurmRunner(BaseRunner):
             for tid, job in list(self._jobs.items()):
                 st = states.get(job.job_id)
                 if st is not None:
-                    job.state, nodes = st
+                    job.state, nodes, job.reason = st
                     job.nodes = nodes or job.nodes
                 self._check(tid, job, now)
         done, self._done = self._done, []
@@ -286,7 +434,8 @@ class SlurmRunner(BaseRunner):
                 pending = {
                     jid
                     for jid in pending
-                    if jid in states and states[jid][0].split()[0] not in TERMINAL_STATES
+                    if jid in states
+                    and states[jid][0].split()[0].rstrip("+") not in TERMINAL_STATES
                 }
                 if pending:
                     time.sleep(0.5)
@@ -308,7 +457,7 @@ class SlurmRunner(BaseRunner):
     # --- internals -------------------------------------------------------------------------
     def _check(self, tid: int, job: _Job, now: float) -> None:
         launch = job.launch
-        state = job.state.split()[0].rstrip("+")
+        state = _base(job.state)
         if state == "RUNNING" and job.started is None:
             job.started = now
             job.last_progress = now
@@ -316,6 +465,8 @@ class SlurmRunner(BaseRunner):
             self._finish(tid, self._outcome(job, state))
             return
         if job.started is None:
+            if state == "PENDING":
+                self._check_pending(tid, job, now)
             return
         mp = launch.metrics_path
         size = mp.stat().st_size if mp.exists() else 0
@@ -327,6 +478,25 @@ class SlurmRunner(BaseRunner):
         elif now - job.last_progress > launch.hang_timeout_s:
             reason = f"no progress for {launch.hang_timeout_s:.0f} s (hang timeout)"
             self._kill(tid, job, read_metrics(mp) or Outcome.failure("hang", reason))
+
+    def _check_pending(self, tid: int, job: _Job, now: float) -> None:
+        """Cancel a pending job that will never start, or that waited past the queue
+        timeout, recording Slurm's reason."""
+        limit = self.opts.queue_timeout_s
+        waited = now - job.submitted
+        timed_out = limit is not None and waited > limit
+        cls = pending_class(job.reason, timed_out=timed_out)
+        if cls is None:
+            return
+        reason = job.reason or "None"
+        if timed_out:
+            why = (
+                f"slurm job {job.job_id} still pending after {waited:.0f} s "
+                f"(runner.options.queue_timeout_s {limit:g}); Slurm's reason: {reason}"
+            )
+        else:
+            why = f"slurm job {job.job_id} can never start here; Slurm's reason: {reason}"
+        self._kill(tid, job, Outcome.failure(cls, f"{why}; cancelled"))
 
     def _kill(self, tid: int, job: _Job, outcome: Outcome) -> None:
         self._cancel([job.job_id])
@@ -344,15 +514,18 @@ class SlurmRunner(BaseRunner):
         placement = read_placement(job.launch.trial_dir) or (job.nodes or None)
         self._done.append(Finished(tid, outcome, wall, ndev, placement=placement))
 
-    def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
-        """job id -> (state, node list) for the given jobs (queue first, then scontrol)."""
-        out: dict[str, tuple[str, str]] = {}
+    def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str, str]]:
+        """job id -> (state, node list, pending reason) for the given jobs (queue first,
+        then scontrol)."""
+        out: dict[str, tuple[str, str, str]] = {}
         try:
-            r = _run(["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T|%N"])
+            r = _run(
+                ["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%r"]
+            )
             for line in r.stdout.splitlines():
                 parts = line.strip().split("|")
-                if len(parts) == 3:
-                    out[parts[0]] = (parts[1], parts[2])
+                if len(parts) == 4:
+                    out[parts[0]] = (parts[1], parts[2], parts[3])
         except (OSError, subprocess.SubprocessError):
             pass
         for jid in job_ids:
@@ -369,16 +542,16 @@ class SlurmRunner(BaseRunner):
             pass
 
 
-def _scontrol_state(job_id: str) -> tuple[str, str] | None:
-    """(JobState, NodeList) from ``scontrol show job``; a job unknown to Slurm (purged after
-    ``MinJobAge``) is taken as ended: COMPLETED when it left a result, else FAILED."""
+def _scontrol_state(job_id: str) -> tuple[str, str, str] | None:
+    """(JobState, NodeList, Reason) from ``scontrol show job``; a job unknown to Slurm
+    (purged after ``MinJobAge``) is taken as ended (FAILED: its metrics file decides)."""
     try:
         r = _run(["scontrol", "-o", "show", "job", job_id])
     except (OSError, subprocess.SubprocessError):
         return None
     if r.returncode != 0:
         if "Invalid job id" in r.stderr:
-            return ("FAILED", "")
+            return ("FAILED", "", "")
         return None
     fields = dict(
         tok.split("=", 1) for tok in r.stdout.split() if "=" in tok and not tok.startswith("=")
@@ -387,7 +560,7 @@ def _scontrol_state(job_id: str) -> tuple[str, str] | None:
     if not state:
         return None
     nodes = fields.get("NodeList", "")
-    return (state, "" if nodes == "(null)" else nodes)
+    return (state, "" if nodes == "(null)" else nodes, fields.get("Reason", ""))
 
 
 def slurm_options(space: Any) -> SlurmOptions:
@@ -409,10 +582,12 @@ def make_runner(space: Any) -> SlurmRunner:
     )
 
 
-def dry_run_script(space: Any, number: int, env: dict[str, str]) -> str:
-    """The batch script trial ``number`` of ``space`` (with its environment ``env``) is
-    submitted with (``dse start --dry-run``); it starts the trial from the ``trial.json`` the
-    controller writes next to it before it submits."""
+def dry_run_script(space: Any, number: int, env: dict[str, str], workload: dict[str, Any]) -> str:
+    """The batch script trial ``number`` of ``space`` is submitted with (``dse start
+    --dry-run``): the runner's own script, with the trial's environment ``env`` and its spec's
+    ``workload`` (a recipe's rendered command). It starts the trial from the ``trial.json``
+    the controller writes into the trial's folder before it submits."""
+    from dse.records import TrialSpec
     from dse.workloads import trial_command
 
     opts = slurm_options(space)
@@ -431,12 +606,18 @@ def dry_run_script(space: Any, number: int, env: dict[str, str]) -> str:
         space.workload.name, str(tdir / "trial.json"),
         world_size=space.resources.world_size, python=space.runner.python,
     )  # fmt: skip
+    spec = TrialSpec(
+        study=space.study, trial_number=number, params={}, model=space.model.model_dump(),
+        semantics=space.semantics.model_dump(), world_size=space.resources.world_size,
+        device=space.resources.device, metrics_path=str(tdir / "metrics.jsonl"),
+        workload=workload,
+    )  # fmt: skip
     launch = Launch(
         trial_id=number, number=number, argv=argv, trial_dir=tdir,
         metrics_path=tdir / "metrics.jsonl", log_path=tdir / "log.txt",
         world_size=space.resources.world_size, device=device,
-        timeout_s=space.budget.trial_timeout_s, env=dict(env),
+        timeout_s=space.budget.trial_timeout_s, env=dict(env), spec=spec,
     )  # fmt: skip
     return render_batch_script(
-        launch, opts, shape, job_name=f"dse-{space.study}-{number}"[:64], workdir=workdir
+        launch, opts, shape, job_name=f"dse-{space.study}"[:40] + f"-{number}", workdir=workdir
     )
