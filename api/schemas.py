@@ -343,8 +343,8 @@ class TimelinePublic(BaseModel):
         description="Where the lanes come from: 'gpu_slots' (recorded per trial), "
         "'placement' (a cluster runner's nodes and GPU indices), 'overlap' (inferred)."
     )
-    total_bars: int
-    shown_bars: int = Field(description="Bars in this answer (the latest ones).")
+    total_runs: int = Field(description="Runs that held slots: trials and interrupted attempts.")
+    shown_runs: int = Field(description="Runs in this answer (the latest ones).")
     colors: dict[str, str] = Field(description="Colour of each state.")
     label: str
 

@@ -386,10 +386,10 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
     tl, ls = data["timeline"], data["losses"]
     busy = tl["busy_fraction"]
     parts.append(f"<h2>Timeline</h2><p class='note' id='timeline-note'>{len(tl['lanes'])} "
-                 f"slots, {len(tl['bars'])} runs"
+                 f"slots, {tl['shown_runs']} runs"
                  + ("" if busy is None else f", busy {figure(100 * busy)}% of the time")
                  + f"; {e(tl['label'])}</p>")  # fmt: skip
-    md += ["## Timeline", "", f"_{len(tl['lanes'])} slots, {len(tl['bars'])} runs"
+    md += ["## Timeline", "", f"_{len(tl['lanes'])} slots, {tl['shown_runs']} runs"
            + ("" if busy is None else f", busy {figure(100 * busy)}% of the time")
            + f"; {tl['label']}_", ""]  # fmt: skip
     base = ls["baseline"]

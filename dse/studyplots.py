@@ -445,11 +445,12 @@ def _union_s(spans: list[tuple[float, float]]) -> float:
 _SLOTS_FROM = {
     "gpu_slots": "the GPU slots the runner recorded for each trial",
     "placement": "the node names and GPU indices the cluster runner recorded",
-    "overlap": "one lane per trial running at once on a host (the runner recorded no GPU "
-    "indices; lanes inferred from overlapping run times)",
+    "overlap": "overlapping run times (the runner recorded no GPU indices: one lane per "
+    "trial running at once on a host, inferred)",
 }
 
-#: Most bars a timeline carries (the latest ones); the answer says how many there were.
+#: Most runs (trials and interrupted attempts) a timeline carries (the latest ones); the
+#: answer says how many there were.
 TIMELINE_MAX_BARS = 5000
 
 
@@ -569,8 +570,8 @@ def timeline(
         "gaps": gaps,
         "busy_fraction": busy_all / (span * len(lanes)) if span > 0 and lanes else None,
         "slots_from": order,
-        "total_bars": total,
-        "shown_bars": len(raw),
+        "total_runs": total,
+        "shown_runs": len(raw),
         "colors": STATE_COLORS,
         "label": "lanes from " + "; ".join(_SLOTS_FROM[s] for s in order)
         + (". Host names hidden (node N): readers without the token do not see where trials"

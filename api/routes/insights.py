@@ -50,7 +50,12 @@ def get_timeline(
     trusted: TrustedDep,
     cache: CacheDep,
     last: Annotated[
-        int, Query(ge=1, le=5000, description="At most this many bars: the latest ones.")
+        int,
+        Query(
+            ge=1,
+            le=5000,
+            description="At most this many runs (trials and interrupted attempts): the latest.",
+        ),
     ] = 5000,
 ) -> Response:
     """What ran where and when: one lane per GPU slot (recorded ``gpu_slots``, else a

@@ -750,7 +750,7 @@ function renderTimeline(tl) {
   div.dataset.gaps = String(tl.gaps.length);
   div.dataset.slotsFrom = tl.slots_from.join(",");
   const busy = tl.busy_fraction === null ? "" : `; slots busy ${fmt(100 * tl.busy_fraction)}% of the time`;
-  const cut = tl.shown_bars < tl.total_bars ? `; the latest ${tl.shown_bars} of ${tl.total_bars} runs` : "";
+  const cut = tl.shown_runs < tl.total_runs ? `; the latest ${tl.shown_runs} of ${tl.total_runs} runs` : "";
   $("#note-timeline").textContent = ` (${tl.label}${busy}${cut})`;
   if (lanes.length === 0) {
     if (window.Plotly) window.Plotly.purge(div);

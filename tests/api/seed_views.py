@@ -85,6 +85,7 @@ class ViewSeed:
 
     studies: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> expectations
     pruned: list[tuple[str, int]] = field(default_factory=list)
+    url: str = ""  # the database (set by the fixture that seeded it)
 
 
 def _import(storage: Storage, name: str, trials: list[dict[str, Any]], **kw: Any) -> None:
@@ -134,7 +135,7 @@ def seed_views(storage: Storage) -> ViewSeed:
     out.pruned.append(("gpt-h200", 4))
     out.studies["gpt-h200"] = {
         "lanes": ["gpu-node-a:0", "gpu-node-a:1", "gpu-node-a:2", "gpu-node-a:3"],
-        "bars": 12, "gaps": 8, "baseline": 0, "best": 1, "tflops": 350.0,
+        "bars": 12, "runs": 6, "gaps": 8, "baseline": 0, "best": 1, "tflops": 350.0,
         "slots_from": ["gpu_slots"], "gpu": "NVIDIA H200", "world_size": 2,
     }  # fmt: skip
 
@@ -154,7 +155,7 @@ def seed_views(storage: Storage) -> ViewSeed:
     create = {"gpu": "NVIDIA H100"}
     _import_hw(storage, "gpt-h100", h100, **create)
     out.studies["gpt-h100"] = {
-        "lanes": ["box-1 · slot 1", "box-1 · slot 2", "box-1 · slot 3"], "bars": 5,
+        "lanes": ["box-1 · slot 1", "box-1 · slot 2", "box-1 · slot 3"], "bars": 5, "runs": 5,
         "baseline": 0, "best": 1, "tflops": 210.0, "slots_from": ["overlap"],
         "gpu": "NVIDIA H100", "world_size": 2,
     }  # fmt: skip
@@ -169,7 +170,7 @@ def seed_views(storage: Storage) -> ViewSeed:
     _import_recipe(storage, "gpt-bridge-h200", bridge, recipe="bridge:gpt_small_pretrain",
                    world_size=4)  # fmt: skip
     out.studies["gpt-bridge-h200"] = {
-        "lanes": ["node-1:0", "node-1:1", "node-2:0", "node-2:1"], "bars": 8,
+        "lanes": ["node-1:0", "node-1:1", "node-2:0", "node-2:1"], "bars": 8, "runs": 2,
         "baseline": 0, "best": 1, "tflops": 370.0, "slots_from": ["placement"],
         "gpu": "NVIDIA H200", "world_size": 4,
     }  # fmt: skip

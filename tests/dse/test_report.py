@@ -34,14 +34,15 @@ def _status(url: str, capsys: pytest.CaptureFixture[str]) -> dict:
 
 def test_report_files(report_dir: Path) -> None:
     for name in ("report.html", "report.md", "history.png", "pareto.png", "importance.png",
-                 "slices.png", "failures.png"):  # fmt: skip
+                 "slices.png", "failures.png", "timeline.png", "losses.png"):  # fmt: skip
         p = report_dir / name
         assert p.stat().st_size > 0, name
         if name.endswith(".png"):
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (report_dir / "report.html").read_text()
     assert "src='http" not in page and "<script src" not in page  # self-contained
-    assert page.count("data:image/png;base64,") == 5
+    assert page.count("data:image/png;base64,") == 7  # no other study of the model: no comparison
+    assert not (report_dir / "compare.png").exists()
     md = (report_dir / "report.md").read_text()
     assert "(estimate)" in md and "![pareto](pareto.png)" in md
 
@@ -79,7 +80,14 @@ def test_report_in_chromium_matches_status(
         # the projection: 1e12 tokens at the best measured step time (an estimate)
         steps = 1e12 / (8 * 4096)
         assert cell("proj-best-days") == figure(steps * best["metrics"]["step_time_s"] / 86400)
-        for img in ("history", "pareto", "importance", "slices", "failures"):
+        # the timeline: every trial of the replay ran, on the local runner's two slots (no GPU
+        # indices recorded: lanes from overlaps); the losses over the baseline trial's
+        ran = sum(st["counts"][k] for k in ("complete", "failed", "infeasible"))
+        assert cell("timeline-note").startswith(f"2 slots, {ran} runs")
+        assert "overlapping run times" in cell("timeline-note")
+        assert cell("losses-note").startswith("baseline: trial 0 (the first finished trial of the")
+        assert f"trials {best['number']}" in cell("losses-note")
+        for img in ("history", "pareto", "importance", "slices", "failures", "timeline", "losses"):
             assert page.locator(f"#plot-{img}").evaluate("e => e.naturalWidth") > 100
         if os.environ.get("DSE_REPORT_SHOT"):
             RESULTS.mkdir(parents=True, exist_ok=True)
