@@ -343,8 +343,9 @@ class TimelinePublic(BaseModel):
         description="Where the lanes come from: 'gpu_slots' (recorded per trial), "
         "'placement' (a cluster runner's nodes and GPU indices), 'overlap' (inferred)."
     )
-    total_runs: int = Field(description="Runs that held slots: trials and interrupted attempts.")
-    shown_runs: int = Field(description="Runs in this answer (the latest ones).")
+    trials_shown: int = Field(description="Trials in this answer (the latest starts).")
+    trials_ran: int = Field(description="Trials of the study that ran (started) in all.")
+    runs: int = Field(description="Runs drawn: the trials and their interrupted attempts.")
     colors: dict[str, str] = Field(description="Colour of each state.")
     label: str
 

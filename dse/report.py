@@ -385,13 +385,13 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
     md.append("")
     tl, ls = data["timeline"], data["losses"]
     busy = tl["busy_fraction"]
-    parts.append(f"<h2>Timeline</h2><p class='note' id='timeline-note'>{len(tl['lanes'])} "
-                 f"slots, {tl['shown_runs']} runs"
-                 + ("" if busy is None else f", busy {figure(100 * busy)}% of the time")
-                 + f"; {e(tl['label'])}</p>")  # fmt: skip
-    md += ["## Timeline", "", f"_{len(tl['lanes'])} slots, {tl['shown_runs']} runs"
-           + ("" if busy is None else f", busy {figure(100 * busy)}% of the time")
-           + f"; {tl['label']}_", ""]  # fmt: skip
+    tl_text = (
+        f"{len(tl['lanes'])} slots, {tl['trials_shown']} trials, {tl['runs']} runs"
+        + ("" if busy is None else f", busy {figure(100 * busy)}% of the time")
+        + f"; {tl['label']}"
+    )
+    parts.append(f"<h2>Timeline</h2><p class='note' id='timeline-note'>{e(tl_text)}</p>")
+    md += ["## Timeline", "", f"_{tl_text}_", ""]
     base = ls["baseline"]
     shown = [c["number"] for c in ls["curves"] if not c["baseline"]]
     text = f"baseline: trial {base} ({ls['baseline_how']})" if base is not None else ""

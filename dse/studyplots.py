@@ -416,11 +416,10 @@ def parse_placement(host: str | None) -> list[tuple[str, str]] | None:
 
 
 def _slots(t: Any) -> tuple[list[tuple[str, str]] | None, str]:
-    """The GPU slots a trial held and where that came from."""
-    slots = t.metrics.get("gpu_slots")
-    if isinstance(slots, list) and slots and all(isinstance(x, str) for x in slots):
+    """The GPU slots a run held (``(host, gpu index)`` each) and where that came from."""
+    if t.gpu_slots:
         out = []
-        for x in slots:
+        for x in t.gpu_slots:
             host, sep, gpu = x.rpartition(":")
             out.append((host, gpu) if sep and host else (x, ""))
         return out, "gpu_slots"
@@ -449,9 +448,9 @@ _SLOTS_FROM = {
     "trial running at once on a host, inferred)",
 }
 
-#: Most runs (trials and interrupted attempts) a timeline carries (the latest ones); the
-#: answer says how many there were.
-TIMELINE_MAX_BARS = 5000
+#: Most trials a study's timeline carries by default (the latest starts); the answer says how
+#: many ran in all.
+TIMELINE_TRIALS = 1000
 
 
 def timeline(
@@ -459,21 +458,26 @@ def timeline(
     *,
     redact_hosts: bool = False,
     now: float | None = None,
-    max_bars: int = TIMELINE_MAX_BARS,
+    trials_ran: int | None = None,
 ) -> dict[str, Any]:
     """What ran where and when: one lane per GPU slot, one bar per trial (and per interrupted
     attempt of it) in each slot it held, coloured by state; the idle gaps between bars.
+    ``trials``: :class:`dse.records.TrialRun` (or full trial records).
 
     Slots come from ``metrics.gpu_slots`` when recorded, else from a cluster runner's
     placement (``host``), else one lane per concurrent trial on a host, assigned greedily
     (as few lanes as the overlaps need). Times are seconds since the first start; a running
     trial ends ``now``. ``redact_hosts``: host names become ``node 1``, ``node 2``, ...
-    (for readers who may not see where trials ran).
+    (for readers who may not see where trials ran). ``trials_ran``: how many trials of the
+    study ran in all, when ``trials`` are only the latest of them.
     """
+    from dse.records import TrialRun
+
     now = time.time() if now is None else now
+    runs = [t if isinstance(t, TrialRun) else TrialRun.of(t) for t in trials]
     raw: list[dict[str, Any]] = []  # bars with absolute times and (host, gpu | None)
     sources: set[str] = set()
-    for t in trials:
+    for t in runs:
         for h in t.history:  # interrupted attempts: where they ran until re-queued
             a, b = h.get("started_at"), h.get("at")
             if isinstance(a, int | float) and isinstance(b, int | float) and b >= a:
@@ -494,10 +498,8 @@ def timeline(
                     "host": t.host, "slots": slots, "reason": t.reason,
                     "failure_class": t.failure_class, "value": t.value,
                     "open": t.finished_at is None})  # fmt: skip
-    total = len(raw)
+    shown = len({r["trial"] for r in raw})
     raw.sort(key=lambda r: (r["a"], r["b"], r["trial"]))
-    if len(raw) > max_bars:
-        raw = raw[-max_bars:]
 
     # lanes: recorded GPU slots, then per-host lanes assigned by overlap (greedy)
     free: dict[str | None, list[float]] = {}
@@ -570,8 +572,9 @@ def timeline(
         "gaps": gaps,
         "busy_fraction": busy_all / (span * len(lanes)) if span > 0 and lanes else None,
         "slots_from": order,
-        "total_runs": total,
-        "shown_runs": len(raw),
+        "trials_shown": shown,
+        "trials_ran": shown if trials_ran is None else max(trials_ran, shown),
+        "runs": len(raw),
         "colors": STATE_COLORS,
         "label": "lanes from " + "; ".join(_SLOTS_FROM[s] for s in order)
         + (". Host names hidden (node N): readers without the token do not see where trials"
@@ -581,10 +584,12 @@ def timeline(
 
 
 def study_timeline(
-    storage: Any, study: Any, *, redact_hosts: bool = False, max_bars: int = TIMELINE_MAX_BARS
+    storage: Any, study: Any, *, redact_hosts: bool = False, last: int = TIMELINE_TRIALS
 ) -> dict[str, Any]:
-    """:func:`timeline` of a study's trials."""
-    data = timeline(storage.list_trials(study.id), redact_hosts=redact_hosts, max_bars=max_bars)
+    """:func:`timeline` of the latest ``last`` trials of a study that ran."""
+    runs = storage.list_trial_runs(study.id, last=last)
+    ran = len(runs) if len(runs) < last else storage.count_trial_runs(study.id)
+    data = timeline(runs, redact_hosts=redact_hosts, trials_ran=ran)
     return {"study": study.name, **data}
 
 

@@ -54,9 +54,9 @@ def get_timeline(
         Query(
             ge=1,
             le=5000,
-            description="At most this many runs (trials and interrupted attempts): the latest.",
+            description="At most this many trials: the latest starts.",
         ),
-    ] = 5000,
+    ] = 1000,
 ) -> Response:
     """What ran where and when: one lane per GPU slot (recorded ``gpu_slots``, else a
     cluster runner's nodes and GPU indices, else one lane per concurrent trial inferred from
@@ -67,9 +67,7 @@ def get_timeline(
     body = cache.get(
         ("timeline", study.id, study.name, study.created_at, trusted, last),
         study_signature(storage, study),
-        lambda: json_bytes(
-            study_timeline(storage, study, redact_hosts=not trusted, max_bars=last)
-        ),
+        lambda: json_bytes(study_timeline(storage, study, redact_hosts=not trusted, last=last)),
     )
     return Response(body, media_type="application/json")
 

@@ -750,7 +750,8 @@ function renderTimeline(tl) {
   div.dataset.gaps = String(tl.gaps.length);
   div.dataset.slotsFrom = tl.slots_from.join(",");
   const busy = tl.busy_fraction === null ? "" : `; slots busy ${fmt(100 * tl.busy_fraction)}% of the time`;
-  const cut = tl.shown_runs < tl.total_runs ? `; the latest ${tl.shown_runs} of ${tl.total_runs} runs` : "";
+  const cut = tl.trials_shown < tl.trials_ran
+    ? `; the latest ${tl.trials_shown} of ${tl.trials_ran} trials` : "";
   $("#note-timeline").textContent = ` (${tl.label}${busy}${cut})`;
   if (lanes.length === 0) {
     if (window.Plotly) window.Plotly.purge(div);
@@ -964,23 +965,30 @@ async function loadStudy(name, { full }) {
   if (!state.pickedTouched) { // until the user ticks trials: the best one
     state.picked = new Set(study.best_trial === null ? [] : [study.best_trial]);
   }
-  const [pareto, rejections, best, insights, timeline, comparable] = await Promise.all([
+  // the decision views load and draw on their own, alongside the rest
+  const views = Promise.all([
+    api(`/studies/${enc}/timeline?last=${DRAW_MAX}`)
+      .then((tl) => (name === state.study ? renderTimeline(tl) : null)),
+    loadLosses(name),
+    api(`/studies/${enc}/comparable`).then((c) => {
+      if (name !== state.study) return null;
+      renderComparePicks(c);
+      return loadCompare(name, c);
+    }),
+  ]);
+  const [pareto, rejections, best, insights] = await Promise.all([
     api(`/studies/${enc}/pareto`),
     api(`/studies/${enc}/rejections?limit=100`),
     study.best_trial === null ? null : loadBest(name), // no 404 while there is none
     loadTable(name).then(() => null),
     api(`/studies/${enc}/insights`).catch(() => null),
-    api(`/studies/${enc}/timeline`),
-    api(`/studies/${enc}/comparable`),
-  ]).then(([p, r, b, _t, i, tl, c]) => [p, r, b, i, tl, c]);
+  ]).then(([p, r, b, _t, i]) => [p, r, b, i]);
   if (name !== state.study) return;
   renderBest(best);
   renderRejections(rejections);
-  renderComparePicks(comparable);
   await Promise.all([
     renderHistory(study, pareto), renderPareto(study, pareto), renderParcoords(study, pareto),
-    insights === null ? null : renderInsights(study, insights),
-    renderTimeline(timeline), loadLosses(name), loadCompare(name, comparable),
+    insights === null ? null : renderInsights(study, insights), views,
   ]);
   if (state.trialId !== null && !full) loadTrial(state.trialId).catch(() => {});
   const view = $("#study-view");

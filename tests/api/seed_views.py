@@ -8,7 +8,7 @@ Three studies of one model on other hardware or recipes, and one of another mode
   GPUs: 4 lanes, 6 trials that started (12 bars), idle gaps; a baseline, a best with
   intervals, a ``numerics-changed`` trial, a pruned one, a running one and a queued one.
 - ``gpt-h100``: a local runner that recorded no GPU indices: lanes inferred from overlaps
-  (3 lanes: 4 trials and one interrupted attempt).
+  (3 lanes: 4 trials and two interrupted attempts, one of a trial waiting in the queue).
 - ``gpt-bridge-h200``: a cluster runner's placement ``node-1:gpu0,1,node-2:gpu0,1``: 4 lanes,
   2 trials (8 bars).
 - ``gpt-other``: another model (8 layers): not comparable.
@@ -135,7 +135,7 @@ def seed_views(storage: Storage) -> ViewSeed:
     out.pruned.append(("gpt-h200", 4))
     out.studies["gpt-h200"] = {
         "lanes": ["gpu-node-a:0", "gpu-node-a:1", "gpu-node-a:2", "gpu-node-a:3"],
-        "bars": 12, "runs": 6, "gaps": 8, "baseline": 0, "best": 1, "tflops": 350.0,
+        "bars": 12, "runs": 6, "ran": 6, "gaps": 8, "baseline": 0, "best": 1, "tflops": 350.0,
         "slots_from": ["gpu_slots"], "gpu": "NVIDIA H200", "world_size": 2,
     }  # fmt: skip
 
@@ -151,11 +151,15 @@ def seed_views(storage: Storage) -> ViewSeed:
               reason="NCCL watchdog timeout on rank 1"),
         trial(3, p(2, 2), "complete", 60, 100, tflops=190.0, loss=losses(8, 7.0, 0.1),
               host="box-1", history=[interrupted]),
+        # interrupted from 75 s to 85 s, re-queued, not started again
+        trial(4, p(1, 4), "queued", None, None,
+              history=[{**interrupted, "started_at": T0 + 75, "at": T0 + 85}]),
     ]  # fmt: skip
     create = {"gpu": "NVIDIA H100"}
     _import_hw(storage, "gpt-h100", h100, **create)
     out.studies["gpt-h100"] = {
-        "lanes": ["box-1 · slot 1", "box-1 · slot 2", "box-1 · slot 3"], "bars": 5, "runs": 5,
+        "lanes": ["box-1 · slot 1", "box-1 · slot 2", "box-1 · slot 3"], "bars": 6, "runs": 6,
+        "ran": 5,
         "baseline": 0, "best": 1, "tflops": 210.0, "slots_from": ["overlap"],
         "gpu": "NVIDIA H100", "world_size": 2,
     }  # fmt: skip
@@ -170,7 +174,7 @@ def seed_views(storage: Storage) -> ViewSeed:
     _import_recipe(storage, "gpt-bridge-h200", bridge, recipe="bridge:gpt_small_pretrain",
                    world_size=4)  # fmt: skip
     out.studies["gpt-bridge-h200"] = {
-        "lanes": ["node-1:0", "node-1:1", "node-2:0", "node-2:1"], "bars": 8, "runs": 2,
+        "lanes": ["node-1:0", "node-1:1", "node-2:0", "node-2:1"], "bars": 8, "runs": 2, "ran": 2,
         "baseline": 0, "best": 1, "tflops": 370.0, "slots_from": ["placement"],
         "gpu": "NVIDIA H200", "world_size": 4,
     }  # fmt: skip

@@ -57,7 +57,8 @@ def test_timeline_lanes_and_bars(views: tuple[TestClient, ViewSeed], study: str)
     tl = _get(c, f"/studies/{study}/timeline", headers=AUTH)  # with the token: host names
     assert [x["label"] for x in tl["lanes"]] == want["lanes"]
     assert len(tl["bars"]) == want["bars"]
-    assert tl["shown_runs"] == tl["total_runs"] == want["runs"]
+    assert tl["runs"] == want["runs"]
+    assert tl["trials_shown"] == tl["trials_ran"] == want["ran"]
     assert tl["slots_from"] == want["slots_from"]
     assert tl["colors"] == STATE_COLORS
     lanes = {x["label"] for x in tl["lanes"]}
@@ -106,8 +107,11 @@ def test_timeline_hides_host_names_without_the_token(views: tuple[TestClient, Vi
 def test_timeline_keeps_the_latest_bars(views: tuple[TestClient, ViewSeed]) -> None:
     c, _ = views
     tl = _get(c, "/studies/gpt-h100/timeline?last=2")
-    assert tl["total_runs"] == 5 and tl["shown_runs"] == 2
-    assert sorted(b["trial"] for b in tl["bars"]) == [2, 3]
+    # the two latest starts (trial 3 with its interrupted attempt, trial 2) of the 5 that ran
+    assert tl["trials_ran"] == 5 and tl["trials_shown"] == 2 and tl["runs"] == 3
+    assert sorted((b["trial"], b["state"]) for b in tl["bars"]) == [
+        (2, "failed"), (3, "complete"), (3, "interrupted"),
+    ]  # fmt: skip
     assert "query.last" in _422(c, "/studies/gpt-h100/timeline?last=0")
     assert c.get(f"{V1}/studies/nope/timeline").status_code == 404
 

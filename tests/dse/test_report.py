@@ -83,7 +83,7 @@ def test_report_in_chromium_matches_status(
         # the timeline: every trial of the replay ran, on the local runner's two slots (no GPU
         # indices recorded: lanes from overlaps); the losses over the baseline trial's
         ran = sum(st["counts"][k] for k in ("complete", "failed", "infeasible"))
-        assert cell("timeline-note").startswith(f"2 slots, {ran} runs")
+        assert cell("timeline-note").startswith(f"2 slots, {ran} trials, {ran} runs")
         assert "overlapping run times" in cell("timeline-note")
         assert cell("losses-note").startswith("baseline: trial 0 (the first finished trial of the")
         assert f"trials {best['number']}" in cell("losses-note")

@@ -118,11 +118,13 @@ def test_an_empty_timeline() -> None:
     assert tl["label"] == "no trial has started yet"
 
 
-def test_at_most_max_bars_runs_the_latest() -> None:
-    trials = [_t(i, float(i), float(i) + 0.5) for i in range(10)]
-    tl = timeline(trials, now=20.0, max_bars=3)
-    assert tl["total_runs"] == 10 and tl["shown_runs"] == 3
-    assert sorted(b["trial"] for b in tl["bars"]) == [7, 8, 9]
+def test_trials_shown_and_ran() -> None:
+    lost = {"at": 2.0, "reason": "node lost", "host": "box", "started_at": 1.0}
+    trials = [_t(i, float(i), float(i) + 0.5) for i in range(3)]
+    trials.append(_t(3, None, None, state="queued", history=(lost,)))  # re-queued, waiting
+    tl = timeline(trials, now=20.0)
+    assert tl["trials_shown"] == tl["trials_ran"] == 4 and tl["runs"] == 4
+    assert timeline(trials, now=20.0, trials_ran=10)["trials_ran"] == 10
 
 
 @settings(max_examples=60, deadline=None)
