@@ -510,13 +510,13 @@ def timeline(
                 placed.append((r, ("gpu", host, gpu)))
             continue
         ends = free.setdefault(r["host"], [])
-        k = next((i for i, e in enumerate(ends) if e <= r["a"]), None)
-        if k is None:
+        free_lane = next((i for i, e in enumerate(ends) if e <= r["a"]), None)
+        if free_lane is None:
             ends.append(r["b"])
-            k = len(ends) - 1
+            free_lane = len(ends) - 1
         else:
-            ends[k] = r["b"]
-        placed.append((r, ("slot", r["host"] or "", str(k + 1))))
+            ends[free_lane] = r["b"]
+        placed.append((r, ("slot", r["host"] or "", str(free_lane + 1))))
 
     hosts: dict[str, str] = {}
     keys = sorted({key for _, key in placed}, key=lambda k: (k[0] != "gpu", _natural(k[1]),
@@ -548,7 +548,8 @@ def timeline(
                "failure_class": r.get("failure_class"), "value": r.get("value"),
                "open": bool(r.get("open"))}  # fmt: skip
         bars.append(bar)
-    lanes, gaps = [], []
+    lanes: list[dict[str, Any]] = []
+    gaps: list[dict[str, Any]] = []
     for k in keys:
         name = label(k)
         spans = sorted(per_lane[name])
@@ -624,8 +625,10 @@ def _study_row(storage: Any, st: Any) -> dict[str, Any]:
     try:
         space = _stored_space(st.space_yaml, st.name)
         recipe, workload = space.recipe, space.workload.name
-        sem = {"seq_length": space.semantics.seq_length,
-               "global_batch_size": space.semantics.global_batch_size}  # fmt: skip
+        sem: dict[str, int | None] = {
+            "seq_length": space.semantics.seq_length,
+            "global_batch_size": space.semantics.global_batch_size,
+        }
     except (ValueError, KeyError):  # a stored space that no longer validates
         recipe, workload, sem = None, None, {"seq_length": st.model.get("seq_length"),
                                              "global_batch_size": None}  # fmt: skip
