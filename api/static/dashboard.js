@@ -965,9 +965,12 @@ async function loadStudy(name, { full }) {
   if (!state.pickedTouched) { // until the user ticks trials: the best one
     state.picked = new Set(study.best_trial === null ? [] : [study.best_trial]);
   }
-  // the decision views load and draw on their own, alongside the rest
+  // the decision views load and draw on their own, alongside the rest; the timeline draws
+  // a bar per GPU a trial held: at most DRAW_MAX bars (the latest trials)
+  const perTrial = (study.hardware && study.hardware.world_size) || 1;
+  const last = Math.max(50, Math.floor(DRAW_MAX / perTrial));
   const views = Promise.all([
-    api(`/studies/${enc}/timeline?last=${DRAW_MAX}`)
+    api(`/studies/${enc}/timeline?last=${last}`)
       .then((tl) => (name === state.study ? renderTimeline(tl) : null)),
     loadLosses(name),
     api(`/studies/${enc}/comparable`).then((c) => {
