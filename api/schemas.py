@@ -38,6 +38,11 @@ __all__ = [
     "RejectionPublic",
     "RejectionsPublic",
     "TrialOrder",
+    "TimelinePublic",
+    "LossCurvesPublic",
+    "CompareStudyPublic",
+    "ComparePublic",
+    "ComparablePublic",
 ]
 
 # Formats of ``GET /studies/{name}/best`` (``json`` is a JSON object, the others text/plain),
@@ -291,3 +296,129 @@ class RejectionsPublic(BaseModel):
     data: list[RejectionPublic]
     count: int = Field(description="Rejections matching the filter (all pages).")
     counts: dict[str, int] = Field(description="Rejections per kind (whole study).")
+
+
+# --- decision views (data from dse.studyplots, the same the report draws) -------------------
+
+
+class TimelineBarPublic(BaseModel):
+    trial: int = Field(description="Trial number.")
+    state: str = Field(description="The trial's state, or 'interrupted' (a re-queued attempt).")
+    lane: str = Field(description="The GPU slot (lane) it held.")
+    start: float = Field(description="Seconds since the timeline's first start (t0).")
+    end: float = Field(description="Seconds since t0 (a running trial: now).")
+    duration_s: float
+    reason: str | None
+    failure_class: str | None
+    value: float | None
+    open: bool = Field(description="Still running.")
+
+
+class TimelineLanePublic(BaseModel):
+    label: str
+    busy_s: float = Field(description="Seconds some trial held the slot.")
+    busy_fraction: float | None = Field(description="busy_s over the timeline's span.")
+
+
+class TimelineGapPublic(BaseModel):
+    lane: str
+    start: float
+    end: float
+    duration_s: float
+
+
+class TimelinePublic(BaseModel):
+    """What ran where and when: one lane per GPU slot, bars per trial, idle gaps."""
+
+    study: str
+    t0: float = Field(description="Epoch seconds of the first start.")
+    span_s: float
+    unit: str = Field(description="Unit the plots use for the time axis: s, min or h.")
+    scale: float = Field(description="Seconds per unit.")
+    lanes: list[TimelineLanePublic]
+    bars: list[TimelineBarPublic]
+    gaps: list[TimelineGapPublic]
+    busy_fraction: float | None = Field(description="Busy slot-seconds over span x lanes.")
+    slots_from: list[str] = Field(
+        description="Where the lanes come from: 'gpu_slots' (recorded per trial), "
+        "'placement' (a cluster runner's nodes and GPU indices), 'overlap' (inferred)."
+    )
+    trials_shown: int = Field(description="Trials in this answer (the latest starts).")
+    trials_ran: int = Field(description="Trials of the study that ran (started) in all.")
+    runs: int = Field(description="Runs drawn: the trials and their interrupted attempts.")
+    colors: dict[str, str] = Field(description="Colour of each state.")
+    label: str
+
+
+class LossCurvePublic(BaseModel):
+    number: int
+    state: str
+    baseline: bool = Field(description="The baseline configuration's trial.")
+    params: dict[str, Any]
+    value: float | None
+    numerics: str | None = Field(description="metrics.numerics.status when checked.")
+    drift: float | None
+    steps: list[int]
+    loss: list[float | None]
+
+
+class LossCurvesPublic(BaseModel):
+    """Per-step losses of chosen trials over the baseline trial's (listed first)."""
+
+    study: str
+    baseline: int | None = Field(description="Number of the baseline trial (None: not run).")
+    baseline_params: dict[str, Any]
+    baseline_how: str
+    curves: list[LossCurvePublic]
+    colors: dict[str, str]
+
+
+class CompareBestPublic(BaseModel):
+    trial: int
+    value: float | None
+    params: dict[str, Any]
+    source: str | None
+    numerics: str | None
+    tflops_per_gpu: float | None
+    step_time_s: float | None
+    peak_mem_gib: float | None
+    tokens_per_s_per_gpu: float | None
+    tflops_per_gpu_ci: list[float | None] | None
+    step_time_ci_s: list[float | None] | None
+
+
+class CompareStudyPublic(BaseModel):
+    """A study in a comparison: hardware, recipe, training settings, best figures."""
+
+    study: str
+    state: str
+    metric: str
+    direction: str
+    recipe: str | None
+    workload: str | None
+    gpu: str | None
+    gpu_memory_gib: float | None
+    world_size: int | None
+    device: str | None
+    seq_length: int | None
+    global_batch_size: int | None
+    counts: dict[str, int]
+    gpu_hours: float
+    best: CompareBestPublic | None
+
+
+class ComparePublic(BaseModel):
+    """Studies of one model side by side."""
+
+    model: dict[str, Any]
+    figures: dict[str, str] = Field(description="Figure keys of each best and their labels.")
+    studies: list[CompareStudyPublic]
+    label: str
+
+
+class ComparablePublic(BaseModel):
+    """The other studies of a study's model."""
+
+    study: str
+    data: list[CompareStudyPublic]
+    count: int

@@ -13,7 +13,8 @@ What it does:
 3. Times ``--requests`` sequential requests each (one keep-alive HTTP client, after a few
    warm-up requests) of ``GET /api/v1/studies/bench/best``, ``GET .../trials?limit=100``
    (random page offsets and orders) and, for context, the other read endpoints the dashboard
-   polls or loads (``/studies``, ``/studies/bench``, ``/pareto`` with all 10k points).
+   polls or loads (``/studies``, ``/studies/bench``, ``/pareto`` with all 10k points,
+   ``/timeline?last=1000`` and ``/losses`` of five trials).
 4. Opens the dashboard at ``/#study=bench`` in headless Chromium (Playwright, the system
    browser) and reports the time from navigation start to the summary, the three charts and
    the trial table being rendered (``#study-view[data-render-ms]``, set by the dashboard),
@@ -340,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
                 client, [f"/api/v1/trials/{rng.randrange(1, args.trials)}" for _ in range(n)]
             )
             results["pareto_10k"] = time_requests(client, [f"{api}/pareto"] * 20, warmup=2)
+            # the dashboard's decision views: the latest 1000 trials per GPU slot (built once
+            # per change of the study, then cached), loss curves of 5 trials over the baseline's
+            results["timeline_1k"] = time_requests(
+                client, [f"{api}/timeline?last=1000"] * 20, warmup=1
+            )
+            picks = "&".join(f"trials={rng.randrange(0, args.trials)}" for _ in range(5))
+            results["losses_5"] = time_requests(client, [f"{api}/losses?{picks}"] * n)
         if not args.no_browser:
             again: list[float] = []
             render["warm server"] = dashboard_render_ms(

@@ -20,6 +20,11 @@ from dse.space import SearchSpace, parse_space_text
 __all__ = ["best_payload", "render_best"]
 
 
+#: How a trial was measured, when it says (its intervals, the measurement, the numerics
+#: check): passed on with the best configuration's figures.
+MEASUREMENT_DETAILS = ("tflops_per_gpu_ci", "step_time_ci_s", "measurement", "numerics")
+
+
 def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
     """The best feasible trial of a study (or ``best``, a trial record of it) as the
     ``dse best`` / REST payload.
@@ -45,6 +50,7 @@ def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
             "peak_reserved_gib": m.get("peak_reserved_gib"),
             "step_time_s": m.get("step_time_s"),
             "loss": m.get("loss"),
+            **{k: m[k] for k in MEASUREMENT_DETAILS if k in m},
         },
         "source": best.source,
         "model": study.model,

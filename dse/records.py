@@ -65,6 +65,8 @@ __all__ = [
     "StudyRecord",
     "TrialRecord",
     "TrialPoint",
+    "TrialRun",
+    "gpu_slots_of",
     "RejectionRecord",
     # the trial contract
     "StepLine",
@@ -284,6 +286,50 @@ class TrialRecord:
     #: One entry per re-queue: ``{"at", "reason", "state", "runner", "host", "started_at",
     #: "log_path"}`` (what was interrupted, where and why).
     history: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """Where and when a trial ran, for a timeline (``Storage.list_trial_runs``): its state,
+    host (a cluster runner's placement after it finished), start and finish, the GPU slots
+    it held when the runner recorded them (``metrics["gpu_slots"]``), and its interrupted
+    attempts (``history``)."""
+
+    number: int
+    state: TrialState
+    host: str | None
+    started_at: float | None
+    finished_at: float | None
+    value: float | None = None
+    failure_class: FailureClass | None = None
+    reason: str | None = None
+    gpu_slots: tuple[str, ...] | None = None
+    history: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, t: TrialRecord) -> TrialRun:
+        """The run of a full trial record."""
+        return cls(
+            number=t.number,
+            state=t.state,
+            host=t.host,
+            started_at=t.started_at,
+            finished_at=t.finished_at,
+            value=t.value,
+            failure_class=t.failure_class,
+            reason=t.reason,
+            gpu_slots=gpu_slots_of(t.metrics),
+            history=t.history,
+        )
+
+
+def gpu_slots_of(metrics: Any) -> tuple[str, ...] | None:
+    """The GPU slot labels a trial's metrics record (``gpu_slots``: ``["host:0", ...]``), or
+    None when they record none (or not as a list of strings)."""
+    slots = metrics.get("gpu_slots") if isinstance(metrics, dict) else None
+    if isinstance(slots, list) and slots and all(isinstance(x, str) for x in slots):
+        return tuple(slots)
+    return None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,12 @@ from dse.studyplots import slice_label
 
 __all__ = ["register", "write_report", "cmd_report"]
 
-_PLOTS = ("history", "pareto", "importance", "slices", "failures")
+_PLOTS = ("history", "pareto", "importance", "slices", "failures", "timeline", "losses")
+
+
+def _plot_names(data: dict[str, Any]) -> tuple[str, ...]:
+    """The plots of this report: the comparison only when other studies of the model exist."""
+    return _PLOTS + (("compare",) if data.get("compare") else ())
 
 
 def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
@@ -115,7 +120,93 @@ def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
     ax.set_xlabel("trials")
     ax.set_title("Failures by class" + ("" if kinds else ": none"))
     save(fig, "failures")
+
+    _timeline_plot(plt, data["timeline"], save)
+    _losses_plot(plt, data["losses"], save)
+    if data.get("compare"):
+        _compare_plot(plt, data["compare"], data["study"], save)
     return files
+
+
+def _timeline_plot(plt: Any, tl: dict[str, Any], save: Any) -> None:
+    """Trials per GPU slot: a lane per slot, bars coloured by state, idle gaps grey."""
+    lanes = [x["label"] for x in tl["lanes"]]
+    colors, k = tl["colors"], tl["scale"]
+    row = {name: i for i, name in enumerate(lanes)}
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.32 * max(len(lanes), 1)))
+    if tl["gaps"]:
+        g = tl["gaps"]
+        ax.barh([row[x["lane"]] for x in g], [x["duration_s"] / k for x in g],
+                left=[x["start"] / k for x in g], height=0.6, color=colors["idle"],
+                edgecolor="#9ca3af", label="idle")  # fmt: skip
+    for st in dict.fromkeys(b["state"] for b in tl["bars"]):
+        bars = [b for b in tl["bars"] if b["state"] == st]
+        ax.barh([row[b["lane"]] for b in bars], [b["duration_s"] / k for b in bars],
+                left=[b["start"] / k for b in bars], height=0.6,
+                color=colors.get(st, "#6b7280"), edgecolor="white", label=st)  # fmt: skip
+    ticks = [
+        x["label"]
+        if x["busy_fraction"] is None
+        else f"{x['label']} ({figure(100 * x['busy_fraction'])}%)"
+        for x in tl["lanes"]
+    ]
+    ax.set_yticks(range(len(lanes)), ticks, fontsize=7)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlabel(f"time since the first start ({tl['unit']})")
+    ax.set_title("Timeline: trials per GPU slot" + ("" if lanes else ": no trial has started"))
+    if lanes:
+        ax.legend(fontsize=7, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                  frameon=False)  # fmt: skip
+        ax.set_title("Timeline: trials per GPU slot", pad=22)
+    save(fig, "timeline")
+
+
+def _losses_plot(plt: Any, ls: dict[str, Any], save: Any) -> None:
+    """The loss per step of the best trials over the baseline's (dashed)."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    drawn = 0
+    for c in ls["curves"]:
+        pts = [(x, y) for x, y in zip(c["steps"], c["loss"], strict=False) if y is not None]
+        if not pts:
+            continue
+        drawn += 1
+        xs, ys = zip(*pts, strict=True)
+        if c["baseline"]:
+            ax.plot(xs, ys, ls="--", lw=2.5, color=ls["colors"]["baseline"], zorder=1,
+                    label=f"baseline (trial {c['number']})")  # fmt: skip
+        else:
+            changed = c["numerics"] == "changed"
+            name = f"trial {c['number']}" + (" (numerics changed)" if changed else "")
+            ax.plot(xs, ys, ls=":" if changed else "-", lw=1.5, marker="o", ms=3, zorder=2,
+                    label=name)  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("Loss per step over the baseline's" + ("" if drawn else ": no loss recorded"))
+    if drawn:
+        ax.legend(fontsize=7)
+    save(fig, "losses")
+
+
+def _compare_plot(plt: Any, cmp: dict[str, Any], me: str, save: Any) -> None:
+    """The best TFLOP/s per GPU and step time of each study of the model (interval bars)."""
+    rows = cmp["studies"]
+    names = [f"{r['study']}\n{r['gpu'] or r['device']} x{r['world_size']}" for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (k, ci) in zip(axes, (("tflops_per_gpu", "tflops_per_gpu_ci"),
+                                  ("step_time_s", "step_time_ci_s")), strict=True):  # fmt: skip
+        best = [r["best"] or {} for r in rows]
+        ys = [b.get(k) or 0.0 for b in best]
+        colors = ["C0" if r["study"] == me else "0.6" for r in rows]
+        ax.bar(range(len(rows)), ys, color=colors)
+        iv = [(i, b) for i, b in enumerate(best) if b.get(ci) and b.get(k) is not None]
+        if iv:  # interval bars where measured
+            ax.errorbar([i for i, _ in iv], [b[k] for _, b in iv], fmt="none", ecolor="k",
+                        capsize=4, yerr=[[b[k] - b[ci][0] for _, b in iv],
+                                         [b[ci][1] - b[k] for _, b in iv]])  # fmt: skip
+        ax.set_xticks(range(len(rows)), names, fontsize=7)
+        ax.set_ylabel(cmp["figures"][k])
+    axes[0].set_title("Best of each study of the model", fontsize=9)
+    save(fig, "compare")
 
 
 def _money(x: float | None) -> str:
@@ -146,8 +237,21 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
             ("best-mem", "peak memory (GiB)", figure(m.get("peak_mem_gib"))),
             ("best-params", "configuration", json.dumps(b["params"], sort_keys=True)),
         ]  # fmt: skip
-        secs.append(("Best configuration", rows, "measured (one run per configuration; no "
-                     "confidence interval: a repeated run is needed for one)"))  # fmt: skip
+        cis = [
+            ("best-tflops-ci", "TFLOP/s per GPU, 95% interval", m.get("tflops_per_gpu_ci")),
+            ("best-step-ci", "step time (s), 95% interval", m.get("step_time_ci_s")),
+        ]
+        shown = [(i, label, f"{figure(v[0])}–{figure(v[1])}") for i, label, v in cis
+                 if isinstance(v, list) and len(v) == 2]  # fmt: skip
+        rows[5:5] = shown  # after the figures they qualify
+        numerics = m.get("numerics")
+        if isinstance(numerics, dict) and numerics.get("status"):
+            rows.append(("best-numerics", "numerics against the baseline",
+                         str(numerics["status"])))  # fmt: skip
+        note = ("measured; intervals: 95% over the steady-state steps" if shown else
+                "measured (one run per configuration; no confidence interval: a repeated run "
+                "is needed for one)")  # fmt: skip
+        secs.append(("Best configuration", rows, note))
     g = data["gpu"]
     rows = [
         ("gpu-spent", "GPU-hours spent", figure(g["spent_gpu_hours"])),
@@ -179,6 +283,45 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
         rows.append(("proj-days-saved", "days saved (estimate)", figure(p["days_saved"])))
     secs.append(("Projection of a full training run", rows, p["label"]))
     return secs
+
+
+_COMPARE_HEAD = ("study", "GPU", "recipe", "seq", "GBS", "best trial", "TFLOP/s per GPU",
+                 "step time (s)", "peak memory (GiB)", "GPU-hours")  # fmt: skip
+
+
+def _compare_cells(r: dict[str, Any]) -> list[str]:
+    b = r["best"] or {}
+
+    def fig(k: str, ci: str | None = None) -> str:
+        v = figure(b.get(k))
+        iv = b.get(ci) if ci else None
+        return f"{v} ({figure(iv[0])}–{figure(iv[1])})" if v and iv else v
+
+    trial = "" if not b else str(b["trial"]) + (" (estimate)" if b.get("source") == "estimate"
+                                               else "")  # fmt: skip
+    return [r["study"], f"{r['gpu'] or r['device']} x{r['world_size']}",
+            str(r["recipe"] or f"{r['workload']} workload"), str(r["seq_length"]),
+            str(r["global_batch_size"]), trial, fig("tflops_per_gpu", "tflops_per_gpu_ci"),
+            fig("step_time_s", "step_time_ci_s"), fig("peak_mem_gib"),
+            figure(r["gpu_hours"])]  # fmt: skip
+
+
+def _compare_html(cmp: dict[str, Any]) -> list[str]:
+    e = html.escape
+    out = ["<h2>This model on other hardware or recipes</h2><table id='compare'><tr>"
+           + "".join(f"<th>{e(h)}</th>" for h in _COMPARE_HEAD) + "</tr>"]  # fmt: skip
+    for r in cmp["studies"]:
+        out.append(f"<tr data-study='{e(r['study'])}'>"
+                   + "".join(f"<td>{e(c)}</td>" for c in _compare_cells(r)) + "</tr>")  # fmt: skip
+    out.append(f"</table><p class='note'>{e(cmp['label'])}</p>")
+    return out
+
+
+def _compare_md(cmp: dict[str, Any]) -> list[str]:
+    md = ["## This model on other hardware or recipes", "",
+          "| " + " | ".join(_COMPARE_HEAD) + " |", "|" + "---|" * len(_COMPARE_HEAD)]  # fmt: skip
+    md += ["| " + " | ".join(_compare_cells(r)) + " |" for r in cmp["studies"]]
+    return [*md, "", f"_{cmp['label']}_", ""]
 
 
 def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
@@ -240,7 +383,27 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
         md.append(f"- rejected ({r['kind']}): {r['rule']}: {r['reason']}")
     parts.append("</table>")
     md.append("")
-    for name in _PLOTS:
+    tl, ls = data["timeline"], data["losses"]
+    busy = tl["busy_fraction"]
+    tl_text = (
+        f"{len(tl['lanes'])} slots, {tl['trials_shown']} trials, {tl['runs']} runs"
+        + ("" if busy is None else f", busy {figure(100 * busy)}% of the time")
+        + f"; {tl['label']}"
+    )
+    parts.append(f"<h2>Timeline</h2><p class='note' id='timeline-note'>{e(tl_text)}</p>")
+    md += ["## Timeline", "", f"_{tl_text}_", ""]
+    base = ls["baseline"]
+    shown = [c["number"] for c in ls["curves"] if not c["baseline"]]
+    text = f"baseline: trial {base} ({ls['baseline_how']})" if base is not None else ""
+    text = (
+        text or ls["baseline_how"]
+    ) + f"; over it: trials {', '.join(map(str, shown)) or 'none'}"
+    parts.append(f"<h2>Loss curves</h2><p class='note' id='losses-note'>{e(text)}</p>")
+    md += ["## Loss curves", "", f"_{text}_", ""]
+    if data.get("compare"):
+        parts += _compare_html(data["compare"])
+        md += _compare_md(data["compare"])
+    for name in _plot_names(data):
         b64 = base64.b64encode(pngs[name].read_bytes()).decode()
         parts.append(f"<h2>{name}</h2><img id='plot-{name}' alt='{name}' "
                      f"src='data:image/png;base64,{b64}'>")  # fmt: skip

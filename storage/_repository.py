@@ -61,7 +61,9 @@ from dse.records import (
     StudyRecord,
     TrialPoint,
     TrialRecord,
+    TrialRun,
     finite,
+    gpu_slots_of,
 )
 from dse.storage._engine import (
     SessionScope,
@@ -718,6 +720,61 @@ class Storage:
             return out
 
         return self._db.run(fn, write=False, what="list trial points")
+
+    def list_trial_runs(self, study_id: int, *, last: int | None = None) -> list[TrialRun]:
+        """Where and when a study's trials ran (those that started, or were re-queued after
+        starting), the latest ``last`` starts (all when None), by start time.
+
+        Narrow rows like :meth:`list_trial_points` (a timeline of 10,000 trials reads a
+        fraction of what :meth:`list_trials` does).
+        """
+
+        def fn(s: Session) -> list[TrialRun]:
+            t = TrialModel
+            q = (
+                select(
+                    t.number, t.state, t.host, t.started_at, t.finished_at, t.value,
+                    t.failure_class, t.reason, t.metrics, t.history,
+                )
+                .where(t.study_id == study_id, (t.started_at.is_not(None)) | (t.attempts > 0))
+                .order_by(t.started_at.desc().nulls_last(), t.number.desc())
+            )  # fmt: skip
+            if last is not None:
+                q = q.limit(last)
+            rows = s.execute(q).all()
+            runs = [
+                TrialRun(
+                    number=r.number,
+                    state=r.state,
+                    host=r.host,
+                    started_at=r.started_at,
+                    finished_at=r.finished_at,
+                    value=r.value,
+                    failure_class=r.failure_class,
+                    reason=r.reason,
+                    gpu_slots=gpu_slots_of(r.metrics),
+                    history=tuple(dict(h) for h in (r.history or [])),
+                )
+                for r in rows
+            ]
+            runs.reverse()
+            return runs
+
+        return self._db.run(fn, write=False, what="list trial runs")
+
+    def count_trial_runs(self, study_id: int) -> int:
+        """How many of a study's trials ran (started, or were re-queued after starting)."""
+
+        def fn(s: Session) -> int:
+            t = TrialModel
+            n = s.execute(
+                select(func.count(t.id)).where(
+                    t.study_id == study_id, (t.started_at.is_not(None)) | (t.attempts > 0)
+                )
+            ).scalar_one()
+            return int(n)
+
+        return self._db.run(fn, write=False, what="count trial runs")
 
     def count_trials(self, study_id: int) -> dict[str, int]:
         """Trials per state (every state present, 0 if none) and ``"total"``."""

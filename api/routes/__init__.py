@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from dse.api.deps import ReadAccess
-from dse.api.routes import best, insights, studies, system, trials
+from dse.api.routes import best, compare, insights, studies, system, trials
 
 __all__ = ["api_router"]
 
@@ -15,3 +15,4 @@ api_router.include_router(studies.router, dependencies=[ReadAccess])
 api_router.include_router(trials.router, dependencies=[ReadAccess])
 api_router.include_router(best.router, dependencies=[ReadAccess])
 api_router.include_router(insights.router, dependencies=[ReadAccess])
+api_router.include_router(compare.router, dependencies=[ReadAccess])

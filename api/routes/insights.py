@@ -1,20 +1,25 @@
-"""``/studies/{name}/insights``: knob importance, slices per knob, GPU-hours and the training
-projection of a study, computed by :func:`dse.studyplots.study_plot_data` (the same data the
-``dse report`` page draws)."""
+"""Decision views of a study, computed by :mod:`dse.studyplots` (the same data the
+``dse report`` page draws): ``/insights`` (knob importance, slices per knob, GPU-hours and
+the training projection), ``/timeline`` (trials per GPU slot), ``/losses`` (loss curves over
+the baseline's) and ``/comparable`` (the other studies of the model)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response
 
-from dse.api.deps import StorageDep, StudyDep
+from dse.api.deps import CacheDep, StorageDep, StudyDep, TrustedDep
 from dse.api.errors import error_responses
-from dse.api.views import json_bytes
+from dse.api.schemas import ComparablePublic, LossCurvesPublic, TimelinePublic
+from dse.api.views import json_bytes, study_signature
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/studies", tags=["studies"])
+
+#: Trial numbers are 32-bit integers in every backend.
+_MAX_INT = 2**31 - 1
 
 
 @router.get("/{name}/insights", responses=error_responses(404, 422, 503))
@@ -34,3 +39,79 @@ def get_insights(
             "slice_values", "gpu", "projection")  # fmt: skip
     body: dict[str, Any] = {k: data[k] for k in keys}
     return Response(json_bytes(body), media_type="application/json")
+
+
+@router.get(
+    "/{name}/timeline", response_model=TimelinePublic, responses=error_responses(404, 422, 503)
+)
+def get_timeline(
+    storage: StorageDep,
+    study: StudyDep,
+    trusted: TrustedDep,
+    cache: CacheDep,
+    last: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=5000,
+            description="At most this many trials: the latest starts.",
+        ),
+    ] = 1000,
+) -> Response:
+    """What ran where and when: one lane per GPU slot (recorded ``gpu_slots``, else a
+    cluster runner's nodes and GPU indices, else one lane per concurrent trial inferred from
+    overlapping run times), a bar per trial and per interrupted attempt, coloured by state,
+    and the idle gaps. Readers without the token see host names as ``node N``."""
+    from dse.studyplots import study_timeline
+
+    body = cache.get(
+        ("timeline", study.id, study.name, study.created_at, trusted, last),
+        study_signature(storage, study),
+        lambda: json_bytes(study_timeline(storage, study, redact_hosts=not trusted, last=last)),
+    )
+    return Response(body, media_type="application/json")
+
+
+@router.get(
+    "/{name}/losses", response_model=LossCurvesPublic, responses=error_responses(404, 422, 503)
+)
+def get_losses(
+    storage: StorageDep,
+    study: StudyDep,
+    trials: Annotated[
+        list[int],
+        Query(
+            max_length=20,
+            description="Trial numbers (repeat the parameter: ?trials=3&trials=7), at most 20.",
+        ),
+    ] = [],  # noqa: B006 - FastAPI copies a default list per request
+) -> Response:
+    """Per-step losses of the trials ``trials`` over those of the baseline trial (the
+    study's baseline configuration, the recipe's own values; listed first with
+    ``baseline: true``). A number with no trial is a 422 naming it."""
+    from dse.studyplots import loss_curves
+
+    if any(n < 0 or n > _MAX_INT for n in trials):
+        raise HTTPException(422, detail=f"query.trials: trial numbers are 0..{_MAX_INT}")
+    try:
+        data = loss_curves(storage, study, trials)
+    except ValueError as e:
+        raise HTTPException(422, detail=f"query.{e}") from None
+    return Response(json_bytes(data), media_type="application/json")
+
+
+@router.get(
+    "/{name}/comparable",
+    response_model=ComparablePublic,
+    responses=error_responses(404, 422, 503),
+)
+def get_comparable(storage: StorageDep, study: StudyDep) -> Response:
+    """The other studies of the same model (the sequence length aside) with their hardware,
+    recipe and best figures: what ``GET /compare`` can put beside this study."""
+    from dse.studyplots import comparable_studies
+
+    data = comparable_studies(storage, study)
+    return Response(
+        json_bytes({"study": study.name, "data": data, "count": len(data)}),
+        media_type="application/json",
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
@@ -26,6 +26,8 @@ router = APIRouter(tags=["trials"])
 _MAX_INT = 2**31 - 1
 #: Where a trial ran: shown only to readers with the token (docs/SECURITY.md).
 _WHERE = ("host", "runner", "log_path", "metrics_path")
+#: Metrics that say where a trial ran (the GPU slots name the host): hidden likewise.
+_WHERE_METRICS = ("gpu_slots",)
 _WHERE_IN_PAGES = tuple(k for k in _WHERE if k in TrialPublic.model_fields)
 
 
@@ -35,7 +37,8 @@ _T = TypeVar("_T", bound=TrialPublic)
 def _redact(trial: _T, trusted: bool) -> _T:
     if trusted:
         return trial
-    hidden = {k: None for k in _WHERE if k in type(trial).model_fields}
+    hidden: dict[str, Any] = {k: None for k in _WHERE if k in type(trial).model_fields}
+    hidden["metrics"] = {k: v for k, v in trial.metrics.items() if k not in _WHERE_METRICS}
     return trial.model_copy(update=hidden)
 
 
@@ -68,6 +71,8 @@ async def list_trials(
         if not trusted:
             for row in data:
                 row.update(dict.fromkeys(_WHERE_IN_PAGES, None))
+                for k in _WHERE_METRICS:
+                    row["metrics"].pop(k, None)
         count = counts.get(state, 0) if state is not None else counts.get("total", 0)
         return json_bytes({"data": data, "count": count})
 

@@ -5,6 +5,9 @@
 // badges with data-count / data-value, charts with data-rendered="true" once drawn, and
 // #study-view[data-rendered="true"] when the summary, charts and table of the selected study
 // are all on screen (data-render-ms: when that first happened, in ms since navigation).
+//
+// The timeline (/timeline), the loss curves (/losses) and the comparison (/compare) draw
+// the data that `dse report` draws too (dse/studyplots.py), in the colours it gives.
 "use strict";
 
 const API = "/api/v1";
@@ -18,6 +21,7 @@ const FAILURE_STYLE = {
   oom: { name: "OOM", color: "#d62728", symbol: "x" },
   predicted_oom: { name: "predicted OOM (not run)", color: "#ff7f0e", symbol: "triangle-up-open" },
   invalid: { name: "invalid", color: "#7f7f7f", symbol: "square-x-open" },
+  pruned: { name: "pruned (stopped early)", color: "#7c3aed", symbol: "circle-open" },
   other: { name: "other failure", color: "#9467bd", symbol: "cross" },
 };
 
@@ -34,6 +38,9 @@ const state = {
   exportFormat: "megatron",
   timer: null,
   loading: null,
+  picked: new Set(), // trial numbers whose losses are drawn over the baseline's
+  pickedTouched: false, // the user changed the selection (else: the best trial)
+  comparePicks: null, // names of the studies compared with this one (null: all comparable)
 };
 
 const $ = (sel) => document.querySelector(sel);
@@ -174,8 +181,26 @@ function renderSummary(s) {
     (s.model && s.model.num_layers ? ` · ${s.model.num_layers} layers, h=${s.model.hidden_size}` : "");
   const c = s.counts;
   setBadge("#badge-total", c.total || 0, "trials");
-  for (const k of ["complete", "running", "queued", "failed", "infeasible"]) {
+  for (const k of ["complete", "running", "queued", "failed", "infeasible", "pruned"]) {
     setBadge(`#badge-${k}`, c[k] || 0, k);
+  }
+  $("#badge-pruned").hidden = !c.pruned;
+  // issue 15's study figures: shown when the summary carries them
+  const saved = $("#badge-gpu-hours-saved");
+  const hasSaved = typeof s.gpu_hours_saved === "number";
+  saved.hidden = !hasSaved;
+  saved.dataset.value = hasSaved ? String(s.gpu_hours_saved) : "";
+  if (hasSaved) {
+    saved.replaceChildren(el("b", {}, fmt(s.gpu_hours_saved)),
+      document.createTextNode(" GPU-hours saved"));
+  }
+  const busy = $("#badge-gpu-busy");
+  const hasBusy = typeof s.gpu_busy_fraction === "number";
+  busy.hidden = !hasBusy;
+  busy.dataset.value = hasBusy ? String(s.gpu_busy_fraction) : "";
+  if (hasBusy) {
+    busy.replaceChildren(el("b", {}, `${fmt(100 * s.gpu_busy_fraction)}%`),
+      document.createTextNode(" GPU busy"));
   }
   setBadge("#badge-rejections", s.rejections, "rejected before launch");
   const gh = $("#badge-gpu-hours");
@@ -199,20 +224,31 @@ function renderTable(page) {
     });
     if (t.id === state.trialId) tr.classList.add("selected");
     const isBest = t.number === state.bestTrial && t.state === "complete";
-    const num = el("td", {}, t.number);
+    const num = el("td", {});
+    const pick = el("input", { type: "checkbox", class: "pick", title: "draw its losses over the baseline's",
+      "data-number": String(t.number), checked: state.picked.has(t.number) });
+    pick.addEventListener("click", (ev) => ev.stopPropagation());
+    pick.addEventListener("change", () => togglePick(t.number, pick.checked));
+    num.append(pick, document.createTextNode(String(t.number)));
     if (isBest) {
       tr.classList.add("best");
       tr.dataset.best = "true";
       tr.title = "the best trial of the study";
       num.append(el("span", { class: "best-mark", title: "best" }, "★"));
     }
+    const stateCell = cell(el("span", { class: `state state-${t.state}` }, t.state));
+    const flag = numericsFlag(m);
+    if (flag) {
+      stateCell.append(flag);
+      tr.dataset.numerics = "changed";
+    }
     tr.append(
       num,
-      cell(el("span", { class: `state state-${t.state}` }, t.state)),
+      stateCell,
       el("td", { class: "num" }, fmt(t.value)),
-      el("td", { class: "num" }, fmt(m.tflops_per_gpu)),
+      withCi(el("td", { class: "num" }, fmt(m.tflops_per_gpu)), m.tflops_per_gpu_ci),
       el("td", { class: "num" }, fmt(m.peak_mem_gib)),
-      el("td", { class: "num" }, fmt(m.step_time_s)),
+      withCi(el("td", { class: "num" }, fmt(m.step_time_s)), m.step_time_ci_s),
       el("td", { class: "num" }, fmt(t.gpu_seconds)),
       el("td", {}, t.failure_class || ""),
       el("td", { class: "reason", title: t.reason || "" }, t.reason || ""),
@@ -294,8 +330,14 @@ function renderBest(best) {
     const div = el("div", { "data-metric": k });
     div.append(el("dt", {}, k === obj ? `${label} (objective)` : label),
       el("dd", { class: k === obj ? "objective" : "" }, fmt(v)));
+    const ci = ciText(m[CI_OF[k]]);
+    if (ci) div.append(el("span", { class: "ci", "data-ci": JSON.stringify(m[CI_OF[k]]) }, `95% CI ${ci}`));
     dl.append(div);
   }
+  const nf = $("#best-numerics");
+  const flag = numericsFlag(m);
+  nf.hidden = !flag;
+  nf.replaceChildren(...(flag ? [flag] : []));
   $("#best-knobs").textContent = Object.entries(best.params || {})
     .map(([k, v]) => `${k}=${v}`).join("  ");
   for (const f of EXPORT_FORMATS) {
@@ -303,6 +345,37 @@ function renderBest(best) {
     tab.disabled = !best.exports || !best.exports[f];
   }
   showExport(state.exportFormat);
+}
+
+// --- issue 15's measurement fields ---------------------------------------------------------
+
+const CI_OF = { tflops_per_gpu: "tflops_per_gpu_ci", step_time_s: "step_time_ci_s" };
+
+// "lo–hi" of a [lo, hi] interval, or "" when there is none.
+function ciText(ci) {
+  if (!Array.isArray(ci) || ci.length !== 2 || ci[0] === null || ci[1] === null) return "";
+  return `${fmt(ci[0])}–${fmt(ci[1])}`;
+}
+
+function withCi(td, ci) {
+  const text = ciText(ci);
+  if (text) {
+    td.append(el("div", { class: "ci", title: "95% interval" }, text));
+    td.dataset.ci = JSON.stringify(ci);
+  }
+  return td;
+}
+
+// The numerics-changed flag (metrics.numerics.status == "changed"), or null.
+function numericsFlag(m) {
+  const n = m && m.numerics;
+  if (!n || n.status !== "changed") return null;
+  const why = [n.drift !== null && n.drift !== undefined ? `loss drift ${fmt(n.drift)}` : "",
+    n.tolerance !== null && n.tolerance !== undefined ? `tolerance ${fmt(n.tolerance)}` : "",
+    n.baseline_trial !== null && n.baseline_trial !== undefined ? `vs trial ${n.baseline_trial}` : ""]
+    .filter(Boolean).join(", ");
+  return el("span", { class: "flag numerics-changed", "data-flag": "numerics-changed",
+    title: `the loss curve differs from the baseline's${why ? ` (${why})` : ""}` }, "numerics changed");
 }
 
 function showExport(format) {
@@ -666,6 +739,214 @@ async function renderInsights(study, ins) {
   await Promise.all(pending);
 }
 
+// --- timeline of trials per GPU slot (/timeline) -------------------------------------------
+
+function renderTimeline(tl) {
+  const div = $("#chart-timeline");
+  const lanes = tl.lanes.map((l) => l.label);
+  div.dataset.lanes = String(lanes.length);
+  div.dataset.laneLabels = JSON.stringify(lanes);
+  div.dataset.bars = String(tl.bars.length);
+  div.dataset.gaps = String(tl.gaps.length);
+  div.dataset.slotsFrom = tl.slots_from.join(",");
+  const busy = tl.busy_fraction === null ? "" : `; slots busy ${fmt(100 * tl.busy_fraction)}% of the time`;
+  const cut = tl.trials_shown < tl.trials_ran
+    ? `; the latest ${tl.trials_shown} of ${tl.trials_ran} trials` : "";
+  $("#note-timeline").textContent = ` (${tl.label}${busy}${cut})`;
+  if (lanes.length === 0) {
+    if (window.Plotly) window.Plotly.purge(div);
+    div.textContent = "no trial has started yet";
+    div.dataset.rendered = "true";
+    return Promise.resolve();
+  }
+  if (div.textContent && !div.querySelector(".main-svg")) div.textContent = "";
+  const k = tl.scale;
+  const when = (sec) => new Date((tl.t0 + sec) * 1000).toLocaleString();
+  const traces = [];
+  if (tl.gaps.length) {
+    traces.push({ type: "bar", orientation: "h", name: "idle", y: tl.gaps.map((g) => g.lane),
+      base: tl.gaps.map((g) => g.start / k), x: tl.gaps.map((g) => g.duration_s / k),
+      marker: { color: tl.colors.idle, line: { color: "#9ca3af", width: 1 } },
+      text: tl.gaps.map((g) => `idle ${fmt(g.duration_s)} s<br>${when(g.start)} – ${when(g.end)}`),
+      hoverinfo: "text", textposition: "none" });
+  }
+  const states = [...new Set(tl.bars.map((b) => b.state))];
+  for (const st of states) {
+    const bars = tl.bars.filter((b) => b.state === st);
+    traces.push({ type: "bar", orientation: "h", name: st, y: bars.map((b) => b.lane),
+      base: bars.map((b) => b.start / k), x: bars.map((b) => b.duration_s / k),
+      marker: { color: tl.colors[st] || "#6b7280", line: { color: "#fff", width: 1 } },
+      text: bars.map((b) => `trial ${b.trial} (${b.state}${b.failure_class ? `: ${b.failure_class}` : ""})`
+        + `<br>${b.lane}: ${when(b.start)}, ${fmt(b.duration_s)} s${b.open ? " so far" : ""}`
+        + (b.value !== null ? `<br>objective ${fmt(b.value)}` : "")
+        + (b.reason ? `<br>${b.reason.slice(0, 160)}` : "")),
+      hoverinfo: "text", textposition: "none" });
+  }
+  const ticks = tl.lanes.map((l) => (l.busy_fraction === null ? l.label
+    : `${l.label} (${fmt(100 * l.busy_fraction)}%)`));
+  return plot(div, traces, {
+    barmode: "overlay", bargap: 0.25,
+    height: Math.min(900, 110 + 30 * lanes.length),
+    xaxis: { title: { text: `time since the first start (${tl.unit})` }, rangemode: "tozero" },
+    yaxis: { type: "category", categoryorder: "array", categoryarray: lanes, autorange: "reversed",
+      tickvals: lanes, ticktext: ticks, automargin: true, tickfont: { size: 11 } },
+    margin: { l: 130, r: 15, t: 40, b: 45 },
+    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: { size: 11 } },
+  });
+}
+
+// --- loss curves of the selected trials over the baseline's (/losses) -----------------------
+
+async function loadLosses(name) {
+  const q = new URLSearchParams();
+  for (const n of [...state.picked].sort((a, b) => a - b)) q.append("trials", String(n));
+  const data = await api(`/studies/${encodeURIComponent(name)}/losses?${q}`);
+  if (name === state.study) await renderLosses(data);
+}
+
+function renderLosses(data) {
+  const div = $("#chart-losses");
+  div.dataset.traces = String(data.curves.length);
+  div.dataset.baseline = data.baseline === null ? "" : String(data.baseline);
+  div.dataset.trials = data.curves.filter((c) => !c.baseline).map((c) => c.number).join(",");
+  $("#losses-picked").textContent = state.picked.size
+    ? `trials ${[...state.picked].sort((a, b) => a - b).join(", ")}` : "no trial ticked";
+  $("#note-losses").textContent = data.baseline === null
+    ? ` (${data.baseline_how}: ${shortParams(data.baseline_params)})`
+    : ` (baseline: trial ${data.baseline}, ${data.baseline_how}; ${shortParams(data.baseline_params)})`;
+  if (data.curves.length === 0) {
+    if (window.Plotly) window.Plotly.purge(div);
+    div.textContent = "tick trials in the table to draw their losses";
+    div.dataset.rendered = "true";
+    return Promise.resolve();
+  }
+  if (div.textContent && !div.querySelector(".main-svg")) div.textContent = "";
+  const traces = data.curves.map((c) => {
+    const changed = c.numerics === "changed";
+    const name = c.baseline ? `baseline (trial ${c.number})`
+      : `trial ${c.number}${changed ? " · numerics changed" : ""}`;
+    const trace = { type: "scatter", mode: c.steps.length > 40 ? "lines" : "lines+markers", name,
+      x: c.steps, y: c.loss, text: c.steps.map(() => `${name}<br>${shortParams(c.params)}`),
+      hovertemplate: "%{text}<br>step %{x}: loss %{y:.4g}<extra></extra>",
+      line: { width: 2 }, marker: { size: 5 } };
+    if (c.baseline) {
+      trace.line = { color: data.colors.baseline, width: 4, dash: "dash" };
+      trace.marker = { size: 6, color: data.colors.baseline };
+    } else if (changed) {
+      trace.line = { width: 2, dash: "dot" };
+    }
+    return trace;
+  });
+  return plot(div, traces, {
+    height: 320, xaxis: { title: { text: "step" }, tickformat: "d" },
+    yaxis: { title: { text: "loss" } },
+  });
+}
+
+function togglePick(number, on) {
+  state.pickedTouched = true;
+  if (on) state.picked.add(number); else state.picked.delete(number);
+  for (const box of document.querySelectorAll(`#trial-table input.pick[data-number="${number}"]`)) {
+    box.checked = on;
+  }
+  loadLosses(state.study).catch((e) => setConn(false, `losses: ${e.message}`));
+}
+
+// --- the studies of this model on other hardware or recipes (/comparable, /compare) ---------
+
+function hwText(r) {
+  return `${r.gpu || r.device || "?"} ×${r.world_size ?? "?"}`;
+}
+
+function renderComparePicks(comparable) {
+  const box = $("#compare-picks");
+  box.replaceChildren();
+  box.dataset.count = String(comparable.data.length);
+  $("#compare-none").hidden = comparable.data.length > 0;
+  for (const r of comparable.data) {
+    const on = state.comparePicks === null || state.comparePicks.has(r.study);
+    const input = el("input", { type: "checkbox", checked: on, "data-study": r.study });
+    input.addEventListener("change", () => {
+      if (state.comparePicks === null) state.comparePicks = new Set(comparable.data.map((x) => x.study));
+      if (input.checked) state.comparePicks.add(r.study); else state.comparePicks.delete(r.study);
+      loadCompare(state.study, comparable).catch((e) => setConn(false, `compare: ${e.message}`));
+    });
+    const label = el("label", { class: "pick-study" });
+    label.append(input, document.createTextNode(` ${r.study} `),
+      el("span", { class: "muted small" }, `${hwText(r)}${r.recipe ? ` · ${r.recipe}` : ""}`));
+    box.append(label);
+  }
+}
+
+async function loadCompare(name, comparable) {
+  const others = comparable.data.map((r) => r.study)
+    .filter((n) => state.comparePicks === null || state.comparePicks.has(n));
+  if (others.length === 0) {
+    renderCompare(null);
+    return;
+  }
+  const q = new URLSearchParams();
+  for (const n of [name, ...others]) q.append("studies", n);
+  const data = await api(`/compare?${q}`);
+  if (name === state.study) await renderCompare(data);
+}
+
+function renderCompare(data) {
+  const tbody = $("#compare-table tbody");
+  tbody.replaceChildren();
+  const div = $("#chart-compare");
+  div.dataset.studies = data ? data.studies.map((r) => r.study).join(",") : "";
+  $("#compare-body").hidden = !data;
+  if (!data) {
+    div.dataset.rendered = "true";
+    return Promise.resolve();
+  }
+  $("#compare-model").textContent = `model: ${data.model.num_layers} layers, h=${data.model.hidden_size}, `
+    + `${data.model.num_attention_heads} heads` + (data.model.num_moe_experts ? `, ${data.model.num_moe_experts} experts` : "");
+  $("#note-compare").textContent = ` (${data.label})`;
+  for (const r of data.studies) {
+    const b = r.best || {};
+    const tr = el("tr", { "data-study": r.study, "data-best-trial": r.best ? String(b.trial) : "" });
+    if (r.study === state.study) tr.classList.add("selected");
+    const link = el("a", { href: `#study=${encodeURIComponent(r.study)}` }, r.study);
+    const figure = (k, ci) => {
+      const td = el("td", { class: "num", "data-metric": k }, fmt(b[k] ?? null));
+      return ci ? withCi(td, b[ci]) : td;
+    };
+    tr.append(cell(link), el("td", {}, hwText(r)),
+      el("td", {}, r.recipe || (r.workload ? `${r.workload} workload` : "")),
+      el("td", { class: "num" }, `${r.seq_length ?? ""} · ${r.global_batch_size ?? ""}`),
+      el("td", { class: "num", "data-source": b.source || "" },
+        r.best ? String(b.trial) + (b.source === "estimate" ? " (estimate)" : "") : "–"),
+      figure("tflops_per_gpu", "tflops_per_gpu_ci"), figure("step_time_s", "step_time_ci_s"),
+      figure("peak_mem_gib"), el("td", { class: "num" }, fmt(r.gpu_hours)),
+      el("td", { class: "params" }, r.best ? shortParams(b.params) : "no complete trial"));
+    if (b.numerics === "changed") tr.children[4].append(numericsFlag({ numerics: { status: "changed" } }));
+    tbody.append(tr);
+  }
+  const names = data.studies.map((r) => `${r.study}<br>${hwText(r)}`);
+  const err = (k, ci) => {
+    const has = data.studies.some((r) => r.best && Array.isArray(r.best[ci]));
+    if (!has) return undefined;
+    return { type: "data", symmetric: false, color: "#111827", thickness: 1.5,
+      array: data.studies.map((r) => (r.best && r.best[ci] ? r.best[ci][1] - r.best[k] : null)),
+      arrayminus: data.studies.map((r) => (r.best && r.best[ci] ? r.best[k] - r.best[ci][0] : null)) };
+  };
+  const colors = data.studies.map((r) => (r.study === state.study ? "#2563eb" : "#94a3b8"));
+  const bar = (k, ci, axis) => ({ type: "bar", name: data.figures[k], x: names,
+    y: data.studies.map((r) => (r.best ? r.best[k] : null)), xaxis: `x${axis}`, yaxis: `y${axis}`,
+    marker: { color: colors }, error_y: err(k, ci),
+    text: data.studies.map((r) => (r.best ? fmt(r.best[k]) : "")), textposition: "outside",
+    hoverinfo: "x+text", cliponaxis: false });
+  return plot(div, [bar("tflops_per_gpu", "tflops_per_gpu_ci", ""), bar("step_time_s", "step_time_ci_s", 2)], {
+    grid: { rows: 1, columns: 2, pattern: "independent" }, showlegend: false, height: 340,
+    yaxis: { title: { text: data.figures.tflops_per_gpu }, rangemode: "tozero" },
+    yaxis2: { title: { text: data.figures.step_time_s }, rangemode: "tozero" },
+    xaxis: { tickfont: { size: 10 } }, xaxis2: { tickfont: { size: 10 } },
+    margin: { l: 60, r: 15, t: 30, b: 70 },
+  });
+}
+
 async function loadTable(name) {
   const q = new URLSearchParams({ limit: PAGE_SIZE, offset: state.offset, order: state.order });
   if (state.filter) q.set("state", state.filter);
@@ -681,6 +962,23 @@ async function loadStudy(name, { full }) {
   const sig = signatureOf(study);
   if (!full && sig === state.signature) return;
   state.signature = sig;
+  if (!state.pickedTouched) { // until the user ticks trials: the best one
+    state.picked = new Set(study.best_trial === null ? [] : [study.best_trial]);
+  }
+  // the decision views load and draw on their own, alongside the rest; the timeline draws
+  // a bar per GPU a trial held: at most DRAW_MAX bars (the latest trials)
+  const perTrial = (study.hardware && study.hardware.world_size) || 1;
+  const last = Math.max(50, Math.floor(DRAW_MAX / perTrial));
+  const views = Promise.all([
+    api(`/studies/${enc}/timeline?last=${last}`)
+      .then((tl) => (name === state.study ? renderTimeline(tl) : null)),
+    loadLosses(name),
+    api(`/studies/${enc}/comparable`).then((c) => {
+      if (name !== state.study) return null;
+      renderComparePicks(c);
+      return loadCompare(name, c);
+    }),
+  ]);
   const [pareto, rejections, best, insights] = await Promise.all([
     api(`/studies/${enc}/pareto`),
     api(`/studies/${enc}/rejections?limit=100`),
@@ -693,7 +991,7 @@ async function loadStudy(name, { full }) {
   renderRejections(rejections);
   await Promise.all([
     renderHistory(study, pareto), renderPareto(study, pareto), renderParcoords(study, pareto),
-    insights === null ? null : renderInsights(study, insights),
+    insights === null ? null : renderInsights(study, insights), views,
   ]);
   if (state.trialId !== null && !full) loadTrial(state.trialId).catch(() => {});
   const view = $("#study-view");
@@ -711,10 +1009,13 @@ async function selectStudy(name) {
     state.trialId = null;
     state.signature = null;
     state.bestTrial = null;
+    state.picked = new Set();
+    state.pickedTouched = false;
+    state.comparePicks = null;
     renderBest(null);
     $("#trial-detail").hidden = true;
     for (const id of ["#chart-history", "#chart-pareto", "#chart-parcoords", "#chart-importance",
-      "#chart-slices"]) {
+      "#chart-slices", "#chart-timeline", "#chart-losses", "#chart-compare"]) {
       $(id).dataset.rendered = "false";
     }
   }
@@ -778,6 +1079,12 @@ function bindControls() {
     state.filter = ev.target.value;
     state.offset = 0;
     loadTable(state.study);
+  });
+  $("#losses-clear").addEventListener("click", () => {
+    state.pickedTouched = true;
+    state.picked = new Set();
+    for (const box of document.querySelectorAll("#trial-table input.pick")) box.checked = false;
+    loadLosses(state.study).catch((e) => setConn(false, `losses: ${e.message}`));
   });
   $("#order-select").addEventListener("change", (ev) => {
     state.order = ev.target.value;

@@ -27,12 +27,15 @@ schema = schemathesis.openapi.from_asgi(
 
 
 #: Operations whose input has rules beyond its schema (a space file is YAML text that must
-#: validate as a space; a cross-study query needs at least one field): a schema-valid request
+#: validate as a space; a cross-study query needs at least one field; a comparison names two
+#: existing studies of one model; loss curves name existing trials): a schema-valid request
 #: may rightly answer 422 there.
 SEMANTIC_422 = {
     ("POST", "/api/v1/studies"),
     ("GET", "/api/v1/best"),
     ("POST", "/api/v1/best/query"),
+    ("GET", "/api/v1/compare"),
+    ("GET", "/api/v1/studies/{name}/losses"),
 }
 
 

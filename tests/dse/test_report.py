@@ -34,14 +34,15 @@ def _status(url: str, capsys: pytest.CaptureFixture[str]) -> dict:
 
 def test_report_files(report_dir: Path) -> None:
     for name in ("report.html", "report.md", "history.png", "pareto.png", "importance.png",
-                 "slices.png", "failures.png"):  # fmt: skip
+                 "slices.png", "failures.png", "timeline.png", "losses.png"):  # fmt: skip
         p = report_dir / name
         assert p.stat().st_size > 0, name
         if name.endswith(".png"):
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (report_dir / "report.html").read_text()
     assert "src='http" not in page and "<script src" not in page  # self-contained
-    assert page.count("data:image/png;base64,") == 5
+    assert page.count("data:image/png;base64,") == 7  # no other study of the model: no comparison
+    assert not (report_dir / "compare.png").exists()
     md = (report_dir / "report.md").read_text()
     assert "(estimate)" in md and "![pareto](pareto.png)" in md
 
@@ -79,7 +80,14 @@ def test_report_in_chromium_matches_status(
         # the projection: 1e12 tokens at the best measured step time (an estimate)
         steps = 1e12 / (8 * 4096)
         assert cell("proj-best-days") == figure(steps * best["metrics"]["step_time_s"] / 86400)
-        for img in ("history", "pareto", "importance", "slices", "failures"):
+        # the timeline: every trial of the replay ran, on the local runner's two slots (no GPU
+        # indices recorded: lanes from overlaps); the losses over the baseline trial's
+        ran = sum(st["counts"][k] for k in ("complete", "failed", "infeasible"))
+        assert cell("timeline-note").startswith(f"2 slots, {ran} trials, {ran} runs")
+        assert "overlapping run times" in cell("timeline-note")
+        assert cell("losses-note").startswith("baseline: trial 0 (the first finished trial of the")
+        assert f"trials {best['number']}" in cell("losses-note")
+        for img in ("history", "pareto", "importance", "slices", "failures", "timeline", "losses"):
             assert page.locator(f"#plot-{img}").evaluate("e => e.naturalWidth") > 100
         if os.environ.get("DSE_REPORT_SHOT"):
             RESULTS.mkdir(parents=True, exist_ok=True)
@@ -143,3 +151,39 @@ def test_report_of_a_study_without_a_complete_trial(tmp_path: Path) -> None:
     page = (out / "report.html").read_text()
     assert "CUDA out of memory" in page and "needs 3 complete trials" in page
     assert "best-value" not in page
+
+
+def test_report_of_a_model_studied_on_other_hardware(tmp_path: Path) -> None:
+    """Other studies of the model in the database: the report compares their best figures;
+    the best configuration's intervals and numerics check are reported where measured."""
+    from dse.storage import open_storage
+    from tests.api.seed_views import seed_views, set_pruned
+
+    url = f"sqlite:///{tmp_path / 'views.db'}"
+    storage = open_storage(url)
+    try:
+        seeded = seed_views(storage)
+    finally:
+        storage.close()
+    set_pruned(url, seeded)
+    out = tmp_path / "rep"
+    assert main(["report", "--storage", url, "--study", "gpt-h200", "-o", str(out)]) == 0
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 8
+    data = json.loads((out / "report.json").read_text())
+    rows = [r["study"] for r in data["compare"]["studies"]]
+    assert rows == ["gpt-h200", "gpt-h100", "gpt-bridge-h200"]  # not the other model's
+    for name in rows:
+        assert f"<tr data-study='{name}'>" in page
+    assert "<td>350.0 (340.0–358.0)</td>" in page and "<td>NVIDIA H100 x2</td>" in page
+    assert "<td id='best-tflops-ci'>340.0–358.0</td>" in page
+    assert "<td id='best-step-ci'>0.2793–0.2941</td>" in page
+    assert "<td id='best-numerics'>ok</td>" in page
+    # four GPUs, six trials that ran (the pruned one included); a numerics baseline
+    assert "<p class='note' id='timeline-note'>4 slots, 6 trials, 6 runs" in page
+    assert "baseline: trial 0 (the trial the numerics check compared against); over it: " \
+           "trials 1, 2" in page  # fmt: skip
+    md = (out / "report.md").read_text()
+    assert "| gpt-bridge-h200 | NVIDIA H200 x4 | bridge:gpt_small_pretrain |" in md
+    assert "![compare](compare.png)" in md and "![timeline](timeline.png)" in md

@@ -103,3 +103,31 @@ def test_trial_points(storage: Storage) -> None:
     oom = next(p for p in points if p.failure_class == "oom")
     assert oom.peak_mem_gib == 80.0 and oom.tflops_per_gpu is None
     assert storage.list_trial_points(999) == []
+
+
+def test_trial_runs_are_the_latest_starts_in_narrow_rows(storage: Storage) -> None:
+    """``list_trial_runs`` (the timeline's read): trials that started or were re-queued after
+    starting, the latest ``last`` starts, oldest first; with the GPU slots they recorded."""
+    sid = _study(storage, "runs")
+    ids = []
+    for n in range(5):
+        t = storage.claim_trial(study_id=sid, params={"n": n}, params_key=str(n), budget=9)
+        assert t is not None
+        ids.append(t.id)
+    for n in range(3):
+        storage.start_trial(ids[n], runner="r", host=f"h{n}", log_path=None, metrics_path=None)
+    metrics = {"tflops_per_gpu": 1.0, "gpu_slots": ["h0:0", "h0:1"]}
+    storage.finish_trial(ids[0], Outcome("ok", metrics), value=1.0)
+    storage.requeue_trial(ids[2], reason="controller lost")  # ran, back in the queue
+    # trial 3 and 4 never started: not runs
+    runs = storage.list_trial_runs(sid)
+    assert [r.number for r in runs][-2:] == [0, 1] and {r.number for r in runs} == {0, 1, 2}
+    first = next(r for r in runs if r.number == 0)
+    assert first.state == "complete" and first.gpu_slots == ("h0:0", "h0:1")
+    assert first.started_at is not None and first.finished_at is not None
+    back = next(r for r in runs if r.number == 2)
+    assert back.state == "queued" and back.started_at is None
+    assert back.history[0]["host"] == "h2" and back.history[0]["started_at"] is not None
+    assert storage.count_trial_runs(sid) == 3
+    # the latest start only (a waiting re-queued trial has none: it comes last)
+    assert [r.number for r in storage.list_trial_runs(sid, last=1)] == [1]
