@@ -724,14 +724,20 @@ class PrescreenSpec(_Strict):
     coefficients: dict[str, float] = Field(
         default_factory=dict,
         description="Starting coefficients of the memory model (activation_scale, "
-        "static_offset_gib, fragmentation, context_gib), e.g. fitted to published figures of "
-        "the same stack; measured trials refit them.",
+        "static_offset_gib, fragmentation, context_gib, elastic_gib), e.g. fitted to "
+        "published figures of the same stack; measured trials refit them.",
     )
 
     @field_validator("coefficients")
     @classmethod
     def _known_coefficients(cls, v: dict[str, float]) -> dict[str, float]:
-        known = ("activation_scale", "static_offset_gib", "fragmentation", "context_gib")
+        known = (
+            "activation_scale",
+            "static_offset_gib",
+            "fragmentation",
+            "context_gib",
+            "elastic_gib",
+        )
         bad = sorted(set(v) - set(known))
         if bad:
             raise ValueError(f"unknown coefficients {bad}; known: {list(known)}")

@@ -77,6 +77,9 @@ class CostLayout:
     fp8: bool = False
     fp8_param: bool = False
     flex_backend: str | None = None
+    #: optimizer states Transformer Engine's FusedAdam copies to fp32 for the update
+    #: (precision-aware optimizer; see memory._optimizer_temporaries)
+    unscaled_states: int = 0
 
     def recomputes(self, module: str) -> bool:
         """True when selective recompute covers ``module`` (``core_attn``, ``moe`` ...)."""
@@ -164,6 +167,7 @@ def resolve(
             master = 2
     else:
         master, exp_avg, exp_avg_sq = 4, 4, 4
+    unscaled = _unscaled_states(params, precision_aware, precision)
     if precision == "fp32":
         master = 0  # FP32Optimizer: the parameters are the master weights
     features = resources.features
@@ -200,4 +204,28 @@ def resolve(
             if knob(params, "moe_token_dispatcher_type") == "flex"
             else None
         ),
+        unscaled_states=unscaled,
     )
+
+
+def _unscaled_states(params: Mapping[str, Any], precision_aware: bool, precision: str) -> int:
+    """How many optimizer states TE's FusedAdam turns into fp32 copies at each step.
+
+    ``FusedAdam.step`` (transformer_engine/pytorch/optimizers/fused_adam.py) calls
+    ``get_unscaled_state`` for every state that is not fp32 and keeps the fp32 copies of a
+    whole parameter group until the group's update is written back: the fp16 master weights
+    always; the Adam moments unless both are bf16 (since TE 2.14 the kernel reads and writes
+    bf16 moments itself, "Fuse scaling and unscaling of bf16 momentums into kernels").
+    Int16 parameter remainders are used as they are.
+    """
+    if not precision_aware:
+        return 0
+    n = 0
+    master = str(knob(params, "main_params_dtype"))
+    remainders = precision == "bf16" and bool(knob(params, "store_param_remainders"))
+    if master != "fp32" and not remainders:
+        n += 1
+    moments = [str(knob(params, "exp_avg_dtype")), str(knob(params, "exp_avg_sq_dtype"))]
+    if moments != ["bf16", "bf16"]:
+        n += sum(1 for d in moments if d != "fp32")
+    return n

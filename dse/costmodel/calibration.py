@@ -192,6 +192,7 @@ class Calibrator:
             static_offset_gib=0.0,
             fragmentation=self.prior.fragmentation,
             context_gib=self.prior.context_gib,
+            elastic_gib=self.prior.elastic_gib,
         )
         return [
             _linearise(o, self._estimate(o.params, base), co.activation_scale)
@@ -209,7 +210,7 @@ class Calibrator:
             lins = self._linearised(co)
             scale, offset = self._fit_scale_offset(lins)
             frag = self._fit_fragmentation(lins, scale, offset)
-            new = Coefficients(scale, offset, frag, self.prior.context_gib)
+            new = Coefficients(scale, offset, frag, self.prior.context_gib, self.prior.elastic_gib)
             done = abs(new.activation_scale - co.activation_scale) < 1e-4
             co = new
             if done:

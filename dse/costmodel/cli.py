@@ -130,6 +130,7 @@ def _run_space(args: argparse.Namespace) -> int:
     co = Coefficients.from_dict(space.prescreen.coefficients)
     cm = CostModel(space.model, space.semantics, space.resources, co)
     mem = cm.predict_memory(params)
+    cap = cm.capacity_gib
     fits, total = cm.fits(params, 0.0)
     margin = space.prescreen.margin
     passes, _ = cm.fits(params, margin)
@@ -138,8 +139,8 @@ def _run_space(args: argparse.Namespace) -> int:
         "source": "estimate",
         "study": space.study,
         "params": params,
-        "memory": mem.as_dict(),
-        "capacity_gib": cm.capacity_gib,
+        "memory": {**mem.as_dict(), "device_peak_gib": round(mem.device_peak_gib(cap), 4)},
+        "capacity_gib": cap,
         "fits": fits,
         "passes_prescreen": passes,
         "prescreen_margin": margin,
@@ -165,8 +166,14 @@ def _format_space(out: dict[str, Any], total: float) -> str:
         lines.append(f"    {name.removesuffix('_gib'):<22}{m[name]:>10.2f}")
     lines.append(f"    {'allocated peak':<22}{m['allocated_gib']:>10.2f}")
     lines.append(
-        f"    {'total':<22}{total:>10.2f}   (peak at {m['peak_phase']}, stage {m['peak_stage']})"
+        f"    {'total (need)':<22}{total:>10.2f}   (peak at {m['peak_phase']}, stage "
+        f"{m['peak_stage']})"
     )
+    if m["elastic_gib"]:
+        lines.append(
+            f"    {'device peak':<22}{m['device_peak_gib']:>10.2f}   (need + elastic reserve "
+            f"{m['elastic_gib']:.2f}, at most the capacity)"
+        )
     cap = out["capacity_gib"]
     if cap is None:
         lines.append("  fits: yes (no gpu_memory_gib declared)")

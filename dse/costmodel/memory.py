@@ -75,12 +75,19 @@ class Coefficients:
             tensors typically costs 5-20%.
         context_gib: device memory outside PyTorch's allocator per GPU (CUDA context,
             cuBLAS/cuDNN workspaces), about 0.5-0.8 GiB on Hopper.
+        elastic_gib: device memory a run is seen to hold beyond its need while the GPU has
+            room, and gives back under pressure (the caching allocator's reserve of freed
+            blocks, which it releases and retries before an out-of-memory error). It shows in
+            device-level peaks (:meth:`MemoryEstimate.device_peak_gib`, never above the
+            capacity) and never decides whether a configuration fits. 0 unless calibrated
+            on published device-level peaks.
     """
 
     activation_scale: float = 1.0
     static_offset_gib: float = 0.0
     fragmentation: float = 0.10
     context_gib: float = 0.6
+    elastic_gib: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -147,6 +154,7 @@ class MemoryEstimate:
     peak_stage: int
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     buffers_gib: float = 0.0  # communication buffers allocated once (flex dispatcher)
+    elastic_gib: float = 0.0  # reclaimable reserve seen in device-level peaks (coefficient)
 
     @property
     def static_gib(self) -> float:
@@ -174,6 +182,14 @@ class MemoryEstimate:
     def total_gib(self) -> float:
         """Peak device memory: allocated + fragmentation + context. Must fit in the GPU."""
         return self.allocated_gib + self.fragmentation_gib + self.context_gib
+
+    def device_peak_gib(self, capacity_gib: float | None = None) -> float:
+        """The device-level peak a monitor would show: the need (:attr:`total_gib`) plus the
+        elastic reserve, at most the capacity (the reserve is what the GPU has room for)."""
+        peak = self.total_gib + max(0.0, self.elastic_gib)
+        if capacity_gib is not None:
+            peak = min(peak, max(capacity_gib, self.total_gib))
+        return peak
 
     def as_dict(self) -> dict[str, Any]:
         """Every term plus ``allocated_gib`` and ``total_gib`` (JSON-ready)."""
@@ -438,6 +454,7 @@ def estimate_memory(
         peak_phase=ph.name,
         peak_stage=ph.stage,
         details=details,
+        elastic_gib=co.elastic_gib,
     )
 
 
@@ -588,15 +605,22 @@ def _optimizer_temporaries(layout: CostLayout, sp: StageParams) -> float:
 
     torch's multi-tensor Adam (Megatron's fallback without apex/TE) allocates one fp32
     tensor per state element (``sqrt(exp_avg_sq)``); 16-bit main gradients are copied to
-    fp32 for the update.
+    fp32 for the update; the precision-aware optimizer's low-precision states are unscaled
+    to fp32 copies (``CostLayout.unscaled_states``).
     """
     if layout.distributed_optimizer:
-        shard = sp.dense / (layout.dp * layout.cp) + sp.expert / layout.edp
+        dense = sp.dense / (layout.dp * layout.cp)
+        expert = sp.expert / layout.edp
     else:
-        shard = float(sp.total)
+        dense, expert = float(sp.dense), float(sp.expert)
+    shard = dense + expert
     temp = 0.0 if layout.fused_adam else 4.0 * shard
     if layout.grad_bytes < 4 and not layout.precision_aware:
         temp += 4.0 * shard
+    # precision-aware (TE FusedAdam): fp32 copies of the low-precision states of one
+    # parameter group at a time; dense and expert parameters are separate optimizers, so
+    # the larger of the two groups sets the peak
+    temp += 4.0 * layout.unscaled_states * max(dense, expert)
     return temp
 
 
@@ -772,9 +796,11 @@ def _estimate_by_layer_kind(
                 for k, v in kinds.items()
             },
             "logits_working_gib": _logits_bytes(layout, sh) / GIB,
+            "optimizer_step_gib": _optimizer_temporaries(layout, sp) / GIB,
             "grad_bytes_per_param": layout.grad_bytes,
             "master_bytes_per_param": layout.master_bytes,
             "coefficients": co.to_dict(),
         },
         buffers_gib=buffers / GIB,
+        elastic_gib=co.elastic_gib,
     )

@@ -11,10 +11,19 @@ Per layer and micro-batch, on one rank:
   FLOPs at a lower efficiency and keep nothing ``s x s`` in memory;
 * elementwise traffic (norms, residual adds, RoPE, activation, cross entropy) at an
   achievable fraction of the HBM bandwidth;
-* recompute: full adds one forward of every layer, selective adds the core attention's
-  forward;
+* MoE layers: the routed experts' grouped GEMMs at the efficiency of their per-expert
+  token count (a rank runs 1/TP of its micro-batch's expert work whatever EP x ETP is), the
+  router and shared expert, the permutation's memory traffic and, for the dropless
+  all-to-all dispatcher, one host synchronisation per MoE forward;
+* Mamba layers: the projections as GEMMs, the chunked scan at a calibrated time per token
+  (not per head: its kernels do not fill the GPU at TP 2-4) and the mixer's elementwise
+  traffic;
+* recompute: full adds one forward of every layer, selective adds the forward of what it
+  covers (core attention, the MoE layer with its dispatch, the MLP);
 * communication: TP all-reduces (or SP all-gather/reduce-scatter, the same volume) of the
-  hidden state, the CP ring exchange of K/V, the EP all-to-all of routed tokens, the DP
+  hidden state, the CP ring exchange of K/V, the EP dispatch and combine of routed tokens
+  (NVLink inside a node; across nodes every copy over InfiniBand for the all-to-all, one
+  copy per remote node for the hierarchical flex dispatchers), the DP
   gradient reduce (and the distributed optimizer's parameter all-gather), at NVLink speed
   inside a node and InfiniBand speed across nodes;
 * the pipeline bubble ``(PP - 1) / (m * VPP)`` of the compute time;
@@ -96,6 +105,24 @@ KERNELS_PER_LAYER = 80
 #: Unfused attention's memory traffic per score element (bytes, forward; backward).
 UNFUSED_SCORE_FWD_BYTES = 32.0
 UNFUSED_SCORE_BWD_BYTES = 40.0
+#: Mamba-2's chunked scan (the Triton SSD kernels of mamba_split_conv1d_scan_combined:
+#: chunk cumsum, chunk state, state passing across chunks, chunk scan), seconds per token
+#: of the micro-batch and per Mamba layer, forward (the backward costs twice). The kernels'
+#: grids run over (batch, chunks, heads on this rank) with a sequential pass over the
+#: chunks, so at TP 2-4 they do not fill a Hopper GPU and their time follows the tokens,
+#: not the heads a rank holds. Calibrated, with DISPATCH_SYNC_S, on the two published
+#: Nemotron 3 Nano Omni step times (prior 111 and tuned 197.1 TFLOP/s/GPU on 8 H100,
+#: Megatron-Bridge PR #5524); docs/BENCHMARKS.md section 14 has the fit and the checks.
+MAMBA_SCAN_S_PER_TOKEN = 3.14e-7
+#: Memory traffic of the Mamba mixer outside its GEMMs, per token and per unit of
+#: ``d_inner`` (bytes, forward): causal conv1d of x/B/C, the gate, the gated RMSNorm and
+#: the layout copies (``rearrange(...).contiguous()``) around the scan.
+MAMBA_ELEMENTWISE_BYTES = 24.0
+#: Idle time of one host synchronisation of the token dispatcher (s): the dropless
+#: all-to-all dispatcher copies the tokens-per-expert counts to the host in every MoE
+#: layer's forward (and its recomputation) to size the permuted tensors, draining the GPU's
+#: queue; the flex dispatchers (DeepEP, HybridEP) size them on the device.
+DISPATCH_SYNC_S = 1.0e-4
 
 
 def gpu_spec(name: str | None) -> GPUSpec:
@@ -120,6 +147,35 @@ def _link(group: int, span: int, gpus_per_node: int, gpu: GPUSpec) -> float:
     if span > gpus_per_node:
         return IB_GBPS
     return gpu.nvlink_gbps if gpu.nvlink_gbps > 0 else PCIE_GBPS
+
+
+def _dispatch_s(model: ModelSpec, lay: CostLayout, gpu: GPUSpec, token_bytes: float) -> float:
+    """Seconds of one token dispatch (or combine) of one MoE layer over the EP group.
+
+    Each token goes to ``topk`` experts, spread evenly over the EP ranks. Copies for ranks
+    of the same node travel over NVLink. Copies for other nodes: the all-to-all dispatcher
+    sends every copy over InfiniBand; the flex dispatchers (DeepEP's normal kernels,
+    HybridEP) send a token once to each remote node that hosts one of its experts and fan it
+    out over that node's NVLink, so the two links work in parallel.
+    """
+    k = model.moe_router_topk
+    ep, gpn = lay.ep, lay.gpus_per_node
+    per_node = min(ep, max(1, gpn // max(1, lay.etp)))  # EP ranks of one node (ETP inner)
+    nodes = max(1, -(-ep // per_node))
+    local_copies = k * (per_node - 1) / ep
+    remote_copies = k * (ep - per_node) / ep
+    nv = gpu.nvlink_gbps if gpu.nvlink_gbps > 0 else PCIE_GBPS
+    rate_nv = nv * 1e9 * COMM_EFFICIENCY
+    rate_ib = IB_GBPS * 1e9 * COMM_EFFICIENCY
+    if nodes == 1:
+        return local_copies * token_bytes / rate_nv
+    if lay.flex_backend is None:
+        return local_copies * token_bytes / rate_nv + remote_copies * token_bytes / rate_ib
+    # expected remote nodes holding at least one of the token's experts (uniform routing)
+    hit = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+    ib = hit * token_bytes / rate_ib
+    nvl = (local_copies + remote_copies) * token_bytes / rate_nv
+    return max(ib, nvl)
 
 
 def estimate_throughput(
@@ -172,28 +228,41 @@ def _step_parts(
     f = model.ffn_hidden_size / tp
     mlp_macs = f_dense * h * f * (fac + 1)
     mlp_width = f_dense * f
-    moe_macs = 0.0
-    if moe:
-        k = model.moe_router_topk
-        fe = (model.moe_ffn_hidden_size or model.ffn_hidden_size) / lay.etp
-        shared = (model.moe_shared_expert_intermediate_size or 0) / tp
-        moe_macs = k * h * fe * (fac + 1) + h * shared * (fac + 1) + h * experts
-        mlp_macs += f_moe * moe_macs
-        mlp_width += f_moe * (k * fe + shared)
-    d_in = model.mamba_d_inner / tp
-    gn = model.mamba_num_groups * model.mamba_state_dim / tp
-    mamba_macs = h * (2 * d_in + 2 * gn + model.mamba_heads / tp) + d_in * h
-    mamba_macs += 3.5 * d_in * model.mamba_state_dim  # the chunked scan
-    proj_macs = f_attn * (h * (q + 2 * kv) + q * h) + f_mamba * mamba_macs
     peak = gpu.bf16_tflops * 1e12 * (0.5 if a == 4 else 1.0)  # fp32 runs at TF32-ish rates
     gemm_rate = peak * gpu.matmul_efficiency * tokens / (tokens + GEMM_HALF_TOKENS)
     bw = gpu.hbm_tbps * 1e12 * MEMORY_EFFICIENCY
+    moe_macs = 0.0  # per token of the micro-batch, at the micro-batch's GEMM rate
+    expert_fwd = 0.0  # routed experts' GEMMs of one MoE layer (s, forward)
+    moe_extra_fwd = 0.0  # permute/unpermute traffic of one MoE layer (s, forward)
+    if moe:
+        k = model.moe_router_topk
+        fe_full = model.moe_ffn_hidden_size or model.ffn_hidden_size
+        shared = (model.moe_shared_expert_intermediate_size or 0) / tp
+        # balanced routing: every rank of the layer's TP x CP x DP ranks runs 1/TP of its
+        # micro-batch's expert work, whatever EP x ETP is (ETP shards fe, EP the tokens)
+        routed = k * tokens / tp  # token copies this rank's experts process
+        local = max(1.0, experts / lay.ep)
+        per_expert = routed * lay.etp / local  # grouped GEMM's M of each local expert
+        expert_rate = peak * gpu.matmul_efficiency * per_expert / (per_expert + GEMM_HALF_TOKENS)
+        expert_fwd = 2 * routed * h * fe_full * (fac + 1) / expert_rate
+        # router (on this rank's sequence share) and shared expert (TP-sharded)
+        moe_macs = h * shared * (fac + 1) + h * experts / (tp if lay.sp else 1)
+        mlp_macs += f_moe * moe_macs
+        mlp_width += f_moe * (k * fe_full / tp + shared)
+        # the permutation reads and writes every routed copy before and after the experts
+        moe_extra_fwd = 2 * 2 * a * h * routed / bw
+    d_in = model.mamba_d_inner / tp
+    gn = model.mamba_num_groups * model.mamba_state_dim / tp
+    mamba_macs = h * (2 * d_in + 2 * gn + model.mamba_heads / tp) + d_in * h
+    proj_macs = f_attn * (h * (q + 2 * kv) + q * h) + f_mamba * mamba_macs
+    # the chunked scan and the mixer's elementwise traffic
+    mamba_fwd = f_mamba * tokens * (MAMBA_SCAN_S_PER_TOKEN + MAMBA_ELEMENTWISE_BYTES * d_in / bw)
     n_layers = layers_on_stage(model, lay)
     m = lay.num_microbatches
     unfused = lay.attention == "unfused"
 
     # --- one layer, one micro-batch, forward ------------------------------------------------
-    gemm_fwd = 2 * tokens * (proj_macs + mlp_macs) / gemm_rate
+    gemm_fwd = 2 * tokens * (proj_macs + mlp_macs) / gemm_rate + f_moe * expert_fwd
     scores = f_attn * lay.mbs * heads * (s / cp) * s
     if unfused:
         attn_fwd = 4 * scores * hd / gemm_rate + UNFUSED_SCORE_FWD_BYTES * scores / bw
@@ -218,18 +287,24 @@ def _step_parts(
         )
         / bw
     )
-    layer_fwd = gemm_fwd + attn_fwd + elem_fwd
-    layer_bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd
+    moe_fwd = f_moe * (2 * tokens * moe_macs / gemm_rate + expert_fwd + moe_extra_fwd)
+    layer_fwd = gemm_fwd + attn_fwd + elem_fwd + mamba_fwd + f_moe * moe_extra_fwd
+    layer_bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd + 2 * mamba_fwd
+    layer_bwd += 2 * f_moe * moe_extra_fwd
     if lay.recompute == "full":
         layer_bwd += layer_fwd
     elif lay.recompute == "selective":
         if lay.recomputes("core_attn"):
             layer_bwd += attn_fwd
         if lay.recomputes("moe"):
-            layer_bwd += 2 * tokens * f_moe * moe_macs / gemm_rate
+            layer_bwd += moe_fwd
         if lay.recomputes("mlp"):
             layer_bwd += 2 * tokens * f_dense * h * f * (fac + 1) / gemm_rate
     compute = n_layers * m * (layer_fwd + layer_bwd)
+    if moe and lay.ep > 1 and lay.flex_backend is None:
+        # the all-to-all dispatcher waits for the host in every MoE forward
+        syncs = 2 if (lay.recompute == "full" or lay.recomputes("moe")) else 1
+        compute += n_layers * m * f_moe * syncs * DISPATCH_SYNC_S
 
     # logits + cross entropy (last stage), embedding (first stage): per micro-batch
     vocab = padded_vocab(model.vocab_size, tp) / tp
@@ -253,11 +328,12 @@ def _step_parts(
         ring = (cp - 1) * 2 * a * kv * tokens / (bw_cp * 1e9 * COMM_EFFICIENCY)
         comm += 0.5 * n_layers * m * 3 * ring  # partly hidden behind the attention blocks
     if moe and lay.ep > 1:
-        bw_ep = _link(lay.ep, lay.ep * lay.etp, gpn, gpu)
         # with sequence parallelism a rank dispatches its own share of the tokens
         moe_tokens = tokens / tp if lay.sp else tokens
-        a2a = model.moe_router_topk * a * h * moe_tokens * (lay.ep - 1) / lay.ep
-        comm += f_moe * n_layers * m * 4 * a2a / (bw_ep * 1e9 * COMM_EFFICIENCY)
+        # dispatch and combine, forward and backward (and once more when the MoE layer's
+        # forward is recomputed)
+        passes = 4 + (2 if (lay.recompute == "full" or lay.recomputes("moe")) else 0)
+        comm += f_moe * n_layers * m * passes * _dispatch_s(model, lay, gpu, a * h * moe_tokens)
     sp0 = stage_params(model, s, lay, 0)
     dp_group = lay.dp * cp
     if dp_group > 1:

@@ -100,6 +100,7 @@ def test_state_round_trips_through_json():
         "static_offset_gib",
         "fragmentation",
         "context_gib",
+        "elastic_gib",
     }
     again = CostModel(MODEL, SEM, RES)
     again.load_calibration(state)
