@@ -174,7 +174,7 @@ function renderSummary(s) {
     (s.model && s.model.num_layers ? ` · ${s.model.num_layers} layers, h=${s.model.hidden_size}` : "");
   const c = s.counts;
   setBadge("#badge-total", c.total || 0, "trials");
-  for (const k of ["complete", "running", "queued", "failed", "infeasible"]) {
+  for (const k of ["complete", "running", "queued", "failed", "infeasible", "pruned"]) {
     setBadge(`#badge-${k}`, c[k] || 0, k);
   }
   setBadge("#badge-rejections", s.rejections, "rejected before launch");
