@@ -6,8 +6,10 @@ controller all import it.
 
 * **Warm-up** ends where the Marginal Standard Error Rule puts it (MSER, White 1997): the
   truncation point ``d`` in the first half of the series that minimises
-  ``sum((x[d:] - mean(x[d:]))**2) / (n - d)**2``. A minimum at the edge of the first half
-  means the series is still settling (warm-up not over).
+  ``sum((x[d:] - mean(x[d:]))**2) / (n - d)**2``, less the steps just before it that lie
+  within :data:`WARMUP_BAND` standard deviations of the steady mean (MSER alone cuts steady
+  steps that happen to be high). A truncation at the edge of the first half means the
+  series is still settling (warm-up not over).
 * **Interval** of the steady-state mean step time at ``confidence``: Student's t on the
   post-warm-up steps with the effective sample size of their lag-1 autocorrelation (AR(1));
   when the steps are clearly autocorrelated (lag-1 autocorrelation above ``2/sqrt(n)``, with
@@ -29,6 +31,7 @@ steps, measured steps, stop reason), ``step_time_ci_s`` and ``tflops_per_gpu_ci`
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -65,6 +68,8 @@ __all__ = [
 
 #: Post-warm-up steps before an interval counts (a stop or a dominance decision).
 MIN_MEASURED = 4
+#: Standard deviations from the steady mean within which an early step is not warm-up.
+WARMUP_BAND = 3.0
 #: Post-warm-up steps from which autocorrelated series use batch means.
 BATCH_MEANS_MIN = 12
 #: Objectives whose interval follows from the step time's (the dominance test applies).
@@ -190,34 +195,44 @@ def t_quantile(confidence: float, df: int) -> float:
     return math.sqrt(df) * math.tan((lo + hi) / 2)
 
 
-def mser_truncation(x: Sequence[float]) -> tuple[int, bool]:
+def mser_truncation(x: Sequence[float], band: float = WARMUP_BAND) -> tuple[int, bool]:
     """MSER warm-up truncation of a series: ``(d, settled)``.
 
-    ``d`` minimises ``sum((x[d:] - mean)**2) / (n - d)**2`` over ``0 <= d <= n // 2`` (the
-    smallest ``d`` on ties). ``settled`` is False when the minimum lies at ``n // 2`` (the
-    series may still be settling: MSER's own warning that the run is too short) or the series
-    has fewer than 3 points.
+    MSER's ``d*`` minimises ``sum((x[d:] - mean)**2) / (n - d)**2`` over ``0 <= d <= n // 2``
+    (the smallest on ties). On steady noise MSER alone often cuts a few steady steps too (a
+    high step early on looks like warm-up); so ``d`` walks back from ``d*`` over the steps
+    just before it that lie within ``band`` standard deviations of the steady mean (the
+    deviation from successive differences, which a trend does not inflate): only steps clearly
+    slower (or faster) than the steady state count as warm-up. ``settled`` is False
+    when ``d`` stays at ``n // 2`` (still settling: MSER's own warning that the run is too
+    short) or the series has fewer than 3 points.
     """
     n = len(x)
     if n < 3:
         return 0, False
     limit = n // 2
     ref = x[-1]
-    best_d, best = 0, math.inf
     s = q = 0.0
     scores = [0.0] * (limit + 1)
-    # suffix sums, from the end
-    for i in range(n - 1, -1, -1):
+    for i in range(n - 1, -1, -1):  # suffix sums, from the end
         v = x[i] - ref
         s += v
         q += v * v
         if i <= limit:
             m = n - i
             scores[i] = max(0.0, q - s * s / m) / (m * m)
-    for d in range(limit + 1):
-        if scores[d] < best * (1 - 1e-12) or best == math.inf:
-            best_d, best = d, scores[d]
-    return best_d, best_d < limit
+    best = min(scores)
+    d = scores.index(best)
+    tail = x[d:]
+    if d and len(tail) >= 2:
+        # the steady noise from successive differences (von Neumann), which a trend left in
+        # the tail does not inflate
+        mean = math.fsum(tail) / len(tail)
+        mssd = math.fsum((b - a) ** 2 for a, b in itertools.pairwise(tail)) / (len(tail) - 1)
+        spread = band * math.sqrt(mssd / 2)
+        while d and abs(x[d - 1] - mean) <= spread:
+            d -= 1
+    return d, d < limit
 
 
 @dataclass(frozen=True)
@@ -549,14 +564,14 @@ class StepSeries:
         if self.adaptive:
             st = iv.mean if iv is not None else statistics.fmean(tail)
             tf = scale / st if scale else None
-            ci = (iv.lo, iv.hi) if iv is not None else None
+            ci = (max(0.0, iv.lo), iv.hi) if iv is not None else None
         else:
             st = step_time_s if step_time_s is not None else statistics.median(tail)
             tfs = [x for x in self.tflops[d:] if x is not None]
             tf = tflops_per_gpu if tflops_per_gpu is not None else (
                 statistics.median(tfs) if tfs else None
             )  # fmt: skip
-            ci = (min(iv.lo, st), max(iv.hi, st)) if iv is not None else None
+            ci = (max(0.0, min(iv.lo, st)), max(iv.hi, st)) if iv is not None else None
         tf_ci: tuple[float, float] | None = None
         if ci is not None and scale and ci[0] > 0:
             tf_ci = (scale / ci[1], scale / ci[0])
