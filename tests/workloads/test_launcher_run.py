@@ -178,13 +178,15 @@ def test_adaptive_stops_the_recipe_once_converged(tmp_path: Path) -> None:
     assert _gone(int((tmp_path / "child.pid").read_text()))
 
 
-def test_noisy_recipe_runs_to_max_steps(tmp_path: Path) -> None:
+def test_noisy_recipe_is_stopped_at_max_steps(tmp_path: Path) -> None:
+    # a recipe that would run 300 iterations (its own count, not dse's): stopped at 25
     m = {"mode": "adaptive", "min_steps": 10, "max_steps": 25, "rel_halfwidth": 0.01}
-    spec = _fake_spec(tmp_path, iters=25, measurement=m, cv=0.3, sleep=0.0)
+    spec = _fake_spec(tmp_path, measurement=m, cv=0.3, sleep=0.01)
     assert run_rendered(spec, MetricsWriter(spec.metrics_path), io.StringIO()) == 0
     o = read_metrics(spec.metrics_path)
     assert o is not None and o.ok and len(o.steps) == 25
     assert o.metrics["measurement"]["stop_reason"] == "max_steps"
+    assert _gone(int((tmp_path / "child.pid").read_text()))
 
 
 def test_a_dominated_recipe_is_stopped_and_recorded_pruned(tmp_path: Path) -> None:

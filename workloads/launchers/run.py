@@ -56,9 +56,10 @@ def _step_record(s: LogStep, parser: LogParser, flops: float, world: int) -> dic
     }
 
 
-#: Stop reasons on which the recipe is stopped before it ends by itself (at ``max_steps`` it
-#: is at its last iteration anyway; ``fixed`` runs its window).
-_EARLY_STOPS: tuple[StopReason, ...] = ("converged", "dominated")
+#: Stop reasons on which the recipe is stopped (``max_steps``: a recipe whose own iteration
+#: count is larger, e.g. one that takes no model arguments from dse; ``fixed`` runs the
+#: recipe's own window).
+_EARLY_STOPS: tuple[StopReason, ...] = ("converged", "dominated", "max_steps")
 
 
 @contextlib.contextmanager
@@ -129,6 +130,8 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
         for line in proc.stdout:
             out.write(line)
             out.flush()
+            if stopped is not None:
+                continue  # what the recipe printed while it was being stopped is not measured
             new = parser.feed(line)
             if new is not None:
                 if pending is not None:
@@ -137,7 +140,7 @@ def run_rendered(spec: TrialSpec, writer: MetricsWriter, out: Any = None) -> int
                         writer.step(rec)
                     feed(pending)  # a step whose time came after its first line
                 pending = new
-                why = feed(new) if stopped is None else None
+                why = feed(new)
                 if may_stop and why in _EARLY_STOPS:
                     stopped = why
                     out.write(f"dse: stopping the recipe after {len(series.times)} timed "
