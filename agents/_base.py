@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dse.records import FailureClass, FinishedState
+from dse.records import MEASURED_STATES, FailureClass, FinishedState
 from dse.space import SearchSpace
 
 __all__ = ["BaseAgent", "Proposal", "Feedback", "MemoryHint", "Validity"]
@@ -44,10 +44,12 @@ class Feedback:
     """What happened to a proposal.
 
     Attributes:
-        state: ``complete`` (measured, ``values`` set), ``infeasible`` (rules, predicted or
-            measured OOM: the agent should learn the boundary), ``failed`` (crash, hang:
-            tells nothing about the objective).
-        values: objective values in the order of ``space.objectives`` (complete only).
+        state: ``complete`` (measured, ``values`` set), ``pruned`` (measured, ``values``
+            set, but stopped early because it lay clearly below the best: take the values as
+            a complete trial's), ``infeasible`` (rules, predicted or measured OOM: the agent
+            should learn the boundary), ``failed`` (crash, hang: tells nothing about the
+            objective).
+        values: objective values in the order of ``space.objectives`` (complete and pruned).
         metrics: measured metrics (``peak_mem_gib`` also for OOM trials).
         failure_class: ``invalid``, ``predicted_oom``, ``oom``, ``error``, ...
     """
@@ -56,6 +58,11 @@ class Feedback:
     values: tuple[float, ...] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     failure_class: FailureClass | None = None
+
+    @property
+    def measured(self) -> bool:
+        """A measured trial (``complete`` or ``pruned``) with its objective values."""
+        return self.state in MEASURED_STATES and bool(self.values)
 
 
 class BaseAgent(ABC):

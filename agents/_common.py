@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dse.agents._base import BaseAgent, Feedback, Proposal
+from dse.records import MEASURED_STATES
 from dse.space import SearchSpace, params_key
 
 __all__ = ["SpaceAgent", "Observation", "knob_order", "canonical", "in_domain"]
@@ -279,9 +280,9 @@ class SpaceAgent(BaseAgent):
 
 
 def _check_feedback(space: SearchSpace, fb: Feedback) -> None:
-    if fb.state == "complete":
+    if fb.state in MEASURED_STATES:
         if fb.values is None or len(fb.values) != len(space.objectives):
             raise ValueError(
-                "complete feedback needs one value per objective "
+                f"{fb.state} feedback needs one value per objective "
                 f"(values={fb.values}, objectives={len(space.objectives)})"
             )

@@ -13,6 +13,10 @@ How feedback is told (one constraint, ``dse``, on every trial; <= 0 means feasib
 * ``complete``: state COMPLETE with the objective values; the constraint is
   ``peak_mem_gib / capacity - 1`` (<= 0) when both are known, else 0, so a constrained GP
   also learns how close to the memory limit a region is.
+* ``pruned`` (stopped early, dominated by the best): as ``complete``, with its measured
+  values (a shorter measurement of a configuration that lies clearly below the best; Optuna's
+  own PRUNED state would need intermediate values per step, which the samplers use only to
+  rank it below the complete trials anyway).
 * ``infeasible`` (a rule, a predicted or a measured OOM): state COMPLETE with a placeholder
   value, the worst value seen so far (0 for a maximized objective before any), and a
   constraint > 0: ``0.1 + max(0, memory / capacity - 1)`` for OOMs (measured peak or
@@ -54,7 +58,7 @@ from dse.agents._base import Feedback, MemoryHint
 from dse.agents._common import ENUMERATE_LIMIT, SpaceAgent, canonical
 from dse.agents._prior import PriorGuide
 from dse.exceptions import DSEError
-from dse.records import OOM_CLASSES, REJECTION_KINDS, finite
+from dse.records import MEASURED_STATES, OOM_CLASSES, REJECTION_KINDS, finite
 from dse.space import SearchSpace, params_key
 
 __all__ = ["OptunaAgent", "TPEAgent", "GPAgent", "NSGA2Agent"]
@@ -259,7 +263,7 @@ class OptunaAgent(SpaceAgent):
     def _translate(self, fb: Feedback) -> tuple[TrialState, list[float] | None, float]:
         """(state, values, constraint violation) for a feedback (see the module docstring)."""
         cap = _capacity(self.space, fb.metrics)
-        if fb.state == "complete":
+        if fb.state in MEASURED_STATES:  # a pruned trial's figure is measured too
             assert fb.values is not None
             values = [float(v) for v in fb.values]
             if not all(math.isfinite(v) for v in values):
@@ -302,7 +306,7 @@ class OptunaAgent(SpaceAgent):
         # a large space: the ideal configuration, moves of one or two knobs from the best
         # so far and from the ideal, and random configurations
         assert self._guide is not None
-        done = [ob for ob in self._observations if ob.feedback.state == "complete"]
+        done = [ob for ob in self._observations if ob.feedback.measured]
         sign = 1.0 if self.space.objective.direction == "maximize" else -1.0
         inc = (
             max(done, key=lambda ob: sign * float((ob.feedback.values or (0.0,))[0])).params

@@ -277,7 +277,7 @@ class PriorGuide:
             fb = ob.feedback
             if cap is None and isinstance(fb.metrics.get("gpu_memory_gib"), int | float):
                 cap = float(fb.metrics["gpu_memory_gib"])
-            if fb.state == "complete" and fb.values:
+            if fb.measured:
                 fits.append((ob.params, _mem_of(fb.metrics)))
             elif fb.state == "infeasible" and fb.failure_class in OOM_CLASSES:
                 ooms.append(ob.params)
@@ -310,7 +310,7 @@ class PriorGuide:
         best_v = -math.inf
         for ob in observations:
             fb = ob.feedback
-            if fb.state == "complete" and fb.values:
+            if fb.measured and fb.values:
                 v = self._sign * float(fb.values[0])
                 if v > best_v:
                     best_v, incumbent = v, ob.params

@@ -248,9 +248,10 @@ class CrossBestPublic(BaseModel):
 class PointPublic(BaseModel):
     """A trial (or a pre-launch rejection) as a point of TFLOP/s vs peak memory.
 
-    ``kind`` is ``complete``, the failure class of a failed or infeasible trial (``oom``,
-    ``invalid``, ``predicted_oom``, ``error``, ``timeout``, ``hang``, ``nan``, ...), or the
-    state of an unfinished one (``queued``, ``running``). Rejections have no trial number;
+    ``kind`` is ``complete``, ``pruned`` (stopped early, dominated; never on the front), the
+    failure class of a failed or infeasible trial (``oom``, ``invalid``, ``predicted_oom``,
+    ``error``, ``timeout``, ``hang``, ``nan``, ...), or the state of an unfinished one
+    (``queued``, ``running``). Rejections have no trial number;
     their ``peak_mem_gib`` is the cost model's prediction when there is one.
     """
 

@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 for k in ("tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib")
             }
             metrics["loss"] = [s.loss for s in oc.steps]
+            # the measurement and its intervals (dse.measure), which the replay passes on
+            for k in ("measurement", "step_time_ci_s", "tflops_per_gpu_ci"):
+                if k in m:
+                    metrics[k] = m[k]
         else:
             fc = oc.failure_class or "error"
             status = fc if fc in ("oom", "invalid") else "error"

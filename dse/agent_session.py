@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dse.exceptions import StudyNotFoundError
 from dse.proposer import Proposed, Proposer, cost_model_prescreen, feedback_from_outcome
-from dse.records import ANSWERED_STATES, FINISHED_STATES, Outcome, TrialRecord
+from dse.records import ANSWERED_STATES, FINISHED_STATES, MEASURED_STATES, Outcome, TrialRecord
 from dse.space import SearchSpace, params_key
 
 if TYPE_CHECKING:
@@ -27,8 +27,9 @@ log = logging.getLogger("dse.study")
 
 
 def outcome_of_record(t: TrialRecord) -> Outcome:
-    """The outcome a finished trial record stands for."""
-    if t.state == "complete":
+    """The outcome a finished trial record stands for (a ``pruned`` trial: its measured
+    figures, whose ``measurement`` says it stopped as dominated)."""
+    if t.state in MEASURED_STATES:
         return Outcome("ok", dict(t.metrics), source=t.source or "measured")  # type: ignore[arg-type]
     return Outcome.failure(
         t.failure_class or "error", t.reason or "", metrics=dict(t.metrics),

@@ -292,7 +292,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"study {display_name(s['study'])} [{s['state']}]: {c.get('total', 0)} trials "
             f"({c.get('complete', 0)} complete, {c.get('running', 0)} running, "
             f"{c.get('failed', 0)} failed, {c.get('infeasible', 0)} infeasible, "
-            f"{c.get('queued', 0)} queued), {sum(s['rejections'].values())} rejected before "
+            + (f"{c['pruned']} pruned, " if c.get("pruned") else "")
+            + f"{c.get('queued', 0)} queued), {sum(s['rejections'].values())} rejected before "
             "launch"
         )
         if s["trials"]:
@@ -321,6 +322,9 @@ def _status_text(s: dict[str, Any]) -> str:
     for t in s["trials"]:
         m = t["metrics"]
         extra = f"{t['failure_class']}: " if t["failure_class"] else ""
+        if t["state"] == "pruned":
+            by = (m.get("measurement") or {}).get("dominated_by") or {}
+            extra = f"dominated by trial {by.get('trial', '?')}: "
         lines.append(
             f"  {t['number']:>4} {t['state']:<10} {figure(t['value']):<14} "
             f"{figure(m.get('step_time_s')):<8} {figure(m.get('peak_mem_gib')):<8} "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dse.exceptions import TrialLaunchError
+from dse.measure import prune_target
 from dse.records import Outcome, TrialRecord, TrialSpec
 from dse.space import SearchSpace
 from dse.workloads import trial_command
@@ -52,6 +53,25 @@ class TrialLauncher:
         self.workdir = workdir
         self.progress = progress
 
+    def prune_target(self, t: TrialRecord) -> dict[str, Any] | None:
+        """The study's best when ``t`` starts, as the trial's ``prune`` target (None when the
+        space does not prune or there is no best yet)."""
+        s = self.space
+        if not s.measurement.prune:
+            return None
+        best = self.storage.best_trial(t.study_id, s.objective.direction)
+        if best is None:
+            return None
+        target = prune_target(
+            s.objective.metric,
+            s.objective.direction,
+            best_value=best.value,
+            best_metrics=best.metrics,
+            margin=s.measurement.prune_margin,
+            best_trial=best.number,
+        )
+        return None if target is None else target.model_dump(mode="json")
+
     def spec(self, t: TrialRecord, metrics_path: str, workload: dict[str, Any]) -> TrialSpec:
         s = self.space
         return TrialSpec(
@@ -67,6 +87,8 @@ class TrialLauncher:
             features=None if self.features is None else sorted(self.features),
             gpu=s.resources.gpu,
             gpu_memory_gib=s.resources.gpu_memory_gib,
+            measurement=s.measurement.model_dump(mode="json"),
+            prune=self.prune_target(t),
         )
 
     def launch(self, t: TrialRecord) -> Outcome | None:

@@ -4,7 +4,8 @@ Each finished trial becomes an Optuna trial with the study's knobs as parameters
 distributions from the space's domains), the objective value, and user attributes for the
 figures Optuna has no field for (memory, step time, TFLOP/s, failure class and reason, the
 dse trial number). States: complete -> COMPLETE; failed -> FAIL; infeasible (a trial the rules
-or the memory could not run) -> FAIL with ``failure_class``; pruned -> PRUNED. Queued and
+or the memory could not run) -> FAIL with ``failure_class``; pruned (stopped early, dominated)
+-> PRUNED with its value as the intermediate value of its last step. Queued and
 running trials are left out (they have no outcome yet). optuna-dashboard and Optuna's
 analysis (``optuna.importance``, ``optuna.visualization``) open the result.
 """
@@ -107,12 +108,18 @@ def frozen_trials(storage: Any, study: Any) -> tuple[dict[str, Any], list[Any]]:
             attrs["gpu_seconds"] = t.gpu_seconds
         if state == "COMPLETE" and t.value is None:
             state = "FAIL"  # complete without the objective's figure: nothing to rank
+        # a pruned trial keeps its measured value as Optuna keeps a pruned trial's: the
+        # intermediate value at the step it stopped
+        last = int(t.metrics.get("steps") or 0)
         ft = optuna.trial.create_trial(
             params=params,
             distributions=used,
             value=t.value if state == "COMPLETE" else None,
             state=optuna.trial.TrialState[state],
             user_attrs=attrs,
+            intermediate_values=(
+                {last: t.value} if state == "PRUNED" and t.value is not None else None
+            ),
         )
         ft.datetime_start = _time(t.started_at or t.queued_at)
         ft.datetime_complete = _time(t.finished_at)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from dse.agents import BaseAgent, Feedback, MemoryHint, Proposal
-from dse.records import OOM_CLASSES, Outcome, RejectionKind, finite
+from dse.records import OOM_CLASSES, FinishedState, Outcome, RejectionKind, finite
 from dse.rules import check
 from dse.space import SearchSpace, params_key
 
@@ -134,6 +134,9 @@ def feedback_from_outcome(space: SearchSpace, outcome: Outcome) -> Feedback:
     * ``ok`` -> ``complete`` with one value per ``space.objectives`` (in order) taken from
       ``outcome.metrics``; ``tokens_per_s_per_gpu`` is derived from ``step_time_s`` when
       missing. An ok outcome without a finite objective value -> ``failed`` (``error``).
+      A pruned trial (stopped early as dominated) -> ``pruned`` with its measured values,
+      which agents take as they take a complete trial's (its figure is a measurement, if a
+      shorter one: Optuna's pruned trials keep their last value the same way).
     * ``infeasible`` (``invalid``, ``predicted_oom``, ``oom``, ``unschedulable``) ->
       ``infeasible`` with the outcome's metrics (the GPU capacity is added as
       ``gpu_memory_gib`` when the space knows it, so OOMs can be scaled by peak vs capacity).
@@ -148,7 +151,8 @@ def feedback_from_outcome(space: SearchSpace, outcome: Outcome) -> Feedback:
             if v is None:
                 return Feedback("failed", metrics=metrics, failure_class="error")
             values.append(v)
-        return Feedback("complete", values=tuple(values), metrics=metrics)
+        state: FinishedState = "pruned" if outcome.pruned else "complete"
+        return Feedback(state, values=tuple(values), metrics=metrics)
     if outcome.status == "infeasible":
         cap = space.resources.gpu_memory_gib
         if cap is not None and outcome.failure_class in OOM_CLASSES:

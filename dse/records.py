@@ -34,6 +34,7 @@ __all__ = [
     "FINISHED_STATES",
     "TAKEN_STATES",
     "ANSWERED_STATES",
+    "MEASURED_STATES",
     "StudyState",
     "STUDY_STATES",
     "FailureClass",
@@ -57,6 +58,11 @@ __all__ = [
     "RUNNER_NAMES",
     "WorkloadName",
     "WORKLOAD_NAMES",
+    "MeasurementMode",
+    "MEASUREMENT_MODES",
+    "StopReason",
+    "STOP_REASONS",
+    "PRUNED_STOP_REASON",
     "finite",
     # records
     "TrialSpec",
@@ -109,17 +115,22 @@ INFEASIBLE_CLASSES: frozenset[FailureClass] = frozenset(
 OOM_CLASSES: frozenset[FailureClass] = frozenset({"oom", "predicted_oom"})
 
 #: States of a finished trial (also what an agent is told: :class:`dse.agents.Feedback`).
-FinishedState = Literal["complete", "failed", "infeasible"]
+#: ``pruned``: stopped early because its interval lay clearly below the study's best (its
+#: measured figures are kept; it is never the best).
+FinishedState = Literal["complete", "failed", "infeasible", "pruned"]
 #: States of a trial in storage: ``queued`` -> ``running`` -> one of :data:`FinishedState`
 #: (an interrupted trial goes back to ``queued``).
 TrialState = Literal["queued", "running", FinishedState]
 TRIAL_STATES: tuple[TrialState, ...] = get_args(TrialState)
 FINISHED_STATES: tuple[FinishedState, ...] = get_args(FinishedState)
 #: States in which a configuration counts as taken (no second trial unless repeats are on).
-TAKEN_STATES: tuple[TrialState, ...] = ("queued", "running", "complete", "infeasible")
+TAKEN_STATES: tuple[TrialState, ...] = ("queued", "running", "complete", "infeasible", "pruned")
 #: Finished states whose answer holds for the configuration (a ``failed`` trial, a crash or a
 #: timeout, may go differently next time): duplicates and warm starts reuse these.
-ANSWERED_STATES: tuple[FinishedState, ...] = ("complete", "infeasible")
+ANSWERED_STATES: tuple[FinishedState, ...] = ("complete", "infeasible", "pruned")
+#: Finished states of a trial that measured its figures (an ``ok`` outcome): ``complete``,
+#: or ``pruned`` (stopped early, figures kept; never the best).
+MEASURED_STATES: tuple[FinishedState, ...] = ("complete", "pruned")
 
 #: States of a study: ``created`` -> ``running`` -> ``complete``, or ``stopping`` (asked
 #: through the API) -> ``stopped``; ``interrupted`` when the controller stopped on an error
@@ -164,6 +175,21 @@ WorkloadName = Literal["megatron", "replay", "sim", "bridge", "nemo", "megatron_
 WORKLOAD_NAMES: tuple[WorkloadName, ...] = get_args(WorkloadName)
 
 
+#: How a trial measures its step time (the space's ``measurement.mode``): ``fixed`` times
+#: ``semantics.steps`` steps after ``semantics.warmup_steps``; ``adaptive`` detects the end of
+#: warm-up from the data and stops once the steady-state step time is known to the space's
+#: precision (see :mod:`dse.measure`).
+MeasurementMode = Literal["adaptive", "fixed"]
+MEASUREMENT_MODES: tuple[MeasurementMode, ...] = get_args(MeasurementMode)
+#: Why a trial stopped measuring (``metrics["measurement"]["stop_reason"]``): its interval
+#: was narrow enough, it reached ``max_steps``, it ran its fixed window, or it was dominated
+#: by the study's best (the trial is then ``pruned``).
+StopReason = Literal["converged", "max_steps", "fixed", "dominated"]
+STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
+#: The stop reason of a pruned trial.
+PRUNED_STOP_REASON: StopReason = "dominated"
+
+
 def finite(x: object) -> float | None:
     """``x`` as a float when it is a finite real number, else None.
 
@@ -198,6 +224,15 @@ class TrialSpec(BaseModel):
     )
     gpu: str | None = Field(None, description="GPU name of the trial's nodes (resources.gpu).")
     gpu_memory_gib: float | None = Field(None, description="Memory per GPU (resources).")
+    measurement: dict[str, Any] | None = Field(
+        None,
+        description="MeasurementSpec as a dict (dse.measure); None: fixed, from semantics.",
+    )
+    prune: dict[str, Any] | None = Field(
+        None,
+        description="PruneTarget as a dict (dse.measure): the study's best when the trial "
+        "starts; the trial stops as dominated when its interval lies clearly below it.",
+    )
 
 
 @dataclass(frozen=True)
@@ -229,6 +264,12 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def pruned(self) -> bool:
+        """An ``ok`` outcome of a trial stopped early as dominated (stored as ``pruned``)."""
+        m = self.metrics.get("measurement")
+        return self.ok and isinstance(m, dict) and m.get("stop_reason") == PRUNED_STOP_REASON
 
     @classmethod
     def failure(

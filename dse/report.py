@@ -223,6 +223,7 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
         ("count-complete", "complete", str(c.get("complete", 0))),
         ("count-failed", "failed", str(c.get("failed", 0))),
         ("count-infeasible", "infeasible", str(c.get("infeasible", 0))),
+        ("count-pruned", "pruned (stopped early, dominated)", str(c.get("pruned", 0))),
         ("count-rejected", "rejected before launch", str(sum(data["rejections"].values()))),
     ]
     secs.append(("Trials", rows, "measured"))

@@ -1,10 +1,11 @@
 """A study's run settings: what ``dse resume`` / ``dse start`` may change between runs.
 
 A study's *identity* (:meth:`dse.space.SearchSpace.identity`: model, semantics, resources,
-knobs, constraints, objectives, trial kind) fixes the meaning of its trials. Its *run
-settings* (budget, agent, runner, workdir, parallelism, table path, pre-screen) only say how
-the next run goes. The effective run settings of the last run are stored with the study
-(attribute ``run_settings``), so ``dse resume`` continues with them unless told otherwise.
+knobs, constraints, objectives, trial kind, how a trial measures) fixes the meaning of its
+trials. Its *run settings* (budget, agent, runner, workdir, parallelism, table path,
+pre-screen, early stop of dominated trials) only say how the next run goes. The effective
+run settings of the last run are stored with the study (attribute ``run_settings``), so
+``dse resume`` continues with them unless told otherwise.
 
 An imported study's run settings came from the export file, and an export is data from
 elsewhere: its ``runner.python``, ``runner.workdir`` and ``workload.table`` are never run
@@ -58,6 +59,11 @@ def run_settings(space: SearchSpace) -> dict[str, Any]:
         "runner": space.runner.model_dump(mode="json"),
         "workload": {"table": space.workload.table, "delay_s": space.workload.delay_s},
         "prescreen": space.prescreen.model_dump(mode="json"),
+        # measurement.prune / prune_margin: a pruned trial's figures are kept, and the trials
+        # that finish mean the same with or without pruning (dse.measure.MeasurementSpec)
+        "measurement": space.measurement.model_dump(
+            mode="json", include=set(space.measurement.RUN_FIELDS)
+        ),
     }
 
 
@@ -75,6 +81,13 @@ def with_run_settings(space: SearchSpace, settings: dict[str, Any], source: str)
     for key in ("budget", "agent", "runner", "prescreen"):
         if isinstance(settings.get(key), dict):
             data[key] = settings[key]
+    ms = settings.get("measurement")
+    if isinstance(ms, dict):
+        run_fields = space.measurement.RUN_FIELDS
+        data["measurement"] = {
+            **data["measurement"],
+            **{k: ms[k] for k in run_fields if k in ms},
+        }
     wl = settings.get("workload")
     if isinstance(wl, dict):
         data["workload"] = {
@@ -107,7 +120,7 @@ def apply_overrides(space: SearchSpace, ov: RunOverrides, source: str) -> Search
 def identity_changes(old: SearchSpace, new: SearchSpace) -> list[str]:
     """The identity fields that differ between two spaces (empty: the same study)."""
     a, b = old.identity(), new.identity()
-    return [k for k in (*IDENTITY_FIELDS, "workload") if a.get(k) != b.get(k)]
+    return [k for k in (*IDENTITY_FIELDS, "workload", "measurement") if a.get(k) != b.get(k)]
 
 
 def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
@@ -120,9 +133,9 @@ def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
     if diff:
         raise DuplicatedStudyError(
             f"study {given.study!r} exists with a different space: {', '.join(diff)} "
-            "differ (these change what its trials mean; budget, agent, runner, workdir and "
-            "max-parallel may change). Pick another study name or restore the original "
-            "space file"
+            "differ (these change what its trials mean; budget, agent, runner, workdir, "
+            "max-parallel and measurement.prune / prune_margin may change). Pick another "
+            "study name or restore the original space file"
         )
 
 

@@ -31,6 +31,7 @@ from dse.exceptions import ConstraintEvalError, SpaceError
 from dse.expr import ConstraintError, check_expr, eval_expr
 from dse.knobs import ENV_PREFIX, FEATURES, get_knob
 from dse.layout import Layout
+from dse.measure import PRUNABLE_METRICS, MeasurementSpec
 from dse.names import study_name_problem
 from dse.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
 from dse.records import AgentName, Direction, Metric, RunnerName, WorkloadName
@@ -788,6 +789,11 @@ class SearchSpace(_Strict):
     prescreen: PrescreenSpec = Field(
         default_factory=lambda: PrescreenSpec(), description="Cost-model pre-screen."
     )
+    measurement: MeasurementSpec = Field(
+        default_factory=lambda: MeasurementSpec(),
+        description="How a trial measures its step time (fixed window or adaptive length) "
+        "and whether dominated trials stop early; see dse/measure.py.",
+    )
     storage: str = Field(
         "sqlite:///dse.db",
         max_length=B.MAX_PATH_CHARS,
@@ -900,6 +906,13 @@ class SearchSpace(_Strict):
         if self.workload.name == "megatron" and self.resources.device == "cpu":
             if self.semantics.precision == "fp16":
                 raise ValueError("semantics.precision fp16 is not supported on CPU")
+        if self.measurement.prune:
+            objs = [f"{o.metric} ({o.direction})" for o in self.objectives]
+            if len(self.objectives) != 1 or self.objective.metric not in PRUNABLE_METRICS:
+                raise ValueError(
+                    "measurement.prune stops trials dominated by the best of one objective "
+                    f"of {list(PRUNABLE_METRICS)}; this space's objectives are {objs}"
+                )
         for ws in self.agent.warm_start:
             for k, v in ws.items():
                 if k not in self.knobs:
@@ -1027,6 +1040,8 @@ class SearchSpace(_Strict):
             exclude["semantics"] = {"moe_routing"}
         if not self.prescreen.coefficients:
             exclude["prescreen"] = {"coefficients"}
+        if self.measurement == MeasurementSpec():  # added later: counted only when set
+            exclude["measurement"] = True
         text = self.model_dump_json(exclude=exclude or None)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1034,13 +1049,21 @@ class SearchSpace(_Strict):
         """What changes the meaning of a study's trials (model, semantics, resources, knobs,
         fixed values, constraints, objectives, trial kind): a study keeps these for life.
         Everything else (budget, agent, runner, workdir, table path, pre-screen, storage)
-        is a run setting that ``dse resume`` / ``dse start`` may change."""
+        is a run setting that ``dse resume`` / ``dse start`` may change.
+
+        Of ``measurement``, the mode, step bounds, precision and confidence are identity (they
+        say what a trial's figure is); ``prune`` and ``prune_margin`` are run settings
+        (:class:`dse.measure.MeasurementSpec`). A space that leaves them at their defaults
+        has no ``measurement`` entry, so studies stored before the section keep their hash."""
         out = self.model_dump(
             mode="json", include=set(IDENTITY_FIELDS) | {"workload"}, exclude=_RUN_WORKLOAD
         )
         for k in _LATER_MODEL_FIELDS:  # as in digest(): counted only when set
             if out["model"].get(k) == 0.0:
                 out["model"].pop(k, None)
+        measurement = self.measurement.identity()
+        if measurement != MeasurementSpec().identity():
+            out["measurement"] = measurement
         return out
 
     def identity_digest(self) -> str:

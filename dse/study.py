@@ -442,8 +442,10 @@ class StudyRunner:
             if best is not None and best.value is not None
             else "best -"
         )
+        pruned = counts.get("pruned", 0)
         return (
             f"{prefix} {done}/{budget} done, {counts.get('running', 0)} running, "
             f"{counts.get('failed', 0)} failed, {counts.get('infeasible', 0)} infeasible, "
-            f"{rej} rejected before launch, {b}"
+            + (f"{pruned} pruned, " if pruned else "")
+            + f"{rej} rejected before launch, {b}"
         ).strip()

@@ -19,6 +19,7 @@ Trial life cycle::
     claim_trial ─► queued ─► start_trial ─► running ─► finish_trial ─► complete
                      ▲  ▲                      │                       failed
                      │  └──── requeue_trial ◄──┘                       infeasible
+                     │                                                 pruned (dominated)
                      └─ acquire_queued_trial (take an ownerless queued trial)
 
 ``heartbeat_at`` marks a live owner: set by ``claim_trial``, ``start_trial``,
@@ -51,6 +52,7 @@ from dse.records import (
     DIRECTIONS,
     FINISHED_STATES,
     IMPORTED_ATTR,
+    MEASURED_STATES,
     STUDY_STATES,
     TAKEN_STATES,
     TRIAL_STATES,
@@ -519,7 +521,8 @@ class Storage:
         gpu_seconds: float | None = None,
         host: str | None = None,
     ) -> TrialRecord:
-        """Store a trial's outcome: ``ok`` -> complete, else failed / infeasible.
+        """Store a trial's outcome: ``ok`` -> complete (``pruned`` when it stopped as
+        dominated, :attr:`dse.records.Outcome.pruned`), else failed / infeasible.
 
         ``host``, when given, replaces the trial's host with where it ran (a cluster runner's
         node names and GPU indices).
@@ -527,8 +530,8 @@ class Storage:
         Stores the metrics, value, failure class and reason, source, finish time, GPU-seconds
         and the per-step metrics (replacing any earlier steps of the trial).
 
-        Idempotent and never loses a result: a ``complete`` trial is returned unchanged; a
-        trial already failed / infeasible is returned unchanged unless the new
+        Idempotent and never loses a result: a ``complete`` or ``pruned`` trial is returned
+        unchanged; a trial already failed / infeasible is returned unchanged unless the new
         outcome is ``ok`` (a result found later, e.g. in the metrics file of a trial that was
         declared interrupted, replaces the failure).
 
@@ -540,10 +543,12 @@ class Storage:
         state = _OUTCOME_STATE.get(outcome.status)
         if state is None:
             raise ValueError(f"unknown outcome status {outcome.status!r}")
+        if outcome.pruned:
+            state = "pruned"
 
         def fn(s: Session) -> TrialRecord:
             row = _trial_or_raise(s, trial_id, for_update=True)
-            if row.state == "complete" or (row.state in FINISHED_STATES and not outcome.ok):
+            if row.state in MEASURED_STATES or (row.state in FINISHED_STATES and not outcome.ok):
                 return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             row.state = state
             row.metrics = dict(outcome.metrics)
@@ -806,7 +811,8 @@ class Storage:
         return self._db.run(fn, write=False, what="sum GPU-seconds")
 
     def find_trial(self, study_id: int, params_key: str) -> TrialRecord | None:
-        """The first finished (complete or infeasible) trial of that configuration, if any.
+        """The first answered (complete, infeasible or pruned) trial of that configuration,
+        if any.
 
         Answers a duplicate proposal from storage instead of running it again.
         """
@@ -833,7 +839,8 @@ class Storage:
         *,
         value_range: tuple[float, float] | None = None,
     ) -> TrialRecord | None:
-        """The complete trial with the best value (ties: the lowest number), or None.
+        """The complete trial with the best value (ties: the lowest number), or None. A
+        ``pruned`` trial is never the best (it stopped early, dominated).
 
         ``value_range=(low, high)``: only values with ``low < value <= high`` count (this
         also leaves out infinities and NaN).

@@ -209,6 +209,32 @@ def _steps(row: ReplayRow) -> tuple[StepMetrics, ...]:
     )
 
 
+#: Measurement fields a row may carry (``bench/measure_table.py`` records them), passed on.
+_MEASUREMENT_FIELDS = ("step_time_ci_s", "tflops_per_gpu_ci")
+
+
+def _measurement(row: ReplayRow) -> dict[str, Any]:
+    """The row's ``measurement`` and intervals (trial contract names): as measured when the
+    row has them; otherwise a fixed window over the row's logged steps (its warm-up unknown,
+    0) labelled ``series: table``, without an interval."""
+    m = row.metrics
+    out: dict[str, Any] = {
+        k: list(m[k]) for k in _MEASUREMENT_FIELDS if isinstance(m.get(k), list)
+    }
+    given = m.get("measurement")
+    if isinstance(given, dict):
+        out["measurement"] = dict(given)
+    else:
+        out["measurement"] = {
+            "mode": "fixed",
+            "warmup_steps": 0,
+            "measured_steps": len(row.losses),
+            "stop_reason": "fixed",
+            "series": "table",
+        }
+    return out
+
+
 def _summary(row: ReplayRow) -> dict[str, Any]:
     m = row.metrics
     peak = float(m["peak_mem_gib"])
@@ -221,6 +247,7 @@ def _summary(row: ReplayRow) -> dict[str, Any]:
         "loss": losses[-1],
         "losses": losses,
         "steps": len(losses),
+        **_measurement(row),
     }
 
 

@@ -9,6 +9,13 @@ memory, then a ``summary`` line; or, when the configuration is predicted not to 
 ``failure`` line of class ``oom``. Every line carries ``"source": "estimate"``. The loss is
 not simulated: step lines carry ``loss: 0.0`` to satisfy the contract.
 
+The measurement fields of the trial contract (``measurement``, ``step_time_ci_s``,
+``tflops_per_gpu_ci``, :mod:`dse.measure`) are filled the way a real trial fills them, from
+a series labelled ``measurement.series``: ``estimate`` (fixed mode: every step is the
+estimate, so the interval has no width) or ``synthetic`` (adaptive mode: the estimate with a
+slow first step and 1% seeded noise per step, one series per configuration, run through the
+same stopping and dominance rule as the trainer). Both are estimates, never measurements.
+
 The GPU's name and memory come from ``--gpu`` / ``--gpu-memory-gib``, else the environment
 (``DSE_SIM_GPU``, ``DSE_SIM_GPU_MEMORY_GIB``), else the trial spec (``gpu`` /
 ``gpu_memory_gib``, from the space's resources); without a capacity everything fits.
@@ -17,20 +24,47 @@ The GPU's name and memory come from ``--gpu`` / ``--gpu-memory-gib``, else the e
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import sys
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from dse.costmodel.model import CostModel
 from dse.exceptions import DSEError
+from dse.measure import StepSeries, series_for
 from dse.records import FailureLine, MetricsLine, MetricsWriter, StepLine, SummaryLine, TrialSpec
 from dse.space import ModelSpec, Resources, Semantics
 
-__all__ = ["main", "run_trial", "simulate"]
+__all__ = ["main", "run_trial", "simulate", "synthetic_step_times"]
+
+#: The synthetic series of adaptive mode: the first steps' slowdown over the steady state
+#: (allocation, first kernels), the noise per step (relative standard deviation) and its
+#: lag-1 autocorrelation.
+SYNTHETIC_HEAD = (1.0, 0.3, 0.1)
+SYNTHETIC_NOISE = 0.01
+SYNTHETIC_AR1 = 0.2
+
+
+def synthetic_step_times(step_time_s: float, params: dict[str, Any], n: int) -> list[float]:
+    """``n`` synthetic step times around an estimate: a slow head and seeded AR(1) noise,
+    the same for the same configuration (labelled ``synthetic`` wherever it is recorded)."""
+    rng = random.Random(zlib.crc32(json.dumps(params, sort_keys=True, default=str).encode()))
+    out: list[float] = []
+    e = rng.gauss(0.0, SYNTHETIC_NOISE)
+    innovation = SYNTHETIC_NOISE * (1 - SYNTHETIC_AR1**2) ** 0.5
+    for i in range(n):
+        if i:
+            e = SYNTHETIC_AR1 * e + rng.gauss(0.0, innovation)
+        head = SYNTHETIC_HEAD[i] if i < len(SYNTHETIC_HEAD) else 0.0
+        out.append(step_time_s * (1 + head) * max(0.5, 1 + e))
+    return out
 
 
 def simulate(
@@ -75,25 +109,45 @@ def simulate(
     thr = cm.estimate_throughput(spec.params)
     peak = round(mem.allocated_gib, 4)
     reserved = round(mem.allocated_gib + mem.fragmentation_gib, 4)
+    t_est, tf_est = float(thr["step_time_s"]), float(thr["tflops_per_gpu"])
+    tokens = sem.global_batch_size * sem.seq_length
+    series: StepSeries = series_for(spec, tokens_per_step_per_gpu=tokens / spec.world_size)
+    times = (
+        synthetic_step_times(t_est, spec.params, series.limit)
+        if series.adaptive
+        else [t_est] * series.limit
+    )
     lines: list[MetricsLine] = []
-    for step in range(sem.steps):
+    for step, t in enumerate(times):
+        tf = tf_est * t_est / t
         lines.append(
             StepLine(
-                step=step, step_time_s=thr["step_time_s"], tflops_per_gpu=thr["tflops_per_gpu"],
-                peak_mem_gib=peak, peak_reserved_gib=reserved, loss=0.0, source="estimate",
+                step=step, step_time_s=t, tflops_per_gpu=tf, peak_mem_gib=peak,
+                peak_reserved_gib=reserved, loss=0.0, source="estimate",
             )
         )  # fmt: skip
+        if series.add(t, tf) is not None:
+            break
+    measured = (series.result() if series.adaptive else series.result(t_est, tf_est)).fields()
+    measured["measurement"]["series"] = "synthetic" if series.adaptive else "estimate"
+    n = len(series.times)
     lines.append(
         SummaryLine.model_validate(
             {
-                "step_time_s": thr["step_time_s"],
-                "tflops_per_gpu": thr["tflops_per_gpu"],
-                "tokens_per_s_per_gpu": thr["tokens_per_s_per_gpu"],
+                "step_time_s": measured["step_time_s"],
+                "tflops_per_gpu": measured["tflops_per_gpu"],
+                "tokens_per_s_per_gpu": (
+                    tokens / (measured["step_time_s"] * spec.world_size)
+                    if series.adaptive
+                    else thr["tokens_per_s_per_gpu"]
+                ),
+                **{k: measured[k] for k in measured if k.endswith("_ci") or k.endswith("_ci_s")},
+                "measurement": measured["measurement"],
                 "peak_mem_gib": peak,
                 "peak_reserved_gib": reserved,
                 "loss": 0.0,
-                "losses": [0.0] * sem.steps,
-                "steps": sem.steps,
+                "losses": [0.0] * n,
+                "steps": n,
                 "memory": mem.as_dict() | {"details": None},
                 "throughput_breakdown_s": thr["breakdown_s"],
                 "gpu": thr["gpu"],

@@ -165,6 +165,40 @@ def test_infeasible_and_failed_feedback(space: SearchSpace, name: str) -> None:
     assert len({params_key(p) for p in asked}) == len(asked)
 
 
+def _pruning_feedback(p: dict[str, Any]) -> Feedback:
+    """Full recompute is clearly slower than the best: such trials stop early, pruned,
+    with their measured values (the study loop's feedback of a pruned trial)."""
+    fb = _feedback(p)
+    if fb.state == "complete" and p["recompute"] == "full":
+        return Feedback("pruned", values=fb.values, metrics=fb.metrics)
+    return fb
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pruned_feedback_is_a_measured_value(space: SearchSpace, name: str) -> None:
+    agent = create_agent(_with_agent(space, name, seed=8))
+    asked, told = [], []
+    for _ in range(12):  # live: tell
+        (prop,) = agent.ask(1)
+        fb = _pruning_feedback(prop.params)
+        agent.tell(prop.trial_id, fb)
+        asked.append(prop.params)
+        told.append(fb)
+    assert "pruned" in {fb.state for fb in told}
+    assert len({params_key(p) for p in asked}) == 12
+    restarted = create_agent(_with_agent(space, name, seed=9))  # restored: add_evaluated
+    for p, fb in zip(asked, told, strict=True):
+        restarted.add_evaluated(dict(p), fb)
+    rest = _run(restarted, 6)
+    assert not {params_key(p) for p in asked} & {params_key(p) for p in rest}
+    fresh = create_agent(_with_agent(space, name))
+    (prop,) = fresh.ask(1)
+    with pytest.raises(ValueError, match="pruned feedback needs one value per objective"):
+        fresh.tell(prop.trial_id, Feedback("pruned"))
+    assert Feedback("pruned", values=(1.0,)).measured
+    assert not Feedback("failed").measured
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_restart_never_reproposes_evaluated(name: str) -> None:
     space = _space(

@@ -195,7 +195,7 @@ def seed(storage: Storage, name: str = "llama-seeded") -> Seeded:
         values={"predicted_peak_mem_gib": 180.0, "margin": 0.25},
     )  # fmt: skip
     s.counts = {
-        "complete": 3, "failed": 2, "infeasible": 2, "running": 1, "queued": 1,
+        "complete": 3, "failed": 2, "infeasible": 2, "pruned": 0, "running": 1, "queued": 1,
         "total": 9,
     }  # fmt: skip
     s.n_trials = 9

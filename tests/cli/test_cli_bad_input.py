@@ -62,6 +62,45 @@ def test_bad_space_exit_2(
     assert not db.exists() or command == "start"  # validate never touches storage
 
 
+@pytest.mark.parametrize(
+    ("measurement", "message"),
+    [
+        ({"mode": "quick"}, "measurement.mode: Input should be 'adaptive' or 'fixed'"),
+        (
+            {"mode": "adaptive", "min_steps": 50, "max_steps": 20},
+            "measurement: min_steps (50) must not exceed max_steps (20)",
+        ),
+        ({"min_steps": 2}, "measurement.min_steps: Input should be greater than or equal to 5"),
+        ({"rel_halfwidth": 0}, "measurement.rel_halfwidth: Input should be greater than 0"),
+        ({"confidence": 1.0}, "measurement.confidence: Input should be less than 1"),
+        ({"prune_margin": -0.1}, "measurement.prune_margin: Input should be greater than or"),
+        ({"prune": "often"}, "measurement.prune: Input should be a valid boolean"),
+        ({"window": 5}, "measurement.window: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_measurement_section_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], measurement: dict, message: str
+) -> None:
+    d = _tiny()
+    d["measurement"] = measurement
+    p = _write(tmp_path, d)
+    assert main(["validate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(p) in err
+
+
+def test_pruning_needs_one_throughput_objective(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = _tiny()
+    d["measurement"] = {"mode": "adaptive", "prune": True}
+    d["objective"] = {"metric": "peak_mem_gib", "direction": "minimize"}
+    assert main(["validate", str(_write(tmp_path, d))]) == 2
+    err = capsys.readouterr().err
+    assert "measurement.prune stops trials dominated by the best of one objective" in err
+    assert "peak_mem_gib (minimize)" in err
+
+
 def test_malformed_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = _write(tmp_path, "study: x\nknobs: {a: [1, 2}\n")
     assert main(["validate", str(p)]) == 2

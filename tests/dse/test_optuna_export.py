@@ -99,3 +99,33 @@ def test_optuna_dashboard_serves_the_exported_study(dashboard: str) -> None:
     with urllib.request.urlopen(f"{dashboard}/api/studies/{sid}?after=0", timeout=30) as r:
         detail = json.loads(r.read())
     assert len(detail["trials"]) == 10
+
+
+def test_a_pruned_trial_is_optunas_pruned(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from dse.records import Outcome
+    from dse.space import params_key, parse_space
+    from dse.storage import open_storage
+    from tests.conftest import EXAMPLES
+
+    text = (EXAMPLES / "tiny_gpt_cpu.yaml").read_text()
+    space = parse_space(yaml.safe_load(text), "tiny")
+    url = f"sqlite:///{tmp_path / 'dse.db'}"
+    with open_storage(url) as st:
+        sid = st.create_study(space_yaml=text, **space.study_fields()).id
+        m = {"mode": "adaptive", "measured_steps": 9, "stop_reason": "dominated"}
+        for mbs, metrics in ((1, {}), (2, {"measurement": m})):
+            p = {**space.baseline(), "micro_batch_size": mbs}
+            t = st.claim_trial(study_id=sid, params=p, params_key=params_key(p), budget=5)
+            assert t is not None
+            out = Outcome("ok", {"tflops_per_gpu": 0.01 * mbs, "steps": 10, **metrics})
+            st.finish_trial(t.id, out, value=0.01 * mbs)
+    out_url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    assert main(["export", "--storage", url, "--format", "optuna", "--storage-out", out_url]) == 0
+    ost = optuna.load_study(study_name="tiny-gpt-cpu", storage=out_url)
+    states = {t.params["micro_batch_size"]: t for t in ost.trials}
+    assert states[1].state == optuna.trial.TrialState.COMPLETE
+    assert states[2].state == optuna.trial.TrialState.PRUNED
+    assert states[2].intermediate_values == {10: 0.02} and states[2].value is None
+    assert ost.best_trial.params["micro_batch_size"] == 1  # Optuna's best ignores it too

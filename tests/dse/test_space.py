@@ -107,3 +107,54 @@ def test_constraints_evaluated(tiny_space_dict: dict) -> None:
     assert ok == [(d["constraints"][0], False)]
     ok = s.constraint_values({"micro_batch_size": 2, "tensor_model_parallel_size": 2})
     assert ok[0][1] is True
+
+
+# --- measurement: identity or run setting ----------------------------------------------------
+
+
+def _with_measurement(**measurement: object):
+    data = load_space(EXAMPLES / "tiny_gpt_cpu.yaml").model_dump(mode="json")
+    del data["measurement"]
+    if measurement:
+        data["measurement"] = measurement
+    return parse_space(data, "t.yaml")
+
+
+def test_measurement_defaults_keep_the_study_hash() -> None:
+    """A space without the section, or with its defaults, is the same study as before the
+    section existed (its identity has no measurement entry)."""
+    plain = _with_measurement()
+    same = _with_measurement(mode="fixed", rel_halfwidth=0.01, prune=False)
+    assert "measurement" not in plain.identity()
+    assert plain.identity_digest() == same.identity_digest()
+    assert plain.digest() == same.digest()
+
+
+def test_how_a_trial_measures_is_identity_pruning_is_a_run_setting() -> None:
+    from dse.run_settings import identity_changes, run_settings, with_run_settings
+
+    base = _with_measurement()
+    adaptive = _with_measurement(mode="adaptive", min_steps=8, max_steps=40)
+    assert identity_changes(base, adaptive) == ["measurement"]
+    assert adaptive.identity()["measurement"]["max_steps"] == 40
+    assert identity_changes(base, _with_measurement(rel_halfwidth=0.02)) == ["measurement"]
+    pruning = _with_measurement(prune=True, prune_margin=0.1)
+    assert identity_changes(base, pruning) == []
+    assert base.identity_digest() == pruning.identity_digest()
+    stored = run_settings(pruning)["measurement"]
+    assert stored == {"prune": True, "prune_margin": 0.1}
+    resumed = with_run_settings(base, run_settings(pruning), "stored")
+    assert resumed.measurement.prune and resumed.measurement.prune_margin == 0.1
+    # the identity part of the section stays the space file's
+    back = with_run_settings(adaptive, run_settings(pruning), "stored")
+    assert back.measurement.mode == "adaptive" and back.measurement.prune
+
+
+def test_adaptive_launchers_run_up_to_max_steps() -> None:
+    from dse.workloads.launchers import launcher_for
+
+    data = load_space(EXAMPLES / "tiny_gpt_cpu_megatron_lm.yaml").model_dump(mode="json")
+    data["measurement"] = {"mode": "adaptive", "min_steps": 6, "max_steps": 37}
+    space = parse_space(data, "t.yaml")
+    argv = launcher_for(space).render(space.full_params(space.baseline())).argv
+    assert argv[argv.index("--train-iters") + 1] == "37"

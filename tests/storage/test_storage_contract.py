@@ -285,6 +285,34 @@ def test_finish_is_idempotent(storage: Storage) -> None:
     assert storage.count_trials(s.id)["complete"] == 1
 
 
+def pruned(value: float) -> Outcome:
+    """An ok outcome of a trial that stopped as dominated (dse.measure)."""
+    m = {"mode": "adaptive", "warmup_steps": 1, "measured_steps": 4, "stop_reason": "dominated"}
+    return Outcome("ok", {"tflops_per_gpu": value, "measurement": m}, steps=steps(5))
+
+
+def test_a_pruned_trial_keeps_its_figures_and_is_never_best(storage: Storage) -> None:
+    s = make_study(storage)
+    a, b = claim(storage, s.id, 1), claim(storage, s.id, 2)
+    assert a is not None and b is not None
+    storage.finish_trial(a.id, ok(100.0), value=100.0)
+    # a higher value than the complete trial's: still never the best (it stopped early)
+    rec = storage.finish_trial(b.id, pruned(150.0), value=150.0)
+    assert rec.state == "pruned" and rec.value == 150.0 and len(rec.steps) == 5
+    assert rec.metrics["measurement"]["stop_reason"] == "dominated"
+    best = storage.best_trial(s.id, "maximize")
+    assert best is not None and best.number == a.number
+    assert storage.count_trials(s.id)["pruned"] == 1
+    assert [t.number for t in storage.list_trials(s.id, state="pruned")] == [b.number]
+    # answered and taken: a duplicate proposal is answered from it, never run again
+    found = storage.find_trial(s.id, b.params_key)
+    assert found is not None and found.state == "pruned"
+    assert claim(storage, s.id, 2) is None
+    # finished for good, like a complete trial
+    assert storage.finish_trial(b.id, ok(90.0), value=90.0).state == "pruned"
+    assert storage.finish_trial(b.id, Outcome.failure("error", "late"), value=None).value == 150
+
+
 def test_late_result_replaces_failure_and_its_steps(storage: Storage) -> None:
     s = make_study(storage)
     t = claim(storage, s.id, 1)
@@ -404,6 +432,7 @@ def test_list_count_find_best(storage: Storage) -> None:
         "complete": 3,
         "failed": 0,
         "infeasible": 1,
+        "pruned": 0,
         "total": 5,
     }
     best_max = storage.best_trial(s.id, "maximize")

@@ -1,6 +1,6 @@
-"""Storage speaks the vocabulary of dse.records: its states are the records' states, and a
-row holding a value the vocabulary dropped (a trial ``pruned``: no dse ever wrote it) or a
-value no dse writes (a study ``paused``) still loads."""
+"""Storage speaks the vocabulary of dse.records: its states are the records' states (a trial
+``pruned`` among them: stopped early, dominated), and a row holding a value no dse writes (a
+trial ``abandoned``, a study ``paused``) still loads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import get_args
 import pytest
 from sqlalchemy import create_engine, text
 
-from dse.records import STUDY_STATES, TRIAL_STATES, TrialState
+from dse.records import FINISHED_STATES, STUDY_STATES, TRIAL_STATES, TrialState
 from dse.storage import has_password, is_ephemeral, open_storage, safe_url
 
 
@@ -22,10 +22,11 @@ def test_states_are_the_vocabularys(tmp_path: Path) -> None:
             metric="tflops_per_gpu", model={}, hardware={},
         )  # fmt: skip
         assert set(st.count_trials(s.id)) == {*get_args(TrialState), "total"}
-        assert "pruned" not in TRIAL_STATES and "paused" not in STUDY_STATES
+        assert "pruned" in FINISHED_STATES and st.count_trials(s.id)["pruned"] == 0
+        assert "abandoned" not in TRIAL_STATES and "paused" not in STUDY_STATES
         assert "interrupted" in STUDY_STATES  # the controller stopped on an error
         with pytest.raises(ValueError, match="trial state must be one of"):
-            st.list_trials(s.id, state="pruned")
+            st.list_trials(s.id, state="abandoned")
         with pytest.raises(ValueError, match="study state must be one of"):
             st.set_study_state("s", "paused")
     finally:
@@ -44,16 +45,16 @@ def test_a_dropped_value_in_a_stored_row_still_loads(tmp_path: Path) -> None:
     st.close()
     engine = create_engine(url)
     with engine.begin() as conn:
-        conn.execute(text("UPDATE trials SET state = 'pruned', failure_class = 'interrupted'"))
+        conn.execute(text("UPDATE trials SET state = 'abandoned', failure_class = 'lost'"))
         conn.execute(text("UPDATE studies SET state = 'paused'"))
     engine.dispose()
     st = open_storage(url)
     try:
         assert st.get_study("s").state == "paused"
         row = st.get_trial(t.id)
-        assert row.state == "pruned" and row.failure_class == "interrupted"
-        assert st.count_trials(s.id)["pruned"] == 1 and st.count_trials(s.id)["total"] == 1
-        assert [p.state for p in st.list_trial_points(s.id)] == ["pruned"]
+        assert row.state == "abandoned" and row.failure_class == "lost"
+        assert st.count_trials(s.id)["abandoned"] == 1 and st.count_trials(s.id)["total"] == 1
+        assert [p.state for p in st.list_trial_points(s.id)] == ["abandoned"]
     finally:
         st.close()
 

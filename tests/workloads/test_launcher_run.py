@@ -104,3 +104,145 @@ def test_module_runs_as_the_trial_command(tmp_path: Path) -> None:
     assert o is not None and o.ok and o.metrics["log_format"] == "bridge"
     assert o.metrics["tflops_per_gpu"] == pytest.approx(24.7)
     assert o.metrics["peak_mem_gib"] == pytest.approx(13.367e9 / 2**30)
+
+
+# --- adaptive trial length and early stop on the parsed step series ----------------------------
+
+FAKE_RECIPE = Path(__file__).resolve().parent / "fake_recipe.py"
+
+
+def _fake_spec(
+    tmp_path: Path,
+    *,
+    iters: int = 300,
+    measurement: dict | None = None,
+    prune: dict | None = None,
+    **recipe: object,
+) -> TrialSpec:
+    argv = [sys.executable, str(FAKE_RECIPE), "--iters", str(iters),
+            "--pidfile", str(tmp_path / "child.pid")]  # fmt: skip
+    for k, v in recipe.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    return TrialSpec(
+        study="s", trial_number=0, params={}, model=MODEL,
+        semantics={"global_batch_size": 8, "seq_length": 4096, "steps": iters, "warmup_steps": 2},
+        world_size=1, device="cuda", metrics_path=str(tmp_path / "metrics.jsonl"),
+        workload={"name": "megatron_lm", "rendered": {
+            "launcher": "megatron_lm", "argv": argv, "env": {}, "log_format": "megatron",
+            "world_size": 1, "node_step_names": [],
+        }},
+        measurement=measurement, prune=prune,
+    )  # fmt: skip
+
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    import os
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a killed process nobody has reaped yet (a zombie) is gone too
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_adaptive_stops_the_recipe_once_converged(tmp_path: Path) -> None:
+    m = {"mode": "adaptive", "min_steps": 10, "max_steps": 250, "rel_halfwidth": 0.01}
+    spec = _fake_spec(tmp_path, measurement=m)
+    out = io.StringIO()
+    assert run_rendered(spec, MetricsWriter(spec.metrics_path), out) == 0
+    assert "dse: stopping the recipe after" in out.getvalue()
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.ok and not o.pruned
+    meas = o.metrics["measurement"]
+    assert meas["mode"] == "adaptive" and meas["stop_reason"] == "converged"
+    assert 10 <= len(o.steps) < 60  # 1% noise: converged long before the 300 iterations
+    assert meas["warmup_steps"] >= 2  # the 10x and 2x first iterations are warm-up
+    assert meas["warmup_steps"] + meas["measured_steps"] == len(o.steps)
+    lo, hi = o.metrics["step_time_ci_s"]
+    t = o.metrics["step_time_s"]
+    assert lo <= t <= hi and (hi - lo) / 2 <= 0.01 * t
+    assert o.metrics["step_time_s"] == pytest.approx(0.1, rel=0.02)  # the steady state
+    tlo, thi = o.metrics["tflops_per_gpu_ci"]
+    assert tlo <= o.metrics["tflops_per_gpu"] <= thi
+    assert o.metrics["tflops_per_gpu"] == pytest.approx(200.0, rel=0.02)
+    # the whole process group of the recipe is gone, its child included
+    assert _gone(int((tmp_path / "child.pid").read_text()))
+
+
+def test_noisy_recipe_is_stopped_at_max_steps(tmp_path: Path) -> None:
+    # a recipe that would run 300 iterations (its own count, not dse's): stopped at 25
+    m = {"mode": "adaptive", "min_steps": 10, "max_steps": 25, "rel_halfwidth": 0.01}
+    spec = _fake_spec(tmp_path, measurement=m, cv=0.3, sleep=0.01)
+    assert run_rendered(spec, MetricsWriter(spec.metrics_path), io.StringIO()) == 0
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.ok and len(o.steps) == 25
+    assert o.metrics["measurement"]["stop_reason"] == "max_steps"
+    assert _gone(int((tmp_path / "child.pid").read_text()))
+
+
+def test_a_dominated_recipe_is_stopped_and_recorded_pruned(tmp_path: Path) -> None:
+    m = {"mode": "adaptive", "min_steps": 10, "max_steps": 250, "prune": True}
+    best = {"metric": "tflops_per_gpu", "direction": "maximize", "best": 300.0, "bound": 290.0,
+            "margin": 0.05, "best_trial": 4}  # fmt: skip
+    spec = _fake_spec(tmp_path, measurement=m, prune=best, cv=0.05)
+    out = io.StringIO()
+    assert run_rendered(spec, MetricsWriter(spec.metrics_path), out) == 0
+    assert "(dominated)" in out.getvalue()
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.ok and o.pruned
+    assert o.metrics["measurement"]["dominated_by"]["trial"] == 4
+    assert 10 <= len(o.steps) < 40 and o.metrics["tflops_per_gpu_ci"][1] < 290 * 0.95
+    assert _gone(int((tmp_path / "child.pid").read_text()))
+
+
+def test_fixed_window_records_its_interval(tmp_path: Path) -> None:
+    spec = _fake_spec(tmp_path, iters=12, sleep=0.0)
+    assert run_rendered(spec, MetricsWriter(spec.metrics_path), io.StringIO()) == 0
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.ok and len(o.steps) == 12
+    meas = o.metrics["measurement"]
+    assert meas == {**meas, "mode": "fixed", "warmup_steps": 2, "measured_steps": 10,
+                    "stop_reason": "fixed"}  # fmt: skip
+    lo, hi = o.metrics["step_time_ci_s"]
+    assert lo <= o.metrics["step_time_s"] <= hi
+
+
+def test_the_runners_stop_reaches_the_recipes_group(tmp_path: Path) -> None:
+    """A recipe that may be stopped early runs in its own process group; SIGTERM to the
+    trial process (what a runner's stop sends) ends that group too."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    m = {"mode": "adaptive", "min_steps": 10, "max_steps": 250, "rel_halfwidth": 1e-6}
+    spec = _fake_spec(tmp_path, measurement=m, sleep=0.05)
+    p = tmp_path / "trial.json"
+    p.write_text(spec.model_dump_json())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dse.workloads.launchers.run", "--spec", str(p)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        pidfile = tmp_path / "child.pid"
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        assert os.getpgid(child) != proc.pid  # the recipe's own group
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) != 0
+        assert _gone(child)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

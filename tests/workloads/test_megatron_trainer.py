@@ -429,3 +429,72 @@ def test_fields_newer_than_the_trainers_megatron_core_are_refused(tmp_path: Path
                                                "stage_precision_aware_optimizer_state_on_cpu":
                                                False}))  # fmt: skip
     assert "fused_residual_rmsnorm" not in plan.fields["model"]
+
+
+# --- adaptive trial length and early stop (slow: real training) ------------------------------
+
+
+@pytest.mark.slow
+@needs_megatron
+def test_adaptive_trial_stops_between_min_and_max_on_every_rank(tmp_path: Path) -> None:
+    """Two ranks (TP 2): rank 0 decides and broadcasts, so both stop at the same step (a
+    rank that went on alone would wait in a collective until the timeout)."""
+    m = {"mode": "adaptive", "min_steps": 6, "max_steps": 40, "rel_halfwidth": 0.25}
+    spec = make_spec(tmp_path, "adaptive", {"tensor_model_parallel_size": 2}, world=2)
+    spec = spec.model_copy(update={"measurement": m})
+    rc, out = run_trial(spec, tmp_path)
+    assert rc == 0 and out.ok and not out.pruned, out.reason
+    n = len(out.steps)
+    assert 6 <= n < 40 and out.metrics["steps"] == n and len(out.metrics["losses"]) == n
+    meas = out.metrics["measurement"]
+    assert meas["mode"] == "adaptive" and meas["stop_reason"] == "converged"
+    assert meas["warmup_steps"] + meas["measured_steps"] == n and meas["measured_steps"] >= 4
+    lo, hi = out.metrics["step_time_ci_s"]
+    t = out.metrics["step_time_s"]
+    assert 0 < lo <= t <= hi and (hi - lo) / 2 <= 0.25 * t
+    steady = [s.step_time_s for s in out.steps[meas["warmup_steps"] :]]
+    assert t == pytest.approx(sum(steady) / len(steady))  # the steady-state mean
+    tlo, thi = out.metrics["tflops_per_gpu_ci"]
+    assert tlo <= out.metrics["tflops_per_gpu"] <= thi
+    flops = out.metrics["model_flops_per_step"]
+    assert out.metrics["tflops_per_gpu"] == pytest.approx(flops / (t * 2 * 1e12), rel=1e-6)
+
+
+@pytest.mark.slow
+@needs_megatron
+def test_a_dominated_trial_stops_early_and_is_stored_pruned(tmp_path: Path) -> None:
+    from dse.storage import open_storage
+
+    # a best far above anything a CPU reaches: dominated as soon as the rule may say so
+    best = {"metric": "tflops_per_gpu", "direction": "maximize", "best": 50.0, "bound": 45.0,
+            "margin": 0.05, "best_trial": 0}  # fmt: skip
+    m = {"mode": "adaptive", "min_steps": 6, "max_steps": 40, "prune": True}
+    spec = make_spec(tmp_path, "dominated").model_copy(update={"measurement": m, "prune": best})
+    rc, out = run_trial(spec, tmp_path, torchrun=False)
+    assert rc == 0 and out.ok and out.pruned, out.reason
+    assert 6 <= len(out.steps) < 40
+    meas = out.metrics["measurement"]
+    assert meas["stop_reason"] == "dominated" and meas["dominated_by"]["trial"] == 0
+    assert out.metrics["tflops_per_gpu"] > 0 and out.metrics["tflops_per_gpu_ci"][1] < 45 * 0.95
+    with open_storage("sqlite://") as st:
+        s = st.create_study(name="s", space_yaml="x: 1\n", space_hash="h", direction="maximize",
+                            metric="tflops_per_gpu", model={}, hardware={})  # fmt: skip
+        a = st.claim_trial(study_id=s.id, params={"a": 0}, params_key="a0", budget=5)
+        b = st.claim_trial(study_id=s.id, params={"a": 1}, params_key="a1", budget=5)
+        assert a is not None and b is not None
+        st.finish_trial(a.id, Outcome("ok", {"tflops_per_gpu": 1e-9}), value=1e-9)
+        rec = st.finish_trial(b.id, out, value=out.metrics["tflops_per_gpu"])
+        assert rec.state == "pruned" and len(rec.steps) == len(out.steps)
+        best_rec = st.best_trial(s.id, "maximize")  # the pruned trial's higher value: not best
+        assert best_rec is not None and best_rec.number == a.number
+
+
+@pytest.mark.slow
+@needs_megatron
+def test_fixed_window_records_its_interval(trials: dict[str, Any]) -> None:
+    _rc, out = trials["tp1"]
+    meas = out.metrics["measurement"]
+    assert meas == {**meas, "mode": "fixed", "warmup_steps": 1, "measured_steps": 3,
+                    "stop_reason": "fixed"}  # fmt: skip
+    lo, hi = out.metrics["step_time_ci_s"]
+    assert lo <= out.metrics["step_time_s"] <= hi

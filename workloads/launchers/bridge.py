@@ -72,7 +72,7 @@ class BridgeLauncher(Launcher):
     def semantics_overrides(self) -> list[str]:
         sem = self.space.semantics
         return [
-            f"train.train_iters={sem.steps}",
+            f"train.train_iters={self.space.measurement.steps(sem.steps)}",
             f"train.global_batch_size={sem.global_batch_size}",
             f"dataset.seq_length={sem.seq_length}",
             "logger.log_interval=1",

@@ -116,7 +116,7 @@ def model_flags(space: SearchSpace) -> list[str]:
         out.append(f"--{sem.precision}")
     out += [
         "--global-batch-size", str(sem.global_batch_size),
-        "--train-iters", str(sem.steps),
+        "--train-iters", str(space.measurement.steps(sem.steps)),
         "--lr", repr(sem.lr),
         "--seed", str(sem.seed),
         "--log-interval", "1",

@@ -85,7 +85,7 @@ class NemoLauncher(Launcher):
         return [
             f"trainer.num_nodes={nodes}",
             f"trainer.devices={per}",
-            f"trainer.max_steps={sem.steps}",
+            f"trainer.max_steps={self.space.measurement.steps(sem.steps)}",
             "trainer.log_every_n_steps=1",
             f"data.global_batch_size={sem.global_batch_size}",
             f"data.seq_length={sem.seq_length}",

@@ -6,22 +6,34 @@ this process's output (the trial log), parses it as it comes and writes the metr
 one ``step`` line per logged iteration, then a ``summary`` line, or a ``failure`` line
 classified from the recipe's log (``oom``, ``nan``, ``hang``, ``invalid`` with the recipe's
 own message, ``error``).
+
+The logged step times go through the trial's measurement rule (:mod:`dse.measure`) as they
+come: in ``adaptive`` mode (the recipe is given ``max_steps`` iterations) the recipe is
+stopped, its whole process group, once the steady-state step time is known to the space's
+precision; with ``prune`` it is stopped once its interval lies clearly below the study's
+best (``dominated``: the trial is recorded ``pruned``). Where the recipe may be stopped early
+it runs in its own process group, and a SIGTERM to this process (the runner's stop) is
+passed on to that group.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dse.flops import model_flops_per_step
-from dse.records import MetricsWriter, TrialSpec
+from dse.measure import series_for
+from dse.records import MetricsWriter, StopReason, TrialSpec
 from dse.workloads.launchers._core import run_node_steps
 from dse.workloads.logs import LogParser, LogStep
+from dse.workloads.runners.local import kill_process_group
 
 __all__ = ["main", "run_rendered"]
 
@@ -42,6 +54,37 @@ def _step_record(s: LogStep, parser: LogParser, flops: float, world: int) -> dic
         "loss": s.loss,
         "grad_norm": s.grad_norm,
     }
+
+
+#: Stop reasons on which the recipe is stopped (``max_steps``: a recipe whose own iteration
+#: count is larger, e.g. one that takes no model arguments from dse; ``fixed`` runs the
+#: recipe's own window).
+_EARLY_STOPS: tuple[StopReason, ...] = ("converged", "dominated", "max_steps")
+
+
+@contextlib.contextmanager
+def _group_guard(proc: subprocess.Popen[str] | None) -> Iterator[None]:
+    """While the recipe runs in its own process group: a SIGTERM to this process ends that
+    group first; and the group never outlives this function."""
+    if proc is None:
+        yield
+        return
+
+    def on_term(signum: int, _frame: Any) -> None:
+        kill_process_group(proc, grace_s=2.0)
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread: the caller handles its own signals
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            kill_process_group(proc, grace_s=2.0)
 
 
 def run_rendered(
@@ -71,43 +114,69 @@ def run_rendered(
     tp = int(spec.params.get("tensor_model_parallel_size", 1) or 1)
     flops = model_flops_per_step(spec.model, spec.semantics, tensor_model_parallel_size=tp)
     parser = LogParser(r.get("log_format", "auto"))
+    sem = spec.semantics
+    tokens = sem["global_batch_size"] * sem["seq_length"]
+    series = series_for(spec, tokens_per_step_per_gpu=tokens / world)
+    may_stop = series.adaptive or series.prune is not None
+    timed: set[int] = set()  # logged iterations already fed to the series
+    stopped: StopReason | None = None
     pending: LogStep | None = None
+
+    def feed(s: LogStep) -> StopReason | None:
+        rec = _step_record(s, parser, flops, world)
+        if rec is None or s.step in timed:
+            return None
+        timed.add(s.step)
+        return series.add(rec["step_time_s"], rec["tflops_per_gpu"])
+
     try:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-            bufsize=1, errors="replace",
+            bufsize=1, errors="replace", process_group=0 if may_stop else None,
         )  # fmt: skip
     except OSError as e:
         writer.failure("error", f"cannot start the recipe ({argv[0]}): {e}")
         return 3
-    with proc:
+    with proc, _group_guard(proc if may_stop else None):
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
             out.flush()
+            if stopped is not None:
+                continue  # what the recipe printed while it was being stopped is not measured
             new = parser.feed(line)
             if new is not None:
                 if pending is not None:
                     rec = _step_record(pending, parser, flops, world)
                     if rec:
                         writer.step(rec)
+                    feed(pending)  # a step whose time came after its first line
                 pending = new
+                why = feed(new)
+                if may_stop and why in _EARLY_STOPS:
+                    stopped = why
+                    out.write(f"dse: stopping the recipe after {len(series.times)} timed "
+                              f"iterations ({why})\n")  # fmt: skip
+                    out.flush()
+                    kill_process_group(proc, grace_s=5.0)
         rc = proc.wait()
     if pending is not None:
         rec = _step_record(pending, parser, flops, world)
         if rec:
             writer.step(rec)
+        feed(pending)
     parsed = parser.finish()
     summary = parsed.summary(
         spec.semantics.get("warmup_steps", 1), flops_per_step=flops, world_size=world
     )
     summary["notes"] = notes + summary["notes"]
     metrics = {k: summary[k] for k in ("peak_mem_gib", "peak_reserved_gib") if summary[k]}
-    if parsed.failure and (rc != 0 or parsed.failure[0] == "nan"):
+    # a recipe dse stopped exits non-zero (the signal): that is not its failure
+    if parsed.failure and ((rc != 0 and stopped is None) or parsed.failure[0] == "nan"):
         cls, reason = parsed.failure
         writer.failure(cls, reason, metrics)
         return 3
-    if rc != 0:
+    if rc != 0 and stopped is None:
         writer.failure(
             "error", f"the recipe exited with code {rc}; its log names no known failure"
         )
@@ -118,13 +187,24 @@ def run_rendered(
             f"the recipe exited 0 but its log has no iteration line (format {parsed.format})",
         )
         return 3
-    sem = spec.semantics
-    tokens = sem["global_batch_size"] * sem["seq_length"]
     peak = summary["peak_mem_gib"] or 0.0
+    measured: dict[str, Any] = {}
+    if series.times:
+        # adaptive: the steady-state estimate; fixed: the log's medians with their interval
+        m = (
+            series.result()
+            if series.adaptive
+            else series.result(summary["step_time_s"], summary["tflops_per_gpu"])
+        )
+        measured = m.fields()
+        if m.tflops_per_gpu is None:
+            measured.pop("tflops_per_gpu", None)
+    step_time = measured.get("step_time_s", summary["step_time_s"])
     writer.summary(
         {
-            "step_time_s": summary["step_time_s"],
-            "tflops_per_gpu": summary["tflops_per_gpu"],
+            "step_time_s": step_time,
+            "tflops_per_gpu": measured.get("tflops_per_gpu", summary["tflops_per_gpu"]),
+            **{k: v for k, v in measured.items() if k not in ("step_time_s", "tflops_per_gpu")},
             "tflops_source": summary["tflops_source"],
             "peak_mem_gib": peak,
             "peak_reserved_gib": summary["peak_reserved_gib"] or peak,
@@ -132,7 +212,7 @@ def run_rendered(
             "losses": summary["loss"],
             "steps": summary["steps"],
             "log_interval": summary["log_interval"],
-            "tokens_per_s_per_gpu": tokens / (summary["step_time_s"] * world),
+            "tokens_per_s_per_gpu": tokens / (step_time * world),
             "model_flops_per_step": flops,
             "world_size": world,
             "launcher": r.get("launcher"),

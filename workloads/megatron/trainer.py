@@ -7,8 +7,12 @@ Launched once per trial, one process per GPU (or CPU rank)::
 It reads a :class:`dse.records.TrialSpec`, builds a GPT model with Megatron-Core
 (``parallel_state``, ``TransformerConfig``, ``GPTModel`` from the local or Transformer
 Engine layer spec, Megatron ``DistributedDataParallel``, ``get_megatron_optimizer``), trains
-``semantics.steps`` steps with ``get_forward_backward_func()`` and rank 0 writes the metrics
-JSONL (one ``step`` line per step, then a ``summary`` line). An expected failure (invalid
+with ``get_forward_backward_func()`` and rank 0 writes the metrics JSONL (one ``step`` line
+per step, then a ``summary`` line). How many steps: ``semantics.steps`` (``measurement.mode:
+fixed``), or until the steady-state step time is known to ``measurement.rel_halfwidth``
+(``adaptive``, :mod:`dse.measure`); a trial whose interval lies clearly below the study's
+best (``spec.prune``) stops as dominated. Rank 0 decides and broadcasts the decision, so
+every rank stops at the same step. An expected failure (invalid
 configuration, out of memory, NaN loss, another exception) becomes one ``failure`` line,
 written by the rank that met it, and exit status 3; success exits 0.
 
@@ -36,6 +40,7 @@ from typing import Any
 
 from dse.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
 from dse.knobs import KNOBS
+from dse.measure import StepSeries, series_for
 from dse.records import MetricsWriter, StepMetrics, TrialSpec, finite, summarize_steps
 from dse.workloads.megatron._plan import (
     EXIT_FAILURE,
@@ -415,7 +420,8 @@ def _forward_step(position_ids: Any, data_iterator: Any, model: Any) -> tuple[An
 
 def _train(
     plan: TrialPlan, built: _Built, device: Any, dist: _Dist, writer: MetricsWriter | None
-) -> list[StepMetrics]:
+) -> tuple[list[StepMetrics], StepSeries]:
+    """Train until the trial's measurement rule says stop; (steps, their series)."""
     import torch
     import torch.distributed as tdist
     from megatron.core import parallel_state
@@ -444,6 +450,11 @@ def _train(
     chunks, optimizer = built.chunks, built.optimizer
     for c in chunks:
         c.train()
+    tokens = sem.global_batch_size * sem.seq_length
+    series = series_for(plan.spec, tokens_per_step_per_gpu=tokens / plan.world_size)
+    # a decision that can end the run early is rank 0's, broadcast to every rank
+    decides = series.adaptive or series.prune is not None
+    stop_flag = torch.zeros(1, dtype=torch.int32, device=device)
 
     def run_step(micro: list[tuple[Any, Any]]) -> tuple[list[dict[str, Any]], Any]:
         iters = [iter(micro) for _ in chunks]
@@ -464,7 +475,7 @@ def _train(
         return reports, grad_norm
 
     steps: list[StepMetrics] = []
-    for step in range(sem.steps):
+    for step in range(series.limit):
         try:
             batch = data.global_batch(step)
         except ValueError as e:
@@ -517,7 +528,13 @@ def _train(
         steps.append(m)
         if writer is not None:
             writer.step(m)
-    return steps
+        stop = series.add(dt, m.tflops_per_gpu)  # dt is the same on every rank (MAX)
+        if decides:
+            stop_flag.fill_(1 if (stop is not None and dist.rank == 0) else 0)
+            tdist.broadcast(stop_flag, src=0)
+            if int(stop_flag.item()):
+                break
+    return steps, series
 
 
 # --- trial --------------------------------------------------------------------------------
@@ -574,12 +591,20 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         built = build(plan, device)
     except (AssertionError, ValueError, NotImplementedError) as e:
         raise _invalid_from(e) from e
-    steps = _train(plan, built, device, dist, writer if dist.rank == 0 else None)
+    steps, series = _train(plan, built, device, dist, writer if dist.rank == 0 else None)
 
     import megatron.core
     import torch
 
     summary = summarize_steps(steps, plan.semantics.warmup_steps)
+    # adaptive: the steady-state estimate after the detected warm-up; fixed: the window's
+    # medians (as before) with their interval
+    measured = (
+        series.result()
+        if series.adaptive
+        else series.result(summary["step_time_s"], summary["tflops_per_gpu"])
+    )
+    summary.update(measured.fields())
     tokens = plan.semantics.global_batch_size * plan.semantics.seq_length
     summary.update(plan.layout())
     summary.update(

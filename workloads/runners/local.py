@@ -10,12 +10,20 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
 from dse.workloads.runners._base import OWNER_ENV, BaseRunner, Finished, Launch, classify_log
 
-__all__ = ["LocalRunner", "detect_gpus", "kill_group", "kill_owned_group", "TRIAL_ENV_DROP"]
+__all__ = [
+    "LocalRunner",
+    "detect_gpus",
+    "kill_group",
+    "kill_owned_group",
+    "kill_process_group",
+    "TRIAL_ENV_DROP",
+]
 
 #: Variables of the controller's environment that trial processes never inherit (the API's
 #: write token; a storage URL that may hold a password): a trial needs neither.
@@ -217,7 +225,7 @@ class LocalRunner(BaseRunner):
                 kill_group(p.popen.pid, grace_s=0.5)  # stray children of the trial
                 self._finish(tid, self._outcome_of(p, rc))
             elif now - p.started > p.launch.timeout_s:
-                _kill_trial(p.popen)
+                kill_process_group(p.popen)
                 self._finish(
                     tid,
                     read_metrics(mp)
@@ -226,7 +234,7 @@ class LocalRunner(BaseRunner):
                     ),
                 )
             elif now - p.last_progress > p.launch.hang_timeout_s:
-                _kill_trial(p.popen)
+                kill_process_group(p.popen)
                 self._finish(
                     tid,
                     read_metrics(mp)
@@ -256,16 +264,17 @@ class LocalRunner(BaseRunner):
         ids = list(self._procs)
         for tid in ids:
             p = self._procs[tid]
-            _kill_trial(p.popen, grace_s=3.0)
+            kill_process_group(p.popen, grace_s=3.0)
             p.log.close()  # type: ignore[attr-defined]
             self._free_gpus.extend(p.devices)
         self._procs.clear()
         return ids
 
 
-def _kill_trial(popen: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    """SIGTERM the trial's process group, reap its leader (a zombie leader keeps the group
-    alive), then SIGKILL whatever of the group is left."""
+def kill_process_group(popen: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
+    """SIGTERM the process group ``popen`` leads, reap its leader (a zombie leader keeps the
+    group alive), then SIGKILL whatever of the group is left (a trial's stop; the launcher
+    trial process stops a recipe the same way)."""
     pgid = popen.pid
     try:
         os.killpg(pgid, signal.SIGTERM)
