@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any
 
@@ -601,26 +601,35 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     return summary
 
 
-def release_trial_state(device: str) -> None:
+def release_trial_state(device: str, keep_groups: Collection[Any] = ()) -> dict[str, float]:
     """Free what a trial left in this process, for the next trial of a warm worker:
     Megatron's parallel state (its groups and global buffers), every process group but the
-    default one, unreachable objects (the model and optimizer of a finished trial), and the
-    device caches. The default process group and compiled kernels stay."""
+    default one and ``keep_groups``, unreachable objects (the model and optimizer of a
+    finished trial), and the device caches. The default process group and compiled kernels
+    stay. Returns the seconds each part took."""
     import gc
 
     import torch
     import torch.distributed as tdist
     from megatron.core import parallel_state
 
+    took: dict[str, float] = {}
+    t = time.perf_counter()
     parallel_state.destroy_model_parallel()
+    groups = 0
     if tdist.is_initialized():
         from torch.distributed import distributed_c10d as c10d
 
         world = c10d.GroupMember.WORLD
+        keep = {id(g) for g in keep_groups}
         for pg in list(c10d._world.pg_map):
-            if pg is not world:
+            if pg is not world and id(pg) not in keep:
                 tdist.destroy_process_group(pg)
+                groups += 1
+    took["groups_s"], t = time.perf_counter() - t, time.perf_counter()
+    took["groups"] = float(groups)
     gc.collect()
+    took["gc_s"], t = time.perf_counter() - t, time.perf_counter()
     if device == "cuda":
         torch.cuda.synchronize()
         clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
@@ -629,6 +638,8 @@ def release_trial_state(device: str) -> None:
         torch.cuda.empty_cache()
     else:
         _trim_heap()
+    took["cache_s"] = time.perf_counter() - t
+    return took
 
 
 def _trim_heap() -> None:

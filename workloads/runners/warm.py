@@ -240,7 +240,7 @@ class WarmPool:
         except OSError:
             pass
 
-    def _spawn(self, slot: _Slot, launch_env: dict[str, str]) -> _Worker:
+    def _spawn(self, slot: _Slot, launch_env: dict[str, str], spare: bool = False) -> _Worker:
         s = self.settings
         env = dict(self.base_env)
         env.update(launch_env)
@@ -253,10 +253,12 @@ class WarmPool:
             "--parent", str(os.getpid()), "--max-trials", str(s.max_trials),
             "--memory-slack-mib", str(s.memory_slack_mib),
         ]  # fmt: skip
+        if spare:  # no device memory until it takes a trial (the slot's trials have it all)
+            argv.append("--defer-device")
         slot.spawned += 1
         log = self.workers_dir / f"slot{slot.index}-{slot.spawned:03d}.log"
         w = _Worker(argv, env, launch_env, log)
-        self._event(event="spawn", slot=slot.index, pid=w.pid, log=log.name)
+        self._event(event="spawn", slot=slot.index, pid=w.pid, log=log.name, spare=spare)
         return w
 
     def prepare(self, owner: str) -> None:
@@ -417,7 +419,7 @@ class WarmPool:
             and slot.worker is not None
             and slot.worker.ready
         ):
-            slot.spare = self._spawn(slot, slot.worker.launch_env)
+            slot.spare = self._spawn(slot, slot.worker.launch_env, spare=True)
         t = slot.trial
         if t is None:
             return
@@ -480,9 +482,14 @@ class WarmPool:
                 self._retire(slot, str(recycle), grace_s=5.0)
                 self._resend(slot)
             else:
-                self._event(event="released", slot=slot.index, pid=w.pid,
-                            memory_mib=msg.get("memory_mib"),
-                            release_s=msg.get("release_s"))  # fmt: skip
+                self._event(
+                    event="released",
+                    slot=slot.index,
+                    pid=w.pid,
+                    memory_mib=msg.get("memory_mib"),
+                    release_s=msg.get("release_s"),
+                    release=msg.get("release"),
+                )
 
     def _outcome_after_exit(self, t: _Trial, rc: int | None) -> Outcome:
         out = read_metrics(t.launch.metrics_path)
