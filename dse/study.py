@@ -557,10 +557,9 @@ def _slots_of(placement: str | None) -> tuple[str, ...]:
     node = ""
     for part in (placement or "").split(","):
         if ":gpu" in part:
-            node, _, first = part.partition(":gpu")
-            part = first
-        elif ":" in part:
-            node, part = part.split(":", 1)[0], ""
+            node, _, part = part.partition(":gpu")
+        elif not part.isdigit():
+            node = ""
         if node and part.isdigit():
             out.append(f"{node}:{part}")
     return tuple(out)

@@ -58,7 +58,7 @@ def warm_settings(space: SearchSpace) -> WarmSettings | None:
     spare = opts.warm_spare if opts.warm_spare is not None else device == "cuda"
     return WarmSettings(
         python=space.runner.python or sys.executable,
-        workdir=Path(space.runner.workdir) / space.study,
+        workdir=(Path(space.runner.workdir) / space.study).resolve(),
         spare=spare,
         max_trials=opts.warm_max_trials,
         memory_slack_mib=opts.warm_memory_slack_mib,
