@@ -70,6 +70,54 @@ class HealthPublic(BaseModel):
     poll_interval_s: float = Field(description="How often the dashboard polls a running study.")
 
 
+class GpuUsagePublic(BaseModel):
+    """A study's GPU time (``dse.gpu_usage``, the same figures as ``dse status`` and the
+    report). GPU figures are null on CPU; the busy fraction is then of CPU ranks."""
+
+    device: str = Field(description="The study's device: cuda or cpu.")
+    gpu_hours: float = Field(description="GPU-hours of its trials (the sum of gpu_seconds).")
+    gpu_hours_startup: float | None = Field(
+        description="Of those, outside training steps: launch (or hand-off to a warm worker) "
+        "to the first step, gaps between steps, teardown (sum of gpu_seconds_startup)."
+    )
+    gpu_hours_measure: float | None = Field(
+        description="Of those, in training steps, warm-up included (sum of gpu_seconds_measure)."
+    )
+    held_gpu_hours: float | None = Field(
+        description="GPU-hours the study held: its controllers' wall time x the GPUs their "
+        "runner holds (local runner), or its trials' own (runners that take GPUs per trial)."
+    )
+    held_basis: Literal["controller", "trials"] | None = Field(
+        description="How the held time was measured (see held_gpu_hours)."
+    )
+    busy_fraction: float | None = Field(
+        description="Device-seconds in training steps / device-seconds held (0..1)."
+    )
+    device_seconds_held: float | None = Field(description="Held time in device-seconds.")
+    device_seconds_startup: float | None = Field(
+        description="Device-seconds of trials outside training steps."
+    )
+    device_seconds_measure: float | None = Field(
+        description="Device-seconds of trials in training steps."
+    )
+    trials_run: int = Field(description="Trials with recorded GPU time.")
+    trials_timed: int = Field(description="Trials with the startup/measure split.")
+    mean_gpu_seconds_per_trial: float | None
+    grid_configurations: int | None = Field(
+        description="Valid configurations of the space (the space check's count)."
+    )
+    grid_complete: bool | None = Field(
+        description="False when the space is larger than the check enumerates (a lower bound)."
+    )
+    grid_gpu_hours: float | None = Field(
+        description="Estimate: every valid configuration run once at the study's mean "
+        "GPU-seconds per trial."
+    )
+    saved_gpu_hours: float | None = Field(description="Estimate: grid_gpu_hours - gpu_hours.")
+    saved_fraction: float | None = Field(description="Estimate: saved / grid GPU-hours.")
+    label: str = Field(description="Which figures are measured and which are estimates.")
+
+
 class StudySummaryPublic(BaseModel):
     """A study in the list: its state, trial counts and best value so far."""
 
@@ -83,6 +131,9 @@ class StudySummaryPublic(BaseModel):
     best_value: float | None = Field(description="Best objective value so far.")
     best_trial: int | None = Field(description="Number of the best trial so far.")
     gpu_hours: float = Field(description="GPU-hours spent by finished trials.")
+    gpu: GpuUsagePublic = Field(
+        description="GPU time: startup/measure split, held, busy fraction, grid saving."
+    )
     model: dict[str, Any]
     hardware: dict[str, Any]
 

@@ -159,10 +159,38 @@ def _summary_fields(storage: Storage, study: StudyRecord) -> tuple[dict[str, Any
         "best_value": None if best is None else finite(best.value),
         "best_trial": None if best is None else best.number,
         "gpu_hours": storage.gpu_seconds(study.id) / 3600.0,
+        "gpu": gpu_usage(storage, study, counts),
         "model": clean(study.model),
         "hardware": clean(study.hardware),
     }
     return fields, rejections
+
+
+_GPU_CACHE: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+_GPU_CACHE_LOCK = threading.Lock()
+
+
+def gpu_usage(storage: Storage, study: StudyRecord, counts: dict[str, int]) -> dict[str, Any]:
+    """A study's GPU time (:func:`dse.gpu_usage.study_gpu_usage`), reused while its trial
+    counts and held-time records are unchanged (a study list reads every study's)."""
+    from dse.gpu_usage import GRID_ATTR, HELD_ATTR_PREFIX, grid_of_study, study_gpu_usage
+
+    attrs = storage.get_study_attrs(study.id)
+    held = {k: v for k, v in attrs.items() if k.startswith(HELD_ATTR_PREFIX) or k == GRID_ATTR}
+    key = (storage.url, study.id, study.space_hash, json.dumps([counts, held], sort_keys=True))
+    with _GPU_CACHE_LOCK:
+        hit = _GPU_CACHE.get(key)
+        if hit is not None:
+            _GPU_CACHE.move_to_end(key)
+            return hit
+    device = str(study.hardware.get("device") or "cpu")
+    trials = storage.list_trials(study.id)
+    out = clean(study_gpu_usage(trials, attrs, device=device, grid=grid_of_study(study, attrs)))
+    with _GPU_CACHE_LOCK:
+        _GPU_CACHE[key] = out
+        while len(_GPU_CACHE) > 256:
+            _GPU_CACHE.popitem(last=False)
+    return out  # type: ignore[no-any-return]
 
 
 # --- trials -------------------------------------------------------------------------------

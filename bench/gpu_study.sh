@@ -5,11 +5,7 @@
 set -uo pipefail
 SPACE=${1:?space file}; OUTDIR=${2:?output folder}; shift 2
 mkdir -p "$OUTDIR"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-  --no-cache-dir --target /tmp/dse . || exit 1  # the carried setuptools (>=77) builds dse
-export PYTHONPATH=/tmp/dse:/tmp/site PYTHONUNBUFFERED=1
+source bench/gpu_env.sh || exit 1
 SPACE=$(realpath "$SPACE")
 cd /tmp  # not the checkout: its dse/ folder would shadow the installed dse.* namespace
 nvidia-smi -L

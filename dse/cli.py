@@ -112,9 +112,11 @@ def _make_cost_model(space: Any) -> Any:
 
 def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     import signal
+    import time
 
     from dse.agents import create_agent
     from dse.proposer import cost_model_memory_hint
+    from dse.reconcile import Owner
     from dse.storage import open_storage
     from dse.study import StudyRunner, detect_trial_features
     from dse.workloads.runners import make_runner
@@ -124,9 +126,17 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     caught: list[int] = []
     try:
         runner = make_runner(space)
-        features = detect_trial_features(space, space.runner.python)
-        cost_model = _make_cost_model(space)
-        agent = create_agent(space, cost_model_memory_hint(space, cost_model))
+        # the runner's devices are held from here; warm workers import while the trial
+        # environment is probed and the agent is built
+        owner, held_since = Owner.new(runner.host), time.time()
+        runner.prepare(str(owner))
+        try:
+            features = detect_trial_features(space, space.runner.python)
+            cost_model = _make_cost_model(space)
+            agent = create_agent(space, cost_model_memory_hint(space, cost_model))
+        except BaseException:
+            runner.close()
+            raise
         study = StudyRunner(
             space,
             storage=storage,
@@ -135,6 +145,8 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
             space_yaml=space_yaml,
             features=features,
             cost_model=cost_model,
+            owner=owner,
+            held_since=held_since,
         )
 
         def on_signal(signum: int, _frame: Any) -> None:
@@ -260,6 +272,8 @@ def _trial_json(t: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from dse.gpu_usage import study_gpu_usage_of
+
     storage = _open_existing(args)
     try:
         studies = [storage.get_study(args.study)] if args.study else storage.list_studies()
@@ -278,6 +292,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "counts": storage.count_trials(st.id),
                     "rejections": storage.count_rejections(st.id),
                     "best": None if best is None else _trial_json(best),
+                    "gpu": study_gpu_usage_of(storage, st),
                     "trials": [_trial_json(t) for t in trials],
                 }
             )
@@ -296,9 +311,36 @@ def cmd_status(args: argparse.Namespace) -> int:
             + f"{c.get('queued', 0)} queued), {sum(s['rejections'].values())} rejected before "
             "launch"
         )
+        _out(_gpu_text(s["gpu"]))
         if s["trials"]:
             _out(_status_text(s))
     return 0
+
+
+def _gpu_text(g: dict[str, Any]) -> str:
+    """A study's GPU time (dse.gpu_usage): spent, split, busy fraction, grid saving."""
+    from dse.figures import figure
+
+    busy = g["busy_fraction"]
+    busy_txt = "-" if busy is None else f"{busy:.0%}"
+    if g["device"] != "cuda":
+        return (
+            f"  device time (cpu): busy {busy_txt} of the held rank-seconds "
+            f"({figure(g['device_seconds_measure'])} s in training steps of "
+            f"{figure(g['device_seconds_held'])} s held)"
+        )
+    line = (
+        f"  GPU-hours: {figure(g['gpu_hours'])} spent (startup "
+        f"{figure(g['gpu_hours_startup'])}, measure {figure(g['gpu_hours_measure'])}), "
+        f"{figure(g['held_gpu_hours'])} held, GPU-busy {busy_txt}"
+    )
+    if g["saved_gpu_hours"] is not None:
+        grid = f"{g['grid_configurations']}" + ("" if g["grid_complete"] else "+")
+        line += (
+            f"; whole grid ({grid} configurations) {figure(g['grid_gpu_hours'])} "
+            f"(estimate), saved {figure(g['saved_gpu_hours'])} (estimate)"
+        )
+    return line
 
 
 def _status_text(s: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -531,9 +532,46 @@ def _tag(name: str) -> Any:
 
 
 class LocalOptions(_Strict):
-    """Options of the local process pool (none: its settings are runner.gpus/max_parallel)."""
+    """Options of the local process pool (its slots: runner.gpus / max_parallel)."""
 
     runner: Literal["local"] = _tag("local")
+    warm_workers: bool | None = Field(
+        None,
+        description="Run one-rank built-in Megatron trials in a long-lived worker process "
+        "per slot (imports, device and process group set up once; recycled after a failure, "
+        "a memory-baseline breach or warm_max_trials trials). Default: on for CUDA, off on "
+        "CPU. Trials of more than one rank, and other workloads, always run one process "
+        "group per trial.",
+    )
+    warm_spare: bool | None = Field(
+        None,
+        description="Keep a second warm worker per slot, started while the first runs trials, "
+        "so that a recycle costs no start-up. Default: on for CUDA, off on CPU.",
+    )
+    warm_max_trials: int = Field(
+        50, ge=1, le=100_000, description="Trials a warm worker runs before it is recycled."
+    )
+    warm_memory_slack_mib: float = Field(
+        512.0,
+        ge=0,
+        le=1 << 20,
+        description="A warm worker is recycled when, after a trial, its memory (CUDA: the "
+        "caching allocator's reserved bytes; CPU: resident set) exceeds its baseline by more "
+        "than this.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: Any) -> Any:
+        # options at their default are left out, so that a space's digest does not change
+        # when an option is added
+        data = handler(self)
+        if isinstance(data, dict):
+            for name, f in type(self).model_fields.items():
+                if name in data and data[name] == f.default and f.default is not None:
+                    data.pop(name)
+                elif name in data and data[name] is None:
+                    data.pop(name)
+        return data
 
 
 def _names(description: str) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,14 @@ import yaml
 
 from dse.agent_session import AgentSession
 from dse.exceptions import StudyNotFoundError
+from dse.gpu_usage import (
+    GRID_ATTR,
+    HELD_ATTR_PREFIX,
+    count_grid,
+    grid_attr,
+    held_record,
+    trial_timing,
+)
 from dse.launcher import TrialLauncher, trial_launch
 from dse.names import display_name
 from dse.objective import objective_value
@@ -145,6 +154,10 @@ class StudyRunner:
         progress: one line per event.
         cost_model: the cost model (pre-screen, memory hint, calibration), or None.
         on_trial: called with each finished trial record (``dse bench`` stops at a target).
+        owner: this controller (default: a new one); give it when the runner was prepared
+            for it before (``runner.prepare``, e.g. warm workers started early).
+        held_since: when this controller's runner started holding its devices (wall clock;
+            default: when :meth:`run` starts).
     """
 
     def __init__(
@@ -159,6 +172,8 @@ class StudyRunner:
         progress: Callable[[str], None] | None = None,
         cost_model: Any = None,
         on_trial: Callable[[TrialRecord], None] | None = None,
+        owner: Owner | None = None,
+        held_since: float | None = None,
     ) -> None:
         self.space = space
         self.storage = storage
@@ -169,8 +184,12 @@ class StudyRunner:
         self.progress = progress or Progress()
         self.cost_model = cost_model
         self.on_trial = on_trial
-        self.me = Owner.new(runner.host)
+        self.me = owner or Owner.new(runner.host)
         self.owner = str(self.me)
+        self._held_since = held_since
+        self._study_id: int | None = None
+        self._grid: threading.Thread | None = None
+        self._grid_result: list[Any] = []
         self.workdir = Path(space.runner.workdir) / space.study
         self._stop: str | None = None
         self._stop_kind: str | None = None
@@ -218,7 +237,61 @@ class StudyRunner:
 
     # --- main loop -------------------------------------------------------------------------
     def run(self) -> StudyResult:
-        study_id, trusted = self._open_study()
+        if self._held_since is None:
+            self._held_since = time.time()
+        self.runner.prepare(self.owner)  # warm workers start importing while the study opens
+        try:
+            study_id, trusted = self._open_study()
+        except BaseException:
+            self.runner.close()
+            raise
+        self._study_id = study_id
+        self._record_held()
+        self._count_grid(study_id)
+        try:
+            return self._run(study_id, trusted)
+        finally:
+            self.runner.close()
+            self._record_held()
+
+    # --- GPU time held and the grid (dse.gpu_usage) ------------------------------------------
+    def _record_held(self) -> None:
+        """This controller run's devices and wall time so far (the study's held time)."""
+        if self._study_id is None or self._held_since is None:
+            return
+        rec = held_record(self._held_since, self.runner.devices_held, self.space.resources.device)
+        try:
+            self.storage.set_study_attr(self._study_id, HELD_ATTR_PREFIX + self.owner, rec)
+        except Exception:  # noqa: BLE001 - bookkeeping: never the reason a study stops
+            log.warning("could not record the study's held GPU time", exc_info=True)
+        self._store_grid()
+
+    def _count_grid(self, study_id: int) -> None:
+        """Count the space's valid configurations in the background (the space check's
+        enumeration; seconds for a large space), once per space."""
+        stored = self.storage.get_study_attrs(study_id).get(GRID_ATTR)
+        digest = self.space.identity_digest()
+        if isinstance(stored, dict) and stored.get("space_hash") == digest:
+            return
+
+        def work() -> None:
+            try:
+                self._grid_result.append(grid_attr(count_grid(self.space), digest))
+            except Exception:  # noqa: BLE001 - the grid is an estimate's input, never fatal
+                log.warning("could not count the space's configurations", exc_info=True)
+
+        self._grid = threading.Thread(target=work, name="dse-grid-count", daemon=True)
+        self._grid.start()
+
+    def _store_grid(self) -> None:
+        if self._grid_result and self._study_id is not None:
+            value = self._grid_result.pop()
+            try:
+                self.storage.set_study_attr(self._study_id, GRID_ATTR, value)
+            except Exception:  # noqa: BLE001 - bookkeeping
+                log.warning("could not store the space's grid count", exc_info=True)
+
+    def _run(self, study_id: int, trusted: bool) -> StudyResult:
         try:
             self.reconciler = Reconciler(
                 self.space,
@@ -265,7 +338,13 @@ class StudyRunner:
             busy = False
             for fin in self.runner.poll():
                 self._on_finished(
-                    fin.trial_id, fin.outcome, fin.wall_s, fin.devices, placement=fin.placement
+                    fin.trial_id,
+                    fin.outcome,
+                    fin.wall_s,
+                    fin.devices,
+                    placement=fin.placement,
+                    gpu_slots=fin.gpu_slots,
+                    worker=fin.worker,
                 )
                 busy = True
             out_of_time = (
@@ -290,6 +369,7 @@ class StudyRunner:
             if now >= next_beat:  # heartbeat; counts of other controllers refreshed with it
                 next_beat = now + HEARTBEAT_S
                 self.reconciler.heartbeat(self.runner.running())
+                self._record_held()
                 counts = self.storage.count_trials(study_id)
                 if not self.runner.running() and counts.get("queued", 0) + counts.get(
                     "running", 0
@@ -398,12 +478,33 @@ class StudyRunner:
         wall_s: float,
         devices: int,
         placement: str | None = None,
+        gpu_slots: tuple[str, ...] = (),
+        worker: dict[str, Any] | None = None,
     ) -> None:
         s = self.space
         if outcome.failure_class == "oom" and s.resources.gpu_memory_gib:
             outcome = Outcome(
                 outcome.status,
                 {**outcome.metrics, "gpu_memory_gib": s.resources.gpu_memory_gib},
+                outcome.failure_class,
+                outcome.reason,
+                outcome.steps,
+                outcome.source,
+            )
+        if devices > 0:  # launched: its time on its devices (dse.gpu_usage)
+            extra = trial_timing(
+                wall_s=wall_s,
+                devices=devices,
+                device=s.resources.device,
+                steps=outcome.steps,
+                measured=outcome.source == "measured",
+                gpu_slots=gpu_slots or _slots_of(placement),
+            )
+            if worker is not None:
+                extra["worker"] = worker
+            outcome = Outcome(
+                outcome.status,
+                {**outcome.metrics, **extra},
                 outcome.failure_class,
                 outcome.reason,
                 outcome.steps,
@@ -449,3 +550,18 @@ class StudyRunner:
             + (f"{pruned} pruned, " if pruned else "")
             + f"{rej} rejected before launch, {b}"
         ).strip()
+
+
+def _slots_of(placement: str | None) -> tuple[str, ...]:
+    """GPU slot labels (``node:gpu``) of a cluster runner's placement
+    (``node1:gpu0,1,node2:gpu0,1``)."""
+    out: list[str] = []
+    node = ""
+    for part in (placement or "").split(","):
+        if ":gpu" in part:
+            node, _, part = part.partition(":gpu")
+        elif not part.isdigit():
+            node = ""
+        if node and part.isdigit():
+            out.append(f"{node}:{part}")
+    return tuple(out)

@@ -171,22 +171,19 @@ def study_plot_data(
         for r in storage.list_rejections(study.id)
     ]
 
-    # GPU-hours: spent (recorded by the runner), the full grid (estimate: the mean GPU time of
-    # a trial that ran, times the configurations of the space)
-    spent_s = storage.gpu_seconds(study.id)
-    ran = [t.gpu_seconds for t in trials if t.gpu_seconds]
-    grid = space.size()
-    mean_s = sum(ran) / len(ran) if ran else None
-    full_s = None if mean_s is None else mean_s * grid
+    # GPU-hours: spent (recorded by the runner), held and busy, and the full grid (estimate:
+    # the mean GPU time of a trial that ran, times the valid configurations of the space),
+    # computed where status and the API compute them (dse.gpu_usage)
+    from dse.gpu_usage import study_gpu_usage_of
+
+    usage = study_gpu_usage_of(storage, study)
     gpu = {
-        "spent_gpu_hours": spent_s / 3600,
-        "trials_run": len(ran),
-        "grid_configurations": grid,
-        "full_grid_gpu_hours": None if full_s is None else full_s / 3600,
-        "saved_gpu_hours": None if full_s is None else max(full_s - spent_s, 0.0) / 3600,
+        **usage,
+        "spent_gpu_hours": usage["gpu_hours"],
+        "full_grid_gpu_hours": usage["grid_gpu_hours"],
         "cost_per_gpu_hour": cost_per_gpu_hour,
         "label": "spent: GPU time recorded by the runner; full grid and saved: estimates "
-        "(mean GPU time of a trial that ran x configurations in the space)"
+        "(mean GPU time of a trial that ran x valid configurations of the space)"
         + (
             "; a replay study's GPU time is the replay's own, not the measured runs'"
             if space.workload.name == "replay"

@@ -34,7 +34,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any
 
@@ -51,7 +51,7 @@ from dse.workloads.megatron._plan import (
 )
 from dse.workloads.megatron.features import detect_features
 
-__all__ = ["main", "run_trial", "EXIT_OK", "EXIT_FAILURE"]
+__all__ = ["main", "run_trial", "run_spec", "release_trial_state", "EXIT_OK", "EXIT_FAILURE"]
 
 _GIB = float(2**30)
 
@@ -626,6 +626,61 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     return summary
 
 
+def release_trial_state(device: str, keep_groups: Collection[Any] = ()) -> dict[str, float]:
+    """Free what a trial left in this process, for the next trial of a warm worker:
+    Megatron's parallel state (its groups and global buffers), every process group but the
+    default one and ``keep_groups``, unreachable objects (the model and optimizer of a
+    finished trial), and the device caches. The default process group and compiled kernels
+    stay. Returns the seconds each part took."""
+    import gc
+
+    import torch
+    import torch.distributed as tdist
+    from megatron.core import parallel_state
+
+    took: dict[str, float] = {}
+    t = time.perf_counter()
+    parallel_state.destroy_model_parallel()
+    groups = 0
+    if tdist.is_initialized():
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d.GroupMember.WORLD
+        keep = {id(g) for g in keep_groups}
+        for pg in list(c10d._world.pg_map):
+            if pg is not world and id(pg) not in keep:
+                tdist.destroy_process_group(pg)
+                groups += 1
+    took["groups_s"], t = time.perf_counter() - t, time.perf_counter()
+    took["groups"] = float(groups)
+    gc.collect()
+    took["gc_s"], t = time.perf_counter() - t, time.perf_counter()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+        torch.cuda.empty_cache()
+    else:
+        _trim_heap()
+    took["cache_s"] = time.perf_counter() - t
+    return took
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc), so that the resident set shows it."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def cuda_environment(environ: Any) -> dict[str, str]:
     """What the trainer adds to a CUDA trial's environment: Megatron-LM's
     ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (needed to overlap TP communication), only when the
@@ -653,8 +708,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_known_warnings()
     with open(args.spec) as f:
         spec = TrialSpec.model_validate_json(f.read())
+    return _exit(run_spec(spec, _Dist()))
+
+
+def run_spec(spec: TrialSpec, dist: _Dist) -> int:
+    """Run one trial and write its final metrics line (a summary, or one failure line for
+    every failure); returns ``EXIT_OK`` or ``EXIT_FAILURE`` without exiting (the trial
+    process exits with it, a warm worker goes on or is recycled)."""
     writer = MetricsWriter(spec.metrics_path)
-    dist = _Dist()
     try:
         summary = run_trial(spec, dist, writer)
     except TrialFailure as e:
@@ -663,7 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             **e.metrics,
         }
         writer.failure(e.failure_class, e.reason, metrics)
-        return _exit(EXIT_FAILURE)
+        return EXIT_FAILURE
     except Exception as e:  # noqa: BLE001 - every failure becomes a failure line
         import torch
 
@@ -676,10 +737,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             traceback.print_exc()
             writer.failure("error", f"{type(e).__name__}: {e} [{_location(e)}]")
-        return _exit(EXIT_FAILURE)
+        return EXIT_FAILURE
     if dist.rank == 0:
         writer.summary(summary)
-    return _exit(EXIT_OK)
+    return EXIT_OK
 
 
 def _exit(code: int) -> int:

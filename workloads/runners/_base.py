@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dse.records import Outcome, TrialSpec
 from dse.workloads.logs import LOG_PATTERNS, classify_log
@@ -49,6 +50,10 @@ class Finished:
     devices: int
     #: where it ran, e.g. ``node1:gpu0,1,node2:gpu0,1`` (cluster runners; None: this host)
     placement: str | None = None
+    #: the GPU slots it held, ``host:gpu`` each (empty: not known, or a CPU trial)
+    gpu_slots: tuple[str, ...] = ()
+    #: how the local runner ran it (``{"warm": true, "pid": ..., "trial_in_worker": ...}``)
+    worker: dict[str, Any] | None = None
 
 
 class BaseRunner(ABC):
@@ -77,6 +82,21 @@ class BaseRunner(ABC):
     @abstractmethod
     def stop(self) -> list[int]:
         """Kill every running trial (whole process groups); returns their ids."""
+
+    def prepare(self, owner: str) -> None:  # noqa: B027 - optional hook
+        """Start what can start before the first trial (the local runner's warm workers), on
+        behalf of the controller ``owner``. Optional; by default nothing."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the runner keeps between trials (warm workers) once the study's
+        loop is over; running trials are :meth:`stop`'s. By default nothing."""
+
+    @property
+    def devices_held(self) -> int | None:
+        """Devices (GPUs; CPU ranks on CPU) this runner holds for the whole study, whether
+        trials run on them or not; None for runners that take devices per trial (a cluster
+        scheduler's jobs), whose held time is their trials' own."""
+        return None
 
     def kill_leftover(self, trial_dir: Path, owner: str) -> bool:
         """End what a dead controller's trial left running: by default its process group,

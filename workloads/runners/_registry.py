@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 
 from dse.exceptions import SpaceError
 from dse.workloads.runners._base import BaseRunner
+from dse.workloads.runners.warm import WarmSettings
 
 if TYPE_CHECKING:
     from dse.space import SearchSpace
 
-__all__ = ["RUNNERS", "make_runner", "check_runner"]
+__all__ = ["RUNNERS", "make_runner", "check_runner", "warm_settings"]
 
 
 def _local(space: SearchSpace) -> BaseRunner:
@@ -30,6 +31,38 @@ def _local(space: SearchSpace) -> BaseRunner:
         world_size=space.resources.world_size,
         gpus=space.runner.gpus,
         max_parallel=space.runner.max_parallel,
+        warm=warm_settings(space),
+    )
+
+
+def warm_settings(space: SearchSpace) -> WarmSettings | None:
+    """The warm workers a space's local runner keeps (None: a process per trial).
+
+    ``runner.options.warm_workers`` (default: on for CUDA, off on CPU) applies to one-rank
+    trials of the built-in trainer; trials of several ranks and other workloads always run
+    a process group per trial.
+    """
+    import sys
+    from pathlib import Path
+
+    from dse.knobs import trial_env
+    from dse.space import LocalOptions
+
+    opts = space.runner.options
+    if not isinstance(opts, LocalOptions):
+        return None
+    device = space.resources.device
+    on = opts.warm_workers if opts.warm_workers is not None else device == "cuda"
+    if not on or space.workload.name != "megatron" or space.resources.world_size != 1:
+        return None
+    spare = opts.warm_spare if opts.warm_spare is not None else device == "cuda"
+    return WarmSettings(
+        python=space.runner.python or sys.executable,
+        workdir=(Path(space.runner.workdir) / space.study).resolve(),
+        spare=spare,
+        max_trials=opts.warm_max_trials,
+        memory_slack_mib=opts.warm_memory_slack_mib,
+        env=trial_env(space.full_params(space.baseline()), space.env.fixed),
     )
 
 

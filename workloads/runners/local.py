@@ -15,6 +15,7 @@ from typing import Any
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
 from dse.workloads.runners._base import OWNER_ENV, BaseRunner, Finished, Launch, classify_log
+from dse.workloads.runners.warm import WarmPool, WarmSettings
 
 __all__ = [
     "LocalRunner",
@@ -130,6 +131,10 @@ class LocalRunner(BaseRunner):
     group through ``CUDA_VISIBLE_DEVICES``. On CPU, ``max_parallel`` trials at once
     (default 1). A trial is killed (whole process group) after ``timeout_s`` or when its
     metrics file does not grow for ``hang_timeout_s``.
+
+    With ``warm`` (one-rank trials of the built-in trainer), each slot keeps a warm worker
+    process that runs the slot's trials one after another (:mod:`.warm`); slot ``i`` is then
+    the fixed GPU group ``i``.
     """
 
     name = "local"
@@ -141,6 +146,7 @@ class LocalRunner(BaseRunner):
         world_size: int,
         gpus: list[int] | None = None,
         max_parallel: int | None = None,
+        warm: WarmSettings | None = None,
     ) -> None:
         self.device = device
         self.world_size = world_size
@@ -160,11 +166,36 @@ class LocalRunner(BaseRunner):
         self._free_gpus = list(self.gpus)
         self._procs: dict[int, _Proc] = {}
         self._done: list[Finished] = []
+        self.warm: WarmPool | None = None
+        if warm is not None:
+            groups = [
+                self.gpus[i * world_size : (i + 1) * world_size] if device == "cuda" else []
+                for i in range(self.slots)
+            ]
+            env = {k: v for k, v in os.environ.items() if k not in TRIAL_ENV_DROP}
+            self.warm = WarmPool(warm, slots=groups, device=device, base_env=env, host=self.host)
+
+    @property
+    def devices_held(self) -> int:
+        return self.slots * self.world_size
+
+    def prepare(self, owner: str) -> None:
+        if self.warm is not None:
+            self.warm.prepare(owner)
+
+    def close(self) -> None:
+        if self.warm is not None:
+            self.warm.close()
 
     def free_slots(self) -> int:
+        if self.warm is not None:
+            return self.warm.free_slots()
         return self.slots - len(self._procs)
 
     def submit(self, launch: Launch) -> None:
+        if self.warm is not None:
+            self.warm.submit(launch)
+            return
         devices: list[int] = []
         env = {k: v for k, v in os.environ.items() if k not in TRIAL_ENV_DROP}
         env.update(launch.env)
@@ -211,9 +242,21 @@ class LocalRunner(BaseRunner):
         self._free_gpus.extend(p.devices)
         self._free_gpus.sort()
         ndev = len(p.devices) or p.launch.world_size
-        self._done.append(Finished(tid, outcome, time.monotonic() - p.started, ndev))
+        labels = tuple(f"{self.host}:{g}" for g in p.devices)
+        self._done.append(
+            Finished(
+                tid,
+                outcome,
+                time.monotonic() - p.started,
+                ndev,
+                gpu_slots=labels,
+                worker={"warm": False},
+            )
+        )
 
     def poll(self) -> list[Finished]:
+        if self.warm is not None:
+            return self.warm.poll()
         now = time.monotonic()
         for tid, p in list(self._procs.items()):
             rc = p.popen.poll()
@@ -258,9 +301,13 @@ class LocalRunner(BaseRunner):
         )
 
     def running(self) -> list[int]:
+        if self.warm is not None:
+            return self.warm.running()
         return list(self._procs)
 
     def stop(self) -> list[int]:
+        if self.warm is not None:
+            return self.warm.stop()
         ids = list(self._procs)
         for tid in ids:
             p = self._procs[tid]

@@ -1,0 +1,230 @@
+"""GPU time of trials and studies, computed in one place for the controller, the report,
+``dse status`` and the API.
+
+Per trial (:func:`trial_timing`, added to the trial's metrics when it finishes): the wall time
+the runner held its devices (launch, or hand-off to a warm worker, to the final line), split
+into the training steps (``measure``: the sum of the step times the trial recorded, warm-up
+steps included) and the rest (``startup``: process start, imports, model build, set-up before
+the first step, plus the short gaps between steps and the teardown). On CUDA these are
+GPU-seconds, wall seconds x GPUs of the trial: ``gpu_seconds_startup`` +
+``gpu_seconds_measure`` = the trial's ``gpu_seconds`` column. Every trial also gets
+``timing`` (wall seconds and device count, on CPU too).
+
+Per study (:func:`study_gpu_usage`):
+
+* **held**: the devices the study held, for how long. For a runner that holds its devices for
+  the whole study (the local runner: its slots x ranks per trial), each controller run records
+  its devices and its wall time (from when its runner was prepared to the end of its loop,
+  refreshed at every heartbeat) in a study attribute (``held:<owner>``); held = the sum over
+  the runs of wall seconds x devices. A runner that takes devices per trial (Slurm, Ray) holds
+  them only while its trials run: held = the sum of the trials' own device-seconds.
+* **GPU-busy fraction** = device-seconds in training steps (all trials) / device-seconds held.
+  It is the share of the held GPU time spent in training steps; 1 - it is what start-up,
+  model builds, failures, the controller's own work and idle slots cost.
+* **grid saving** (an estimate): every valid configuration of the space (the space check's
+  count, :func:`count_grid`) run once at the study's mean GPU-seconds per trial, minus the
+  GPU-seconds the study spent.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dse.records import StepMetrics, TrialRecord, finite
+
+__all__ = [
+    "HELD_ATTR_PREFIX",
+    "GRID_ATTR",
+    "GridCount",
+    "count_grid",
+    "grid_of_study",
+    "held_record",
+    "trial_timing",
+    "study_gpu_usage",
+    "study_gpu_usage_of",
+]
+
+#: Study attribute of one controller run: ``held:<owner>`` -> ``{"started", "last",
+#: "devices", "device"}`` (wall-clock seconds since the epoch; devices None: the runner takes
+#: devices per trial).
+HELD_ATTR_PREFIX = "held:"
+#: Study attribute with the space's valid configurations (:class:`GridCount` as a dict, and
+#: the ``space_hash`` it was counted for).
+GRID_ATTR = "grid"
+
+
+@dataclass(frozen=True)
+class GridCount:
+    """The valid configurations of a space (those that pass the rules)."""
+
+    configurations: int
+    looked_at: int
+    #: False when the space is larger than the space check enumerates (a lower bound)
+    complete: bool
+
+
+def count_grid(space: Any) -> GridCount:
+    """The space check's count of valid configurations (:func:`dse.rules.check_space`)."""
+    from dse.bounds import MAX_SPACE_COMBINATIONS, MAX_SPACE_CONFIGS
+    from dse.rules import check_space
+
+    looked, valid = check_space(space, f"study {space.study!r}")
+    complete = space.size() <= MAX_SPACE_COMBINATIONS and looked < MAX_SPACE_CONFIGS
+    return GridCount(valid, looked, complete)
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_of_text(space_hash: str, space_yaml: str, name: str) -> GridCount | None:
+    from dse.exceptions import SpaceError
+    from dse.space import parse_space_text
+
+    try:
+        return count_grid(parse_space_text(space_yaml, f"study {name!r}"))
+    except (SpaceError, ValueError):
+        return None
+
+
+def grid_of_study(study: Any, attrs: Mapping[str, Any]) -> GridCount | None:
+    """A study's grid: the count its controller stored, else counted here (once per process
+    and space)."""
+    g = attrs.get(GRID_ATTR)
+    if isinstance(g, Mapping) and g.get("space_hash") == study.space_hash:
+        try:
+            return GridCount(int(g["configurations"]), int(g["looked_at"]), bool(g["complete"]))
+        except (KeyError, TypeError, ValueError):
+            pass
+    return _grid_of_text(study.space_hash, study.space_yaml, study.name)
+
+
+def grid_attr(grid: GridCount, space_hash: str) -> dict[str, Any]:
+    """The :data:`GRID_ATTR` value of a count."""
+    return {**asdict(grid), "space_hash": space_hash}
+
+
+def held_record(
+    started: float, devices: int | None, device: str, last: float | None = None
+) -> dict[str, Any]:
+    """The :data:`HELD_ATTR_PREFIX` attribute of a controller run."""
+    return {
+        "started": started,
+        "last": time.time() if last is None else last,
+        "devices": devices,
+        "device": device,
+    }
+
+
+def trial_timing(
+    *,
+    wall_s: float,
+    devices: int,
+    device: str,
+    steps: Sequence[StepMetrics],
+    measured: bool,
+    gpu_slots: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The metrics a finished trial gets from the controller (see the module doc).
+
+    ``measured``: the steps ran here (a replay's or an estimate's step times are not this
+    trial's: its measure is 0)."""
+    wall = max(0.0, float(wall_s))
+    measure = min(wall, sum(s.step_time_s for s in steps)) if measured else 0.0
+    startup = wall - measure
+    out: dict[str, Any] = {
+        "timing": {
+            "device": device,
+            "devices": devices,
+            "wall_s": wall,
+            "startup_s": startup,
+            "measure_s": measure,
+        }
+    }
+    if device == "cuda":
+        out["gpu_seconds_startup"] = startup * devices
+        out["gpu_seconds_measure"] = measure * devices
+        out["gpu_slots"] = list(gpu_slots)
+    return out
+
+
+def _num(x: Any) -> float:
+    f = finite(x)
+    return 0.0 if f is None else f
+
+
+def study_gpu_usage(
+    trials: Sequence[TrialRecord],
+    attrs: Mapping[str, Any],
+    *,
+    device: str,
+    grid: GridCount | None,
+) -> dict[str, Any]:
+    """GPU-hours of a study, its GPU-busy fraction and the estimated saving against the
+    whole grid (see the module doc). Figures that cannot be known are None; GPU figures are
+    None on CPU (the busy fraction is then of CPU ranks)."""
+    cuda = device == "cuda"
+    spent_s = sum(_num(t.gpu_seconds) for t in trials)
+    ran = [t.gpu_seconds for t in trials if t.gpu_seconds]
+    startup_s = sum(_num(t.metrics.get("gpu_seconds_startup")) for t in trials)
+    measure_s = sum(_num(t.metrics.get("gpu_seconds_measure")) for t in trials)
+
+    timed = [t.metrics["timing"] for t in trials if isinstance(t.metrics.get("timing"), Mapping)]
+    dev_measure = sum(_num(x.get("measure_s")) * _num(x.get("devices")) for x in timed)
+    dev_trials = sum(_num(x.get("wall_s")) * _num(x.get("devices")) for x in timed)
+    dev_startup = dev_trials - dev_measure
+
+    runs = [
+        v for k, v in attrs.items() if k.startswith(HELD_ATTR_PREFIX) and isinstance(v, Mapping)
+    ]
+    held: float | None
+    if runs and all(finite(r.get("devices")) for r in runs):
+        held = sum(max(0.0, _num(r.get("last")) - _num(r.get("started"))) * _num(r.get("devices"))
+                   for r in runs)  # fmt: skip
+        basis: str | None = "controller"
+    elif timed:
+        held, basis = dev_trials, "trials"
+    else:
+        held, basis = None, None
+    busy = dev_measure / held if held and timed else None
+
+    mean_s = sum(ran) / len(ran) if ran and cuda else None
+    n_grid = grid.configurations if grid is not None else None
+    grid_s = mean_s * n_grid if mean_s is not None and n_grid is not None else None
+    saved_s = max(grid_s - spent_s, 0.0) if grid_s is not None else None
+
+    def hours(x: float | None) -> float | None:
+        return None if x is None or not cuda else x / 3600.0
+
+    return {
+        "device": device,
+        "gpu_hours": spent_s / 3600.0,
+        "gpu_hours_startup": hours(startup_s),
+        "gpu_hours_measure": hours(measure_s),
+        "held_gpu_hours": hours(held),
+        "held_basis": basis,
+        "busy_fraction": busy,
+        "device_seconds_held": held,
+        "device_seconds_startup": dev_startup if timed else None,
+        "device_seconds_measure": dev_measure if timed else None,
+        "trials_run": len(ran),
+        "trials_timed": len(timed),
+        "mean_gpu_seconds_per_trial": mean_s,
+        "grid_configurations": n_grid,
+        "grid_complete": None if grid is None else grid.complete,
+        "grid_gpu_hours": hours(grid_s),
+        "saved_gpu_hours": hours(saved_s),
+        "saved_fraction": saved_s / grid_s if saved_s is not None and grid_s else None,
+        "label": "measured: GPU-hours, startup/measure split, held time and busy fraction "
+        "(device-seconds in training steps / device-seconds held); estimates: the grid's "
+        "GPU-hours (valid configurations x the mean GPU-seconds of a trial) and the saving",
+    }
+
+
+def study_gpu_usage_of(storage: Any, study: Any) -> dict[str, Any]:
+    """:func:`study_gpu_usage` of a stored study (its trials, attributes and grid)."""
+    attrs = storage.get_study_attrs(study.id)
+    trials = storage.list_trials(study.id)
+    device = str((study.hardware or {}).get("device") or "cpu")
+    return study_gpu_usage(trials, attrs, device=device, grid=grid_of_study(study, attrs))

@@ -1,0 +1,121 @@
+"""GPU time of trials and studies (dse.gpu_usage): the start-up / measure split of a trial,
+a study's held time and busy fraction, and the saving against the whole grid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dse.gpu_usage import (
+    HELD_ATTR_PREFIX,
+    GridCount,
+    count_grid,
+    grid_attr,
+    grid_of_study,
+    held_record,
+    study_gpu_usage,
+    trial_timing,
+)
+from dse.records import StepMetrics, StudyRecord, TrialRecord
+from dse.rules import check_space
+from dse.space import load_space
+from dse.study import _slots_of
+from tests.conftest import EXAMPLES
+
+
+def _steps(*times: float) -> tuple[StepMetrics, ...]:
+    return tuple(StepMetrics(i, t, 100.0, 1.0, 1.0, 10.0) for i, t in enumerate(times))
+
+
+def test_trial_timing_splits_the_wall_time() -> None:
+    m = trial_timing(wall_s=10.0, devices=2, device="cuda", steps=_steps(1.0, 0.5, 0.5),
+                     measured=True, gpu_slots=["h:0", "h:1"])  # fmt: skip
+    assert m["timing"] == {"device": "cuda", "devices": 2, "wall_s": 10.0, "startup_s": 8.0,
+                           "measure_s": 2.0}  # fmt: skip
+    assert m["gpu_seconds_measure"] == 4.0 and m["gpu_seconds_startup"] == 16.0
+    assert m["gpu_seconds_measure"] + m["gpu_seconds_startup"] == 10.0 * 2  # = gpu_seconds
+    assert m["gpu_slots"] == ["h:0", "h:1"]
+    # CPU: wall seconds only; a replay's step times are not this trial's; steps never
+    # exceed the wall time
+    cpu = trial_timing(wall_s=3.0, devices=1, device="cpu", steps=_steps(1.0), measured=True)
+    assert set(cpu) == {"timing"} and cpu["timing"]["measure_s"] == 1.0
+    replay = trial_timing(wall_s=3.0, devices=1, device="cuda", steps=_steps(9.0),
+                          measured=False)  # fmt: skip
+    assert replay["gpu_seconds_measure"] == 0.0 and replay["gpu_seconds_startup"] == 3.0
+    short = trial_timing(wall_s=1.0, devices=1, device="cuda", steps=_steps(5.0), measured=True)
+    assert short["timing"]["measure_s"] == 1.0 and short["timing"]["startup_s"] == 0.0
+
+
+def _trial(n: int, wall: float, measure: float, devices: int = 1, device: str = "cuda",
+           **kw: Any) -> TrialRecord:  # fmt: skip
+    metrics = trial_timing(wall_s=wall, devices=devices, device=device,
+                           steps=_steps(measure), measured=True)  # fmt: skip
+    gpu_s = wall * devices if device == "cuda" else None
+    return TrialRecord(id=n, study_id=1, number=n, state="complete", params={}, params_key="",
+                       metrics=metrics, gpu_seconds=gpu_s, **kw)  # fmt: skip
+
+
+def test_study_usage_held_by_the_controller() -> None:
+    trials = [_trial(0, 20.0, 5.0), _trial(1, 10.0, 8.0), _trial(2, 6.0, 5.0)]
+    attrs = {
+        HELD_ATTR_PREFIX + "a:1:x": held_record(1000.0, 2, "cuda", last=1020.0),  # 40 s
+        HELD_ATTR_PREFIX + "b:2:y": held_record(2000.0, 2, "cuda", last=2005.0),  # 10 s
+        "run_settings": {"not": "held"},
+    }
+    g = study_gpu_usage(trials, attrs, device="cuda", grid=GridCount(10, 10, True))
+    assert g["held_basis"] == "controller" and g["device_seconds_held"] == 50.0
+    assert g["device_seconds_measure"] == 18.0 and g["device_seconds_startup"] == 18.0
+    assert g["busy_fraction"] == pytest.approx(18.0 / 50.0)
+    assert g["gpu_hours"] == pytest.approx(36.0 / 3600)
+    assert g["gpu_hours_measure"] == pytest.approx(18.0 / 3600)
+    assert g["gpu_hours_startup"] == pytest.approx(18.0 / 3600)
+    assert g["held_gpu_hours"] == pytest.approx(50.0 / 3600)
+    # the grid: 10 configurations at the mean 12 GPU-seconds per trial (estimates)
+    assert g["mean_gpu_seconds_per_trial"] == pytest.approx(12.0)
+    assert g["grid_gpu_hours"] == pytest.approx(120.0 / 3600)
+    assert g["saved_gpu_hours"] == pytest.approx(84.0 / 3600)
+    assert g["saved_fraction"] == pytest.approx(0.7)
+    assert "estimate" in g["label"]
+
+
+def test_study_usage_per_trial_runners_and_cpu() -> None:
+    trials = [_trial(0, 20.0, 5.0, devices=4), _trial(1, 10.0, 8.0, devices=4)]
+    # a runner that takes devices per trial (devices None): held = the trials' own time
+    attrs = {HELD_ATTR_PREFIX + "c:1:z": held_record(0.0, None, "cuda", last=500.0)}
+    g = study_gpu_usage(trials, attrs, device="cuda", grid=None)
+    assert g["held_basis"] == "trials" and g["device_seconds_held"] == 120.0
+    assert g["busy_fraction"] == pytest.approx(52.0 / 120.0)
+    assert g["grid_configurations"] is None and g["saved_gpu_hours"] is None
+    # CPU: a busy fraction of CPU ranks, no GPU figures
+    cpu = [_trial(0, 4.0, 1.0, device="cpu")]
+    attrs = {HELD_ATTR_PREFIX + "d:1:w": held_record(0.0, 1, "cpu", last=8.0)}
+    g = study_gpu_usage(cpu, attrs, device="cpu", grid=GridCount(3, 3, True))
+    assert g["busy_fraction"] == pytest.approx(1.0 / 8.0)
+    assert g["gpu_hours"] == 0.0 and g["held_gpu_hours"] is None
+    assert g["gpu_hours_measure"] is None and g["grid_gpu_hours"] is None
+    # nothing timed yet
+    empty = study_gpu_usage([], {}, device="cuda", grid=None)
+    assert empty["busy_fraction"] is None and empty["held_basis"] is None
+    assert empty["gpu_hours"] == 0.0 and empty["trials_run"] == 0
+
+
+def test_grid_is_the_space_checks_count() -> None:
+    space = load_space(EXAMPLES / "llama_1b_h200.yaml")
+    g = count_grid(space)
+    assert (g.looked_at, g.configurations) == check_space(space, "x")
+    assert g.complete and g.configurations < space.size()  # rules and duplicates removed
+    # a study's stored count is used when it is for its space; else it is counted
+    study = StudyRecord(id=1, name=space.study, space_yaml=(EXAMPLES / "llama_1b_h200.yaml")
+                        .read_text(), space_hash="h1", state="complete", direction="maximize",
+                        metric="tflops_per_gpu", created_at=0.0)  # fmt: skip
+    stored = {"grid": grid_attr(GridCount(7, 9, False), "h1")}
+    assert grid_of_study(study, stored) == GridCount(7, 9, False)
+    assert grid_of_study(study, {"grid": grid_attr(GridCount(7, 9, False), "other")}) == g
+    assert grid_of_study(study, {}) == g
+
+
+def test_gpu_slots_of_a_cluster_placement() -> None:
+    assert _slots_of("node1:gpu0,1,node2:gpu0,1") == ("node1:0", "node1:1", "node2:0", "node2:1")
+    assert _slots_of("n7:gpu3") == ("n7:3",)
+    assert _slots_of(None) == () and _slots_of("cpu-node") == ()
