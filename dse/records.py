@@ -57,6 +57,9 @@ __all__ = [
     "RUNNER_NAMES",
     "WorkloadName",
     "WORKLOAD_NAMES",
+    "NumericsStatus",
+    "NUMERICS_STATUSES",
+    "numerics_status",
     "finite",
     # records
     "TrialSpec",
@@ -153,6 +156,23 @@ RUNNER_NAMES: tuple[RunnerName, ...] = get_args(RunnerName)
 #: through its launcher).
 WorkloadName = Literal["megatron", "replay", "sim", "bridge", "nemo", "megatron_lm"]
 WORKLOAD_NAMES: tuple[WorkloadName, ...] = get_args(WorkloadName)
+
+
+#: The loss-parity guard's verdict on a complete trial (``metrics["numerics"]["status"]``):
+#: ``baseline`` (the reference run: the first complete trial of the space's baseline
+#: configuration), ``ok`` (its per-step loss stays within the tolerance of the baseline's),
+#: ``changed`` (it drifts beyond it: the configuration trains another model; a flag, not a
+#: state), ``unchecked`` (no reference yet, or no loss to compare).
+NumericsStatus = Literal["ok", "changed", "unchecked", "baseline"]
+NUMERICS_STATUSES: tuple[NumericsStatus, ...] = get_args(NumericsStatus)
+
+
+def numerics_status(metrics: Mapping[str, Any] | None) -> NumericsStatus | None:
+    """The loss-parity status a trial's metrics hold (``metrics["numerics"]["status"]``), or
+    None when they hold none."""
+    v = (metrics or {}).get("numerics")
+    st = v.get("status") if isinstance(v, Mapping) else None
+    return st if st in NUMERICS_STATUSES else None
 
 
 def finite(x: object) -> float | None:
@@ -277,6 +297,15 @@ class TrialRecord:
     #: One entry per re-queue: ``{"at", "reason", "state", "runner", "host", "started_at",
     #: "log_path"}`` (what was interrupted, where and why).
     history: tuple[dict[str, Any], ...] = ()
+    #: A re-measurement: the number of the trial whose configuration this trial runs again
+    #: (a baseline repeat of the loss-parity guard, or a re-measure of a configuration
+    #: within noise of the best); None for a trial the agent proposed.
+    remeasure_of: int | None = None
+
+    @property
+    def numerics(self) -> NumericsStatus | None:
+        """The loss-parity status of the trial (:func:`numerics_status`)."""
+        return numerics_status(self.metrics)
 
 
 @dataclass(frozen=True)
@@ -295,6 +324,10 @@ class TrialPoint:
     tflops_per_gpu: float | None = None
     peak_mem_gib: float | None = None
     step_time_s: float | None = None
+    #: the loss-parity status (:data:`NumericsStatus`), None when not judged
+    numerics: NumericsStatus | None = None
+    #: the trial it re-measures (:attr:`TrialRecord.remeasure_of`)
+    remeasure_of: int | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from dse.records import (
     Direction,
     FailureClass,
     Metric,
+    NumericsStatus,
     RejectionKind,
     Source,
     StudyState,
@@ -121,6 +122,8 @@ class TrialModel(Base):
         # ordered pages by value (ties by number) and the best trial walk the index (0002)
         Index("ix_trials_study_id_value_number", "study_id", "value", "number"),
         Index("ix_trials_study_id_params_key", "study_id", "params_key"),
+        # best without numerics-changed trials, and their count per study (0003)
+        Index("ix_trials_study_id_numerics", "study_id", "numerics"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -145,6 +148,10 @@ class TrialModel(Base):
     gpu_seconds: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer)
     history: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    #: the status of ``metrics["numerics"]`` (kept in step with it by the repository)
+    numerics: Mapped[NumericsStatus | None] = mapped_column(String(16))
+    #: the number of the trial whose configuration this one re-measures
+    remeasure_of: Mapped[int | None] = mapped_column(Integer)
 
 
 class TrialParamModel(Base):

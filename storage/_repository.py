@@ -51,6 +51,7 @@ from dse.records import (
     DIRECTIONS,
     FINISHED_STATES,
     IMPORTED_ATTR,
+    NUMERICS_STATUSES,
     STUDY_STATES,
     TAKEN_STATES,
     TRIAL_STATES,
@@ -62,6 +63,7 @@ from dse.records import (
     TrialPoint,
     TrialRecord,
     finite,
+    numerics_status,
 )
 from dse.storage._engine import (
     SessionScope,
@@ -355,6 +357,7 @@ class Storage:
         budget: int,
         allow_repeat: bool = False,
         runner: str | None = None,
+        remeasure_of: int | None = None,
     ) -> TrialRecord | None:
         """Atomically add a ``queued`` trial with the next number, within the budget.
 
@@ -370,6 +373,8 @@ class Storage:
             allow_repeat: claim even if a trial of this configuration is queued, running,
                 complete or infeasible (failed ones never block a retry).
             runner: the claiming owner (e.g. ``host:pid:token``); its heartbeat starts now.
+            remeasure_of: a re-measurement of the configuration of that trial number (the
+                configuration is taken by definition: ``allow_repeat`` is implied).
 
         Returns:
             The new trial, or None when the budget is spent or the configuration is taken.
@@ -393,7 +398,7 @@ class Storage:
             ).one()
             if total >= budget:
                 return None
-            if not allow_repeat:
+            if not allow_repeat and remeasure_of is None:
                 taken = s.execute(
                     select(TrialModel.id)
                     .where(
@@ -418,6 +423,7 @@ class Storage:
                 heartbeat_at=now,
                 attempts=0,
                 history=[],
+                remeasure_of=remeasure_of,
             )
             s.add(row)
             s.flush()
@@ -545,6 +551,7 @@ class Storage:
                 return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             row.state = state
             row.metrics = dict(outcome.metrics)
+            row.numerics = numerics_status(row.metrics)
             row.value = value
             row.failure_class = outcome.failure_class
             row.reason = outcome.reason
@@ -595,6 +602,38 @@ class Storage:
 
         return self._db.run(fn, write=True, what=f"requeue trial {trial_id}")
 
+    def set_trial_numerics(self, trial_id: int, verdict: dict[str, Any] | None) -> TrialRecord:
+        """Store the loss-parity verdict of a finished trial as ``metrics["numerics"]`` (None:
+        remove it); the ``numerics`` column, which :meth:`best_trial` and
+        :meth:`count_numerics` read, follows its ``status``. A trial that is not finished is
+        returned unchanged.
+
+        Raises:
+            TrialNotFoundError: no such trial.
+            ValueError: the verdict is not JSON, or its status is not a numerics status.
+        """
+        if verdict is not None:
+            _check_json(verdict, "verdict")
+            if verdict.get("status") not in NUMERICS_STATUSES:
+                raise ValueError(
+                    f"verdict status must be one of {NUMERICS_STATUSES}, "
+                    f"got {verdict.get('status')!r}"
+                )
+
+        def fn(s: Session) -> TrialRecord:
+            row = _trial_or_raise(s, trial_id, for_update=True)
+            if row.state in FINISHED_STATES:
+                metrics = dict(row.metrics or {})
+                if verdict is None:
+                    metrics.pop("numerics", None)
+                else:
+                    metrics["numerics"] = dict(verdict)
+                row.metrics = metrics
+                row.numerics = numerics_status(metrics)
+            return trial_record(row)
+
+        return self._db.run(fn, write=True, what=f"set the numerics of trial {trial_id}")
+
     # --- trials: reads --------------------------------------------------------------------
 
     def get_trial(self, trial_id: int, *, with_steps: bool = True) -> TrialRecord:
@@ -642,11 +681,18 @@ class Storage:
         offset: int = 0,
         order: str = "number",
         with_steps: bool = False,
+        params_key: str | None = None,
+        remeasure: bool | None = None,
+        numbers: Sequence[int] | None = None,
     ) -> list[TrialRecord]:
         """A study's trials.
 
         Args:
             state: only this state.
+            params_key: only trials of this configuration.
+            remeasure: True: only re-measurements (``remeasure_of`` set); False: only the
+                others.
+            numbers: only these trial numbers.
             limit, offset: a page.
             order: ``number``, ``-number``, ``value`` or ``-value`` (trials without a value
                 last, ties by number).
@@ -661,6 +707,13 @@ class Storage:
             where = [TrialModel.study_id == study_id]
             if state is not None:
                 where.append(TrialModel.state == state)
+            if params_key is not None:
+                where.append(TrialModel.params_key == params_key)
+            if remeasure is not None:
+                col = TrialModel.remeasure_of
+                where.append(col.is_not(None) if remeasure else col.is_(None))
+            if numbers is not None:
+                where.append(TrialModel.number.in_(list(numbers)))
             rows: Sequence[TrialModel]
             if limit is None and offset == 0:
                 rows = s.scalars(_ordered(select(TrialModel).where(*where), order)).all()
@@ -692,7 +745,7 @@ class Storage:
             rows = s.execute(
                 select(
                     t.id, t.number, t.state, t.params, t.value, t.failure_class, t.reason,
-                    t.gpu_seconds, t.metrics,
+                    t.gpu_seconds, t.metrics, t.numerics, t.remeasure_of,
                 )
                 .where(t.study_id == study_id)
                 .order_by(t.number)
@@ -713,6 +766,8 @@ class Storage:
                         tflops_per_gpu=finite(m.get("tflops_per_gpu")),
                         peak_mem_gib=finite(m.get("peak_mem_gib")),
                         step_time_s=finite(m.get("step_time_s")),
+                        numerics=r.numerics,
+                        remeasure_of=r.remeasure_of,
                     )  # fmt: skip
                 )
             return out
@@ -735,6 +790,34 @@ class Storage:
             return counts
 
         return self._db.run(fn, write=False, what="count trials")
+
+    def count_numerics(self, study_id: int) -> dict[str, int]:
+        """Complete trials per loss-parity status (every status present, 0 if none), and
+        ``"remeasure"``: the study's re-measurement trials (any state)."""
+
+        def fn(s: Session) -> dict[str, int]:
+            rows = s.execute(
+                select(TrialModel.numerics, func.count(TrialModel.id))
+                .where(
+                    TrialModel.study_id == study_id,
+                    TrialModel.numerics.is_not(None),
+                    TrialModel.state == "complete",
+                )
+                .group_by(TrialModel.numerics)
+            ).all()
+            out: dict[str, int] = dict.fromkeys(NUMERICS_STATUSES, 0)
+            for st, n in rows:
+                out[st] = int(n)
+            out["remeasure"] = int(
+                s.execute(
+                    select(func.count(TrialModel.id)).where(
+                        TrialModel.study_id == study_id, TrialModel.remeasure_of.is_not(None)
+                    )
+                ).scalar_one()
+            )
+            return out
+
+        return self._db.run(fn, write=False, what="count numerics")
 
     def gpu_seconds(self, study_id: int) -> float:
         """GPU-seconds spent by a study's trials (the sum over trials that recorded it; 0.0
@@ -775,21 +858,16 @@ class Storage:
         direction: str,
         *,
         value_range: tuple[float, float] | None = None,
+        exclude_changed: bool = False,
     ) -> TrialRecord | None:
         """The complete trial with the best value (ties: the lowest number), or None.
 
         ``value_range=(low, high)``: only values with ``low < value <= high`` count (this
-        also leaves out infinities and NaN).
+        also leaves out infinities and NaN). ``exclude_changed``: trials the loss-parity
+        guard flagged (numerics ``changed``) do not count.
         """
         _check_direction(direction)
-
-        where = [
-            TrialModel.study_id == study_id,
-            TrialModel.state == "complete",
-            TrialModel.value.is_not(None),
-        ]
-        if value_range is not None:
-            where += [TrialModel.value > value_range[0], TrialModel.value <= value_range[1]]
+        where = _best_where(study_id, value_range, exclude_changed)
 
         def fn(s: Session) -> TrialRecord | None:
             # Two index walks on (study_id, value, number): the best value, then the lowest
@@ -811,6 +889,45 @@ class Storage:
             return None if row is None else trial_record(row)
 
         return self._db.run(fn, write=False, what="best trial")
+
+    def best_candidates(
+        self,
+        study_id: int,
+        direction: str,
+        *,
+        limit: int,
+        value_range: tuple[float, float] | None = None,
+        exclude_changed: bool = False,
+        with_steps: bool = True,
+    ) -> list[TrialRecord]:
+        """The complete trials a noise-aware best chooses among: the ``limit`` best by value
+        (as :meth:`best_trial` counts them), and every other complete trial of the same
+        configurations (``params_key``), whatever its value (re-measures of them), by number.
+        """
+        _check_direction(direction)
+        where = _best_where(study_id, value_range, exclude_changed)
+
+        def fn(s: Session) -> list[TrialRecord]:
+            value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            # one index walk on (study_id, value, number), as in best_trial
+            top = s.execute(
+                select(TrialModel.id, TrialModel.params_key)
+                .where(*where)
+                .order_by(value)
+                .limit(limit)
+            ).all()
+            if not top:
+                return []
+            keys = sorted({k for _, k in top})
+            rows = s.scalars(
+                select(TrialModel)
+                .where(*where, TrialModel.params_key.in_(keys))
+                .order_by(TrialModel.number)
+            ).all()
+            steps = steps_of(s, [r.id for r in rows]) if with_steps else {}
+            return [trial_record(r, steps.get(r.id, ())) for r in rows]
+
+        return self._db.run(fn, write=False, what="best candidates")
 
     def stale_trials(
         self,
@@ -995,6 +1112,23 @@ def _make_sqlite_parent(url: str) -> None:
 def _check_direction(direction: str) -> None:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+
+
+def _best_where(
+    study_id: int, value_range: tuple[float, float] | None, exclude_changed: bool
+) -> list[ColumnElement[bool]]:
+    """Which trials a best counts: complete, with a value (in ``value_range``), and not
+    flagged numerics ``changed`` when ``exclude_changed``."""
+    where: list[ColumnElement[bool]] = [
+        TrialModel.study_id == study_id,
+        TrialModel.state == "complete",
+        TrialModel.value.is_not(None),
+    ]
+    if value_range is not None:
+        where += [TrialModel.value > value_range[0], TrialModel.value <= value_range[1]]
+    if exclude_changed:
+        where.append(TrialModel.numerics.is_(None) | (TrialModel.numerics != "changed"))
+    return where
 
 
 def _check_json(value: Any, what: str) -> None:

@@ -116,6 +116,7 @@ def trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRec
         steps=steps,
         attempts=r.attempts or 0,
         history=tuple(dict(h) for h in (r.history or [])),
+        remeasure_of=r.remeasure_of,
     )
 
 

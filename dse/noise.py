@@ -1,0 +1,371 @@
+"""The noise-aware best: each figure with its interval, repeats pooled, ties said.
+
+Run to run, one configuration's throughput varies by about +-1 % on an H200, so two
+configurations within a percent or two of each other cannot be ranked from one trial each.
+Here:
+
+* **Configurations, not trials.** Trials are grouped by the canonical form of their
+  configuration (:meth:`dse.space.SearchSpace.canonical`: a knob that does nothing in that
+  layout is at its baseline), so configurations identical in effect count as one and their
+  trials (repeats, re-measures) are pooled.
+* **A trial's interval** of a figure is the one the trial measured (``tflops_per_gpu_ci`` /
+  ``step_time_ci_s`` in its metrics, from adaptive or fixed measurement), else one derived
+  from its stored per-step figures: the 95 % Student-t interval of the mean of the measured
+  steps (after ``metrics["measurement"]["warmup_steps"]``, else ``semantics.warmup_steps``),
+  centred on the trial's reported figure. Tokens per second per GPU follow from the step time.
+* **A configuration's estimate** is the mean of its trials' figures; its half-width is the
+  larger of the within-run part (``sqrt(sum h_i^2) / k``) and the run-to-run part
+  (``t * rel_sd * mean / sqrt(k)``), where ``rel_sd`` is the study's relative run-to-run
+  standard deviation pooled over every configuration measured more than once (unknown until
+  one is).
+* **The best** is the configuration with the best pooled objective; every configuration whose
+  interval overlaps the best's is **tied within noise** with it. The study loop re-measures
+  tied configurations (``budget.remeasure`` trials, :func:`remeasure_plan`) before it names a
+  best; ``dse best`` and ``GET .../best`` report the figures with their intervals and the
+  tie, instead of flipping between the tied configurations.
+
+Pure functions over trial records, plus :func:`study_best`, which reads the candidates from a
+storage (any object with ``best_candidates``, like :mod:`dse.export`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dse.records import METRIC_DIRECTION, Direction, Metric, TrialRecord, finite
+from dse.space import SearchSpace, params_key
+
+__all__ = [
+    "INTERVAL_FIGURES",
+    "CANDIDATES",
+    "Figure",
+    "ConfigEstimate",
+    "NoisyBest",
+    "IntervalSource",
+    "t_quantile",
+    "trial_figures",
+    "rank_configurations",
+    "noisy_best",
+    "remeasure_plan",
+    "study_best",
+    "exclude_changed",
+]
+
+#: Figures reported with an interval (peak memory is one number per configuration).
+INTERVAL_FIGURES: tuple[Metric, ...] = ("tflops_per_gpu", "step_time_s", "tokens_per_s_per_gpu")
+#: Trials by value a best looks at (with every other trial of their configurations): a
+#: configuration below the 50 best trials is not within noise of the best.
+CANDIDATES = 50
+#: Where a configuration's interval came from: ``measured`` (the trials' own intervals),
+#: ``steps`` (derived from the stored per-step figures), ``repeats`` (run-to-run spread only),
+#: ``none`` (no interval: one number).
+IntervalSource = Literal["measured", "steps", "repeats", "none"]
+_CI_KEYS: dict[str, str] = {"tflops_per_gpu": "tflops_per_gpu_ci", "step_time_s": "step_time_ci_s"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure and its 95 % interval (None: not known)."""
+
+    value: float
+    ci: tuple[float, float] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "ci": None if self.ci is None else list(self.ci)}
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return self.ci if self.ci is not None else (self.value, self.value)
+
+
+@dataclass(frozen=True)
+class ConfigEstimate:
+    """One configuration (trials pooled).
+
+    Attributes:
+        key: the canonical configuration's key.
+        trial: the representative trial (the first of the configuration).
+        trials: the numbers of every pooled trial, the representative first.
+        figures: pooled figures by name (the objective's among them).
+        objective: the pooled objective.
+        source: where the objective's interval came from.
+    """
+
+    key: str
+    trial: TrialRecord
+    trials: tuple[int, ...]
+    figures: dict[str, Figure]
+    objective: Figure
+    source: IntervalSource
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    def overlaps(self, other: ConfigEstimate) -> bool:
+        """Whether the objective intervals of the two overlap (a point is a zero-width
+        interval)."""
+        a, b = self.objective.bounds, other.objective.bounds
+        return a[0] <= b[1] and b[0] <= a[1]
+
+
+@dataclass(frozen=True)
+class NoisyBest:
+    """The best configuration of a study, with the ones tied with it within noise.
+
+    Attributes:
+        best: the configuration with the best pooled objective.
+        tied: the other configurations whose interval overlaps the best's, best first.
+        ranking: every candidate configuration, best first.
+        rel_sd: the study's relative run-to-run standard deviation of the objective (None
+            until a configuration ran twice).
+    """
+
+    best: ConfigEstimate
+    tied: tuple[ConfigEstimate, ...] = ()
+    ranking: tuple[ConfigEstimate, ...] = ()
+    rel_sd: float | None = None
+    metric: str = "tflops_per_gpu"
+    direction: Direction = "maximize"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        """``tied within noise: trial A and trial B`` when there is a tie, else ``""``."""
+        if not self.tied:
+            return ""
+        names = [f"trial {c.number}" for c in (self.best, *self.tied)]
+        return "tied within noise: " + ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """The ``p`` quantile of Student's t with ``dof`` degrees of freedom: exact for 1 and 2,
+    else the Cornish-Fisher expansion of Abramowitz and Stegun 26.7.5 (within 0.002 of the
+    exact 0.975 quantile from 3 degrees of freedom on)."""
+    if dof < 1:
+        raise ValueError(f"dof must be >= 1 (dof={dof})")
+    if dof == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if dof == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = statistics.NormalDist().inv_cdf(p)
+    n = float(dof)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / n + g2 / n**2 + g3 / n**3 + g4 / n**4
+
+
+def _ci_of(v: Any) -> tuple[float, float] | None:
+    if not isinstance(v, list | tuple) or len(v) != 2:
+        return None
+    lo, hi = finite(v[0]), finite(v[1])
+    if lo is None or hi is None or lo > hi:
+        return None
+    return (lo, hi)
+
+
+def _warmup(trial: TrialRecord, default: int) -> int:
+    meas = trial.metrics.get("measurement")
+    w = meas.get("warmup_steps") if isinstance(meas, Mapping) else None
+    return w if isinstance(w, int) and not isinstance(w, bool) and w >= 0 else default
+
+
+def _step_half_width(values: Sequence[float]) -> float | None:
+    """The half-width of the 95 % t-interval of the mean of ``values`` (None: < 2 values)."""
+    if len(values) < 2:
+        return None
+    sd = statistics.stdev(values)
+    return t_quantile(0.975, len(values) - 1) * sd / math.sqrt(len(values))
+
+
+def trial_figures(
+    space: SearchSpace, trial: TrialRecord
+) -> tuple[dict[str, Figure], IntervalSource]:
+    """A complete trial's figures with their intervals (see the module docstring), and where
+    the intervals came from."""
+    m = trial.metrics
+    out: dict[str, Figure] = {}
+    source: IntervalSource = "none"
+    measured = list(trial.steps)[_warmup(trial, space.semantics.warmup_steps) :]
+    for name in ("tflops_per_gpu", "step_time_s"):
+        v = finite(m.get(name))
+        if v is None:
+            continue
+        ci = _ci_of(m.get(_CI_KEYS[name]))
+        if ci is not None:
+            source = "measured"
+        else:
+            vals = [x for x in (finite(getattr(s, name)) for s in measured) if x is not None]
+            h = _step_half_width(vals)
+            if h is not None:
+                ci = (v - h, v + h)
+                source = "measured" if source == "measured" else "steps"
+        out[name] = Figure(v, ci)
+    st = out.get("step_time_s")
+    tokens = _tokens_per_gpu_step(space)
+    if st is not None and st.value > 0:
+        tps = finite(m.get("tokens_per_s_per_gpu")) or tokens / st.value
+        ci = None
+        if st.ci is not None and st.ci[0] > 0:
+            ci = (tokens / st.ci[1], tokens / st.ci[0])
+        out["tokens_per_s_per_gpu"] = Figure(tps, ci)
+    peak = finite(m.get("peak_mem_gib"))
+    if peak is not None:
+        out["peak_mem_gib"] = Figure(peak)
+    return out, source
+
+
+def _tokens_per_gpu_step(space: SearchSpace) -> float:
+    sem = space.semantics
+    return sem.global_batch_size * sem.seq_length / space.resources.world_size
+
+
+def exclude_changed(space: SearchSpace) -> bool:
+    """Whether a best leaves out configurations flagged numerics ``changed``."""
+    lp = space.loss_parity
+    return lp.enabled and not lp.allow_changed_in_best
+
+
+def rank_configurations(
+    space: SearchSpace, trials: Sequence[TrialRecord], *, metric: str, direction: Direction
+) -> tuple[list[ConfigEstimate], float | None]:
+    """Every configuration of the complete ``trials`` with a value, pooled and ranked best
+    first (ties: the lower trial number), and the study's relative run-to-run standard
+    deviation of the objective (None while no configuration ran twice)."""
+    groups: dict[str, list[tuple[TrialRecord, dict[str, Figure], IntervalSource]]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.state != "complete" or finite(t.value) is None:
+            continue
+        figs, src = trial_figures(space, t)
+        # the objective is the stored value (tokens/s derived, sim estimates ...)
+        obj = figs.get(metric)
+        figs[metric] = Figure(float(t.value), obj.ci if obj is not None else None)  # type: ignore[arg-type]
+        groups.setdefault(params_key(space.canonical(t.params)), []).append((t, figs, src))
+    names = {n for g in groups.values() for _, f, _ in g for n in f}
+    rel = {n: _rel_sd([[f[n].value for _, f, _ in g if n in f] for g in groups.values()])
+           for n in names}  # fmt: skip
+    out: list[ConfigEstimate] = []
+    for key, members in groups.items():
+        figures: dict[str, Figure] = {}
+        for n in names:
+            have = [f[n] for _, f, _ in members if n in f]
+            if have:
+                figures[n] = _pool(have, rel[n])
+        srcs = {s for _, _, s in members}
+        source: IntervalSource = (
+            "measured" if "measured" in srcs else "steps" if "steps" in srcs else "none"
+        )
+        if source == "none" and figures[metric].ci is not None:
+            source = "repeats"
+        first = members[0][0]
+        out.append(
+            ConfigEstimate(
+                key=key,
+                trial=first,
+                trials=tuple(t.number for t, _, _ in members),
+                figures=figures,
+                objective=figures[metric],
+                source=source,
+            )
+        )
+    sign = -1.0 if direction == "maximize" else 1.0
+    out.sort(key=lambda c: (sign * c.objective.value, c.number))
+    r = rel.get(metric)
+    return out, None if r is None else r[0]
+
+
+def _rel_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int] | None:
+    """(relative standard deviation pooled over the groups of 2 or more values, its degrees
+    of freedom), or None when no group has 2 values."""
+    ss, dof = 0.0, 0
+    for g in groups:
+        if len(g) < 2:
+            continue
+        mean = statistics.fmean(g)
+        if mean == 0:
+            continue
+        ss += sum((x / mean - 1.0) ** 2 for x in g)
+        dof += len(g) - 1
+    if dof == 0:
+        return None
+    return math.sqrt(ss / dof), dof
+
+
+def _pool(figs: Sequence[Figure], rel: tuple[float, int] | None) -> Figure:
+    k = len(figs)
+    mean = statistics.fmean(f.value for f in figs)
+    halves = [(f.ci[1] - f.ci[0]) / 2 for f in figs if f.ci is not None]
+    within = math.sqrt(sum(h * h for h in halves)) / k if halves else None
+    between = None
+    if rel is not None:
+        sd, dof = rel
+        between = t_quantile(0.975, dof) * sd * abs(mean) / math.sqrt(k)
+    parts = [x for x in (within, between) if x is not None]
+    if not parts:
+        return Figure(mean)
+    h = max(parts)
+    return Figure(mean, (mean - h, mean + h))
+
+
+def noisy_best(
+    space: SearchSpace, trials: Sequence[TrialRecord], *, metric: str, direction: Direction
+) -> NoisyBest | None:
+    """The best configuration of ``trials`` and those tied with it within noise (None: no
+    complete trial with a value)."""
+    ranking, rel_sd = rank_configurations(space, trials, metric=metric, direction=direction)
+    if not ranking:
+        return None
+    best = ranking[0]
+    tied = tuple(c for c in ranking[1:] if c.overlaps(best))
+    return NoisyBest(best, tied, tuple(ranking), rel_sd, metric, direction)
+
+
+def remeasure_plan(nb: NoisyBest, n: int) -> list[ConfigEstimate]:
+    """Up to ``n`` configurations to run once more each, so a tie resolves: the best and the
+    configurations tied with it, those with the fewest trials first (then by rank); a
+    configuration may come twice when ``n`` exceeds them. Empty when nothing is tied."""
+    if not nb.tied or n <= 0:
+        return []
+    cands = [nb.best, *nb.tied]
+    counts = {c.key: len(c.trials) for c in cands}
+    rank = {c.key: i for i, c in enumerate(cands)}
+    out: list[ConfigEstimate] = []
+    for _ in range(n):
+        c = min(cands, key=lambda c: (counts[c.key], rank[c.key]))
+        out.append(c)
+        counts[c.key] += 1
+    return out
+
+
+def study_best(
+    storage: Any,
+    study: Any,
+    space: SearchSpace,
+    *,
+    value_range: tuple[float, float] | None = None,
+) -> NoisyBest | None:
+    """The noise-aware best of a stored study (``study``: its record; ``space``: its
+    effective space, :func:`dse.run_settings.effective_space`), from the
+    :data:`CANDIDATES` best trials by value and every other trial of their configurations;
+    numerics-changed trials left out unless the space allows them. None: no complete trial.
+    """
+    trials = storage.best_candidates(
+        study.id,
+        study.direction,
+        limit=CANDIDATES,
+        value_range=value_range,
+        exclude_changed=exclude_changed(space),
+    )
+    metric = study.metric
+    direction = (
+        study.direction
+        if study.direction in ("maximize", "minimize")
+        else (METRIC_DIRECTION.get(metric, "maximize"))
+    )
+    return noisy_best(space, trials, metric=metric, direction=direction)
