@@ -12,7 +12,9 @@ Here:
   ``step_time_ci_s`` in its metrics, from adaptive or fixed measurement), else one derived
   from its stored per-step figures: the 95 % Student-t interval of the mean of the measured
   steps (after ``metrics["measurement"]["warmup_steps"]``, else ``semantics.warmup_steps``),
-  centred on the trial's reported figure. Tokens per second per GPU follow from the step time.
+  centred on the trial's reported figure (none when fewer than two steps, or when every step
+  has the same figure: a replayed row without per-step times). Tokens per second per GPU
+  follow from the step time.
 * **A configuration's estimate** is the mean of its trials' figures; its half-width is the
   larger of the within-run part (``sqrt(sum h_i^2) / k``) and the run-to-run part
   (``t * rel_sd * mean / sqrt(k)``), where ``rel_sd`` is the study's relative run-to-run
@@ -143,22 +145,42 @@ class NoisyBest:
 
 
 def t_quantile(p: float, dof: int) -> float:
-    """The ``p`` quantile of Student's t with ``dof`` degrees of freedom: exact for 1 and 2,
-    else the Cornish-Fisher expansion of Abramowitz and Stegun 26.7.5 (within 0.002 of the
-    exact 0.975 quantile from 3 degrees of freedom on)."""
+    """The ``p`` quantile (``0.5 < p < 1``) of Student's t with ``dof`` degrees of freedom:
+    the exact distribution function of an integer ``dof`` (Abramowitz and Stegun 26.7.3/4, a
+    finite sum) inverted by bisection; the normal quantile beyond 1000 degrees."""
     if dof < 1:
         raise ValueError(f"dof must be >= 1 (dof={dof})")
-    if dof == 1:
-        return math.tan(math.pi * (p - 0.5))
-    if dof == 2:
-        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    z = statistics.NormalDist().inv_cdf(p)
-    n = float(dof)
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    return z + g1 / n + g2 / n**2 + g3 / n**3 + g4 / n**4
+    if not 0.5 < p < 1:
+        raise ValueError(f"p must be between 0.5 and 1 (p={p})")
+    if dof > 1000:
+        return statistics.NormalDist().inv_cdf(p)
+    want = 2 * p - 1  # P(|T| <= t)
+    lo, hi = 0.0, 1.0
+    while _t_two_sided(hi, dof) < want:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_two_sided(mid, dof) < want else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _t_two_sided(t: float, dof: int) -> float:
+    """P(|T| <= t) for Student's t with an integer ``dof`` (A&S 26.7.3, 26.7.4)."""
+    theta = math.atan(t / math.sqrt(dof))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if dof % 2:  # odd
+        if dof == 1:
+            return 2 * theta / math.pi
+        term = total = math.cos(theta)
+        for k in range(3, dof - 1, 2):  # cos^(2j+1) terms up to cos^(dof-2)
+            term *= c2 * (k - 1) / k
+            total += term
+        return 2 / math.pi * (theta + s * total)
+    term = total = 1.0
+    for k in range(2, dof - 1, 2):  # cos^(2j) terms up to cos^(dof-2)
+        term *= c2 * (k - 1) / k
+        total += term
+    return s * total
 
 
 def _ci_of(v: Any) -> tuple[float, float] | None:
@@ -203,7 +225,7 @@ def trial_figures(
         else:
             vals = [x for x in (finite(getattr(s, name)) for s in measured) if x is not None]
             h = _step_half_width(vals)
-            if h is not None:
+            if h:  # identical steps (a replayed row without step times): no interval known
                 ci = (v - h, v + h)
                 source = "measured" if source == "measured" else "steps"
         out[name] = Figure(v, ci)

@@ -118,7 +118,7 @@ def best_text(nb: NoisyBest) -> str:
     from dse.figures import figure
 
     o = nb.best.objective
-    ci = "" if o.ci is None else f" [{figure(o.ci[0])}, {figure(o.ci[1])}]"
+    ci = "" if o.ci is None or o.ci[0] >= o.ci[1] else f" [{figure(o.ci[0])}, {figure(o.ci[1])}]"
     runs = len(nb.best.trials)
     text = f"{figure(o.value)}{ci} (trial {nb.best.number}"
     text += f", {runs} runs)" if runs > 1 else ")"
@@ -467,7 +467,7 @@ class StudyRunner:
 
     def _finish_study(self, study_id: int, complete: bool) -> StudyResult:
         s = self.space
-        counts = self.storage.count_trials(study_id)
+        counts = self._counts(study_id)
         self.storage.set_study_state(s.study, "complete" if complete else "stopped")
         nb = study_best(self.storage, self.storage.get_study_by_id(study_id), self.space)
         best = None if nb is None else nb.best.trial
@@ -563,7 +563,7 @@ class StudyRunner:
             self.on_trial(rec)
         if isinstance(self.progress, Progress) and self.progress.quiet:
             return
-        counts = self.storage.count_trials(rec.study_id)
+        counts = self._counts(rec.study_id)
         nb = study_best(self.storage, self.storage.get_study_by_id(rec.study_id), s)
         rej = sum(self.storage.count_rejections(rec.study_id).values())
         what = (
@@ -585,10 +585,14 @@ class StudyRunner:
         self, counts: dict[str, int], nb: NoisyBest | None, rej: int, prefix: str
     ) -> str:
         budget = self.space.budget.n_trials
+        again = counts.get("remeasure", 0)
         done = sum(counts.get(k, 0) for k in FINISHED_STATES)
+        if again:  # re-measurements come on top of the budget (finished or not)
+            done = max(0, done - again)
         b = "best -" if nb is None else "best " + best_text(nb)
+        extra = f" (+{again} re-measures)" if again else ""
         return (
-            f"{prefix} {done}/{budget} done, {counts.get('running', 0)} running, "
+            f"{prefix} {done}/{budget} done{extra}, {counts.get('running', 0)} running, "
             f"{counts.get('failed', 0)} failed, {counts.get('infeasible', 0)} infeasible, "
             f"{rej} rejected before launch, {b}"
         ).strip()

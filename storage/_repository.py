@@ -807,7 +807,8 @@ class Storage:
             ).all()
             out: dict[str, int] = dict.fromkeys(NUMERICS_STATUSES, 0)
             for st, n in rows:
-                out[st] = int(n)
+                if st is not None:
+                    out[st] = int(n)
             out["remeasure"] = int(
                 s.execute(
                     select(func.count(TrialModel.id)).where(
