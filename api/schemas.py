@@ -237,9 +237,10 @@ class BestNoisePublic(BaseModel):
     """How sure the best is: pooled figures with intervals, and the ties."""
 
     trials: list[int] = Field(
-        description="Every trial of the best configuration (repeats and re-measures pooled; "
-        "configurations identical in effect count as one)."
+        description="The trials of the best configuration (repeats and re-measures pooled; "
+        "configurations identical in effect count as one); the first 50 when it ran more."
     )
+    n_trials: int = Field(description="How many trials the pooled objective is over.")
     figures: dict[str, FigurePublic] = Field(
         description="tflops_per_gpu, step_time_s, tokens_per_s_per_gpu (with intervals) and "
         "peak_mem_gib, pooled over the trials."

@@ -13,12 +13,14 @@ from typing import Any
 
 import yaml
 from fastapi import Response
+from pydantic import ValidationError
 
 from dse.api.plausible import value_range
 from dse.api.schemas import (
     BestPublic,
     BestQuery,
     CrossBestPublic,
+    NumericsPublic,
     RejectionPublic,
     StepPublic,
     StudyPublic,
@@ -183,6 +185,17 @@ def _summary_fields(storage: Storage, study: StudyRecord) -> tuple[dict[str, Any
     return fields, rejections
 
 
+def numerics_public(v: Any) -> dict[str, Any] | None:
+    """A trial's ``metrics["numerics"]`` as :class:`NumericsPublic` data, or None when it
+    holds none or not that shape (an imported study's metrics are not trusted)."""
+    if v is None:
+        return None
+    try:
+        return NumericsPublic.model_validate(clean(v)).model_dump()
+    except ValidationError:
+        return None
+
+
 def _ci(ci: tuple[float, float] | None) -> list[float | None] | None:
     return None if ci is None else [finite(ci[0]), finite(ci[1])]
 
@@ -218,7 +231,7 @@ def _trial_fields(t: TrialRecord) -> dict[str, Any]:
         "finished_at": t.finished_at,
         "gpu_seconds": finite(t.gpu_seconds),
         "attempts": t.attempts,
-        "numerics": clean(t.metrics.get("numerics")) if t.numerics is not None else None,
+        "numerics": numerics_public(t.metrics.get("numerics")),
         "remeasure_of": t.remeasure_of,
     }
 
@@ -388,9 +401,10 @@ def best_public(storage: Storage, study: StudyRecord, best: NoisyBest | None = N
         StudyNotFoundError: the study has no complete trial yet (404).
         SpaceError: the stored space no longer validates.
     """
-    payload = best_payload(storage, study, best)
+    payload = clean(best_payload(storage, study, best))
+    payload["numerics"] = numerics_public(payload.get("numerics"))
     exports = _exports(payload, _num_layers(study))
-    return BestPublic(**clean(payload), exports=exports)
+    return BestPublic(**payload, exports=exports)
 
 
 def best_text(storage: Storage, study: StudyRecord, fmt: BestFormat) -> str:

@@ -281,7 +281,8 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
         best = storage.best_trial(st.id, st.direction, exclude_changed=True)
     else:
         if nb is not None:
-            best, noise = nb.best.trial, noise_payload(nb)
+            best = nb.best.trial or storage.get_trial_by_number(st.id, nb.best.number)
+            noise = noise_payload(nb)
     return {
         "study": st.name,
         "state": st.state,

@@ -41,7 +41,7 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
     nb = best if best is not None else study_best(storage, study, space)
     if nb is None:
         raise NoCompleteTrialError(_why_no_best(storage, study, space))
-    t = nb.best.trial
+    t = nb.best.trial or storage.get_trial_by_number(study.id, nb.best.number, with_steps=False)
     full = space.full_params(t.params)
     m = t.metrics
     return {
@@ -73,6 +73,7 @@ def noise_payload(nb: NoisyBest) -> dict[str, Any]:
     b = nb.best
     return {
         "trials": list(b.trials),
+        "n_trials": b.n,
         "figures": {k: f.as_dict() for k, f in b.figures.items()},
         "interval_source": b.source,
         "rel_sd": nb.rel_sd,
@@ -82,7 +83,7 @@ def noise_payload(nb: NoisyBest) -> dict[str, Any]:
                 "trials": list(c.trials),
                 "value": c.objective.value,
                 "ci": None if c.objective.ci is None else list(c.objective.ci),
-                "params": dict(c.trial.params),
+                "params": dict(c.params),
             }
             for c in nb.tied
         ],

@@ -68,6 +68,7 @@ __all__ = [
     "StudyRecord",
     "TrialRecord",
     "TrialPoint",
+    "ConfigStats",
     "RejectionRecord",
     # the trial contract
     "StepLine",
@@ -328,6 +329,25 @@ class TrialPoint:
     numerics: NumericsStatus | None = None
     #: the trial it re-measures (:attr:`TrialRecord.remeasure_of`)
     remeasure_of: int | None = None
+
+
+@dataclass(frozen=True)
+class ConfigStats:
+    """The eligible trials of one stored configuration (``params_key``) in aggregate
+    (``Storage.best_configurations``): how many, the mean of their values and of the squares
+    of their values, and the first of them (its number and knob values)."""
+
+    params_key: str
+    params: dict[str, Any]
+    first_number: int
+    n: int
+    mean: float
+    mean_sq: float
+
+    @property
+    def m2(self) -> float:
+        """The sum of squared deviations of the values from their mean."""
+        return max(0.0, self.n * (self.mean_sq - self.mean * self.mean))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dse.exceptions import StudyNotFoundError
 from dse.launcher import TrialLauncher, trial_launch
 from dse.loss_guard import LossGuard
 from dse.names import display_name
-from dse.noise import NoisyBest, remeasure_plan, study_best
+from dse.noise import ConfigEstimate, NoisyBest, remeasure_plan, study_best
 from dse.objective import objective_value
 from dse.reconcile import HEARTBEAT_S, STALE_S, Owner, Reconciler
 from dse.records import FINISHED_STATES, Outcome, TrialRecord
@@ -119,7 +119,7 @@ def best_text(nb: NoisyBest) -> str:
 
     o = nb.best.objective
     ci = "" if o.ci is None or o.ci[0] >= o.ci[1] else f" [{figure(o.ci[0])}, {figure(o.ci[1])}]"
-    runs = len(nb.best.trials)
+    runs = nb.best.n
     text = f"{figure(o.value)}{ci} (trial {nb.best.number}"
     text += f", {runs} runs)" if runs > 1 else ")"
     return text + (f"; {nb.message}" if nb.message else "")
@@ -294,6 +294,8 @@ class StudyRunner:
                     fin.trial_id, fin.outcome, fin.wall_s, fin.devices, placement=fin.placement
                 )
                 busy = True
+            if busy:  # what just finished decides what runs next (a failed baseline)
+                counts = self._counts(study_id)
             out_of_time = (
                 s.budget.wall_clock_s is not None
                 and time.time() - self._started_wall > s.budget.wall_clock_s
@@ -370,7 +372,7 @@ class StudyRunner:
         """With the loss-parity guard on, run the baseline again when every run of it failed
         (a crash, a timeout: its loss is the reference), at most :data:`MAX_BASELINE_RUNS`
         times. A fresh study needs nothing here: an agent's first proposal is the baseline."""
-        if not self.space.loss_parity.enabled or free <= 0 or counts["total"] == 0:
+        if not self.space.loss_parity.enabled or free <= 0 or counts.get("failed", 0) == 0:
             return 0, 0
         base = self.space.baseline()
         runs = self.storage.list_trials(study_id, params_key=params_key(base))
@@ -393,8 +395,11 @@ class StudyRunner:
         lp = self.space.loss_parity
         return (lp.baseline_repeats if lp.enabled else 0) + self.space.budget.remeasure
 
-    def _claim_remeasure(self, study_id: int, of: TrialRecord, counts: dict[str, int]) -> bool:
-        """Claim and launch a re-measurement of trial ``of``'s configuration."""
+    def _claim_remeasure(
+        self, study_id: int, of: TrialRecord | ConfigEstimate, counts: dict[str, int]
+    ) -> bool:
+        """Claim and launch a re-measurement of the configuration of trial ``of`` (or of a
+        configuration's first trial)."""
         t = self.storage.claim_trial(
             study_id=study_id,
             params=dict(of.params),
@@ -448,7 +453,7 @@ class StudyRunner:
             return 0, 0
         n = 0
         for c in remeasure_plan(nb, left):
-            if not self._claim_remeasure(study_id, c.trial, counts):
+            if not self._claim_remeasure(study_id, c, counts):
                 break
             n += 1
         if n:
@@ -470,7 +475,9 @@ class StudyRunner:
         counts = self._counts(study_id)
         self.storage.set_study_state(s.study, "complete" if complete else "stopped")
         nb = study_best(self.storage, self.storage.get_study_by_id(study_id), self.space)
-        best = None if nb is None else nb.best.trial
+        best = None
+        if nb is not None:
+            best = nb.best.trial or self.storage.get_trial_by_number(study_id, nb.best.number)
         rej = sum(self.storage.count_rejections(study_id).values())
         if complete:
             self.progress(self._status_line(counts, nb, rej, prefix="done:"))

@@ -121,7 +121,17 @@ class TrialModel(Base):
         Index("ix_trials_study_id_state_gpu_seconds", "study_id", "state", "gpu_seconds"),
         # ordered pages by value (ties by number) and the best trial walk the index (0002)
         Index("ix_trials_study_id_value_number", "study_id", "value", "number"),
-        Index("ix_trials_study_id_params_key", "study_id", "params_key"),
+        # duplicates of a configuration, and the noise-aware best's aggregates per
+        # configuration from the index alone (0003)
+        Index(
+            "ix_trials_study_id_params_key_state_value",
+            "study_id",
+            "params_key",
+            "state",
+            "numerics",
+            "value",
+            "number",
+        ),  # fmt: skip
         # best without numerics-changed trials, and their count per study (0003)
         Index("ix_trials_study_id_numerics", "study_id", "numerics"),
     )

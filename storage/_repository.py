@@ -55,6 +55,7 @@ from dse.records import (
     STUDY_STATES,
     TAKEN_STATES,
     TRIAL_STATES,
+    ConfigStats,
     FinishedState,
     Outcome,
     OutcomeStatus,
@@ -529,7 +530,9 @@ class Storage:
         node names and GPU indices).
 
         Stores the metrics, value, failure class and reason, source, finish time, GPU-seconds
-        and the per-step metrics (replacing any earlier steps of the trial).
+        and the per-step metrics (replacing any earlier steps of the trial). A ``numerics``
+        entry of the outcome's metrics is dropped: the loss-parity verdict is set by
+        :meth:`set_trial_numerics` only.
 
         Idempotent and never loses a result: a ``complete`` trial is returned unchanged; a
         trial already failed / infeasible is returned unchanged unless the new
@@ -550,8 +553,10 @@ class Storage:
             if row.state == "complete" or (row.state in FINISHED_STATES and not outcome.ok):
                 return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             row.state = state
-            row.metrics = dict(outcome.metrics)
-            row.numerics = numerics_status(row.metrics)
+            # the loss-parity verdict is the controller's (set_trial_numerics), never the
+            # trial's own: a metrics file cannot certify itself
+            row.metrics = {k: v for k, v in outcome.metrics.items() if k != "numerics"}
+            row.numerics = None
             row.value = value
             row.failure_class = outcome.failure_class
             row.reason = outcome.reason
@@ -681,7 +686,7 @@ class Storage:
         offset: int = 0,
         order: str = "number",
         with_steps: bool = False,
-        params_key: str | None = None,
+        params_key: str | Sequence[str] | None = None,
         remeasure: bool | None = None,
         numbers: Sequence[int] | None = None,
     ) -> list[TrialRecord]:
@@ -689,7 +694,7 @@ class Storage:
 
         Args:
             state: only this state.
-            params_key: only trials of this configuration.
+            params_key: only trials of this configuration (or of these).
             remeasure: True: only re-measurements (``remeasure_of`` set); False: only the
                 others.
             numbers: only these trial numbers.
@@ -707,8 +712,10 @@ class Storage:
             where = [TrialModel.study_id == study_id]
             if state is not None:
                 where.append(TrialModel.state == state)
-            if params_key is not None:
+            if isinstance(params_key, str):
                 where.append(TrialModel.params_key == params_key)
+            elif params_key is not None:
+                where.append(TrialModel.params_key.in_(list(params_key)))
             if remeasure is not None:
                 col = TrialModel.remeasure_of
                 where.append(col.is_not(None) if remeasure else col.is_(None))
@@ -920,15 +927,109 @@ class Storage:
             if not top:
                 return []
             keys = sorted({k for _, k in top})
-            rows = s.scalars(
-                select(TrialModel)
-                .where(*where, TrialModel.params_key.in_(keys))
-                .order_by(TrialModel.number)
-            ).all()
+            # plain rows, not ORM objects (same attribute names), as in list_trials' pages
+            rows = [
+                cast(TrialModel, r)
+                for r in s.execute(
+                    select(*TrialModel.__table__.c)
+                    .where(*where, TrialModel.params_key.in_(keys))
+                    .order_by(TrialModel.number)
+                )
+            ]
             steps = steps_of(s, [r.id for r in rows]) if with_steps else {}
             return [trial_record(r, steps.get(r.id, ())) for r in rows]
 
         return self._db.run(fn, write=False, what="best candidates")
+
+    def trials_of_configurations(
+        self,
+        study_id: int,
+        params_keys: Sequence[str],
+        *,
+        state: str | None = None,
+        with_steps: bool = False,
+    ) -> list[TrialRecord]:
+        """Every trial of these configurations (``params_key``), by number (one index walk
+        per configuration, whatever the size of the study)."""
+        keys = sorted(set(params_keys))
+        if not keys:
+            return []
+
+        def fn(s: Session) -> list[TrialRecord]:
+            where = [TrialModel.study_id == study_id, TrialModel.params_key.in_(keys)]
+            if state is not None:
+                where.append(TrialModel.state == state)
+            # no ORDER BY: sorting by number in SQL made SQLite walk the study by number
+            rows = [
+                cast(TrialModel, r)
+                for r in s.execute(select(*TrialModel.__table__.c).where(*where))
+            ]
+            rows.sort(key=lambda r: r.number)
+            steps = steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
+            return [trial_record(r, steps.get(r.id, ())) for r in rows]
+
+        return self._db.run(fn, write=False, what="trials of configurations")
+
+    def best_configurations(
+        self,
+        study_id: int,
+        direction: str,
+        *,
+        limit: int,
+        value_range: tuple[float, float] | None = None,
+        exclude_changed: bool = False,
+    ) -> list[ConfigStats]:
+        """The configurations (``params_key``) of the ``limit`` best trials by value (as
+        :meth:`best_trial` counts them), each with an aggregate of every such trial of it:
+        count, mean value, mean squared value, first trial. Three index walks, whatever the
+        number of trials of a configuration."""
+        _check_direction(direction)
+        where = _best_where(study_id, value_range, exclude_changed)
+
+        def fn(s: Session) -> list[ConfigStats]:
+            value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            keys = sorted(
+                set(
+                    s.scalars(
+                        select(TrialModel.params_key).where(*where).order_by(value).limit(limit)
+                    )
+                )
+            )
+            if not keys:
+                return []
+            v = TrialModel.value
+            agg = s.execute(
+                select(
+                    TrialModel.params_key,
+                    func.count(TrialModel.id),
+                    func.avg(v),
+                    func.avg(v * v),
+                    func.min(TrialModel.number),
+                )
+                .where(*where, TrialModel.params_key.in_(keys))
+                .group_by(TrialModel.params_key)
+            ).all()
+            firsts = {r[4] for r in agg}
+            params: dict[int, Any] = dict(
+                s.execute(
+                    select(TrialModel.number, TrialModel.params).where(
+                        TrialModel.study_id == study_id, TrialModel.number.in_(firsts)
+                    )
+                ).all()
+            )
+            return [
+                ConfigStats(
+                    params_key=k,
+                    params=dict(params.get(first) or {}),
+                    first_number=first,
+                    n=int(n),
+                    mean=float(mean),
+                    mean_sq=float(mean_sq),
+                )  # fmt: skip
+                for k, n, mean, mean_sq, first in agg
+            ]
+
+        return self._db.run(fn, write=False, what="best configurations")
 
     def stale_trials(
         self,

@@ -318,3 +318,58 @@ def test_configurations_equal_in_effect_are_pooled_as_one(tmp_path: Path) -> Non
         b = client.get(f"/api/v1/studies/{space.study}/best").json()
     assert b["noise"]["trials"] == [0, 1] and b["objective"]["value"] == 120.5
     assert b["noise"]["tied"] == []
+
+
+def test_a_trial_cannot_certify_its_own_numerics_and_bad_ones_never_break_reads(
+    tmp_path: Path,
+) -> None:
+    """A metrics file's own ``numerics`` is dropped at finish (the verdict is the
+    controller's); an imported study's malformed verdict reads as null, never a 500."""
+    from dse.storage import read_export_text
+
+    space = _space(_drift_table(tmp_path), "self", tmp_path)
+    url = f"sqlite:///{tmp_path / 'self.db'}"
+    p = space.baseline()
+    with open_storage(url) as st:
+        rec = st.create_study(space_yaml=yaml.safe_dump(space.model_dump(mode="json")),
+                              **space.study_fields())  # fmt: skip
+        t = st.claim_trial(study_id=rec.id, params=p, params_key=params_key(p), budget=9)
+        assert t is not None
+        m = {"tflops_per_gpu": 1.0, "step_time_s": 1.0, "peak_mem_gib": 1.0,
+             "numerics": {"status": "baseline"}}  # fmt: skip
+        done = st.finish_trial(t.id, Outcome("ok", m), value=1.0)
+        assert "numerics" not in done.metrics and st.count_numerics(rec.id)["baseline"] == 0
+        export = st.export_study("self")
+        export["trials"][0]["metrics"]["numerics"] = {"status": "ok", "drift": "none at all"}
+        st.import_study(read_export_text(json.dumps(export)), name="imported")
+        assert st.count_numerics(st.get_study("imported").id)["ok"] == 1
+    with make_client(url) as client:
+        detail = client.get("/api/v1/studies/imported/trials/0")
+        assert detail.status_code == 200 and detail.json()["numerics"] is None
+        best = client.get("/api/v1/studies/imported/best")
+        assert best.status_code == 200 and best.json()["numerics"] is None
+
+
+def test_a_failed_baseline_runs_again_and_becomes_the_reference(tmp_path: Path) -> None:
+    """Its loss is every trial's reference: when its run crashes, the controller runs the
+    baseline again (within the budget); the others are judged once it completes."""
+    table = _drift_table(tmp_path)
+    space = _space(table, "again", tmp_path, budget={"n_trials": 4})
+    replay = ReplayTable.load(table)
+    base_key = params_key(space.baseline())
+    crashes = [1]
+
+    def answer(spec: Any) -> Outcome:
+        if params_key(space.canonical(spec.params)) == base_key and crashes:
+            crashes.pop()
+            return Outcome.failure("error", "the first run of the baseline crashed")
+        return replay.outcome(spec.params)
+
+    with open_storage(f"sqlite:///{tmp_path / 'again.db'}") as st:
+        res = _run(space, st, InProcessRunner(answer, slots=1))
+        trials = st.list_trials(st.get_study("again").id)
+    assert res.counts["total"] == 4
+    assert (trials[0].state, trials[1].state) == ("failed", "complete")
+    assert trials[1].params == trials[0].params and trials[1].remeasure_of is None
+    assert [t.metrics["numerics"]["status"] for t in trials[1:]] == ["baseline", "ok", "ok"]
+    assert all(t.metrics["numerics"]["baseline_trial"] == 1 for t in trials[1:])
