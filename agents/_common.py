@@ -63,14 +63,8 @@ def knob_order(space: SearchSpace) -> list[str]:
 
 
 def canonical(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The canonical form of ``params``: every knob (missing ones at their baseline value),
-    nothing else, and inactive conditional knobs at their baseline value."""
-    if all(name in params for name in space.knobs):
-        out = {name: params[name] for name in space.knobs}
-    else:
-        base = space.baseline()
-        out = {name: params[name] if name in params else base[name] for name in space.knobs}
-    return space.apply_conditions(out)
+    """The canonical form of ``params`` (:meth:`dse.space.SearchSpace.canonical`)."""
+    return space.canonical(params)
 
 
 def in_domain(space: SearchSpace, params: Mapping[str, Any]) -> bool:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dse.records import Metric
+from dse.records import Metric, NumericsStatus
 from dse.space import ModelSpec, Semantics
 
 __all__ = [
@@ -27,6 +27,10 @@ __all__ = [
     "StepPublic",
     "TrialDetailPublic",
     "ObjectivePublic",
+    "NumericsPublic",
+    "FigurePublic",
+    "TiePublic",
+    "BestNoisePublic",
     "BestPublic",
     "BestQuery",
     "HARDWARE_FIELDS",
@@ -128,8 +132,29 @@ class StudySummaryPublic(BaseModel):
     created_at: float
     counts: dict[str, int] = Field(description="Trials per state, and 'total'.")
     rejections: int = Field(description="Proposals rejected before launch.")
-    best_value: float | None = Field(description="Best objective value so far.")
-    best_trial: int | None = Field(description="Number of the best trial so far.")
+    best_value: float | None = Field(
+        description="Best objective value so far: the pooled estimate of the best "
+        "configuration (noise-aware; numerics-changed trials left out unless allowed)."
+    )
+    best_trial: int | None = Field(
+        description="Number of the best configuration's first trial (GET .../best: 'trial')."
+    )
+    best_ci: list[float | None] | None = Field(
+        None, description="[low, high]: the 95 % interval of best_value (null: not known)."
+    )
+    best_tied: list[int] = Field(
+        default_factory=list,
+        description="First trials of the configurations tied within noise with the best "
+        "(their intervals overlap the best's); empty when the best is clear.",
+    )
+    numerics_counts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Complete trials per loss-parity status: 'baseline', 'ok', 'changed' "
+        "(numerics-changed: excluded from best unless allowed), 'unchecked'.",
+    )
+    remeasure_trials: int = Field(
+        0, description="Re-measurement trials (baseline repeats and re-measures of ties)."
+    )
     gpu_hours: float = Field(description="GPU-hours spent by finished trials.")
     gpu: GpuUsagePublic = Field(
         description="GPU time: startup/measure split, held, busy fraction, grid saving."
@@ -163,6 +188,24 @@ class StudyCreatedPublic(StudyPublic):
     launch: LaunchPublic | None = None
 
 
+class NumericsPublic(BaseModel):
+    """The loss-parity verdict of a complete trial (``metrics.numerics``)."""
+
+    status: NumericsStatus = Field(
+        description="'baseline' (the reference run), 'ok', 'changed' (its loss drifts beyond "
+        "the tolerance: numerics-changed, excluded from best unless allowed) or 'unchecked' "
+        "(no reference or no loss to compare)."
+    )
+    drift: float | None = Field(
+        description="Largest |loss - baseline loss| / baseline loss over the steps compared."
+    )
+    tolerance: float | None = Field(
+        description="Relative tolerance: max(floor, noise_factor x measured run-to-run drift)."
+    )
+    baseline_trial: int | None = Field(description="Number of the baseline trial compared with.")
+    steps_compared: int = Field(description="Steps both trials ran.")
+
+
 class TrialPublic(BaseModel):
     """A trial in a page (metrics without the per-step loss list)."""
 
@@ -181,6 +224,14 @@ class TrialPublic(BaseModel):
     finished_at: float | None
     gpu_seconds: float | None
     attempts: int
+    numerics: NumericsPublic | None = Field(
+        None, description="The loss-parity verdict (also metrics.numerics); null: not judged."
+    )
+    remeasure_of: int | None = Field(
+        None,
+        description="A re-measurement: the number of the trial whose configuration it runs "
+        "again (baseline repeat or re-measure of a tie); null for a trial the agent proposed.",
+    )
 
 
 class TrialsPublic(BaseModel):
@@ -213,20 +264,80 @@ class TrialDetailPublic(TrialPublic):
 class ObjectivePublic(BaseModel):
     metric: str
     direction: str
+    value: float | None = Field(
+        description="The best configuration's pooled estimate (its trial's value when it "
+        "ran once); its interval is noise.figures[metric].ci."
+    )
+
+
+class FigurePublic(BaseModel):
+    """A figure of the best configuration, pooled over its trials, with its interval."""
+
     value: float | None
+    ci: list[float | None] | None = Field(
+        description="[low, high]: the 95 % interval (null: not known, e.g. peak memory)."
+    )
+
+
+class TiePublic(BaseModel):
+    """A configuration tied within noise with the best (its interval overlaps the best's)."""
+
+    trial: int = Field(description="Its first trial.")
+    trials: list[int] = Field(description="Every trial of it (pooled).")
+    value: float | None = Field(description="Its pooled objective.")
+    ci: list[float | None] | None
+    params: dict[str, Any] = Field(description="Its knob values.")
+
+
+class BestNoisePublic(BaseModel):
+    """How sure the best is: pooled figures with intervals, and the ties."""
+
+    trials: list[int] = Field(
+        description="The trials of the best configuration (repeats and re-measures pooled; "
+        "configurations identical in effect count as one); the first 50 when it ran more."
+    )
+    n_trials: int = Field(description="How many trials the pooled objective is over.")
+    figures: dict[str, FigurePublic] = Field(
+        description="tflops_per_gpu, step_time_s, tokens_per_s_per_gpu (with intervals) and "
+        "peak_mem_gib, pooled over the trials."
+    )
+    interval_source: Literal["measured", "steps", "repeats", "none"] = Field(
+        description="Where the intervals come from: 'measured' (the trials' own "
+        "tflops_per_gpu_ci / step_time_ci_s), 'steps' (the stored per-step figures after "
+        "warm-up), 'repeats' (run-to-run spread only), 'none'."
+    )
+    rel_sd: float | None = Field(
+        description="Relative run-to-run standard deviation of the objective, pooled over "
+        "the configurations measured more than once (null: none yet)."
+    )
+    tied: list[TiePublic] = Field(
+        description="Configurations tied within noise with the best, best first."
+    )
+    message: str = Field(
+        description="'tied within noise: trial A and trial B' when tied, else empty."
+    )
 
 
 class BestPublic(BaseModel):
-    """The best feasible trial of a study and its configuration in every export format."""
+    """The best configuration of a study and its configuration in every export format.
+
+    Noise-aware: the configuration with the best pooled objective; configurations flagged
+    numerics-changed are left out unless the space allows them."""
 
     study: str
-    trial: int
+    trial: int = Field(description="The best configuration's first trial.")
     objective: ObjectivePublic
     params: dict[str, Any] = Field(description="Knob values, fixed ones included.")
     metrics: dict[str, Any]
     source: str | None
     model: dict[str, Any]
     hardware: dict[str, Any]
+    numerics: NumericsPublic | None = Field(
+        None, description="The loss-parity verdict of the best trial (null: not judged)."
+    )
+    noise: BestNoisePublic | None = Field(
+        None, description="Pooled figures with their intervals, the pooled trials, the ties."
+    )
     exports: dict[str, str | None] = Field(
         description="The configuration as 'megatron' (Megatron-LM arguments), 'bridge' "
         "(Megatron-Bridge overrides) and 'nemo' (NeMo-Run overrides) text; null where the "
@@ -319,6 +430,10 @@ class PointPublic(BaseModel):
     on_front: bool
     reason: str | None
     params: dict[str, Any]
+    numerics: NumericsStatus | None = Field(
+        None, description="Loss-parity status of a trial ('changed': numerics-changed)."
+    )
+    remeasure_of: int | None = Field(None, description="The trial it re-measures.")
 
 
 class ParetoPublic(BaseModel):

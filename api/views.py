@@ -13,12 +13,14 @@ from typing import Any
 
 import yaml
 from fastapi import Response
+from pydantic import ValidationError
 
 from dse.api.plausible import value_range
 from dse.api.schemas import (
     BestPublic,
     BestQuery,
     CrossBestPublic,
+    NumericsPublic,
     RejectionPublic,
     StepPublic,
     StudyPublic,
@@ -26,8 +28,9 @@ from dse.api.schemas import (
     TrialDetailPublic,
     TrialPublic,
 )
-from dse.exceptions import StudyNotFoundError
+from dse.exceptions import SpaceError, StudyNotFoundError
 from dse.export import best_payload, render_best
+from dse.noise import NoisyBest, study_best
 from dse.records import (
     METRIC_DIRECTION,
     BestFormat,
@@ -38,6 +41,7 @@ from dse.records import (
     TrialRecord,
     finite,
 )
+from dse.run_settings import effective_space
 from dse.space import Semantics
 from dse.storage import Storage
 from dse.studyplots import pareto_front
@@ -58,6 +62,7 @@ __all__ = [
     "AnswerCache",
     "study_signature",
     "best_public",
+    "noisy_best",
     "cross_best",
     "study_matches",
     "study_semantics",
@@ -146,7 +151,18 @@ def study_public(storage: Storage, study: StudyRecord) -> StudyPublic:
 
 def _summary_fields(storage: Storage, study: StudyRecord) -> tuple[dict[str, Any], dict[str, int]]:
     counts = storage.count_trials(study.id)
-    best = storage.best_trial(study.id, study.direction)
+    numerics = storage.count_numerics(study.id)
+    remeasure = numerics.pop("remeasure")
+    try:
+        nb = noisy_best(storage, study)
+    except SpaceError:  # a stored space that no longer loads: the plain best, flagged left out
+        nb = None
+        plain = storage.best_trial(study.id, study.direction, exclude_changed=True)
+        best_value = None if plain is None else finite(plain.value)
+        best_trial = None if plain is None else plain.number
+    else:
+        best_value = None if nb is None else finite(nb.best.objective.value)
+        best_trial = None if nb is None else nb.best.number
     rejections = storage.count_rejections(study.id)
     fields = {
         "name": study.name,
@@ -156,8 +172,12 @@ def _summary_fields(storage: Storage, study: StudyRecord) -> tuple[dict[str, Any
         "created_at": study.created_at,
         "counts": counts,
         "rejections": sum(rejections.values()),
-        "best_value": None if best is None else finite(best.value),
-        "best_trial": None if best is None else best.number,
+        "best_value": best_value,
+        "best_trial": best_trial,
+        "best_ci": None if nb is None else _ci(nb.best.objective.ci),
+        "best_tied": [] if nb is None else [c.number for c in nb.tied],
+        "numerics_counts": numerics,
+        "remeasure_trials": remeasure,
         "gpu_hours": storage.gpu_seconds(study.id) / 3600.0,
         "gpu": gpu_usage(storage, study, counts),
         "model": clean(study.model),
@@ -193,6 +213,33 @@ def gpu_usage(storage: Storage, study: StudyRecord, counts: dict[str, int]) -> d
     return out  # type: ignore[no-any-return]
 
 
+def numerics_public(v: Any) -> dict[str, Any] | None:
+    """A trial's ``metrics["numerics"]`` as :class:`NumericsPublic` data, or None when it
+    holds none or not that shape (an imported study's metrics are not trusted)."""
+    if v is None:
+        return None
+    try:
+        return NumericsPublic.model_validate(clean(v)).model_dump()
+    except ValidationError:
+        return None
+
+
+def _ci(ci: tuple[float, float] | None) -> list[float | None] | None:
+    return None if ci is None else [finite(ci[0]), finite(ci[1])]
+
+
+def noisy_best(
+    storage: Storage, study: StudyRecord, value_range: tuple[float, float] | None = None
+) -> NoisyBest | None:
+    """The noise-aware best of a study under its effective settings (:mod:`dse.noise`).
+
+    Raises:
+        SpaceError: the stored space no longer validates.
+    """
+    space = effective_space(study.space_yaml, study.name, storage.get_study_attrs(study.id))
+    return study_best(storage, study, space, value_range=value_range)
+
+
 # --- trials -------------------------------------------------------------------------------
 
 
@@ -212,6 +259,8 @@ def _trial_fields(t: TrialRecord) -> dict[str, Any]:
         "finished_at": t.finished_at,
         "gpu_seconds": finite(t.gpu_seconds),
         "attempts": t.attempts,
+        "numerics": numerics_public(t.metrics.get("numerics")),
+        "remeasure_of": t.remeasure_of,
     }
 
 
@@ -291,6 +340,8 @@ def _trial_point(t: TrialPoint) -> dict[str, Any]:
         "on_front": False,
         "reason": t.reason,
         "params": t.params,
+        "numerics": t.numerics,
+        "remeasure_of": t.remeasure_of,
     }
 
 
@@ -309,6 +360,8 @@ def _rejection_point(r: RejectionRecord) -> dict[str, Any]:
         "on_front": False,
         "reason": f"{r.rule}: {r.reason}",
         "params": r.params,
+        "numerics": None,
+        "remeasure_of": None,
     }
 
 
@@ -368,19 +421,18 @@ def _exports(payload: dict[str, Any], num_layers: int | None) -> dict[str, str |
     return out
 
 
-def best_public(
-    storage: Storage, study: StudyRecord, trial: TrialRecord | None = None
-) -> BestPublic:
-    """The best feasible trial of a study (or ``trial``) with its configuration in every
-    export format.
+def best_public(storage: Storage, study: StudyRecord, best: NoisyBest | None = None) -> BestPublic:
+    """The best configuration of a study (or ``best``, found already) with its figures'
+    intervals and its configuration in every export format.
 
     Raises:
         StudyNotFoundError: the study has no complete trial yet (404).
         SpaceError: the stored space no longer validates.
     """
-    payload = best_payload(storage, study, trial)
+    payload = clean(best_payload(storage, study, best))
+    payload["numerics"] = numerics_public(payload.get("numerics"))
     exports = _exports(payload, _num_layers(study))
-    return BestPublic(**clean(payload), exports=exports)
+    return BestPublic(**payload, exports=exports)
 
 
 def best_text(storage: Storage, study: StudyRecord, fmt: BestFormat) -> str:
@@ -453,15 +505,18 @@ def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
         raise StudyNotFoundError(f"no study matches {_describe(query)}")
     best: tuple[float, StudyRecord] | None = None
     maximize = METRIC_DIRECTION.get(query.metric, "maximize") == "maximize"
-    trials: dict[int, TrialRecord] = {}
+    found: dict[int, NoisyBest] = {}
     for study in matched:
         # only finite values possible on the study's hardware count (api/plausible.py)
         bounds = value_range(query.metric, study.hardware)
-        t = storage.best_trial(study.id, study.direction, value_range=bounds)
-        v = None if t is None else finite(t.value)
-        if t is None or v is None:
+        try:
+            nb = noisy_best(storage, study, bounds)
+        except SpaceError:
+            continue  # its best cannot be shown (GET .../best answers 409 for it)
+        v = None if nb is None else finite(nb.best.objective.value)
+        if nb is None or v is None:
             continue
-        trials[study.id] = t
+        found[study.id] = nb
         if best is None or (v > best[0] if maximize else v < best[0]):
             best = (v, study)
     if best is None:
@@ -469,7 +524,7 @@ def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
         raise StudyNotFoundError(
             f"no complete trial yet in the studies that match {_describe(query)} ({names})"
         )
-    chosen = best_public(storage, best[1], trials[best[1].id])
+    chosen = best_public(storage, best[1], found[best[1].id])
     return CrossBestPublic(matched=[s.name for s in matched], best=chosen)
 
 

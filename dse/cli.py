@@ -268,34 +268,58 @@ def _trial_json(t: Any) -> dict[str, Any]:
         "failure_class": t.failure_class,
         "reason": t.reason,
         "source": t.source,
+        "numerics": t.metrics.get("numerics"),
+        "remeasure_of": t.remeasure_of,
+    }
+
+
+def _study_status(storage: Any, st: Any) -> dict[str, Any]:
+    """One study's ``dse status`` record (the JSON format; the text is made from it)."""
+    from dse.exceptions import SpaceError
+    from dse.export import noise_payload
+    from dse.loss_guard import LOSS_PARITY_ATTR
+    from dse.noise import study_best
+    from dse.run_settings import effective_space
+
+    trials = storage.list_trials(st.id)
+    attrs = storage.get_study_attrs(st.id)
+    numerics = storage.count_numerics(st.id)
+    remeasure = numerics.pop("remeasure")
+    best: Any = None
+    noise: dict[str, Any] | None = None
+    try:
+        nb = study_best(storage, st, effective_space(st.space_yaml, st.name, attrs))
+    except SpaceError:  # a stored space that no longer loads: the plain best
+        best = storage.best_trial(st.id, st.direction, exclude_changed=True)
+    else:
+        if nb is not None:
+            best = nb.best.trial or storage.get_trial_by_number(st.id, nb.best.number)
+            noise = noise_payload(nb)
+    return {
+        "study": st.name,
+        "state": st.state,
+        "metric": st.metric,
+        "direction": st.direction,
+        "counts": storage.count_trials(st.id),
+        "rejections": storage.count_rejections(st.id),
+        "numerics": {
+            "counts": numerics,
+            "remeasure_trials": remeasure,
+            "guard": attrs.get(LOSS_PARITY_ATTR),
+        },
+        "best": None if best is None else {**_trial_json(best), "noise": noise},
+        "trials": [_trial_json(t) for t in trials],
     }
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from dse.gpu_usage import study_gpu_usage_of
 
     storage = _open_existing(args)
     try:
         studies = [storage.get_study(args.study)] if args.study else storage.list_studies()
         if not studies:
             raise StudyNotFoundError(f"no study in {storage!r}")
-        out: list[dict[str, Any]] = []
-        for st in studies:
-            trials = storage.list_trials(st.id)
-            best = storage.best_trial(st.id, st.direction)
-            out.append(
-                {
-                    "study": st.name,
-                    "state": st.state,
-                    "metric": st.metric,
-                    "direction": st.direction,
-                    "counts": storage.count_trials(st.id),
-                    "rejections": storage.count_rejections(st.id),
-                    "best": None if best is None else _trial_json(best),
-                    "gpu": study_gpu_usage_of(storage, st),
-                    "trials": [_trial_json(t) for t in trials],
-                }
-            )
+        out = [_study_status(storage, st) for st in studies]
     finally:
         storage.close()
     if args.format == "json":
@@ -315,6 +339,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         if s["trials"]:
             _out(_status_text(s))
     return 0
+
+
+def _pct(x: Any) -> str:
+    return "-" if not isinstance(x, int | float) else f"{100 * x:.3g}%"
+
+
+def _numerics_text(s: dict[str, Any]) -> str | None:
+    """The loss-parity line of ``dse status`` (None when the guard judged nothing)."""
+    n = s["numerics"]
+    c, g = n["counts"], n["guard"]
+    if not any(c.values()) and not n["remeasure_trials"]:
+        return None
+    line = (
+        f"  loss parity: {c.get('ok', 0)} ok, {c.get('changed', 0)} numerics changed, "
+        f"{c.get('unchecked', 0)} unchecked"
+    )
+    if isinstance(g, dict):
+        base = g.get("baseline_trial")
+        line += f"; baseline trial {base if base is not None else '- (none complete yet)'}"
+        line += f", tolerance {_pct(g.get('tolerance'))} (floor {_pct(g.get('floor'))}"
+        noise = g.get("noise")
+        line += (
+            f", noise {_pct(noise)} from {g.get('noise_pairs', 0)} repeat(s))"
+            if noise is not None
+            else ", no repeat measured yet)"
+        )
+    if n["remeasure_trials"]:
+        line += f"; {n['remeasure_trials']} re-measurement trial(s)"
 
 
 def _gpu_text(g: dict[str, Any]) -> str:
@@ -351,11 +403,23 @@ def _status_text(s: dict[str, Any]) -> str:
     b = s["best"]
     if b:
         m = b["metrics"]
+        noise = b.get("noise") or {}
+        fig = (noise.get("figures") or {}).get(s["metric"]) or {}
+        value = fig.get("value", b["value"])
+        ci = fig.get("ci")
+        ci_text = f" [{figure(ci[0])}, {figure(ci[1])}]" if ci and ci[0] < ci[1] else ""
+        pooled = noise.get("trials") or [b["number"]]
+        over = f" over trials {', '.join(map(str, pooled))}" if len(pooled) > 1 else ""
         lines.append(
-            f"  best: trial {b['number']} {s['metric']}={figure(b['value'])}, "
+            f"  best: trial {b['number']} {s['metric']}={figure(value)}{ci_text}{over}, "
             f"step {figure(m.get('step_time_s'))} s, peak {figure(m.get('peak_mem_gib'))} GiB: "
             f"{json.dumps(b['params'])}"
         )
+        if noise.get("message"):
+            lines.append(f"  {noise['message']} (their intervals overlap; re-measure to split)")
+    nline = _numerics_text(s)
+    if nline:
+        lines.append(nline)
     if s["trials"]:
         lines.append(
             f"  {'#':>4} {'state':<10} {s['metric']:<14} {'step s':<8} {'peak GiB':<8} "
@@ -366,7 +430,17 @@ def _status_text(s: dict[str, Any]) -> str:
         extra = f"{t['failure_class']}: " if t["failure_class"] else ""
         if t["state"] == "pruned":
             by = (m.get("measurement") or {}).get("dominated_by") or {}
-            extra = f"dominated by trial {by.get('trial', '?')}: "
+            extra += f"dominated by trial {by.get('trial', '?')}: "
+        num = t.get("numerics") or {}
+        if num.get("status") == "changed":
+            extra += (
+                f"numerics changed (drift {_pct(num.get('drift'))} > "
+                f"{_pct(num.get('tolerance'))}): "
+            )
+        elif num.get("status") == "baseline":
+            extra += "loss baseline: "
+        if t.get("remeasure_of") is not None:
+            extra += f"re-measures #{t['remeasure_of']}: "
         lines.append(
             f"  {t['number']:>4} {t['state']:<10} {figure(t['value']):<14} "
             f"{figure(m.get('step_time_s')):<8} {figure(m.get('peak_mem_gib')):<8} "
@@ -383,6 +457,9 @@ def cmd_best(args: argparse.Namespace) -> int:
     finally:
         storage.close()
     _out(render_best(payload, args.format, st.model.get("num_layers")))
+    noise = payload.get("noise") or {}
+    if noise.get("message") and args.format not in ("json", "yaml"):
+        _err(f"dse: {noise['message']} (dse best --format json shows their intervals)")
     return 0
 
 

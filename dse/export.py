@@ -14,10 +14,12 @@ import yaml
 
 from dse.exceptions import NoCompleteTrialError
 from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
+from dse.noise import NoisyBest, exclude_changed, study_best
 from dse.records import BEST_FORMATS, BestFormat
+from dse.run_settings import effective_space
 from dse.space import SearchSpace, parse_space_text
 
-__all__ = ["best_payload", "render_best"]
+__all__ = ["best_payload", "noise_payload", "render_best"]
 
 
 #: How a trial was measured, when it says (its intervals, the measurement, the numerics
@@ -25,24 +27,36 @@ __all__ = ["best_payload", "render_best"]
 MEASUREMENT_DETAILS = ("tflops_per_gpu_ci", "step_time_ci_s", "measurement", "numerics")
 
 
-def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
-    """The best feasible trial of a study (or ``best``, a trial record of it) as the
-    ``dse best`` / REST payload.
+def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dict[str, Any]:
+    """The best configuration of a study (or ``best``, its noise-aware best already found)
+    as the ``dse best`` / REST payload.
+
+    The best is noise-aware (:mod:`dse.noise`): the configuration with the best pooled
+    objective over its trials, configurations flagged numerics ``changed`` by the loss-parity
+    guard left out unless the space allows them. ``trial`` is the configuration's first trial
+    (its metrics, source and loss-parity verdict ``numerics``); ``objective.value`` is the
+    pooled estimate (the trial's value when the configuration ran once); ``noise`` holds each
+    figure with its 95 % interval, the pooled trials and the configurations tied with it.
 
     Raises:
-        NoCompleteTrialError: the study has no complete trial yet.
+        NoCompleteTrialError: the study has no complete trial (eligible as best) yet.
         SpaceError: the stored space of the study no longer validates.
     """
-    best = best if best is not None else storage.best_trial(study.id, study.direction)
-    if best is None:
-        raise NoCompleteTrialError(f"study {study.name!r} has no complete trial yet")
-    space = _stored_space(study.space_yaml, study.name)
-    full = space.full_params(best.params)
-    m = best.metrics
+    space = effective_space(study.space_yaml, study.name, storage.get_study_attrs(study.id))
+    nb = best if best is not None else study_best(storage, study, space)
+    if nb is None:
+        raise NoCompleteTrialError(_why_no_best(storage, study, space))
+    t = nb.best.trial or storage.get_trial_by_number(study.id, nb.best.number, with_steps=False)
+    full = space.full_params(t.params)
+    m = t.metrics
     return {
         "study": study.name,
-        "trial": best.number,
-        "objective": {"metric": study.metric, "direction": study.direction, "value": best.value},
+        "trial": t.number,
+        "objective": {
+            "metric": study.metric,
+            "direction": study.direction,
+            "value": nb.best.objective.value,
+        },
         "params": full,
         "metrics": {
             "tflops_per_gpu": m.get("tflops_per_gpu"),
@@ -52,10 +66,46 @@ def best_payload(storage: Any, study: Any, best: Any = None) -> dict[str, Any]:
             "loss": m.get("loss"),
             **{k: m[k] for k in MEASUREMENT_DETAILS if k in m},
         },
-        "source": best.source,
+        "source": t.source,
         "model": study.model,
         "hardware": study.hardware,
+        "numerics": m.get("numerics"),
+        "noise": noise_payload(nb),
     }
+
+
+def noise_payload(nb: NoisyBest) -> dict[str, Any]:
+    """The ``noise`` block of a best payload (documented in docs/api.md, ``BestNoisePublic``)."""
+    b = nb.best
+    return {
+        "trials": list(b.trials),
+        "n_trials": b.n,
+        "figures": {k: f.as_dict() for k, f in b.figures.items()},
+        "interval_source": b.source,
+        "rel_sd": nb.rel_sd,
+        "tied": [
+            {
+                "trial": c.number,
+                "trials": list(c.trials),
+                "value": c.objective.value,
+                "ci": None if c.objective.ci is None else list(c.objective.ci),
+                "params": dict(c.params),
+            }
+            for c in nb.tied
+        ],
+        "message": nb.message,
+    }
+
+
+def _why_no_best(storage: Any, study: Any, space: SearchSpace) -> str:
+    base = f"study {study.name!r} has no complete trial yet"
+    if exclude_changed(space) and storage.best_trial(study.id, study.direction) is not None:
+        return (
+            f"study {study.name!r} has no complete trial eligible as best: every complete "
+            "trial is flagged numerics changed by the loss-parity guard (its loss drifts from "
+            "the baseline's; loss_parity.allow_changed_in_best: true admits them)"
+        )
+    return base
 
 
 @lru_cache(maxsize=64)

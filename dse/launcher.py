@@ -97,6 +97,10 @@ class TrialLauncher:
         tdir = (self.workdir / f"trial-{t.number:05d}").resolve()
         metrics = tdir / "metrics.jsonl"
         env, workload = trial_launch(s, t.params)
+        if s.workload.name == "replay":
+            # the k-th run of a configuration answers with its k-th measurement of the table
+            runs = self.storage.list_trials(t.study_id, params_key=t.params_key)
+            workload["repeat"] = sum(1 for r in runs if r.number < t.number)
         spec = self.spec(t, str(metrics), workload)
         argv: list[str] = []
         try:

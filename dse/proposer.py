@@ -236,7 +236,7 @@ class Proposer:
         on_progress: called with a progress line every :data:`PROGRESS_EVERY_S` seconds
             while one call keeps rejecting, and with the message of a capped call.
 
-    Proposals are screened in their canonical form (``space.apply_conditions``: inactive
+    Proposals are screened in their canonical form (``space.canonical``: inactive
     and inert knobs at their baseline, derived settings applied), so a configuration that
     only differs in a knob Megatron ignores is a duplicate. An agent that can take the
     rules (``set_validity``) gets them, to sample within them.
@@ -263,6 +263,7 @@ class Proposer:
         self.on_reject = on_reject
         self.on_progress = on_progress
         self._stalled = 0
+        self._baseline_key: str | None = None
         #: every rejection made by this proposer, in order
         self.rejections: list[Rejection] = []
         #: every duplicate answered from an earlier measurement, in order
@@ -347,7 +348,7 @@ class Proposer:
         rejected: list[Rejection],
         dups: list[Duplicate],
     ) -> Screened | None:
-        params = self.space.apply_conditions(_complete(self.space, prop.params))
+        params = self.space.canonical(prop.params)
         key = params_key(params)
         violations = check(self.space, params, self.features)
         if violations:
@@ -366,7 +367,7 @@ class Proposer:
                 Feedback("infeasible", metrics={"rule": first.rule}, failure_class="invalid"),
             )
             return None
-        if self.prescreen is not None:
+        if self.prescreen is not None and not self._is_reference(key):
             verdict = self.prescreen(dict(params))
             if verdict is not None:
                 failure_class, reason, metrics = verdict
@@ -392,18 +393,20 @@ class Proposer:
                 return None
         return Screened(prop.trial_id, dict(params), key)
 
+    def _is_reference(self, key: str) -> bool:
+        """The baseline, with the loss-parity guard on: its loss is the reference of every
+        trial, so a prediction never keeps it from running (only a rule does)."""
+        if not self.space.loss_parity.enabled:
+            return False
+        if self._baseline_key is None:
+            self._baseline_key = params_key(self.space.baseline())
+        return key == self._baseline_key
+
     def _rejected(self, rej: Rejection, rejected: list[Rejection]) -> None:
         rejected.append(rej)
         self.rejections.append(rej)
         if self.on_reject is not None:
             self.on_reject(rej)
-
-
-def _complete(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Every knob of the space (missing ones at the baseline), plus whatever else is given."""
-    if all(name in params for name in space.knobs):
-        return dict(params)
-    return {**space.baseline(), **params}
 
 
 def _tally(rejected: Sequence[Rejection]) -> str:

@@ -63,6 +63,9 @@ __all__ = [
     "StopReason",
     "STOP_REASONS",
     "PRUNED_STOP_REASON",
+    "NumericsStatus",
+    "NUMERICS_STATUSES",
+    "numerics_status",
     "finite",
     # records
     "TrialSpec",
@@ -73,6 +76,7 @@ __all__ = [
     "TrialPoint",
     "TrialRun",
     "gpu_slots_of",
+    "ConfigStats",
     "RejectionRecord",
     # the trial contract
     "StepLine",
@@ -188,6 +192,21 @@ StopReason = Literal["converged", "max_steps", "fixed", "dominated"]
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 #: The stop reason of a pruned trial.
 PRUNED_STOP_REASON: StopReason = "dominated"
+#: The loss-parity guard's verdict on a complete trial (``metrics["numerics"]["status"]``):
+#: ``baseline`` (the reference run: the first complete trial of the space's baseline
+#: configuration), ``ok`` (its per-step loss stays within the tolerance of the baseline's),
+#: ``changed`` (it drifts beyond it: the configuration trains another model; a flag, not a
+#: state), ``unchecked`` (no reference yet, or no loss to compare).
+NumericsStatus = Literal["ok", "changed", "unchecked", "baseline"]
+NUMERICS_STATUSES: tuple[NumericsStatus, ...] = get_args(NumericsStatus)
+
+
+def numerics_status(metrics: Mapping[str, Any] | None) -> NumericsStatus | None:
+    """The loss-parity status a trial's metrics hold (``metrics["numerics"]["status"]``), or
+    None when they hold none."""
+    v = (metrics or {}).get("numerics")
+    st = v.get("status") if isinstance(v, Mapping) else None
+    return st if st in NUMERICS_STATUSES else None
 
 
 def finite(x: object) -> float | None:
@@ -327,6 +346,15 @@ class TrialRecord:
     #: One entry per re-queue: ``{"at", "reason", "state", "runner", "host", "started_at",
     #: "log_path"}`` (what was interrupted, where and why).
     history: tuple[dict[str, Any], ...] = ()
+    #: A re-measurement: the number of the trial whose configuration this trial runs again
+    #: (a baseline repeat of the loss-parity guard, or a re-measure of a configuration
+    #: within noise of the best); None for a trial the agent proposed.
+    remeasure_of: int | None = None
+
+    @property
+    def numerics(self) -> NumericsStatus | None:
+        """The loss-parity status of the trial (:func:`numerics_status`)."""
+        return numerics_status(self.metrics)
 
 
 @dataclass(frozen=True)
@@ -389,6 +417,29 @@ class TrialPoint:
     tflops_per_gpu: float | None = None
     peak_mem_gib: float | None = None
     step_time_s: float | None = None
+    #: the loss-parity status (:data:`NumericsStatus`), None when not judged
+    numerics: NumericsStatus | None = None
+    #: the trial it re-measures (:attr:`TrialRecord.remeasure_of`)
+    remeasure_of: int | None = None
+
+
+@dataclass(frozen=True)
+class ConfigStats:
+    """The eligible trials of one stored configuration (``params_key``) in aggregate
+    (``Storage.best_configurations``): how many, the mean of their values and of the squares
+    of their values, and the first of them (its number and knob values)."""
+
+    params_key: str
+    params: dict[str, Any]
+    first_number: int
+    n: int
+    mean: float
+    mean_sq: float
+
+    @property
+    def m2(self) -> float:
+        """The sum of squared deviations of the values from their mean."""
+        return max(0.0, self.n * (self.mean_sq - self.mean * self.mean))
 
 
 @dataclass(frozen=True)

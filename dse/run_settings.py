@@ -14,6 +14,7 @@ unless the user confirms them (see :func:`untrusted_settings`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "check_same_identity",
     "identity_changes",
     "strip_imported",
+    "effective_space",
 ]
 
 #: Study attribute holding the effective run settings of the last run.
@@ -64,6 +66,7 @@ def run_settings(space: SearchSpace) -> dict[str, Any]:
         "measurement": space.measurement.model_dump(
             mode="json", include=set(space.measurement.RUN_FIELDS)
         ),
+        "loss_parity": space.loss_parity.model_dump(mode="json"),
     }
 
 
@@ -78,7 +81,7 @@ def with_run_settings(space: SearchSpace, settings: dict[str, Any], source: str)
         SpaceError: the stored settings do not validate (names ``source``).
     """
     data = space.model_dump(mode="json")
-    for key in ("budget", "agent", "runner", "prescreen"):
+    for key in ("budget", "agent", "runner", "prescreen", "loss_parity"):
         if isinstance(settings.get(key), dict):
             data[key] = settings[key]
     ms = settings.get("measurement")
@@ -95,6 +98,37 @@ def with_run_settings(space: SearchSpace, settings: dict[str, Any], source: str)
             **{k: wl[k] for k in ("table", "delay_s") if k in wl},
         }
     return _rebuild(space, data, source)
+
+
+def effective_space(space_yaml: str, name: str, attrs: dict[str, Any]) -> SearchSpace:
+    """The space a study's last run used: its stored space file with the stored run settings
+    (``attrs``: the study's attributes) in place of the file's own (what ``dse best``, the
+    API and ``dse status`` judge its trials with: the loss-parity guard, the re-measure
+    budget).
+
+    Raises:
+        SpaceError: the stored space (or its stored settings) no longer validates.
+    """
+    import json
+
+    stored = attrs.get(RUN_SETTINGS_ATTR)
+    key = json.dumps(stored, sort_keys=True) if isinstance(stored, dict) else ""
+    return _effective(space_yaml, name, key)
+
+
+@functools.lru_cache(maxsize=64)
+def _effective(space_yaml: str, name: str, settings_json: str) -> SearchSpace:
+    # cached: a stored space never changes, and spaces are frozen
+    import json
+
+    from dse.space import parse_space_text
+
+    space = parse_space_text(space_yaml, f"study {name!r}")
+    if settings_json:
+        space = with_run_settings(
+            space, json.loads(settings_json), f"study {name!r} (stored run settings)"
+        )
+    return space
 
 
 def apply_overrides(space: SearchSpace, ov: RunOverrides, source: str) -> SearchSpace:

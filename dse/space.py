@@ -51,6 +51,7 @@ __all__ = [
     "KnobSpec",
     "Objective",
     "Budget",
+    "LossParity",
     "AgentSpec",
     "RunnerSpec",
     "LocalOptions",
@@ -494,6 +495,58 @@ class Budget(_Strict):
         300, gt=0, description="Kill a trial that writes no step for this long."
     )
     repeats: bool = Field(False, description="Run a configuration again when proposed again.")
+    remeasure: int = Field(
+        2,
+        ge=0,
+        le=1000,
+        description="Re-measurements before the study names a best: once the trials are "
+        "spent, configurations whose interval overlaps the best's run again (one more trial "
+        "each, recorded with remeasure_of), up to this many trials on top of n_trials. 0: "
+        "never.",
+    )
+
+
+class LossParity(_Strict):
+    """The loss-parity guard: every complete trial's per-step loss is compared with the
+    baseline's (the first complete trial of the space's baseline configuration) on the
+    steps both ran; a configuration that drifts beyond the tolerance is flagged
+    ``numerics: changed`` and kept out of the best (``dse.numerics``)."""
+
+    enabled: bool = Field(True, description="Compare every trial's loss with the baseline's.")
+    rel_tolerance: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Floor of the relative tolerance (|loss - baseline loss| / baseline "
+        "loss at any step compared). Default by precision: 0.005 in bf16/fp16 (execution "
+        "knobs move a bf16 loss of ~10.7 by up to ~0.02), 0.001 in fp32.",
+    )
+    noise_factor: float = Field(
+        3.0,
+        ge=1,
+        le=1000,
+        description="The tolerance is max(rel_tolerance, noise_factor x the largest drift "
+        "measured between two runs of one configuration: baseline repeats, re-measures).",
+    )
+    baseline_repeats: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Extra runs of the baseline (on top of budget.n_trials) that measure "
+        "the run-to-run loss noise.",
+    )
+    allow_changed_in_best: bool = Field(
+        False, description="Let a configuration flagged numerics-changed be named best."
+    )
+
+    @model_validator(mode="after")
+    def _repeats_need_the_guard(self) -> LossParity:
+        if self.baseline_repeats and not self.enabled:
+            raise ValueError(
+                "loss_parity.baseline_repeats needs loss_parity.enabled: true "
+                f"(baseline_repeats={self.baseline_repeats}, enabled=False)"
+            )
+        return self
 
 
 class AgentSpec(_Strict):
@@ -832,6 +885,10 @@ class SearchSpace(_Strict):
         description="How a trial measures its step time (fixed window or adaptive length) "
         "and whether dominated trials stop early; see dse/measure.py.",
     )
+    loss_parity: LossParity = Field(
+        default_factory=lambda: LossParity(),
+        description="The loss-parity guard (every trial's loss against the baseline's).",
+    )
     storage: str = Field(
         "sqlite:///dse.db",
         max_length=B.MAX_PATH_CHARS,
@@ -978,6 +1035,18 @@ class SearchSpace(_Strict):
                 out[name] = default if default in spec.values() else spec.values()[0]
         return self.apply_conditions(out)
 
+    def canonical(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The canonical form of a configuration: every knob (missing ones at their baseline
+        value), nothing else, conditions, inert knobs and derivations applied
+        (:meth:`apply_conditions`). Two configurations with the same canonical form are the
+        same run: one trial, one configuration of the best."""
+        if all(name in params for name in self.knobs):
+            out = {name: params[name] for name in self.knobs}
+        else:
+            base = self.baseline()
+            out = {name: params[name] if name in params else base[name] for name in self.knobs}
+        return self.apply_conditions(out)
+
     def apply_conditions(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The canonical form of a configuration: inactive conditional knobs take their
         baseline value, and so do knobs that do nothing in its layout; a knob that a
@@ -1080,6 +1149,11 @@ class SearchSpace(_Strict):
             exclude["prescreen"] = {"coefficients"}
         if self.measurement == MeasurementSpec():  # added later: counted only when set
             exclude["measurement"] = True
+        # settings added later count only when set, so earlier studies keep their hash
+        if self.loss_parity == LossParity():
+            exclude["loss_parity"] = True
+        if self.budget.remeasure == Budget.model_fields["remeasure"].default:
+            exclude["budget"] = {"remeasure"}
         text = self.model_dump_json(exclude=exclude or None)
         return hashlib.sha256(text.encode()).hexdigest()
 

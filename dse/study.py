@@ -36,7 +36,9 @@ from dse.gpu_usage import (
     trial_timing,
 )
 from dse.launcher import TrialLauncher, trial_launch
+from dse.loss_guard import LossGuard
 from dse.names import display_name
+from dse.noise import ConfigEstimate, NoisyBest, remeasure_plan, study_best
 from dse.objective import objective_value
 from dse.reconcile import HEARTBEAT_S, STALE_S, Owner, Reconciler
 from dse.records import FINISHED_STATES, Outcome, TrialRecord
@@ -46,7 +48,7 @@ from dse.run_settings import (
     check_same_identity,
     run_settings,
 )
-from dse.space import SearchSpace, parse_space
+from dse.space import SearchSpace, params_key, parse_space
 
 if TYPE_CHECKING:
     from dse.agents import BaseAgent
@@ -72,6 +74,9 @@ TICK_S = 0.05
 STATE_CHECK_S = 2.0
 #: Launch failures in a row after which the study stops (the runner cannot work here).
 MAX_LAUNCH_FAILURES = 3
+#: Failed runs of the baseline after which the loss-parity guard stops asking for another
+#: (its reference is then missing: trials stay ``unchecked``).
+MAX_BASELINE_RUNS = 2
 
 
 def detect_trial_features(space: SearchSpace, python: str | None = None) -> set[str] | None:
@@ -106,6 +111,8 @@ class StudyResult:
     counts: dict[str, int]
     best: TrialRecord | None
     rejections: int
+    #: the noise-aware best (intervals, pooled trials, ties); None without a complete trial
+    noisy_best: NoisyBest | None = None
     stopped: bool = False
     reasons: list[str] = field(default_factory=list)
     #: why the loop stopped before the budget (a signal name, "stop requested", ...)
@@ -113,6 +120,18 @@ class StudyResult:
     #: what stopped it: "request" (a signal, the API, a caller), "wall_clock" (the budget's
     #: wall_clock_s), "launch" (trials could not be launched: the runner cannot work here)
     stop_kind: str | None = None
+
+
+def best_text(nb: NoisyBest) -> str:
+    """``451.2 [447.0, 455.4] (trial 3, 2 runs)``, and the tie when there is one."""
+    from dse.figures import figure
+
+    o = nb.best.objective
+    ci = "" if o.ci is None or o.ci[0] >= o.ci[1] else f" [{figure(o.ci[0])}, {figure(o.ci[1])}]"
+    runs = nb.best.n
+    text = f"{figure(o.value)}{ci} (trial {nb.best.number}"
+    text += f", {runs} runs)" if runs > 1 else ")"
+    return text + (f"; {nb.message}" if nb.message else "")
 
 
 def resume_hint(study: str, storage_url: str) -> str:
@@ -309,7 +328,9 @@ class StudyRunner:
                 self.space, self.storage, self.runner, self.owner,
                 features=self.features, workdir=self.workdir, progress=self.progress,
             )  # fmt: skip
+            self.guard = LossGuard(self.space, self.storage, study_id, progress=self.progress)
             self.reconciler.reconcile(study_id)
+            self.guard.judge_all()  # trials reconciled, or judged under other settings
             self.session.restore()
             complete = self._loop(study_id)
         except KeyboardInterrupt:  # a second signal while stopping: stop now
@@ -327,10 +348,15 @@ class StudyRunner:
         return self._finish_study(study_id, complete)
 
     def _loop(self, study_id: int) -> bool:
-        """Launch and collect trials until the budget is spent (True) or a stop (False)."""
+        """Launch and collect trials until the budget is spent (True) or a stop (False).
+
+        ``budget.n_trials`` counts the trials the agent proposes (a baseline run again after
+        it failed included); re-measurements (``loss_parity.baseline_repeats``, then up to
+        ``budget.remeasure`` re-measures of configurations tied within noise with the best,
+        once the trials are spent) come on top."""
         s = self.space
         budget = s.budget.n_trials
-        counts = self.storage.count_trials(study_id)
+        counts = self._counts(study_id)
         exhausted = False
         launch_failures = 0
         next_beat = next_state = time.monotonic()
@@ -347,15 +373,26 @@ class StudyRunner:
                     worker=fin.worker,
                 )
                 busy = True
+            if busy:  # what just finished decides what runs next (a failed baseline)
+                counts = self._counts(study_id)
             out_of_time = (
                 s.budget.wall_clock_s is not None
                 and time.time() - self._started_wall > s.budget.wall_clock_s
             )
             free = self.runner.free_slots()
+            proposed = counts["total"] - counts["remeasure"]
             if free > 0 and not out_of_time and self._stop is None:
                 n, failed = self._launch_queued(study_id, free)
-                if free - n > 0 and not exhausted and counts["total"] + n < budget:
-                    n2, failed2, exhausted = self._launch_new(study_id, free - n, budget)
+                if free - n > 0 and proposed + n < budget:
+                    n2, failed2 = self._launch_baseline(study_id, free - n, counts)
+                    n, failed = n + n2, failed + failed2
+                if free - n > 0:
+                    n2, failed2 = self._launch_baseline_repeats(study_id, free - n, counts)
+                    n, failed = n + n2, failed + failed2
+                if free - n > 0 and not exhausted and proposed + n < budget:
+                    n2, failed2, exhausted = self._launch_new(
+                        study_id, free - n, budget + counts["remeasure"]
+                    )
                     n, failed = n + n2, failed + failed2
                 busy = busy or n > 0 or failed > 0
                 launch_failures = 0 if n > failed else launch_failures + failed
@@ -364,19 +401,19 @@ class StudyRunner:
                         f"{launch_failures} trials in a row could not be launched", "launch"
                     )
             if busy:
-                counts = self.storage.count_trials(study_id)
+                counts = self._counts(study_id)
             now = time.monotonic()
             if now >= next_beat:  # heartbeat; counts of other controllers refreshed with it
                 next_beat = now + HEARTBEAT_S
                 self.reconciler.heartbeat(self.runner.running())
                 self._record_held()
-                counts = self.storage.count_trials(study_id)
+                counts = self._counts(study_id)
                 if not self.runner.running() and counts.get("queued", 0) + counts.get(
                     "running", 0
                 ):
                     # another controller's trials: wait for them (or their staleness)
                     if self.reconciler.reconcile(study_id):
-                        counts = self.storage.count_trials(study_id)
+                        counts = self._counts(study_id)
             if now >= next_state:
                 next_state = now + STATE_CHECK_S
                 if self.storage.get_study(s.study).state == "stopping":
@@ -386,15 +423,125 @@ class StudyRunner:
                 and counts.get("queued", 0) == 0
                 and counts.get("running", 0) == 0
             )
+            proposed = counts["total"] - counts["remeasure"]
             if idle and out_of_time:
                 self.request_stop(
                     f"wall-clock budget of {s.budget.wall_clock_s:g} s spent", "wall_clock"
                 )
-            elif idle and (counts["total"] >= budget or exhausted):
-                return True
+            elif idle and (proposed >= budget or exhausted):
+                # the trials are spent: re-measure what is tied with the best, then finish
+                n, failed = self._launch_remeasures(study_id, self.runner.free_slots(), counts)
+                if n == 0:
+                    return True
+                busy = True
+                counts = self._counts(study_id)
             if not busy and self._stop is None:
                 time.sleep(TICK_S)
         return False
+
+    def _counts(self, study_id: int) -> dict[str, int]:
+        """Trials per state, ``total``, and ``remeasure`` (re-measurement trials)."""
+        counts = self.storage.count_trials(study_id)
+        counts["remeasure"] = self.storage.count_numerics(study_id)["remeasure"]
+        return counts
+
+    # --- the baseline and re-measurements ---------------------------------------------------
+    def _launch_baseline(
+        self, study_id: int, free: int, counts: dict[str, int]
+    ) -> tuple[int, int]:
+        """With the loss-parity guard on, run the baseline again when every run of it failed
+        (a crash, a timeout: its loss is the reference), at most :data:`MAX_BASELINE_RUNS`
+        times. A fresh study needs nothing here: an agent's first proposal is the baseline."""
+        if not self.space.loss_parity.enabled or free <= 0 or counts.get("failed", 0) == 0:
+            return 0, 0
+        base = self.space.baseline()
+        runs = self.storage.list_trials(study_id, params_key=params_key(base))
+        if not runs or any(t.state != "failed" for t in runs) or len(runs) >= MAX_BASELINE_RUNS:
+            return 0, 0
+        t = self.storage.claim_trial(
+            study_id=study_id,
+            params=base,
+            params_key=params_key(base),
+            budget=self.space.budget.n_trials + counts["remeasure"],
+            runner=self.owner,
+        )
+        if t is None:
+            return 0, 0
+        self.progress(f"trial {t.number}: the baseline again (its earlier runs failed; its "
+                      "loss is the loss-parity reference)")  # fmt: skip
+        return 1, int(not self._submit(t))
+
+    def _remeasure_cap(self) -> int:
+        lp = self.space.loss_parity
+        return (lp.baseline_repeats if lp.enabled else 0) + self.space.budget.remeasure
+
+    def _claim_remeasure(
+        self, study_id: int, of: TrialRecord | ConfigEstimate, counts: dict[str, int]
+    ) -> bool:
+        """Claim and launch a re-measurement of the configuration of trial ``of`` (or of a
+        configuration's first trial)."""
+        t = self.storage.claim_trial(
+            study_id=study_id,
+            params=dict(of.params),
+            params_key=of.params_key,
+            budget=self.space.budget.n_trials + counts["remeasure"] + 1,
+            runner=self.owner,
+            remeasure_of=of.number,
+        )
+        if t is None:
+            return False
+        counts["remeasure"] += 1
+        counts["total"] += 1
+        self._submit(t)
+        return True
+
+    def _launch_baseline_repeats(
+        self, study_id: int, free: int, counts: dict[str, int]
+    ) -> tuple[int, int]:
+        """``loss_parity.baseline_repeats`` more runs of the baseline (they measure the
+        run-to-run loss noise the tolerance is derived from), once the baseline is claimed."""
+        lp = self.space.loss_parity
+        if not lp.enabled or lp.baseline_repeats <= 0 or free <= 0:
+            return 0, 0
+        if counts["remeasure"] >= self._remeasure_cap():
+            return 0, 0
+        runs = self.storage.list_trials(study_id, params_key=params_key(self.space.baseline()))
+        first = next((t for t in runs if t.remeasure_of is None), None)
+        if first is None:
+            return 0, 0
+        done = sum(1 for t in runs if t.remeasure_of == first.number)
+        n = 0
+        while n < min(free, lp.baseline_repeats - done):
+            if not self._claim_remeasure(study_id, first, counts):
+                break
+            n += 1
+        if n:
+            self.progress(f"baseline repeat(s) of trial {first.number}: {n} (loss-parity noise)")
+        return n, 0
+
+    def _launch_remeasures(
+        self, study_id: int, free: int, counts: dict[str, int]
+    ) -> tuple[int, int]:
+        """Re-measure the configurations tied within noise with the best (one more trial
+        each, fewest trials first), within ``budget.remeasure``; (launched, 0)."""
+        left = min(free, self._remeasure_cap() - counts["remeasure"])
+        if left <= 0 or self.space.budget.remeasure <= 0:
+            return 0, 0
+        study = self.storage.get_study_by_id(study_id)
+        nb = study_best(self.storage, study, self.space)
+        if nb is None:
+            return 0, 0
+        n = 0
+        for c in remeasure_plan(nb, left):
+            if not self._claim_remeasure(study_id, c, counts):
+                break
+            n += 1
+        if n:
+            self.progress(
+                f"{nb.message}: re-measuring {n} of them (budget.remeasure "
+                f"{self.space.budget.remeasure}) before naming a best"
+            )
+        return n, 0
 
     def _release(self, reason: str) -> int:
         """Kill this controller's running trials and re-queue them; how many."""
@@ -405,20 +552,24 @@ class StudyRunner:
 
     def _finish_study(self, study_id: int, complete: bool) -> StudyResult:
         s = self.space
-        counts = self.storage.count_trials(study_id)
+        counts = self._counts(study_id)
         self.storage.set_study_state(s.study, "complete" if complete else "stopped")
-        best = self.storage.best_trial(study_id, s.objective.direction)
+        nb = study_best(self.storage, self.storage.get_study_by_id(study_id), self.space)
+        best = None
+        if nb is not None:
+            best = nb.best.trial or self.storage.get_trial_by_number(study_id, nb.best.number)
         rej = sum(self.storage.count_rejections(study_id).values())
         if complete:
-            self.progress(self._status_line(counts, best, rej, prefix="done:"))
+            self.progress(self._status_line(counts, nb, rej, prefix="done:"))
         else:
-            self.progress(self._status_line(counts, best, rej, prefix=f"stopped ({self._stop}):"))
+            self.progress(self._status_line(counts, nb, rej, prefix=f"stopped ({self._stop}):"))
             self.progress(resume_hint(s.study, self.storage.url))
         return StudyResult(
             s.study,
             counts,
             best,
             rej,
+            nb,
             stopped=not complete,
             stop_reason=self._stop,
             stop_kind=self._stop_kind,
@@ -514,13 +665,14 @@ class StudyRunner:
         rec = self.storage.finish_trial(
             trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s, host=placement
         )
+        rec = self.guard.on_finished(rec)  # the loss-parity verdict (metrics["numerics"])
         self.session.tell(rec, outcome)
         if self.on_trial is not None:
             self.on_trial(rec)
         if isinstance(self.progress, Progress) and self.progress.quiet:
             return
-        counts = self.storage.count_trials(rec.study_id)
-        best = self.storage.best_trial(rec.study_id, s.objective.direction)
+        counts = self._counts(rec.study_id)
+        nb = study_best(self.storage, self.storage.get_study_by_id(rec.study_id), s)
         rej = sum(self.storage.count_rejections(rec.study_id).values())
         what = (
             f"{s.objective.metric}={rec.value:.4g}"
@@ -528,24 +680,28 @@ class StudyRunner:
             if rec.value is not None
             else f"{rec.failure_class}: {(rec.reason or '')[:120]}"
         )
+        if rec.numerics == "changed":
+            what += ", numerics changed"
+        if rec.remeasure_of is not None:
+            what += f", re-measures trial {rec.remeasure_of}"
         self.progress(
             f"trial {rec.number} {rec.state} ({what}) | "
-            + self._status_line(counts, best, rej, prefix="")
+            + self._status_line(counts, nb, rej, prefix="")
         )
 
     def _status_line(
-        self, counts: dict[str, int], best: TrialRecord | None, rej: int, prefix: str
+        self, counts: dict[str, int], nb: NoisyBest | None, rej: int, prefix: str
     ) -> str:
         budget = self.space.budget.n_trials
+        again = counts.get("remeasure", 0)
         done = sum(counts.get(k, 0) for k in FINISHED_STATES)
-        b = (
-            f"best {best.value:.4g} (trial {best.number})"
-            if best is not None and best.value is not None
-            else "best -"
-        )
+        if again:  # re-measurements come on top of the budget (finished or not)
+            done = max(0, done - again)
+        b = "best -" if nb is None else "best " + best_text(nb)
+        extra = f" (+{again} re-measures)" if again else ""
         pruned = counts.get("pruned", 0)
         return (
-            f"{prefix} {done}/{budget} done, {counts.get('running', 0)} running, "
+            f"{prefix} {done}/{budget} done{extra}, {counts.get('running', 0)} running, "
             f"{counts.get('failed', 0)} failed, {counts.get('infeasible', 0)} infeasible, "
             + (f"{pruned} pruned, " if pruned else "")
             + f"{rej} rejected before launch, {b}"

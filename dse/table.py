@@ -4,9 +4,13 @@ A table is JSON Lines, one measured configuration a line (see the shared data RE
 
     {"params": {...knobs...}, "status": "ok" | "oom" | "invalid" | "error",
      "metrics": {"tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib",
-                 "loss": [per step], "error": "..."},
+                 "loss": [per step], "step_times_s": [per step, optional], "error": "..."},
      "world_size": 1, "model": {...architecture, global_batch_size, seq_length, precision},
      "hardware": {"gpu": "...", "gpu_memory_gib": 139.8}}
+
+Several rows of one configuration are repeated measurements of it (the replay answers a
+configuration's re-measurements with them in turn); ``step_times_s`` gives the per-step times
+its intervals come from.
 
 Two layers read tables: the replay workload (``dse.workloads.replay``), which answers trials
 from them, and the cost model's evaluation (``dse estimate --table``). Both read rows here;

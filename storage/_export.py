@@ -13,7 +13,7 @@ Format (``format_version`` 1)::
       "trials": [{"number", "state", "params", "params_key", "metrics", "value",
                   "failure_class", "reason", "source", "runner", "host", "log_path",
                   "metrics_path", "queued_at", "started_at", "finished_at", "heartbeat_at",
-                  "gpu_seconds", "attempts", "history",
+                  "gpu_seconds", "attempts", "history", "remeasure_of",
                   "steps": [{"step", "step_time_s", "tflops_per_gpu", "peak_mem_gib",
                              "peak_reserved_gib", "loss", "grad_norm"}, ...]}, ...],
       "rejections": [{"params", "params_key", "kind", "rule", "reason", "values",
@@ -56,7 +56,7 @@ from dse.bounds import (
     printable,
 )
 from dse.exceptions import StudyFormatError
-from dse.records import STUDY_STATES, TRIAL_STATES, Direction
+from dse.records import STUDY_STATES, TRIAL_STATES, Direction, numerics_status
 from dse.storage._models import (
     RejectionModel,
     StudyAttrModel,
@@ -125,6 +125,7 @@ class TrialExport(_Strict):
     gpu_seconds: _Value | None = None
     attempts: int = Field(0, ge=0, le=2**31 - 1)
     history: list[dict[str, Any]] = Field(default_factory=list)
+    remeasure_of: int | None = Field(None, ge=0, le=2**31 - 1)
     steps: list[StepExport] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -351,6 +352,7 @@ def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any
                 "gpu_seconds": t.gpu_seconds,
                 "attempts": t.attempts,
                 "history": list(t.history or []),
+                "remeasure_of": t.remeasure_of,
                 "steps": [
                     {
                         "step": st.step,
@@ -402,6 +404,7 @@ def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
     for t in export.trials:
         row = TrialModel(
             study_id=study.id,
+            numerics=numerics_status(t.metrics),  # the column follows the metrics' verdict
             **t.model_dump(exclude={"steps"}),
         )
         s.add(row)

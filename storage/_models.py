@@ -33,6 +33,7 @@ from dse.records import (
     Direction,
     FailureClass,
     Metric,
+    NumericsStatus,
     RejectionKind,
     Source,
     StudyState,
@@ -120,7 +121,19 @@ class TrialModel(Base):
         Index("ix_trials_study_id_state_gpu_seconds", "study_id", "state", "gpu_seconds"),
         # ordered pages by value (ties by number) and the best trial walk the index (0002)
         Index("ix_trials_study_id_value_number", "study_id", "value", "number"),
-        Index("ix_trials_study_id_params_key", "study_id", "params_key"),
+        # duplicates of a configuration, and the noise-aware best's aggregates per
+        # configuration from the index alone (0003)
+        Index(
+            "ix_trials_study_id_params_key_state_value",
+            "study_id",
+            "params_key",
+            "state",
+            "numerics",
+            "value",
+            "number",
+        ),  # fmt: skip
+        # best without numerics-changed trials, and their count per study (0003)
+        Index("ix_trials_study_id_numerics", "study_id", "numerics"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -145,6 +158,10 @@ class TrialModel(Base):
     gpu_seconds: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer)
     history: Mapped[Any] = mapped_column(JSONText, nullable=False)
+    #: the status of ``metrics["numerics"]`` (kept in step with it by the repository)
+    numerics: Mapped[NumericsStatus | None] = mapped_column(String(16))
+    #: the number of the trial whose configuration this one re-measures
+    remeasure_of: Mapped[int | None] = mapped_column(Integer)
 
 
 class TrialParamModel(Base):

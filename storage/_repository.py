@@ -53,9 +53,11 @@ from dse.records import (
     FINISHED_STATES,
     IMPORTED_ATTR,
     MEASURED_STATES,
+    NUMERICS_STATUSES,
     STUDY_STATES,
     TAKEN_STATES,
     TRIAL_STATES,
+    ConfigStats,
     FinishedState,
     Outcome,
     OutcomeStatus,
@@ -66,6 +68,7 @@ from dse.records import (
     TrialRun,
     finite,
     gpu_slots_of,
+    numerics_status,
 )
 from dse.storage._engine import (
     SessionScope,
@@ -359,6 +362,7 @@ class Storage:
         budget: int,
         allow_repeat: bool = False,
         runner: str | None = None,
+        remeasure_of: int | None = None,
     ) -> TrialRecord | None:
         """Atomically add a ``queued`` trial with the next number, within the budget.
 
@@ -374,6 +378,8 @@ class Storage:
             allow_repeat: claim even if a trial of this configuration is queued, running,
                 complete or infeasible (failed ones never block a retry).
             runner: the claiming owner (e.g. ``host:pid:token``); its heartbeat starts now.
+            remeasure_of: a re-measurement of the configuration of that trial number (the
+                configuration is taken by definition: ``allow_repeat`` is implied).
 
         Returns:
             The new trial, or None when the budget is spent or the configuration is taken.
@@ -397,7 +403,7 @@ class Storage:
             ).one()
             if total >= budget:
                 return None
-            if not allow_repeat:
+            if not allow_repeat and remeasure_of is None:
                 taken = s.execute(
                     select(TrialModel.id)
                     .where(
@@ -422,6 +428,7 @@ class Storage:
                 heartbeat_at=now,
                 attempts=0,
                 history=[],
+                remeasure_of=remeasure_of,
             )
             s.add(row)
             s.flush()
@@ -528,7 +535,9 @@ class Storage:
         node names and GPU indices).
 
         Stores the metrics, value, failure class and reason, source, finish time, GPU-seconds
-        and the per-step metrics (replacing any earlier steps of the trial).
+        and the per-step metrics (replacing any earlier steps of the trial). A ``numerics``
+        entry of the outcome's metrics is dropped: the loss-parity verdict is set by
+        :meth:`set_trial_numerics` only.
 
         Idempotent and never loses a result: a ``complete`` or ``pruned`` trial is returned
         unchanged; a trial already failed / infeasible is returned unchanged unless the new
@@ -551,7 +560,10 @@ class Storage:
             if row.state in MEASURED_STATES or (row.state in FINISHED_STATES and not outcome.ok):
                 return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             row.state = state
-            row.metrics = dict(outcome.metrics)
+            # the loss-parity verdict is the controller's (set_trial_numerics), never the
+            # trial's own: a metrics file cannot certify itself
+            row.metrics = {k: v for k, v in outcome.metrics.items() if k != "numerics"}
+            row.numerics = None
             row.value = value
             row.failure_class = outcome.failure_class
             row.reason = outcome.reason
@@ -602,6 +614,38 @@ class Storage:
 
         return self._db.run(fn, write=True, what=f"requeue trial {trial_id}")
 
+    def set_trial_numerics(self, trial_id: int, verdict: dict[str, Any] | None) -> TrialRecord:
+        """Store the loss-parity verdict of a finished trial as ``metrics["numerics"]`` (None:
+        remove it); the ``numerics`` column, which :meth:`best_trial` and
+        :meth:`count_numerics` read, follows its ``status``. A trial that is not finished is
+        returned unchanged.
+
+        Raises:
+            TrialNotFoundError: no such trial.
+            ValueError: the verdict is not JSON, or its status is not a numerics status.
+        """
+        if verdict is not None:
+            _check_json(verdict, "verdict")
+            if verdict.get("status") not in NUMERICS_STATUSES:
+                raise ValueError(
+                    f"verdict status must be one of {NUMERICS_STATUSES}, "
+                    f"got {verdict.get('status')!r}"
+                )
+
+        def fn(s: Session) -> TrialRecord:
+            row = _trial_or_raise(s, trial_id, for_update=True)
+            if row.state in FINISHED_STATES:
+                metrics = dict(row.metrics or {})
+                if verdict is None:
+                    metrics.pop("numerics", None)
+                else:
+                    metrics["numerics"] = dict(verdict)
+                row.metrics = metrics
+                row.numerics = numerics_status(metrics)
+            return trial_record(row)
+
+        return self._db.run(fn, write=True, what=f"set the numerics of trial {trial_id}")
+
     # --- trials: reads --------------------------------------------------------------------
 
     def get_trial(self, trial_id: int, *, with_steps: bool = True) -> TrialRecord:
@@ -649,11 +693,18 @@ class Storage:
         offset: int = 0,
         order: str = "number",
         with_steps: bool = False,
+        params_key: str | Sequence[str] | None = None,
+        remeasure: bool | None = None,
+        numbers: Sequence[int] | None = None,
     ) -> list[TrialRecord]:
         """A study's trials.
 
         Args:
             state: only this state.
+            params_key: only trials of this configuration (or of these).
+            remeasure: True: only re-measurements (``remeasure_of`` set); False: only the
+                others.
+            numbers: only these trial numbers.
             limit, offset: a page.
             order: ``number``, ``-number``, ``value`` or ``-value`` (trials without a value
                 last, ties by number).
@@ -668,6 +719,15 @@ class Storage:
             where = [TrialModel.study_id == study_id]
             if state is not None:
                 where.append(TrialModel.state == state)
+            if isinstance(params_key, str):
+                where.append(TrialModel.params_key == params_key)
+            elif params_key is not None:
+                where.append(TrialModel.params_key.in_(list(params_key)))
+            if remeasure is not None:
+                col = TrialModel.remeasure_of
+                where.append(col.is_not(None) if remeasure else col.is_(None))
+            if numbers is not None:
+                where.append(TrialModel.number.in_(list(numbers)))
             rows: Sequence[TrialModel]
             if limit is None and offset == 0:
                 rows = s.scalars(_ordered(select(TrialModel).where(*where), order)).all()
@@ -699,7 +759,7 @@ class Storage:
             rows = s.execute(
                 select(
                     t.id, t.number, t.state, t.params, t.value, t.failure_class, t.reason,
-                    t.gpu_seconds, t.metrics,
+                    t.gpu_seconds, t.metrics, t.numerics, t.remeasure_of,
                 )
                 .where(t.study_id == study_id)
                 .order_by(t.number)
@@ -720,6 +780,8 @@ class Storage:
                         tflops_per_gpu=finite(m.get("tflops_per_gpu")),
                         peak_mem_gib=finite(m.get("peak_mem_gib")),
                         step_time_s=finite(m.get("step_time_s")),
+                        numerics=r.numerics,
+                        remeasure_of=r.remeasure_of,
                     )  # fmt: skip
                 )
             return out
@@ -798,6 +860,35 @@ class Storage:
 
         return self._db.run(fn, write=False, what="count trials")
 
+    def count_numerics(self, study_id: int) -> dict[str, int]:
+        """Complete trials per loss-parity status (every status present, 0 if none), and
+        ``"remeasure"``: the study's re-measurement trials (any state)."""
+
+        def fn(s: Session) -> dict[str, int]:
+            rows = s.execute(
+                select(TrialModel.numerics, func.count(TrialModel.id))
+                .where(
+                    TrialModel.study_id == study_id,
+                    TrialModel.numerics.is_not(None),
+                    TrialModel.state == "complete",
+                )
+                .group_by(TrialModel.numerics)
+            ).all()
+            out: dict[str, int] = dict.fromkeys(NUMERICS_STATUSES, 0)
+            for st, n in rows:
+                if st is not None:
+                    out[st] = int(n)
+            out["remeasure"] = int(
+                s.execute(
+                    select(func.count(TrialModel.id)).where(
+                        TrialModel.study_id == study_id, TrialModel.remeasure_of.is_not(None)
+                    )
+                ).scalar_one()
+            )
+            return out
+
+        return self._db.run(fn, write=False, what="count numerics")
+
     def gpu_seconds(self, study_id: int) -> float:
         """GPU-seconds spent by a study's trials (the sum over trials that recorded it; 0.0
         when none did)."""
@@ -838,22 +929,17 @@ class Storage:
         direction: str,
         *,
         value_range: tuple[float, float] | None = None,
+        exclude_changed: bool = False,
     ) -> TrialRecord | None:
         """The complete trial with the best value (ties: the lowest number), or None. A
         ``pruned`` trial is never the best (it stopped early, dominated).
 
         ``value_range=(low, high)``: only values with ``low < value <= high`` count (this
-        also leaves out infinities and NaN).
+        also leaves out infinities and NaN). ``exclude_changed``: trials the loss-parity
+        guard flagged (numerics ``changed``) do not count.
         """
         _check_direction(direction)
-
-        where = [
-            TrialModel.study_id == study_id,
-            TrialModel.state == "complete",
-            TrialModel.value.is_not(None),
-        ]
-        if value_range is not None:
-            where += [TrialModel.value > value_range[0], TrialModel.value <= value_range[1]]
+        where = _best_where(study_id, value_range, exclude_changed)
 
         def fn(s: Session) -> TrialRecord | None:
             # Two index walks on (study_id, value, number): the best value, then the lowest
@@ -875,6 +961,139 @@ class Storage:
             return None if row is None else trial_record(row)
 
         return self._db.run(fn, write=False, what="best trial")
+
+    def best_candidates(
+        self,
+        study_id: int,
+        direction: str,
+        *,
+        limit: int,
+        value_range: tuple[float, float] | None = None,
+        exclude_changed: bool = False,
+        with_steps: bool = True,
+    ) -> list[TrialRecord]:
+        """The complete trials a noise-aware best chooses among: the ``limit`` best by value
+        (as :meth:`best_trial` counts them), and every other complete trial of the same
+        configurations (``params_key``), whatever its value (re-measures of them), by number.
+        """
+        _check_direction(direction)
+        where = _best_where(study_id, value_range, exclude_changed)
+
+        def fn(s: Session) -> list[TrialRecord]:
+            value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            # one index walk on (study_id, value, number), as in best_trial
+            top = s.execute(
+                select(TrialModel.id, TrialModel.params_key)
+                .where(*where)
+                .order_by(value)
+                .limit(limit)
+            ).all()
+            if not top:
+                return []
+            keys = sorted({k for _, k in top})
+            # plain rows, not ORM objects (same attribute names), as in list_trials' pages
+            rows = [
+                cast(TrialModel, r)
+                for r in s.execute(
+                    select(*TrialModel.__table__.c)
+                    .where(*where, TrialModel.params_key.in_(keys))
+                    .order_by(TrialModel.number)
+                )
+            ]
+            steps = steps_of(s, [r.id for r in rows]) if with_steps else {}
+            return [trial_record(r, steps.get(r.id, ())) for r in rows]
+
+        return self._db.run(fn, write=False, what="best candidates")
+
+    def trials_of_configurations(
+        self,
+        study_id: int,
+        params_keys: Sequence[str],
+        *,
+        state: str | None = None,
+        with_steps: bool = False,
+    ) -> list[TrialRecord]:
+        """Every trial of these configurations (``params_key``), by number (one index walk
+        per configuration, whatever the size of the study)."""
+        keys = sorted(set(params_keys))
+        if not keys:
+            return []
+
+        def fn(s: Session) -> list[TrialRecord]:
+            where = [TrialModel.study_id == study_id, TrialModel.params_key.in_(keys)]
+            if state is not None:
+                where.append(TrialModel.state == state)
+            # no ORDER BY: sorting by number in SQL made SQLite walk the study by number
+            rows = [
+                cast(TrialModel, r)
+                for r in s.execute(select(*TrialModel.__table__.c).where(*where))
+            ]
+            rows.sort(key=lambda r: r.number)
+            steps = steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
+            return [trial_record(r, steps.get(r.id, ())) for r in rows]
+
+        return self._db.run(fn, write=False, what="trials of configurations")
+
+    def best_configurations(
+        self,
+        study_id: int,
+        direction: str,
+        *,
+        limit: int,
+        value_range: tuple[float, float] | None = None,
+        exclude_changed: bool = False,
+    ) -> list[ConfigStats]:
+        """The configurations (``params_key``) of the ``limit`` best trials by value (as
+        :meth:`best_trial` counts them), each with an aggregate of every such trial of it:
+        count, mean value, mean squared value, first trial. Three index walks, whatever the
+        number of trials of a configuration."""
+        _check_direction(direction)
+        where = _best_where(study_id, value_range, exclude_changed)
+
+        def fn(s: Session) -> list[ConfigStats]:
+            value = TrialModel.value.desc() if direction == "maximize" else TrialModel.value
+            keys = sorted(
+                set(
+                    s.scalars(
+                        select(TrialModel.params_key).where(*where).order_by(value).limit(limit)
+                    )
+                )
+            )
+            if not keys:
+                return []
+            v = TrialModel.value
+            agg = s.execute(
+                select(
+                    TrialModel.params_key,
+                    func.count(TrialModel.id),
+                    func.avg(v),
+                    func.avg(v * v),
+                    func.min(TrialModel.number),
+                )
+                .where(*where, TrialModel.params_key.in_(keys))
+                .group_by(TrialModel.params_key)
+            ).all()
+            firsts = {r[4] for r in agg}
+            params: dict[int, Any] = dict(
+                s.execute(
+                    select(TrialModel.number, TrialModel.params).where(
+                        TrialModel.study_id == study_id, TrialModel.number.in_(firsts)
+                    )
+                ).all()
+            )
+            return [
+                ConfigStats(
+                    params_key=k,
+                    params=dict(params.get(first) or {}),
+                    first_number=first,
+                    n=int(n),
+                    mean=float(mean),
+                    mean_sq=float(mean_sq),
+                )  # fmt: skip
+                for k, n, mean, mean_sq, first in agg
+            ]
+
+        return self._db.run(fn, write=False, what="best configurations")
 
     def stale_trials(
         self,
@@ -1059,6 +1278,23 @@ def _make_sqlite_parent(url: str) -> None:
 def _check_direction(direction: str) -> None:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+
+
+def _best_where(
+    study_id: int, value_range: tuple[float, float] | None, exclude_changed: bool
+) -> list[ColumnElement[bool]]:
+    """Which trials a best counts: complete, with a value (in ``value_range``), and not
+    flagged numerics ``changed`` when ``exclude_changed``."""
+    where: list[ColumnElement[bool]] = [
+        TrialModel.study_id == study_id,
+        TrialModel.state == "complete",
+        TrialModel.value.is_not(None),
+    ]
+    if value_range is not None:
+        where += [TrialModel.value > value_range[0], TrialModel.value <= value_range[1]]
+    if exclude_changed:
+        where.append(TrialModel.numerics.is_(None) | (TrialModel.numerics != "changed"))
+    return where
 
 
 def _check_json(value: Any, what: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -49,13 +49,14 @@ def steps_of(s: Session, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, .
     out: dict[int, list[StepMetrics]] = {}
     for chunk_start in range(0, len(trial_ids), 500):
         chunk = trial_ids[chunk_start : chunk_start + 500]
-        rows = s.scalars(
-            select(TrialStepModel)
+        # plain rows, not ORM objects (same attribute names): a fraction of the CPU
+        rows = s.execute(
+            select(*TrialStepModel.__table__.c)
             .where(TrialStepModel.trial_id.in_(chunk))
             .order_by(TrialStepModel.trial_id, TrialStepModel.step, TrialStepModel.id)
         ).all()
         for r in rows:
-            out.setdefault(r.trial_id, []).append(step_record(r))
+            out.setdefault(r.trial_id, []).append(step_record(cast(TrialStepModel, r)))
     return {k: tuple(v) for k, v in out.items()}
 
 
@@ -116,6 +117,7 @@ def trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRec
         steps=steps,
         attempts=r.attempts or 0,
         history=tuple(dict(h) for h in (r.history or [])),
+        remeasure_of=r.remeasure_of,
     )
 
 

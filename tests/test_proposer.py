@@ -349,3 +349,19 @@ def test_progress_lines_while_the_agent_searches(monkeypatch: pytest.MonkeyPatch
     assert len(searching) == 4 and "world_divisible 3" in searching[-1]
     assert "3 proposals rejected" in searching[-1]
     assert lines[-1].startswith("agent asked: 1 launchable in")
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_the_loss_reference_is_never_kept_out_by_a_prediction(guard: bool) -> None:
+    """With the loss-parity guard on, the baseline's loss is every trial's reference: the
+    pre-screen does not keep it from running (a validity rule still would)."""
+    sp = _space(loss_parity={"enabled": guard})
+    base = sp.baseline()
+    agent = Scripted(sp, [base, P(1, 2)])
+
+    def everything_oom(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+        return ("predicted_oom", "predicted 999 GiB > 80 GiB", {})
+
+    got = Proposer(sp, agent, features=[], prescreen=everything_oom).propose(2)
+    assert [s.params for s in got] == ([base] if guard else [])
+    assert [r.params for r in got.rejections] == ([P(1, 2)] if guard else [base, P(1, 2)])

@@ -3,7 +3,13 @@
 A replay table is JSON Lines, one configuration per line (the format, and its reader, are in
 :mod:`dse.table`); the replay also needs the metrics and losses of every ok row. The space of
 a table is the product of the distinct values of each parameter; a combination without a row
-is invalid. :class:`ReplayTable` answers in-process
+is invalid.
+
+An ok row may also carry ``step_times_s``, the step time of every step (as many as its
+``loss`` list): the replayed steps then have those times (and TFLOP/s in proportion), so a
+best derives its intervals from them as from a real run. A configuration measured several
+times (several rows) answers its ``k``-th run in the study (``workload.repeat`` of the trial
+spec: a re-measurement) with its ``k``-th row, cycling. :class:`ReplayTable` answers in-process
 (:meth:`ReplayTable.outcome`, used by ``dse bench``); ``python -m dse.workloads.replay
 --spec trial.json`` is the trial process (the metrics JSONL contract, ``"source": "replay"``).
 """
@@ -52,15 +58,15 @@ class ReplayTable:
         self.path = None if path is None else Path(path)
         self.rows: list[ReplayRow] = list(rows)
         self.param_names: list[str] = list(rows[0].params)
-        self._index: dict[str, ReplayRow] = {}
+        self._index: dict[str, list[ReplayRow]] = {}
         for r in self.rows:
             if set(r.params) != set(self.param_names):
                 raise WorkloadError(
                     f"{self.path}:{r.line}: parameters {sorted(r.params)} differ from the "
                     f"first row's {sorted(self.param_names)}"
                 )
-            # a configuration measured twice: the first row answers
-            self._index.setdefault(params_key(r.params), r)
+            # a configuration measured several times: run k answers with row k (cycling)
+            self._index.setdefault(params_key(r.params), []).append(r)
 
     # --- loading ---------------------------------------------------------------------------
     @classmethod
@@ -85,15 +91,17 @@ class ReplayTable:
             out[name] = sorted(seen.values(), key=_value_key)
         return out
 
-    def lookup(self, params: Mapping[str, Any]) -> ReplayRow | None:
-        """The row measured for ``params`` (only the table's parameters are compared)."""
+    def lookup(self, params: Mapping[str, Any], repeat: int = 0) -> ReplayRow | None:
+        """The row measured for ``params`` (only the table's parameters are compared); its
+        ``repeat``-th run (from 0) answers with its ``repeat``-th row, cycling."""
         if any(n not in params for n in self.param_names):
             return None
-        return self._index.get(params_key({n: params[n] for n in self.param_names}))
+        rows = self._index.get(params_key({n: params[n] for n in self.param_names}))
+        return None if not rows else rows[repeat % len(rows)]
 
-    def outcome(self, params: Mapping[str, Any]) -> Outcome:
+    def outcome(self, params: Mapping[str, Any], repeat: int = 0) -> Outcome:
         """The outcome a trial of ``params`` has in this table (``source="replay"``)."""
-        row = self.lookup(params)
+        row = self.lookup(params, repeat)
         if row is None:
             return Outcome.failure(
                 "invalid", "no measured row for this configuration", source="replay"
@@ -191,21 +199,33 @@ def _check_metrics(row: MeasuredRow, where: str) -> None:
         raise WorkloadError(
             f"{where}: an ok row needs 'loss', a number or a non-empty list of numbers"
         )
+    times = m.get("step_times_s")
+    if times is not None:
+        good = isinstance(times, list) and all(
+            isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in times
+        )
+        if not good or len(times) != len(loss):
+            raise WorkloadError(
+                f"{where}: 'step_times_s' must be a list of positive numbers, one per step of "
+                f"'loss' ({len(loss)})"
+            )
 
 
 def _steps(row: ReplayRow) -> tuple[StepMetrics, ...]:
     m = row.metrics
     peak = float(m["peak_mem_gib"])
+    st, tf = float(m["step_time_s"]), float(m["tflops_per_gpu"])
+    times = m.get("step_times_s") or [st] * len(row.losses)
     return tuple(
         StepMetrics(
             step=i,
-            step_time_s=float(m["step_time_s"]),
-            tflops_per_gpu=float(m["tflops_per_gpu"]),
+            step_time_s=float(t),
+            tflops_per_gpu=tf * st / float(t),  # the same work in that step's time
             peak_mem_gib=peak,
             peak_reserved_gib=float(m.get("peak_reserved_gib", peak)),
             loss=loss,
         )
-        for i, loss in enumerate(row.losses, start=1)
+        for i, (loss, t) in enumerate(zip(row.losses, times, strict=True), start=1)
     )
 
 
@@ -291,7 +311,8 @@ def run_trial(spec: TrialSpec, *, sleep: Any = time.sleep) -> int:
     except DSEError as e:
         writer.failure("error", str(e))
         return 1
-    row = table.lookup(spec.params)
+    repeat = spec.workload.get("repeat")
+    row = table.lookup(spec.params, repeat if isinstance(repeat, int) else 0)
     if row is None or row.status != "ok":
         metrics: dict[str, Any] = {}
         cls: FailureClass

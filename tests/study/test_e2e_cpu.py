@@ -42,7 +42,13 @@ def test_tiny_gpt_study_on_cpu(tmp_path: Path) -> None:
         trials = st.list_trials(study.id, with_steps=True)
     finally:
         st.close()
-    assert [t.number for t in trials] == [0, 1, 2]
+    # the 3 trials of the budget, then up to budget.remeasure (2) re-measures of configurations
+    # tied within noise with the best (CPU step times are noisy)
+    proposed = [t for t in trials if t.remeasure_of is None]
+    again = [t for t in trials if t.remeasure_of is not None]
+    assert [t.number for t in proposed] == [0, 1, 2] and len(again) <= 2
+    assert all(t.remeasure_of in (0, 1, 2) and t.params == trials[t.remeasure_of].params
+               for t in again)  # fmt: skip
     assert trials[0].params == {
         "tensor_model_parallel_size": 1,
         "micro_batch_size": 1,
@@ -58,6 +64,9 @@ def test_tiny_gpt_study_on_cpu(tmp_path: Path) -> None:
         assert len(t.steps) == 3
         assert all(s.step_time_s > 0 and s.loss > 0 for s in t.steps)
         assert Path(t.log_path or "").exists()
+        # execution knobs only (fp32): every loss curve within the guard's tolerance
+        assert t.metrics["numerics"]["status"] == ("baseline" if t.number == 0 else "ok")
+        assert t.metrics["numerics"]["baseline_trial"] == 0
     # the same seeded global batches for every configuration: the first loss agrees
     first = [t.steps[0].loss for t in trials]
     assert max(first) - min(first) < 1e-3
@@ -69,11 +78,18 @@ def test_tiny_gpt_study_on_cpu(tmp_path: Path) -> None:
     assert payload["trial"] in (0, 1, 2)
     for k in ("tflops_per_gpu", "peak_mem_gib", "step_time_s", "loss"):
         assert payload["metrics"][k] > 0
-    assert payload["metrics"]["tflops_per_gpu"] == max(t.metrics["tflops_per_gpu"] for t in trials)
+    # the best configuration's figure is pooled over its trials, with an interval
+    pooled = [
+        t.metrics["tflops_per_gpu"] for t in trials if t.number in payload["noise"]["trials"]
+    ]
+    assert payload["objective"]["value"] == pytest.approx(sum(pooled) / len(pooled))
+    lo, hi = payload["noise"]["figures"]["tflops_per_gpu"]["ci"]
+    assert lo <= payload["objective"]["value"] <= hi
 
     status = _dse("status", "--storage", url, "--format", "json", cwd=tmp_path)
     s = json.loads(status.stdout)
-    assert s["counts"]["complete"] == 3 and len(s["trials"]) == 3
+    assert s["counts"]["complete"] == len(trials) and len(s["trials"]) == len(trials)
+    assert s["numerics"]["counts"]["changed"] == 0
 
 
 def test_invalid_configurations_never_launch(tmp_path: Path) -> None:

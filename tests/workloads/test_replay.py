@@ -219,3 +219,32 @@ def test_bad_spec_file(tmp_path: Path) -> None:
 
     (tmp_path / "trial.json").write_text("{}")
     assert main(["--spec", str(tmp_path / "trial.json")]) == 2
+
+
+def test_per_step_times_and_repeated_measurements(tmp_path: Path) -> None:
+    """A row's ``step_times_s`` become its steps' times (TFLOP/s in proportion); a
+    configuration's k-th run (``workload.repeat``) answers with its k-th row, cycling."""
+    first = _row(2, "none", tflops=120.0, step_times_s=[3.0, 1.5, 1.5, 1.2])
+    second = _row(2, "none", tflops=118.0)
+    path = _write(tmp_path / "rep.jsonl", [first, second, _row(1, "none")])
+    t = ReplayTable.load(path)
+    params = {"micro_batch_size": 2, "recompute": "none"}
+    out = t.outcome(params)
+    assert [s.step_time_s for s in out.steps] == [3.0, 1.5, 1.5, 1.2]
+    assert [s.tflops_per_gpu for s in out.steps] == [60.0, 120.0, 120.0, 150.0]
+    assert out.metrics["tflops_per_gpu"] == 120.0 and "step_times_s" not in out.metrics
+    assert t.outcome(params, 1).metrics["tflops_per_gpu"] == 118.0
+    assert t.outcome(params, 2).metrics["tflops_per_gpu"] == 120.0
+    assert t.outcome({"micro_batch_size": 1, "recompute": "none"}, 5).ok
+    spec = _spec(tmp_path, path, params).model_copy(
+        update={"workload": {"name": "replay", "table": str(path), "repeat": 1}}
+    )
+    assert run_trial(spec, sleep=lambda s: None) == 0
+    assert read_metrics(spec.metrics_path) == t.outcome(params, 1)
+
+
+@pytest.mark.parametrize("times", [[1.0, 2.0], [1.0, 1.0, 1.0, -1.0], "fast", [1, 1, 1, True]])
+def test_bad_step_times_name_the_row(tmp_path: Path, times: Any) -> None:
+    path = _write(tmp_path / "bad.jsonl", [_row(1, "none"), _row(2, "none", step_times_s=times)])
+    with pytest.raises(WorkloadError, match=r"bad\.jsonl:2: 'step_times_s' must be a list"):
+        ReplayTable.load(path)
