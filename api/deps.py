@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import secrets
 import threading
-from typing import Annotated
+from collections.abc import Callable, Hashable
+from typing import Annotated, TypeVar
 
+from anyio import to_thread
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from dse.api.config import Settings
 from dse.api.launch import Launcher
-from dse.api.readcache import ReadCache, TimedMemo
-from dse.api.views import AnswerCache
+from dse.api.readcache import ReadCache, StudyVersions, Versions
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
 from dse.space_check import CheckedSpace, check_space_text
 from dse.storage import Storage, open_storage
+
+T = TypeVar("T")
 
 __all__ = [
     "StorageHolder",
@@ -25,7 +28,6 @@ __all__ = [
     "StorageDep",
     "StudyDep",
     "LauncherDep",
-    "CacheDep",
     "Reads",
     "ReadsDep",
     "StudyName",
@@ -124,26 +126,35 @@ async def get_launcher(request: Request) -> Launcher:
 LauncherDep = Annotated[Launcher, Depends(get_launcher)]
 
 
-async def get_cache(request: Request) -> AnswerCache:
-    cache: AnswerCache = request.app.state.cache
-    return cache
-
-
-CacheDep = Annotated[AnswerCache, Depends(get_cache)]
-
-
 class Reads:
-    """The read caches of an app (:mod:`dse.api.readcache`): answers, and the trial counts
-    that every page of a study shares."""
+    """The reads of an app (:mod:`dse.api.readcache`): every study's version, read fresh for
+    each request, and the answers kept per version. Database work runs in worker threads
+    (``threads`` builds at once); answers are kept up to ``cache_mib`` MiB (0: none kept,
+    concurrent requests for one answer still share its build)."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self.answers = ReadCache(ttl_s)
-        self.counts: TimedMemo[dict[str, int]] = TimedMemo(ttl_s)
+    def __init__(self, holder: StorageHolder, *, threads: int, cache_mib: int) -> None:
+        self.versions = StudyVersions(lambda: holder.get().study_versions())
+        self.answers = ReadCache(builders=threads, max_bytes=cache_mib * 1024 * 1024)
 
-    def clear(self) -> None:
-        """After a write through this API: the next reads see it."""
-        self.answers.clear()
-        self.counts.clear()
+    async def study(self, name: str, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """An answer about study ``name``, reused while its version does not move (built,
+        and not kept, when there is no such study: ``build`` raises the 404)."""
+        versions = await self.versions.get()
+        return await self.answers.get(key, versions.get(name), build)
+
+    async def every_study(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """An answer about every study (the list, the best across studies), reused while no
+        study is added, removed or changed."""
+        versions = await self.versions.get()
+        return await self.answers.get(key, _snapshot(versions), build)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in a worker thread, among the builds (for reads that are not kept)."""
+        return await to_thread.run_sync(fn, limiter=self.answers.limiter)
+
+
+def _snapshot(versions: Versions) -> tuple[tuple[str, tuple[int, int]], ...]:
+    return tuple(sorted(versions.items()))
 
 
 async def get_reads(request: Request) -> Reads:

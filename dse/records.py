@@ -247,6 +247,9 @@ class StudyRecord:
     created_at: float
     model: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, Any] = field(default_factory=dict)
+    #: The study's change counter: moves with every write of its trials, rejections, state
+    #: or attributes (not with heartbeats); equal versions, equal data.
+    version: int = 0
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ __all__ = [
 log = logging.getLogger("dse.storage")
 
 #: The newest schema revision (a test checks it is the head of the shipped migrations).
-SCHEMA_HEAD = "0002"
+SCHEMA_HEAD = "0003"
 #: The Alembic script directory shipped inside the package.
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 #: How long a SQLite writer waits for the database lock before giving up (then retried).
@@ -291,6 +291,21 @@ class SessionScope:
                         "%s: transient error, retry %d in %.3fs: %s", what, attempt, delay, e
                     )
                     time.sleep(delay)
+                    continue
+                raise StorageError(f"{what} failed: {_first_line(e)}") from e
+
+    def read(self, fn: Callable[[Connection], T], *, what: str = "database read") -> T:
+        """``fn(connection)`` in one read transaction on a plain connection (no ORM session:
+        for hot reads of plain rows), retried on transient errors like :meth:`run`."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.engine.connect() as conn:
+                    return fn(conn)  # leaving rolls the read transaction back
+            except SQLAlchemyError as e:
+                if is_transient(e) and attempt < MAX_ATTEMPTS:
+                    time.sleep(_BACKOFF_S * (2 ** (attempt - 1)) * (0.5 + random.random()))
                     continue
                 raise StorageError(f"{what} failed: {_first_line(e)}") from e
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -96,6 +97,9 @@ class StudyModel(Base):
     hardware: Mapped[Any] = mapped_column(JSONText, nullable=False)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    #: Bumped by every write of the study's trials, rejections, state or attributes (not by
+    #: heartbeats), in the same transaction (0003): the key of cached answers.
+    version: Mapped[int] = mapped_column(Integer, server_default=text("0"), default=0)
 
 
 class StudyAttrModel(Base):
@@ -145,6 +149,16 @@ class TrialModel(Base):
     gpu_seconds: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer)
     history: Mapped[Any] = mapped_column(JSONText, nullable=False)
+
+
+# Pages by -value (best first, ties by number, no value last) walk this one (0003); on SQLite
+# the migration leaves out NULLS LAST (a descending index has them last; it refuses the words).
+Index(
+    "ix_trials_study_id_value_desc_number",
+    TrialModel.study_id,
+    TrialModel.value.desc().nulls_last(),
+    TrialModel.number,
+)
 
 
 class TrialParamModel(Base):

@@ -57,12 +57,12 @@ async def list_trials(
         Query(description="number, -number, value or -value (no value last)."),
     ] = "number",
 ) -> Response:
-    """A page of a study's trials (``count``: how many match in all pages). (Pages are
-    reused for ``DSE_READ_CACHE_S``.)"""
+    """A page of a study's trials (``count``: how many match in all pages). Pages are
+    reused until the study changes (every trial write moves its version)."""
 
     def build() -> bytes:
         study = get_study(storage, name)
-        counts = reads.counts.get(study.id, lambda: storage.count_trials(study.id))
+        counts = storage.count_trials(study.id)
         rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
         data = [trial_row(t) for t in rows]
         if not trusted:
@@ -72,7 +72,7 @@ async def list_trials(
         return json_bytes({"data": data, "count": count})
 
     key = ("trials", name, state, limit, offset, order, trusted)
-    return Response(await reads.answers.get(key, build), media_type="application/json")
+    return Response(await reads.study(name, key, build), media_type="application/json")
 
 
 @router.get(
