@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dse.api.config import Settings
 from dse.api.launch import Launcher
-from dse.api.readcache import ReadCache, StudyVersions, Versions
+from dse.api.readcache import ReadCache, StudyVersions, VersionMemo, Versions
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
 from dse.space_check import CheckedSpace, check_space_text
@@ -133,14 +133,36 @@ class Reads:
     concurrent requests for one answer still share its build)."""
 
     def __init__(self, holder: StorageHolder, *, threads: int, cache_mib: int) -> None:
+        self._holder = holder
         self.versions = StudyVersions(lambda: holder.get().study_versions())
+        self.shared = VersionMemo()
         self.answers = ReadCache(builders=threads, max_bytes=cache_mib * 1024 * 1024)
 
-    async def study(self, name: str, key: Hashable, build: Callable[[], bytes]) -> bytes:
+    async def study(
+        self, name: str, key: Hashable, build: Callable[[Callable[[], StudyRecord]], bytes]
+    ) -> bytes:
         """An answer about study ``name``, reused while its version does not move (built,
-        and not kept, when there is no such study: ``build`` raises the 404)."""
+        and not kept, when there is no such study: the build raises the 404).
+
+        ``build(study)`` gets a function that returns the study's record (shared by the
+        builds of one version; raises the 404).
+        """
         versions = await self.versions.get()
-        return await self.answers.get(key, versions.get(name), build)
+        version = versions.get(name)
+
+        def study() -> StudyRecord:
+            return self.shared.get(
+                ("study", name), version, lambda: get_study(self._holder.get(), name)
+            )
+
+        return await self.answers.get(key, version, lambda: build(study))
+
+    def counts(self, study: StudyRecord) -> dict[str, int]:
+        """The study's trial counts per state (shared by the pages of one version)."""
+        storage = self._holder.get()
+        return self.shared.get(
+            ("counts", study.id), study.version, lambda: storage.count_trials(study.id)
+        )
 
     async def every_study(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
         """An answer about every study (the list, the best across studies), reused while no

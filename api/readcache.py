@@ -29,11 +29,13 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from anyio import CapacityLimiter, to_thread
 
-__all__ = ["ReadCache", "StudyVersions", "Versions"]
+__all__ = ["ReadCache", "StudyVersions", "VersionMemo", "Versions"]
+
+T = TypeVar("T")
 
 #: Every study's ``(id, version)`` by name.
 Versions = Mapping[str, tuple[int, int]]
@@ -185,6 +187,33 @@ class ReadCache:
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class VersionMemo:
+    """Values that many answers of a study share (its record, its trial counts), computed
+    once per study version (thread-safe; called from the builds' worker threads)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._data: OrderedDict[Hashable, tuple[Hashable, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, version: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``'s value for ``key`` at ``version`` (None: computed, not kept)."""
+        if version is not None:
+            with self._lock:
+                hit = self._data.get(key)
+                if hit is not None and hit[0] == version:
+                    self._data.move_to_end(key)
+                    return cast(T, hit[1])
+        value = compute()
+        if version is not None:
+            with self._lock:
+                self._data[key] = (version, value)
+                self._data.move_to_end(key)
+                while len(self._data) > self.size:
+                    self._data.popitem(last=False)
+        return value
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 
-from dse.api.deps import Reads, ReadsDep, StorageDep, StudyName, get_study
+from dse.api.deps import Reads, ReadsDep, StorageDep, StudyName
 from dse.api.errors import error_responses
 from dse.api.schemas import BestPublic, BestQuery, CrossBestPublic
 from dse.api.views import best_public, best_text, cross_best, json_bytes
 from dse.exceptions import SpaceError
-from dse.records import BestFormat, Metric
+from dse.records import BestFormat, Metric, StudyRecord
 from dse.storage import Storage
 
 __all__ = ["router"]
@@ -57,8 +58,8 @@ async def get_best(
     the study has no complete trial. (Answers are reused until the study changes.)
     """
 
-    def build() -> bytes:
-        study = get_study(storage, name)
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        study = study_of()
         try:
             if fmt == "json":
                 return json_bytes(best_public(storage, study).model_dump(mode="json"))

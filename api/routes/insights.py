@@ -4,13 +4,15 @@ projection of a study, computed by :func:`dse.studyplots.study_plot_data` (the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
-from dse.api.deps import ReadsDep, StorageDep, StudyName, get_study
+from dse.api.deps import ReadsDep, StorageDep, StudyName
 from dse.api.errors import error_responses
 from dse.api.views import json_bytes
+from dse.records import StudyRecord
 
 __all__ = ["router"]
 
@@ -30,10 +32,10 @@ async def get_insights(
     full training run from the best step time (estimates are labelled). Reused until the
     study changes."""
 
-    def build() -> bytes:
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
         from dse.studyplots import study_plot_data
 
-        study = get_study(storage, name)
+        study = study_of()
         data = study_plot_data(storage, study, cost_per_gpu_hour=cost_per_gpu_hour, tokens=tokens)
         keys = ("study", "metric", "direction", "importance", "importance_how", "slices",
                 "slice_values", "gpu", "projection")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -18,7 +19,6 @@ from dse.api.deps import (
     StudyName,
     WriteAccess,
 )
-from dse.api.deps import get_study as study_named
 from dse.api.errors import error_responses
 from dse.api.schemas import (
     LaunchPublic,
@@ -36,6 +36,7 @@ from dse.api.views import (
     study_summary,
 )
 from dse.exceptions import SpaceError
+from dse.records import StudyRecord
 from dse.space_check import CheckedSpace
 from dse.storage import is_ephemeral
 
@@ -169,8 +170,8 @@ async def create_study(
 async def get_study(storage: StorageDep, reads: ReadsDep, name: StudyName) -> Response:
     """One study: summary, the space file as given, rejections per kind."""
 
-    def build() -> bytes:
-        public = study_public(storage, study_named(storage, name))
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        public = study_public(storage, study_of())
         return json_bytes(public.model_dump(mode="json"))
 
     return _json(await reads.study(name, ("study", name), build))
@@ -203,8 +204,8 @@ async def get_pareto(storage: StorageDep, reads: ReadsDep, name: StudyName) -> R
     with its kind (``complete``, ``oom``, ``invalid``, ``predicted_oom``, ``error``, ...),
     the non-dominated complete trials flagged ``on_front`` and listed in ``front``."""
 
-    def build() -> bytes:
-        return json_bytes(pareto_public(storage, study_named(storage, name)))
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        return json_bytes(pareto_public(storage, study_of()))
 
     return _json(await reads.study(name, ("pareto", name), build))
 
@@ -227,8 +228,8 @@ async def list_rejections(
 ) -> Response:
     """Proposals rejected before launch, oldest first: the rule and its reason."""
 
-    def build() -> bytes:
-        study = study_named(storage, name)
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        study = study_of()
         counts = storage.count_rejections(study.id)
         page = storage.list_rejections(study.id, kind=kind, limit=limit, offset=offset)
         total = counts.get(kind, 0) if kind is not None else sum(counts.values())

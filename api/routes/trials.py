@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep, get_study
+from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep
 from dse.api.errors import error_responses
 from dse.api.schemas import (
     TrialDetailPublic,
@@ -16,7 +17,7 @@ from dse.api.schemas import (
     TrialsPublic,
 )
 from dse.api.views import json_bytes, trial_detail, trial_row
-from dse.records import TrialState
+from dse.records import StudyRecord, TrialState
 
 __all__ = ["router"]
 
@@ -60,9 +61,9 @@ async def list_trials(
     """A page of a study's trials (``count``: how many match in all pages). Pages are
     reused until the study changes (every trial write moves its version)."""
 
-    def build() -> bytes:
-        study = get_study(storage, name)
-        counts = storage.count_trials(study.id)
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        study = study_of()
+        counts = reads.counts(study)
         rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
         data = [trial_row(t) for t in rows]
         if not trusted:
