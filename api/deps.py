@@ -51,8 +51,9 @@ class StorageHolder:
     """Opens the study database on first use (so the app starts while it is down) and
     closes it at shutdown. Thread-safe: sync routes run in a thread pool."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int | None = None) -> None:
         self.url = url
+        self.pool_size = pool_size
         self._storage: Storage | None = None
         self._lock = threading.Lock()
 
@@ -67,7 +68,7 @@ class StorageHolder:
             return storage
         with self._lock:
             if self._storage is None:
-                self._storage = open_storage(self.url)
+                self._storage = open_storage(self.url, pool_size=self.pool_size)
             return self._storage
 
     def peek(self) -> Storage | None:

@@ -41,7 +41,8 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     settings = settings or Settings()
     if storage_url:
         settings = settings.model_copy(update={"storage": storage_url})
-    holder = StorageHolder(settings.storage)
+    # a connection per read thread, the version reads' and a few for the other routes
+    holder = StorageHolder(settings.storage, pool_size=settings.read_threads + 4)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

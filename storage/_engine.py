@@ -117,12 +117,17 @@ def has_password(url: str) -> bool:
         return False
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
     """An engine for ``url`` with dse's connection settings (see the module docstring).
+
+    ``pool_size``: connections kept open (default: SQLAlchemy's 5, plus 10 opened and
+    closed again as needed); a server with more worker threads than that keeps one per
+    thread instead of opening a connection per request.
 
     Raises:
         StorageError: the URL is malformed or names a driver that is not installed.
     """
+    pool: dict[str, Any] = {} if pool_size is None else {"pool_size": pool_size}
     try:
         u = make_url(url)
         backend = u.get_backend_name()
@@ -137,6 +142,7 @@ def make_engine(url: str) -> Engine:
                 engine = create_engine(
                     url,
                     connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+                    **pool,
                 )
             _install_sqlite_hooks(engine)
         elif backend == "postgresql":
@@ -144,6 +150,7 @@ def make_engine(url: str) -> Engine:
                 url,
                 pool_pre_ping=True,
                 connect_args={"connect_timeout": 10},
+                **pool,
             )
         else:
             engine = create_engine(url, pool_pre_ping=True)

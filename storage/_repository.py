@@ -106,13 +106,14 @@ _OUTCOME_STATE: dict[OutcomeStatus, FinishedState] = {
 }
 
 
-def open_storage(url: str) -> Storage:
+def open_storage(url: str, *, pool_size: int | None = None) -> Storage:
     """Open (and create or upgrade) the study database at ``url``.
 
     Args:
         url: a SQLAlchemy URL: ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db``,
             ``sqlite:///:memory:`` (one process, for tests) or
             ``postgresql+psycopg://user@host/db`` (``postgresql://`` also gets psycopg 3).
+        pool_size: database connections kept open (for a server's worker threads).
 
     Returns:
         A :class:`Storage` whose schema is at this dse's head revision.
@@ -128,7 +129,7 @@ def open_storage(url: str) -> Storage:
     """
     url = normalize_url(url)
     _make_sqlite_parent(url)
-    engine = make_engine(url)
+    engine = make_engine(url, pool_size=pool_size)
     try:
         revision = migrate(engine, url)
     except BaseException:
@@ -701,7 +702,8 @@ class Storage:
             ids = list(conn.scalars(ids_q))
             if not ids:
                 return []
-            by_id = {r[0]: r for r in conn.execute(_TRIAL_ROWS.where(TrialModel.id.in_(ids)))}
+            rows = conn.execute(_TRIAL_ROWS.where(TrialModel.id.in_(ids))).all()
+            by_id = {r[0]: r for r in rows}
             steps = steps_of_conn(conn, ids) if with_steps else {}
             return [trial_from_row(by_id[i], steps.get(i, ())) for i in ids]
 
