@@ -5,9 +5,8 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable, Hashable
-from typing import Annotated, TypeVar
+from typing import Annotated
 
-from anyio import to_thread
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
@@ -19,8 +18,6 @@ from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
 from dse.space_check import CheckedSpace, check_space_text
 from dse.storage import Storage, open_storage
-
-T = TypeVar("T")
 
 __all__ = [
     "StorageHolder",
@@ -170,10 +167,6 @@ class Reads:
         study is added, removed or changed."""
         versions = await self.versions.get()
         return await self.answers.get(key, _snapshot(versions), build)
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """``fn()`` in a worker thread, among the builds (for reads that are not kept)."""
-        return await to_thread.run_sync(fn, limiter=self.answers.limiter)
 
 
 def _snapshot(versions: Versions) -> tuple[tuple[str, tuple[int, int]], ...]:

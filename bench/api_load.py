@@ -230,6 +230,12 @@ def _idle(base: str, n: int) -> dict[str, list[float]]:
 # --- main ----------------------------------------------------------------------------------
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) that process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpus(text: str) -> set[int]:
     """``0`` or ``0,1`` or ``0-3``."""
     out: set[int] = set()
@@ -284,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, _cpus(args.pin_load) if args.pin_load else own)
         base = f"http://127.0.0.1:{port}"
         load_before = os.getloadavg()
+        cpu_before = _cpu_s(server.pid)
         writes = 0
         errors: dict[str, int] = {}
         if args.mode == "idle":
@@ -307,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             what = (f"{args.readers} readers (no pause) + a writer at {args.write_rate:g} "
                     f"trials/s for {args.duration:g} s")  # fmt: skip
         load_after = os.getloadavg()
+        server_cpu_s = _cpu_s(server.pid) - cpu_before
     finally:
         if server is not None:
             server.terminate()
@@ -332,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reads: {total} ({total / args.duration:.0f}/s); writes: {writes} trials "
               f"({writes / args.duration:.1f}/s); errors: {errors or 0}")  # fmt: skip
         print(f"longest stall of the load generator's own event loop: {stall * 1000:.0f} ms")
+    # CPU time is what a loaded machine does not inflate as much as wall-clock latency
+    print(f"server CPU: {server_cpu_s:.1f} s, {server_cpu_s * 1000 / max(total, 1):.2f} ms per "
+          "read")  # fmt: skip
     print(f"p99 target <= {target:.0f} ms: {'ok' if ok else 'MISSED'}")
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"on {os.cpu_count()} CPUs")  # fmt: skip
