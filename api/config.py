@@ -39,14 +39,20 @@ class Settings(BaseSettings):
         description="`dse serve` off the loopback interface without a token: reads are "
         "public on purpose (DSE_PUBLIC_READS).",
     )
-    read_cache_s: float = Field(
-        0.0,
+    read_cache_mib: int = Field(
+        64,
         ge=0,
-        le=60,
-        description="How long the hot read answers (a study's best, trial pages) are reused "
-        "(DSE_READ_CACHE_S; writes through the API clear them; 0, the default: never reused, "
-        "only concurrent requests share a build). A client that refetches only when "
-        "/studies changes may see an answer up to this old until the next change.",
+        le=65536,
+        description="Memory for answers of the read endpoints kept until their study changes "
+        "(DSE_READ_CACHE_MIB; every write moves the study's version, so a kept answer is "
+        "never older than the last write; 0: none kept).",
+    )
+    read_threads: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="Worker threads that build read answers at once (DSE_READ_THREADS; more "
+        "requests wait on the event loop, not in threads).",
     )
     validate_timeout_s: float = Field(
         10.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable, Hashable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request
@@ -12,8 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dse.api.config import Settings
 from dse.api.launch import Launcher
-from dse.api.readcache import ReadCache, TimedMemo
-from dse.api.views import AnswerCache
+from dse.api.readcache import ReadCache, StudyVersions, VersionMemo, Versions
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
 from dse.space_check import CheckedSpace, check_space_text
@@ -25,7 +25,6 @@ __all__ = [
     "StorageDep",
     "StudyDep",
     "LauncherDep",
-    "CacheDep",
     "Reads",
     "ReadsDep",
     "StudyName",
@@ -49,8 +48,9 @@ class StorageHolder:
     """Opens the study database on first use (so the app starts while it is down) and
     closes it at shutdown. Thread-safe: sync routes run in a thread pool."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int | None = None) -> None:
         self.url = url
+        self.pool_size = pool_size
         self._storage: Storage | None = None
         self._lock = threading.Lock()
 
@@ -65,7 +65,7 @@ class StorageHolder:
             return storage
         with self._lock:
             if self._storage is None:
-                self._storage = open_storage(self.url)
+                self._storage = open_storage(self.url, pool_size=self.pool_size)
             return self._storage
 
     def peek(self) -> Storage | None:
@@ -124,26 +124,53 @@ async def get_launcher(request: Request) -> Launcher:
 LauncherDep = Annotated[Launcher, Depends(get_launcher)]
 
 
-async def get_cache(request: Request) -> AnswerCache:
-    cache: AnswerCache = request.app.state.cache
-    return cache
-
-
-CacheDep = Annotated[AnswerCache, Depends(get_cache)]
-
-
 class Reads:
-    """The read caches of an app (:mod:`dse.api.readcache`): answers, and the trial counts
-    that every page of a study shares."""
+    """The reads of an app (:mod:`dse.api.readcache`): every study's version, read fresh for
+    each request, and the answers kept per version. Database work runs in worker threads
+    (``threads`` builds at once); answers are kept up to ``cache_mib`` MiB (0: none kept,
+    concurrent requests for one answer still share its build)."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self.answers = ReadCache(ttl_s)
-        self.counts: TimedMemo[dict[str, int]] = TimedMemo(ttl_s)
+    def __init__(self, holder: StorageHolder, *, threads: int, cache_mib: int) -> None:
+        self._holder = holder
+        self.versions = StudyVersions(lambda: holder.get().study_versions())
+        self.shared = VersionMemo()
+        self.answers = ReadCache(builders=threads, max_bytes=cache_mib * 1024 * 1024)
 
-    def clear(self) -> None:
-        """After a write through this API: the next reads see it."""
-        self.answers.clear()
-        self.counts.clear()
+    async def study(
+        self, name: str, key: Hashable, build: Callable[[Callable[[], StudyRecord]], bytes]
+    ) -> bytes:
+        """An answer about study ``name``, reused while its version does not move (built,
+        and not kept, when there is no such study: the build raises the 404).
+
+        ``build(study)`` gets a function that returns the study's record (shared by the
+        builds of one version; raises the 404).
+        """
+        versions = await self.versions.get()
+        version = versions.get(name)
+
+        def study() -> StudyRecord:
+            return self.shared.get(
+                ("study", name), version, lambda: get_study(self._holder.get(), name)
+            )
+
+        return await self.answers.get(key, version, lambda: build(study))
+
+    def counts(self, study: StudyRecord) -> dict[str, int]:
+        """The study's trial counts per state (shared by the pages of one version)."""
+        storage = self._holder.get()
+        return self.shared.get(
+            ("counts", study.id), study.version, lambda: storage.count_trials(study.id)
+        )
+
+    async def every_study(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """An answer about every study (the list, the best across studies), reused while no
+        study is added, removed or changed."""
+        versions = await self.versions.get()
+        return await self.answers.get(key, _snapshot(versions), build)
+
+
+def _snapshot(versions: Versions) -> tuple[tuple[str, tuple[int, int]], ...]:
+    return tuple(sorted(versions.items()))
 
 
 async def get_reads(request: Request) -> Reads:

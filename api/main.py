@@ -17,7 +17,6 @@ from dse.api.deps import Reads, SpaceChecker, StorageHolder
 from dse.api.errors import install_error_handlers
 from dse.api.launch import SubprocessLauncher
 from dse.api.routes import api_router
-from dse.api.views import AnswerCache
 from dse.exceptions import StorageError
 
 __all__ = ["create_app", "API_PREFIX", "STATIC_DIR"]
@@ -42,7 +41,8 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     settings = settings or Settings()
     if storage_url:
         settings = settings.model_copy(update={"storage": storage_url})
-    holder = StorageHolder(settings.storage)
+    # a connection per read thread, the version reads' and a few for the other routes
+    holder = StorageHolder(settings.storage, pool_size=settings.read_threads + 4)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,8 +69,9 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     app.state.settings = settings
     app.state.storage = holder
     app.state.launcher = SubprocessLauncher()
-    app.state.cache = AnswerCache()
-    app.state.reads = Reads(settings.read_cache_s)
+    app.state.reads = Reads(
+        holder, threads=settings.read_threads, cache_mib=settings.read_cache_mib
+    )
     app.state.space_checker = SpaceChecker(
         settings.validate_timeout_s, settings.validate_memory_mib
     )

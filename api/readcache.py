@@ -1,147 +1,221 @@
-"""Answers of the hot read endpoints, built once and shared for a short time.
+"""Answers of the read endpoints, reused while the data they show has not changed.
 
-Under load (a writer adding trials, many dashboards polling) the same answers were rebuilt
-for every request: database round trips, JSON columns decoded, models validated twice. A
-:class:`ReadCache` keeps each answer's bytes: for ``ttl_s`` seconds (``DSE_READ_CACHE_S``,
-0 by default: see below) a request is answered on the event loop
-without touching the database. Past that, the first request starts one rebuild in a worker
-thread and, like every request until the rebuild is done, gets the previous answer
-(stale-while-revalidate, at most :data:`MAX_STALE_S` old); without a previous answer,
-requests wait for that one build (single flight) instead of starting their own. At most
-``builders`` builds run at once (40, the thread pool's size): the database drivers release the
-GIL while the database works, so parallel builds use both cores and the waits on PostgreSQL
-(in-process, 50 clients: 4 builders served 40 trial pages/s, 16 or 40 about 65-70). Writes
-through this API (create, stop) clear the cache; writes by controllers (other processes) show
-within ``ttl_s`` plus one rebuild. Errors are not kept (a failed rebuild drops the answer, so
-the next request sees the error).
+Every write of a study's trials, rejections, state or attributes moves the study's version
+(``studies.version``) in the same transaction (:mod:`dse.storage`), whichever process
+writes: a controller, an importer, this API. An answer is kept with the version it was
+built at and reused only while that is still the current one, so it is never older than
+the last committed write, on SQLite and PostgreSQL, across processes:
 
-The reuse is off by default (``ttl_s=0``: concurrent requests for the same answer still share
-one build): the dashboard refetches a study's pages only when ``/studies`` shows a change, so
-a page reused from before that change would stay on its screen until the next one.
+* :class:`StudyVersions` reads every study's ``(id, version)`` for each request, by a query
+  that *started after the request arrived* (a write committed before the request is in
+  it). Concurrent requests share such queries: while one runs, every request that
+  arrives waits for the next, which starts when it ends; so there is at most one in flight
+  and one waiting, however many clients poll.
+* :class:`ReadCache` keeps, per answer (a study's best, a trial page, ...), the newest
+  version's bytes; a request with the same version gets them on the event loop, one with
+  a newer version builds the answer once in a worker thread (concurrent requests for it
+  share that build) and replaces the old one. An answer built after the version was read
+  may show later writes too: it is never older than its version, only sometimes newer.
+
+Database work runs in worker threads through two capacity limiters, never on the event
+loop: builds share ``builders`` threads (more wait on the event loop, not in threads), and
+the version reads have a thread of their own, so a slow build never delays them (nor
+``/health``, which is answered by one). Errors are not kept.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeVar, cast
 
-from starlette.concurrency import run_in_threadpool
+from anyio import CapacityLimiter, to_thread
 
-__all__ = ["ReadCache", "TimedMemo", "MAX_STALE_S"]
-
-log = logging.getLogger("dse.api")
+__all__ = ["ReadCache", "StudyVersions", "VersionMemo", "Versions"]
 
 T = TypeVar("T")
 
-#: The oldest answer served while its rebuild runs; older ones wait for the rebuild.
-MAX_STALE_S = 10.0
+#: Every study's ``(id, version)`` by name.
+Versions = Mapping[str, tuple[int, int]]
+
+
+class StudyVersions:
+    """Every study's ``(id, version)``, read fresh for each caller (see the module doc).
+
+    ``read`` runs in a worker thread of its own (one query at a time).
+    """
+
+    def __init__(self, read: Callable[[], Versions]) -> None:
+        self._read = read
+        self._limiter = CapacityLimiter(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: asyncio.Future[Versions] | None = None  # the next query's callers
+        self._running = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.reads = 0  # queries made (for tests and benchmarks)
+
+    async def get(self) -> Versions:
+        """The versions as read by a query that started after this call.
+
+        Raises:
+            StorageError: the database cannot be read (503).
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (tests start several): start afresh
+            self._loop, self._waiting, self._running = loop, None, False
+        future = self._waiting
+        if future is None:
+            future = self._waiting = loop.create_future()
+            future.add_done_callback(_consume)
+            if not self._running:
+                self._start()
+        return await asyncio.shield(future)
+
+    def _start(self) -> None:
+        future, self._waiting = self._waiting, None
+        assert future is not None and self._loop is not None
+        self._running = True
+        task = self._loop.create_task(self._query(future))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _query(self, future: asyncio.Future[Versions]) -> None:
+        try:
+            self.reads += 1
+            versions = await to_thread.run_sync(self._read, limiter=self._limiter)
+        except Exception as e:  # noqa: BLE001 - handed to every caller of this query
+            future.set_exception(e)
+        except BaseException:
+            future.cancel()
+            raise
+        else:
+            future.set_result(versions)
+        finally:
+            self._running = False
+            if self._waiting is not None:  # callers that came while this one ran
+                self._start()
 
 
 class ReadCache:
-    """Response bodies by key, fresh for ``ttl_s`` seconds (0: every request rebuilds)."""
+    """Answer bodies by key, each kept with the version it was built at.
 
-    def __init__(self, ttl_s: float, size: int = 512, builders: int = 40) -> None:
-        self.ttl_s = ttl_s
-        self.size = size
-        self._data: OrderedDict[Hashable, tuple[float, bytes]] = OrderedDict()
-        self._inflight: dict[Hashable, asyncio.Future[bytes]] = {}
-        self._builders = builders
-        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+    Args:
+        builders: how many builds run at once (in worker threads).
+        max_bytes: the most answer bytes kept (least recently used dropped first).
+    """
+
+    def __init__(self, *, builders: int = 8, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[Hashable, tuple[Hashable, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._inflight: dict[tuple[Hashable, Hashable], asyncio.Future[bytes]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.limiter = CapacityLimiter(builders)
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.builds = 0  # answers built (for tests and benchmarks)
+        self.hits = 0
 
-    async def get(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
-        """The body for ``key``: kept if fresh, else ``build()`` run in a worker thread."""
+    async def get(self, key: Hashable, version: Hashable, build: Callable[[], bytes]) -> bytes:
+        """The body of ``key`` at ``version``: kept, or ``build()`` in a worker thread.
+
+        ``version`` None: nothing to compare with (e.g. no such study yet): built, not kept.
+        """
+        if version is None:
+            return await to_thread.run_sync(build, limiter=self.limiter)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._inflight = loop, {}
         with self._lock:
             hit = self._data.get(key)
-        age = None if hit is None else time.monotonic() - hit[0]
-        if hit is not None and age is not None and age < self.ttl_s:
-            return hit[1]
-        pending = self._inflight.get(key)
-        if hit is not None and age is not None and age < MAX_STALE_S and self.ttl_s > 0:
-            if pending is None:  # refresh in the background; answer what we have
-                task = asyncio.get_running_loop().create_task(self._background(key, build))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            return hit[1]
-        if pending is not None:  # another request is building it: share its answer
-            return await asyncio.shield(pending)
-        return await self._build(key, build)
+            if hit is not None and hit[0] == version:
+                self._data.move_to_end(key)
+                self.hits += 1
+                return hit[1]
+        future = self._inflight.get((key, version))
+        if future is None:  # else another request is building it: share its answer
+            future = loop.create_future()
+            future.add_done_callback(_consume)
+            self._inflight[(key, version)] = future
+            task = loop.create_task(self._build(key, version, build, future))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(future)
 
-    async def _background(self, key: Hashable, build: Callable[[], bytes]) -> None:
+    async def _build(
+        self,
+        key: Hashable,
+        version: Hashable,
+        build: Callable[[], bytes],
+        future: asyncio.Future[bytes],
+    ) -> None:
+        # a task of its own: a client that goes away does not cancel the others' answer
         try:
-            await self._build(key, build)
-        except Exception as e:  # noqa: BLE001 - the next request rebuilds and sees it
-            log.debug("refreshing %r failed: %s", key, e)
+            body = await to_thread.run_sync(build, limiter=self.limiter)
+        except Exception as e:  # noqa: BLE001 - handed to every request waiting for it
+            future.set_exception(e)
+            return
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            self._inflight.pop((key, version), None)
+        self.builds += 1
+        self._keep(key, version, body)
+        future.set_result(body)
 
-    async def _build(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bytes] = loop.create_future()
-        future.add_done_callback(_consume)
-        self._inflight[key] = future
-        if self._slots is None or self._slots[0] is not loop:  # one per event loop
-            self._slots = (loop, asyncio.Semaphore(self._builders))
-        try:
-            async with self._slots[1]:
-                started = time.monotonic()
-                body = await run_in_threadpool(build)
-            self.builds += 1
+    def _keep(self, key: Hashable, version: Hashable, body: bytes) -> None:
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[1])
+            if len(body) > self.max_bytes:
+                return
+            self._data[key] = (version, body)
+            self._bytes += len(body)
+            while self._bytes > self.max_bytes:
+                _, (_, dropped) = self._data.popitem(last=False)
+                self._bytes -= len(dropped)
+
+    def clear(self) -> None:
+        """Forget every answer."""
+        with self._lock:
+            self._data.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class VersionMemo:
+    """Values that many answers of a study share (its record, its trial counts), computed
+    once per study version (thread-safe; called from the builds' worker threads)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._data: OrderedDict[Hashable, tuple[Hashable, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, version: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``'s value for ``key`` at ``version`` (None: computed, not kept)."""
+        if version is not None:
             with self._lock:
-                self._data[key] = (started, body)
+                hit = self._data.get(key)
+                if hit is not None and hit[0] == version:
+                    self._data.move_to_end(key)
+                    return cast(T, hit[1])
+        value = compute()
+        if version is not None:
+            with self._lock:
+                self._data[key] = (version, value)
                 self._data.move_to_end(key)
                 while len(self._data) > self.size:
                     self._data.popitem(last=False)
-            future.set_result(body)
-            return body
-        except BaseException as e:
-            with self._lock:
-                self._data.pop(key, None)
-            future.set_exception(e)
-            raise
-        finally:
-            del self._inflight[key]
-
-    def clear(self) -> None:
-        """Forget every answer (after a write through this API)."""
-        with self._lock:
-            self._data.clear()
-
-
-def _consume(future: asyncio.Future[bytes]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: no "never retrieved" warning when nobody waited
-
-
-class TimedMemo(Generic[T]):
-    """A value per key computed at most once per ``ttl_s`` seconds (thread-safe; for parts
-    that many answers share, e.g. a study's trial counts for every page)."""
-
-    def __init__(self, ttl_s: float, size: int = 256) -> None:
-        self.ttl_s = ttl_s
-        self.size = size
-        self._data: OrderedDict[Hashable, tuple[float, T]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
-        with self._lock:
-            hit = self._data.get(key)
-        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
-            return hit[1]
-        started = time.monotonic()
-        value = compute()
-        with self._lock:
-            self._data[key] = (started, value)
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
         return value
 
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "never retrieved" warning when nobody waited

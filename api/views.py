@@ -8,12 +8,17 @@ import functools
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
 from fastapi import Response
 from pydantic import ValidationError
+
+try:  # optional (the api extra; the answers are the same without it, only slower)
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None  # type: ignore[assignment]
 
 from dse.api.plausible import value_range
 from dse.api.schemas import (
@@ -59,8 +64,6 @@ __all__ = [
     "pareto_public",
     "json_response",
     "json_bytes",
-    "AnswerCache",
-    "study_signature",
     "best_public",
     "noisy_best",
     "cross_best",
@@ -80,42 +83,13 @@ def clean(obj: Any) -> Any:
     return obj
 
 
-class AnswerCache:
-    """The last answer per study of an expensive read (the Pareto view of a 10,000-trial study
-    costs a full scan), reused while the study's signature (trial counts per state,
-    rejections per kind) is unchanged: a trial changes state whenever its point can change.
-    Thread-safe; one per app (each API process keeps its own)."""
-
-    def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self._data: OrderedDict[tuple[Any, ...], tuple[str, bytes]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[Any, ...], signature: str, build: Callable[[], bytes]) -> bytes:
-        """The cached answer for ``key`` if its signature matches, else ``build()`` (kept)."""
-        with self._lock:
-            hit = self._data.get(key)
-            if hit is not None and hit[0] == signature:
-                self._data.move_to_end(key)
-                return hit[1]
-        body = build()
-        with self._lock:
-            self._data[key] = (signature, body)
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-        return body
-
-
-def study_signature(storage: Storage, study: StudyRecord) -> str:
-    """What changes whenever a trial or rejection of the study does (cheap: two counts)."""
-    return json.dumps(
-        [storage.count_trials(study.id), storage.count_rejections(study.id)], sort_keys=True
-    )
-
-
 def json_bytes(data: Any) -> bytes:
     """``data`` (JSON values) serialized once, compactly; non-finite floats become null."""
+    if orjson is not None:  # several times faster; writes non-finite floats as null too
+        try:
+            return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:  # e.g. an integer beyond 64 bits: json writes it
+            pass
     try:
         return json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
     except ValueError:  # a NaN somewhere: clean the whole answer (rare)
@@ -271,10 +245,29 @@ def trial_public(t: TrialRecord) -> TrialPublic:
 
 
 def trial_row(t: TrialRecord) -> dict[str, Any]:
-    """:func:`trial_public` as a plain dict (a page of them is serialized once, without
-    building and validating a model per trial)."""
-    metrics = {k: v for k, v in t.metrics.items() if k != "losses"}
-    return {**_trial_fields(t), "metrics": clean(metrics)}
+    """:func:`trial_public` as a plain dict, for :func:`json_bytes` (a page of them is
+    serialized once, without building and validating a model per trial; a non-finite
+    number becomes null there)."""
+    metrics = t.metrics
+    if "losses" in metrics:
+        metrics = {k: v for k, v in metrics.items() if k != "losses"}
+    return {
+        "id": t.id,
+        "number": t.number,
+        "state": t.state,
+        "params": t.params,
+        "value": t.value,
+        "failure_class": t.failure_class,
+        "reason": t.reason,
+        "source": t.source,
+        "host": t.host,
+        "queued_at": t.queued_at,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "gpu_seconds": t.gpu_seconds,
+        "attempts": t.attempts,
+        "metrics": metrics,
+    }
 
 
 def _step_public(s: StepMetrics) -> StepPublic:

@@ -20,6 +20,11 @@ Bounded: at most 300 s of load, 200 readers, 200,000 trials; it talks to 127.0.0
 
 Run:  python bench/api_load.py [--backend sqlite|postgresql] [--mode load|idle]
           [--trials 10000] [--readers 50] [--duration 60] [--write-rate 10] [--requests 300]
+          [--pin-server 0 --pin-load 1]
+
+Every client and its connection are made before the clock starts, and the longest stall of
+the readers' own event loop is printed: on a loaded machine the load generator is starved
+too, and a latency includes its stalls.
 
 Targets: under load p99 <= 200 ms for /best and the trial page; idle /best p99 <= 50 ms at
 100,000 trials. ``--check`` exits 1 when one is missed.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -147,44 +153,65 @@ def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any) -> None:
 
 
 async def _reader(
-    base: str, stop_at: float, n_trials: int, seed: int, out: dict[str, list[float]],
-    errors: dict[str, int],
+    client: httpx.AsyncClient, stop_at: float, n_trials: int, seed: int,
+    out: dict[str, list[float]], errors: dict[str, int],
 ) -> None:  # fmt: skip
     rng = random.Random(seed)
     api = f"/api/v1/studies/{STUDY}"
-    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-        i = seed
-        while time.time() < stop_at:
-            i += 1
-            if i % 2:
-                name, path = "best", f"{api}/best"
-            else:
-                order = rng.choice(["number", "-number", "value", "-value"])
-                off = rng.randrange(0, max(1, n_trials - 100))
-                name, path = "trials_page", f"{api}/trials?limit=100&offset={off}&order={order}"
-            t0 = time.perf_counter()
-            try:
-                r = await client.get(path)
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError) as e:
-                errors[f"reset ({type(e).__name__})"] = (
-                    errors.get(f"reset ({type(e).__name__})", 0) + 1
-                )
-                continue
-            ms = (time.perf_counter() - t0) * 1000
-            if r.status_code != 200:
-                errors[f"HTTP {r.status_code}"] = errors.get(f"HTTP {r.status_code}", 0) + 1
-                continue
-            out[name].append(ms)
+    i = seed
+    while time.time() < stop_at:
+        i += 1
+        if i % 2:
+            name, path = "best", f"{api}/best"
+        else:
+            order = rng.choice(["number", "-number", "value", "-value"])
+            off = rng.randrange(0, max(1, n_trials - 100))
+            name, path = "trials_page", f"{api}/trials?limit=100&offset={off}&order={order}"
+        t0 = time.perf_counter()
+        try:
+            r = await client.get(path)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError) as e:
+            errors[f"reset ({type(e).__name__})"] = (
+                errors.get(f"reset ({type(e).__name__})", 0) + 1
+            )
+            continue
+        ms = (time.perf_counter() - t0) * 1000
+        if r.status_code != 200:
+            errors[f"HTTP {r.status_code}"] = errors.get(f"HTTP {r.status_code}", 0) + 1
+            continue
+        out[name].append(ms)
 
 
 async def _readers(
     base: str, n: int, duration: float, n_trials: int
-) -> tuple[dict[str, list[float]], dict[str, int]]:
+) -> tuple[dict[str, list[float]], dict[str, int], float]:
+    """The readers' latencies, errors and the longest stall of their own event loop (a
+    latency includes it: a loaded machine can starve the load generator as well)."""
     out: dict[str, list[float]] = {"best": [], "trials_page": []}
     errors: dict[str, int] = {}
-    stop_at = time.time() + duration
-    await asyncio.gather(*(_reader(base, stop_at, n_trials, k, out, errors) for k in range(n)))
-    return out, errors
+    async with contextlib.AsyncExitStack() as stack:
+        # every client and its connection made before the clock starts (making 50 clients
+        # takes seconds on a loaded machine: requests in flight meanwhile looked that slow)
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=60))
+            for _ in range(n)
+        ]
+        await asyncio.gather(*(c.get("/api/v1/health") for c in clients))
+        stall = [0.0]
+        monitor = asyncio.ensure_future(_loop_stall(stall))
+        stop_at = time.time() + duration
+        await asyncio.gather(
+            *(_reader(c, stop_at, n_trials, k, out, errors) for k, c in enumerate(clients))
+        )
+        monitor.cancel()
+    return out, errors, stall[0]
+
+
+async def _loop_stall(longest: list[float]) -> None:
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.01)
+        longest[0] = max(longest[0], time.perf_counter() - t0 - 0.01)
 
 
 def _idle(base: str, n: int) -> dict[str, list[float]]:
@@ -203,6 +230,21 @@ def _idle(base: str, n: int) -> dict[str, list[float]]:
 # --- main ----------------------------------------------------------------------------------
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) that process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpus(text: str) -> set[int]:
+    """``0`` or ``0,1`` or ``0-3``."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
@@ -213,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-rate", type=float, default=10.0)
     ap.add_argument("--requests", type=int, default=300, help="idle mode: /best requests")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--pin-server", metavar="CPUS", help="run the server on these CPUs (e.g. 0)")
+    ap.add_argument(
+        "--pin-load", metavar="CPUS", help="run the readers and the writer on these (e.g. 1)"
+    )
     args = ap.parse_args(argv)
     if not (1 <= args.readers <= 200 and 0 < args.duration <= 300 and 0 < args.trials <= 200_000):
         ap.error("bounds: 1..200 readers, 0..300 s, 1..200,000 trials")
@@ -237,9 +283,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"database ({args.backend}): {info['trials']} trials, {info['steps']} step rows, "
               f"{info['rejections']} rejections; built in {took:.1f} s")  # fmt: skip
         port = free_port()
+        own = os.sched_getaffinity(0)
+        if args.pin_server:  # the server inherits this process's CPUs
+            os.sched_setaffinity(0, _cpus(args.pin_server))
         server = start_server(url, port, Path(tmp.name) / "serve.log")
+        os.sched_setaffinity(0, _cpus(args.pin_load) if args.pin_load else own)
         base = f"http://127.0.0.1:{port}"
         load_before = os.getloadavg()
+        cpu_before = _cpu_s(server.pid)
         writes = 0
         errors: dict[str, int] = {}
         if args.mode == "idle":
@@ -253,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
             writer.start()
             if not ready.wait(timeout=120):
                 raise RuntimeError("the writer did not start in 120 s")
-            results, errors = asyncio.run(_readers(base, args.readers, args.duration, args.trials))
+            results, errors, stall = asyncio.run(
+                _readers(base, args.readers, args.duration, args.trials)
+            )
             stop.set()
             writer.join(timeout=60)
             writes = int(done.value)
@@ -261,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             what = (f"{args.readers} readers (no pause) + a writer at {args.write_rate:g} "
                     f"trials/s for {args.duration:g} s")  # fmt: skip
         load_after = os.getloadavg()
+        server_cpu_s = _cpu_s(server.pid) - cpu_before
     finally:
         if server is not None:
             server.terminate()
@@ -285,9 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "load":
         print(f"reads: {total} ({total / args.duration:.0f}/s); writes: {writes} trials "
               f"({writes / args.duration:.1f}/s); errors: {errors or 0}")  # fmt: skip
+        print(f"longest stall of the load generator's own event loop: {stall * 1000:.0f} ms")
+    # CPU time is what a loaded machine does not inflate as much as wall-clock latency
+    print(f"server CPU: {server_cpu_s:.1f} s, {server_cpu_s * 1000 / max(total, 1):.2f} ms per "
+          "read")  # fmt: skip
     print(f"p99 target <= {target:.0f} ms: {'ok' if ok else 'MISSED'}")
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"on {os.cpu_count()} CPUs")  # fmt: skip
+    if args.pin_server or args.pin_load:
+        print(f"pinned: server on CPUs {args.pin_server or 'any'}, readers and writer on "
+              f"{args.pin_load or 'any'}")  # fmt: skip
     return 1 if args.check and not ok else 0
 
 

@@ -316,6 +316,10 @@ class StudyRecord:
     created_at: float
     model: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, Any] = field(default_factory=dict)
+    #: The study's change counter: moves with every write of its trials, rejections, state
+    #: or attributes (not with heartbeats); equal versions, equal data. Not compared: two
+    #: records of the same study data are equal whatever their counters (an imported copy).
+    version: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

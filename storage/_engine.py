@@ -60,7 +60,7 @@ __all__ = [
 log = logging.getLogger("dse.storage")
 
 #: The newest schema revision (a test checks it is the head of the shipped migrations).
-SCHEMA_HEAD = "0003"
+SCHEMA_HEAD = "0004"
 #: The Alembic script directory shipped inside the package.
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 #: How long a SQLite writer waits for the database lock before giving up (then retried).
@@ -117,12 +117,17 @@ def has_password(url: str) -> bool:
         return False
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
     """An engine for ``url`` with dse's connection settings (see the module docstring).
+
+    ``pool_size``: connections kept open (default: SQLAlchemy's 5, plus 10 opened and
+    closed again as needed); a server with more worker threads than that keeps one per
+    thread instead of opening a connection per request.
 
     Raises:
         StorageError: the URL is malformed or names a driver that is not installed.
     """
+    pool: dict[str, Any] = {} if pool_size is None else {"pool_size": pool_size}
     try:
         u = make_url(url)
         backend = u.get_backend_name()
@@ -137,6 +142,7 @@ def make_engine(url: str) -> Engine:
                 engine = create_engine(
                     url,
                     connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+                    **pool,
                 )
             _install_sqlite_hooks(engine)
         elif backend == "postgresql":
@@ -144,6 +150,7 @@ def make_engine(url: str) -> Engine:
                 url,
                 pool_pre_ping=True,
                 connect_args={"connect_timeout": 10},
+                **pool,
             )
         else:
             engine = create_engine(url, pool_pre_ping=True)
@@ -291,6 +298,21 @@ class SessionScope:
                         "%s: transient error, retry %d in %.3fs: %s", what, attempt, delay, e
                     )
                     time.sleep(delay)
+                    continue
+                raise StorageError(f"{what} failed: {_first_line(e)}") from e
+
+    def read(self, fn: Callable[[Connection], T], *, what: str = "database read") -> T:
+        """``fn(connection)`` in one read transaction on a plain connection (no ORM session:
+        for hot reads of plain rows), retried on transient errors like :meth:`run`."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.engine.connect() as conn:
+                    return fn(conn)  # leaving rolls the read transaction back
+            except SQLAlchemyError as e:
+                if is_transient(e) and attempt < MAX_ATTEMPTS:
+                    time.sleep(_BACKOFF_S * (2 ** (attempt - 1)) * (0.5 + random.random()))
                     continue
                 raise StorageError(f"{what} failed: {_first_line(e)}") from e
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import ColumnElement, Select, delete, func, select, update
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import Session
 
 from dse.exceptions import (
@@ -88,11 +88,14 @@ from dse.storage._models import (
     TrialStepModel,
 )
 from dse.storage._rows import (
+    TRIAL_COLUMNS,
     param_rows,
     rejection_record,
     step_rows,
     steps_of,
+    steps_of_conn,
     study_record,
+    trial_from_row,
     trial_record,
 )
 
@@ -110,13 +113,14 @@ _OUTCOME_STATE: dict[OutcomeStatus, FinishedState] = {
 }
 
 
-def open_storage(url: str) -> Storage:
+def open_storage(url: str, *, pool_size: int | None = None) -> Storage:
     """Open (and create or upgrade) the study database at ``url``.
 
     Args:
         url: a SQLAlchemy URL: ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db``,
             ``sqlite:///:memory:`` (one process, for tests) or
             ``postgresql+psycopg://user@host/db`` (``postgresql://`` also gets psycopg 3).
+        pool_size: database connections kept open (for a server's worker threads).
 
     Returns:
         A :class:`Storage` whose schema is at this dse's head revision.
@@ -132,7 +136,7 @@ def open_storage(url: str) -> Storage:
     """
     url = normalize_url(url)
     _make_sqlite_parent(url)
-    engine = make_engine(url)
+    engine = make_engine(url, pool_size=pool_size)
     try:
         revision = migrate(engine, url)
     except BaseException:
@@ -288,6 +292,17 @@ class Storage:
 
         return self._db.run(fn, write=False, what="list studies")
 
+    def study_versions(self) -> dict[str, tuple[int, int]]:
+        """Every study's ``(id, version)`` by name: one narrow query (the key of answers
+        that are reused while a study's version does not move; see :attr:`StudyRecord.version`
+        for what moves it)."""
+        q = select(StudyModel.name, StudyModel.id, StudyModel.version)
+
+        def fn(conn: Connection) -> dict[str, tuple[int, int]]:
+            return {name: (sid, version or 0) for name, sid, version in conn.execute(q)}
+
+        return self._db.read(fn, what="read study versions")
+
     def set_study_state(self, name: str, state: str) -> None:
         """Set a study's state (one of ``STUDY_STATES``: created, running, stopping, complete,
         stopped, interrupted).
@@ -303,6 +318,7 @@ class Storage:
             row = _study_or_raise(s, name)
             row.state = state
             row.updated_at = time.time()
+            _bump(s, row.id)
 
         self._db.run(fn, write=True, what=f"set state of study {name!r}")
 
@@ -335,6 +351,7 @@ class Storage:
                 s.add(StudyAttrModel(study_id=study_id, key=key, value=value))
             else:
                 row.value = value
+            _bump(s, study_id)
 
         self._db.run(fn, write=True, retry_integrity=True, what=f"set study attribute {key!r}")
 
@@ -433,6 +450,7 @@ class Storage:
             s.add(row)
             s.flush()
             s.add_all(TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in pairs)
+            _bump(s, study_id)
             return trial_record(row)
 
         return self._db.run(fn, write=True, retry_integrity=True, what="claim a trial")
@@ -466,6 +484,7 @@ class Storage:
                 return None
             row.runner = runner
             row.heartbeat_at = time.time()
+            _bump(s, study_id)
             return trial_record(row)
 
         return self._db.run(fn, write=True, what="acquire a queued trial")
@@ -500,6 +519,7 @@ class Storage:
             row.metrics_path = metrics_path
             row.started_at = now
             row.heartbeat_at = now
+            _bump(s, row.study_id)
             return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"start trial {trial_id}")
@@ -575,6 +595,7 @@ class Storage:
                 row.host = host[:255]
             s.execute(delete(TrialStepModel).where(TrialStepModel.trial_id == row.id))
             s.add_all(step_rows(row.id, outcome.steps))
+            _bump(s, row.study_id)
             return trial_record(row, tuple(outcome.steps))
 
         return self._db.run(fn, write=True, what=f"finish trial {trial_id}")
@@ -610,6 +631,7 @@ class Storage:
             row.host = None
             row.started_at = None
             row.heartbeat_at = None
+            _bump(s, row.study_id)
             return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"requeue trial {trial_id}")
@@ -715,6 +737,10 @@ class Storage:
         if order not in TRIAL_ORDERS:
             raise ValueError(f"order must be one of {TRIAL_ORDERS}, got {order!r}")
 
+        where = [TrialModel.study_id == study_id]
+        if state is not None:
+            where.append(TrialModel.state == state)
+
         def fn(s: Session) -> list[TrialRecord]:
             where = [TrialModel.study_id == study_id]
             if state is not None:
@@ -745,7 +771,26 @@ class Storage:
             steps = steps_of(s, [r.id for r in rows]) if with_steps and rows else {}
             return [trial_record(r, steps.get(r.id, ())) for r in rows]
 
-        return self._db.run(fn, write=False, what="list trials")
+        if limit is None and offset == 0:
+            return self._db.run(fn, write=False, what="list trials")
+
+        # A page: sort and skip narrow id rows first (in index order: see _ordered), then
+        # load only the page's rows, as plain rows on a plain connection (no ORM objects:
+        # most of a page's CPU was theirs).
+        ids_q = _ordered(select(TrialModel.id).where(*where), order).offset(offset)
+        if limit is not None:
+            ids_q = ids_q.limit(limit)
+
+        def page(conn: Connection) -> list[TrialRecord]:
+            ids = list(conn.scalars(ids_q))
+            if not ids:
+                return []
+            rows = conn.execute(_TRIAL_ROWS.where(TrialModel.id.in_(ids))).all()
+            by_id = {r[0]: r for r in rows}
+            steps = steps_of_conn(conn, ids) if with_steps else {}
+            return [trial_from_row(by_id[i], steps.get(i, ())) for i in ids]
+
+        return self._db.read(page, what="list trials")
 
     def list_trial_points(self, study_id: int) -> list[TrialPoint]:
         """Every trial of a study in brief, by number: state, value, knobs, failure, GPU-seconds
@@ -1164,6 +1209,7 @@ class Storage:
             )
             s.add(row)
             s.flush()
+            _bump(s, study_id)
             return rejection_record(row)
 
         return self._db.run(fn, write=True, what="add rejection")
@@ -1332,6 +1378,20 @@ def _insert_study(
     return row
 
 
+def _bump(s: Session, study_id: int) -> None:
+    """Move the study's change counter (``studies.version``) in this transaction.
+
+    Called last in a write (after its trial row locks): PostgreSQL then locks the study row
+    only until the commit, in the same order (trial, then study) as every other writer.
+    """
+    s.execute(
+        update(StudyModel)
+        .where(StudyModel.id == study_id)
+        .values(version=StudyModel.version + 1)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def _study_by_name(s: Session, name: str) -> StudyModel | None:
     return s.scalars(select(StudyModel).where(StudyModel.name == name)).one_or_none()
 
@@ -1360,12 +1420,17 @@ def _trial_or_raise(s: Session, trial_id: int, *, for_update: bool = False) -> T
     return row
 
 
+#: Every column of a trial, in :data:`TRIAL_COLUMNS` order (for :func:`trial_from_row`).
+_TRIAL_ROWS = select(*(getattr(TrialModel, c) for c in TRIAL_COLUMNS))
+
+
 def _ordered(q: _Sel, order: str) -> _Sel:
     if order == "number":
         return q.order_by(TrialModel.number)
     if order == "-number":
         return q.order_by(TrialModel.number.desc())
     # NULLS LAST (SQLite >= 3.30, PostgreSQL) rather than a CASE key: the planner can then
-    # walk ix_trials_study_id_value_number instead of sorting every row of the study.
+    # walk ix_trials_study_id_value_number (value) or ix_trials_study_id_value_desc_number
+    # (-value) instead of sorting every row of the study.
     value = TrialModel.value.asc() if order == "value" else TrialModel.value.desc()
     return q.order_by(value.nulls_last(), TrialModel.number)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialRecord
@@ -21,6 +22,9 @@ __all__ = [
     "step_record",
     "study_record",
     "trial_record",
+    "trial_from_row",
+    "TRIAL_COLUMNS",
+    "steps_of_conn",
     "rejection_record",
 ]
 
@@ -60,6 +64,32 @@ def steps_of(s: Session, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, .
     return {k: tuple(v) for k, v in out.items()}
 
 
+def steps_of_conn(conn: Connection, trial_ids: list[int]) -> dict[int, tuple[StepMetrics, ...]]:
+    """:func:`steps_of` on a plain connection."""
+    out: dict[int, list[StepMetrics]] = {}
+    t = TrialStepModel
+    cols = (t.trial_id, t.step, t.step_time_s, t.tflops_per_gpu, t.peak_mem_gib,
+            t.peak_reserved_gib, t.loss, t.grad_norm)  # fmt: skip
+    for chunk_start in range(0, len(trial_ids), 500):
+        chunk = trial_ids[chunk_start : chunk_start + 500]
+        rows = conn.execute(
+            select(*cols).where(t.trial_id.in_(chunk)).order_by(t.trial_id, t.step, t.id)
+        )
+        for tid, step, st, tf, pm, pr, loss, gn in rows:
+            out.setdefault(tid, []).append(
+                StepMetrics(
+                    step=step,
+                    step_time_s=_nan_if_none(st),
+                    tflops_per_gpu=_nan_if_none(tf),
+                    peak_mem_gib=_nan_if_none(pm),
+                    peak_reserved_gib=_nan_if_none(pr),
+                    loss=_nan_if_none(loss),
+                    grad_norm=gn,
+                )  # fmt: skip
+            )
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _nan_if_none(x: float | None) -> float:
     # SQLite stores NaN as NULL: a missing required number reads back as NaN.
     return math.nan if x is None else x
@@ -89,6 +119,7 @@ def study_record(r: StudyModel) -> StudyRecord:
         created_at=r.created_at,
         model=dict(r.model or {}),
         hardware=dict(r.hardware or {}),
+        version=r.version or 0,
     )
 
 
@@ -119,6 +150,32 @@ def trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRec
         history=tuple(dict(h) for h in (r.history or [])),
         remeasure_of=r.remeasure_of,
     )
+
+
+#: The columns :func:`trial_from_row` reads, in its order.
+TRIAL_COLUMNS = (
+    "id", "study_id", "number", "state", "params", "params_key", "metrics", "value",
+    "failure_class", "reason", "source", "runner", "host", "log_path", "metrics_path",
+    "queued_at", "started_at", "finished_at", "heartbeat_at", "gpu_seconds", "attempts",
+    "history",
+)  # fmt: skip
+
+
+def trial_from_row(row: Sequence[Any], steps: tuple[StepMetrics, ...] = ()) -> TrialRecord:
+    """:func:`trial_record` of a plain row of :data:`TRIAL_COLUMNS` (unpacked by position:
+    a page of them costs a fraction of ORM objects)."""
+    (id_, study_id, number, state, params, params_key, metrics, value, failure_class, reason,
+     source, runner, host, log_path, metrics_path, queued_at, started_at, finished_at,
+     heartbeat_at, gpu_seconds, attempts, history) = row  # fmt: skip
+    return TrialRecord(
+        id=id_, study_id=study_id, number=number, state=state, params=params or {},
+        params_key=params_key, metrics=metrics or {}, value=value,
+        failure_class=failure_class, reason=reason, source=source, runner=runner, host=host,
+        log_path=log_path, metrics_path=metrics_path, queued_at=queued_at,
+        started_at=started_at, finished_at=finished_at, heartbeat_at=heartbeat_at,
+        gpu_seconds=gpu_seconds, steps=steps, attempts=attempts or 0,
+        history=tuple(history or ()),
+    )  # fmt: skip
 
 
 def rejection_record(r: RejectionModel) -> RejectionRecord:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 
-from dse.api.deps import ReadsDep, StorageDep, StudyName, get_study
+from dse.api.deps import Reads, ReadsDep, StorageDep, StudyName
 from dse.api.errors import error_responses
 from dse.api.schemas import BestPublic, BestQuery, CrossBestPublic
 from dse.api.views import best_public, best_text, cross_best, json_bytes
 from dse.exceptions import SpaceError
-from dse.records import BestFormat, Metric
+from dse.records import BestFormat, Metric, StudyRecord
 from dse.storage import Storage
 
 __all__ = ["router"]
@@ -54,11 +55,11 @@ async def get_best(
     ``format=json`` answers a JSON object whose ``exports`` hold the Megatron-LM arguments
     and the Megatron-Bridge / NeMo-Run overrides; ``yaml``, ``megatron``, ``bridge`` and
     ``nemo`` answer exactly what ``dse best --format ...`` prints, as text/plain. 404 while
-    the study has no complete trial. (Answers are reused for ``DSE_READ_CACHE_S``.)
+    the study has no complete trial. (Answers are reused until the study changes.)
     """
 
-    def build() -> bytes:
-        study = get_study(storage, name)
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        study = study_of()
         try:
             if fmt == "json":
                 return json_bytes(best_public(storage, study).model_dump(mode="json"))
@@ -67,7 +68,7 @@ async def get_best(
             raise HTTPException(status_code=409, detail=f"the stored space no longer loads: {e}")
         return (text if text.endswith("\n") else text + "\n").encode()
 
-    body = await reads.answers.get(("best", name, fmt), build)
+    body = await reads.study(name, ("best", name, fmt), build)
     if fmt == "json":
         return Response(body, media_type="application/json")
     return PlainTextResponse(body)
@@ -78,9 +79,10 @@ async def get_best(
     response_model=CrossBestPublic,
     responses=error_responses(404, 422, 503),
 )
-def get_best_across(
+async def get_best_across(
     request: Request,
     storage: StorageDep,
+    reads: ReadsDep,
     num_layers: Annotated[int | None, Query(**_INT)] = None,
     hidden_size: Annotated[int | None, Query(**_INT)] = None,
     num_attention_heads: Annotated[int | None, Query(**_INT)] = None,
@@ -103,7 +105,7 @@ def get_best_across(
     metric: Annotated[Metric, Query(description="Objective the studies optimise.")] = (
         "tflops_per_gpu"
     ),
-) -> CrossBestPublic:
+) -> Response:
     """The best configuration for this model on this hardware over every matching study.
 
     Every given field must equal the study's (model fields, ``seq_length`` and
@@ -149,11 +151,15 @@ def get_best_across(
         if v is not None
     }
     query = BestQuery(model=model, semantics=semantics, hardware=hardware, metric=metric)
-    return _cross(storage, query)
+    return await _cross(storage, reads, query)
 
 
 #: The query parameters of ``GET /best`` (anything else is a misspelling: 422).
-_GET_PARAMS = frozenset(inspect.signature(get_best_across).parameters) - {"request", "storage"}
+_GET_PARAMS = frozenset(inspect.signature(get_best_across).parameters) - {
+    "request",
+    "storage",
+    "reads",
+}
 
 
 @router.post(
@@ -161,16 +167,22 @@ _GET_PARAMS = frozenset(inspect.signature(get_best_across).parameters) - {"reque
     response_model=CrossBestPublic,
     responses=error_responses(400, 404, 422, 503),
 )
-def query_best(storage: StorageDep, query: BestQuery) -> CrossBestPublic:
+async def query_best(storage: StorageDep, reads: ReadsDep, query: BestQuery) -> Response:
     """Like ``GET /best`` with any model / semantics / hardware field in a JSON body
     (read-only). A field the space file does not have is a 422 naming it."""
-    return _cross(storage, query)
+    return await _cross(storage, reads, query)
 
 
-def _cross(storage: Storage, query: BestQuery) -> CrossBestPublic:
+async def _cross(storage: Storage, reads: Reads, query: BestQuery) -> Response:
+    """The best across studies, reused until a study is added, removed or changed."""
     if not query.model and not query.semantics and not query.hardware:
         raise HTTPException(
             status_code=422,
             detail="give at least one model, semantics or hardware field to match by",
         )
-    return cross_best(storage, query)
+
+    def build() -> bytes:
+        return json_bytes(cross_best(storage, query).model_dump(mode="json"))
+
+    body = await reads.every_study(("cross-best", query.model_dump_json()), build)
+    return Response(body, media_type="application/json")

@@ -5,14 +5,16 @@ the baseline's) and ``/comparable`` (the other studies of the model)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from dse.api.deps import CacheDep, StorageDep, StudyDep, TrustedDep
+from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep
 from dse.api.errors import error_responses
 from dse.api.schemas import ComparablePublic, LossCurvesPublic, TimelinePublic
-from dse.api.views import json_bytes, study_signature
+from dse.api.views import json_bytes
+from dse.records import StudyRecord
 
 __all__ = ["router"]
 
@@ -23,32 +25,40 @@ _MAX_INT = 2**31 - 1
 
 
 @router.get("/{name}/insights", responses=error_responses(404, 422, 503))
-def get_insights(
+async def get_insights(
     storage: StorageDep,
-    study: StudyDep,
+    reads: ReadsDep,
+    name: StudyName,
     cost_per_gpu_hour: Annotated[float | None, Query(gt=0, le=1e6)] = None,
     tokens: Annotated[float, Query(gt=0, le=1e16)] = 1e12,
 ) -> Response:
     """Knob importance (Optuna PED-ANOVA on the complete trials), the objective per knob
     value (slices), GPU-hours spent and saved against the full grid, and a projection of a
-    full training run from the best step time (estimates are labelled)."""
-    from dse.studyplots import study_plot_data
+    full training run from the best step time (estimates are labelled). Reused until the
+    study changes."""
 
-    data = study_plot_data(storage, study, cost_per_gpu_hour=cost_per_gpu_hour, tokens=tokens)
-    keys = ("study", "metric", "direction", "importance", "importance_how", "slices",
-            "slice_values", "gpu", "projection")  # fmt: skip
-    body: dict[str, Any] = {k: data[k] for k in keys}
-    return Response(json_bytes(body), media_type="application/json")
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        from dse.studyplots import study_plot_data
+
+        study = study_of()
+        data = study_plot_data(storage, study, cost_per_gpu_hour=cost_per_gpu_hour, tokens=tokens)
+        keys = ("study", "metric", "direction", "importance", "importance_how", "slices",
+                "slice_values", "gpu", "projection")  # fmt: skip
+        body: dict[str, Any] = {k: data[k] for k in keys}
+        return json_bytes(body)
+
+    key = ("insights", name, cost_per_gpu_hour, tokens)
+    return Response(await reads.study(name, key, build), media_type="application/json")
 
 
 @router.get(
     "/{name}/timeline", response_model=TimelinePublic, responses=error_responses(404, 422, 503)
 )
-def get_timeline(
+async def get_timeline(
+    reads: ReadsDep,
     storage: StorageDep,
-    study: StudyDep,
+    name: StudyName,
     trusted: TrustedDep,
-    cache: CacheDep,
     last: Annotated[
         int,
         Query(
@@ -61,15 +71,17 @@ def get_timeline(
     """What ran where and when: one lane per GPU slot (recorded ``gpu_slots``, else a
     cluster runner's nodes and GPU indices, else one lane per concurrent trial inferred from
     overlapping run times), a bar per trial and per interrupted attempt, coloured by state,
-    and the idle gaps. Readers without the token see host names as ``node N``."""
-    from dse.studyplots import study_timeline
+    and the idle gaps. Readers without the token see host names as ``node N``. Reused until
+    the study changes."""
 
-    body = cache.get(
-        ("timeline", study.id, study.name, study.created_at, trusted, last),
-        study_signature(storage, study),
-        lambda: json_bytes(study_timeline(storage, study, redact_hosts=not trusted, last=last)),
-    )
-    return Response(body, media_type="application/json")
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        from dse.studyplots import study_timeline
+
+        study = study_of()
+        return json_bytes(study_timeline(storage, study, redact_hosts=not trusted, last=last))
+
+    key = ("timeline", name, trusted, last)
+    return Response(await reads.study(name, key, build), media_type="application/json")
 
 
 @router.get(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from dse.api.deps import (
-    CacheDep,
     LauncherDep,
     ReadsDep,
     SettingsDep,
@@ -16,6 +16,7 @@ from dse.api.deps import (
     SpaceCheckerDep,
     StorageDep,
     StudyDep,
+    StudyName,
     WriteAccess,
 )
 from dse.api.errors import error_responses
@@ -32,10 +33,10 @@ from dse.api.views import (
     pareto_public,
     rejection_public,
     study_public,
-    study_signature,
     study_summary,
 )
 from dse.exceptions import SpaceError
+from dse.records import StudyRecord
 from dse.space_check import CheckedSpace
 from dse.storage import is_ephemeral
 
@@ -56,10 +57,19 @@ _STOPPABLE = ("running", "stopping")
 
 
 @router.get("", response_model=StudiesPublic, responses=error_responses(503))
-def list_studies(storage: StorageDep) -> StudiesPublic:
-    """Every study, oldest first: state, trial counts, best value, GPU-hours."""
-    data = [study_summary(storage, s) for s in storage.list_studies()]
-    return StudiesPublic(data=data, count=len(data))
+async def list_studies(storage: StorageDep, reads: ReadsDep) -> Response:
+    """Every study, oldest first: state, trial counts, best value, GPU-hours (reused until a
+    study is added, removed or changed)."""
+
+    def build() -> bytes:
+        data = [study_summary(storage, s) for s in storage.list_studies()]
+        return json_bytes(StudiesPublic(data=data, count=len(data)).model_dump(mode="json"))
+
+    return _json(await reads.every_study(("studies",), build))
+
+
+def _json(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
 
 
 #: A space file is a few KiB; a body beyond this is refused (413) before it is read in full.
@@ -124,7 +134,6 @@ async def create_study(
     settings: SettingsDep,
     launcher: LauncherDep,
     checker: SpaceCheckerDep,
-    reads: ReadsDep,
     start: Annotated[
         bool, Query(description="Also start the study: `dse resume` as a detached process.")
     ] = False,
@@ -158,9 +167,14 @@ async def create_study(
 
 
 @router.get("/{name}", response_model=StudyPublic, responses=error_responses(404, 422, 503))
-def get_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
+async def get_study(storage: StorageDep, reads: ReadsDep, name: StudyName) -> Response:
     """One study: summary, the space file as given, rejections per kind."""
-    return study_public(storage, study)
+
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        public = study_public(storage, study_of())
+        return json_bytes(public.model_dump(mode="json"))
+
+    return _json(await reads.study(name, ("study", name), build))
 
 
 @router.post(
@@ -170,7 +184,7 @@ def get_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
     dependencies=[WriteAccess],
     responses=error_responses(401, 403, 404, 409, 422, 503),
 )
-def stop_study(storage: StorageDep, study: StudyDep, reads: ReadsDep) -> StudyPublic:
+def stop_study(storage: StorageDep, study: StudyDep) -> StudyPublic:
     """Ask a running study to stop: its state becomes ``stopping``; the study loop sees it
     within seconds, kills and re-queues its running trials and sets ``stopped``."""
     if study.state not in _STOPPABLE:
@@ -179,23 +193,21 @@ def stop_study(storage: StorageDep, study: StudyDep, reads: ReadsDep) -> StudyPu
             detail=f"study {study.name!r} is not running (state {study.state!r})",
         )
     storage.set_study_state(study.name, "stopping")
-    reads.clear()
     return study_public(storage, storage.get_study(study.name))
 
 
 @router.get(
     "/{name}/pareto", response_model=ParetoPublic, responses=error_responses(404, 422, 503)
 )
-def get_pareto(storage: StorageDep, study: StudyDep, cache: CacheDep) -> Response:
+async def get_pareto(storage: StorageDep, reads: ReadsDep, name: StudyName) -> Response:
     """TFLOP/s per GPU vs peak memory: every trial (and pre-launch rejection) as a point
     with its kind (``complete``, ``oom``, ``invalid``, ``predicted_oom``, ``error``, ...),
     the non-dominated complete trials flagged ``on_front`` and listed in ``front``."""
-    body = cache.get(
-        ("pareto", study.id, study.name, study.created_at),
-        study_signature(storage, study),
-        lambda: json_bytes(pareto_public(storage, study)),
-    )
-    return Response(body, media_type="application/json")
+
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        return json_bytes(pareto_public(storage, study_of()))
+
+    return _json(await reads.study(name, ("pareto", name), build))
 
 
 @router.get(
@@ -203,18 +215,27 @@ def get_pareto(storage: StorageDep, study: StudyDep, cache: CacheDep) -> Respons
     response_model=RejectionsPublic,
     responses=error_responses(404, 422, 503),
 )
-def list_rejections(
+async def list_rejections(
     storage: StorageDep,
-    study: StudyDep,
+    reads: ReadsDep,
+    name: StudyName,
     kind: Annotated[
         str | None,
         Query(max_length=64, description="Only this kind ('invalid', 'predicted_oom')."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
-) -> RejectionsPublic:
+) -> Response:
     """Proposals rejected before launch, oldest first: the rule and its reason."""
-    counts = storage.count_rejections(study.id)
-    page = storage.list_rejections(study.id, kind=kind, limit=limit, offset=offset)
-    total = counts.get(kind, 0) if kind is not None else sum(counts.values())
-    return RejectionsPublic(data=[rejection_public(r) for r in page], count=total, counts=counts)
+
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        study = study_of()
+        counts = storage.count_rejections(study.id)
+        page = storage.list_rejections(study.id, kind=kind, limit=limit, offset=offset)
+        total = counts.get(kind, 0) if kind is not None else sum(counts.values())
+        public = RejectionsPublic(
+            data=[rejection_public(r) for r in page], count=total, counts=counts
+        )
+        return json_bytes(public.model_dump(mode="json"))
+
+    return _json(await reads.study(name, ("rejections", name, kind, limit, offset), build))

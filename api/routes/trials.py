@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep, get_study
+from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep
 from dse.api.errors import error_responses
 from dse.api.schemas import (
     TrialDetailPublic,
@@ -16,7 +17,7 @@ from dse.api.schemas import (
     TrialsPublic,
 )
 from dse.api.views import json_bytes, trial_detail, trial_row
-from dse.records import TrialState
+from dse.records import StudyRecord, TrialState
 
 __all__ = ["router"]
 
@@ -60,12 +61,12 @@ async def list_trials(
         Query(description="number, -number, value or -value (no value last)."),
     ] = "number",
 ) -> Response:
-    """A page of a study's trials (``count``: how many match in all pages). (Pages are
-    reused for ``DSE_READ_CACHE_S``.)"""
+    """A page of a study's trials (``count``: how many match in all pages). Pages are
+    reused until the study changes (every trial write moves its version)."""
 
-    def build() -> bytes:
-        study = get_study(storage, name)
-        counts = reads.counts.get(study.id, lambda: storage.count_trials(study.id))
+    def build(study_of: Callable[[], StudyRecord]) -> bytes:
+        study = study_of()
+        counts = reads.counts(study)
         rows = storage.list_trials(study.id, state=state, limit=limit, offset=offset, order=order)
         data = [trial_row(t) for t in rows]
         if not trusted:
@@ -77,7 +78,7 @@ async def list_trials(
         return json_bytes({"data": data, "count": count})
 
     key = ("trials", name, state, limit, offset, order, trusted)
-    return Response(await reads.answers.get(key, build), media_type="application/json")
+    return Response(await reads.study(name, key, build), media_type="application/json")
 
 
 @router.get(

@@ -1,53 +1,65 @@
-"""The read cache of the hot endpoints: shared answers, single flight, freshness bounds."""
+"""Answers kept per study version: never stale after a committed write (from any process),
+shared between concurrent requests, and database work off the event loop."""
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing as mp
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from dse.api import Settings, create_app
+from dse.api.readcache import StudyVersions
+from dse.api.schemas import TrialPublic
+from dse.api.views import trial_row
 from dse.records import Outcome
 from dse.space import params_key
 from dse.storage import Storage, open_storage
-from tests.api.conftest import TOKEN, TestClient
+from tests.api.conftest import BACKENDS, TOKEN, TestClient, new_url
 from tests.api.live import serve
 from tests.api.seed import create_study, ok, space_yaml
 
 V1 = "/api/v1"
 
 
-def _db(tmp_path: Path) -> tuple[str, int]:
-    url = f"sqlite:///{tmp_path / 'cache.db'}"
+def _db(url: str) -> int:
     storage = open_storage(url)
     try:
         sid = create_study(storage, "s")
         _complete(storage, sid, 1, 300.0)
     finally:
         storage.close()
-    return url, sid
+    return sid
 
 
 def _complete(st: Storage, sid: int, mbs: int, tflops: float) -> None:
     params = {"tensor_model_parallel_size": 1, "micro_batch_size": mbs,
               "use_distributed_optimizer": False}  # fmt: skip
     t = st.claim_trial(
-        study_id=sid, params=params, params_key=params_key(params), budget=100,
+        study_id=sid, params=params, params_key=params_key(params), budget=1000,
         allow_repeat=True, runner="t:1:x",
     )  # fmt: skip
     assert t is not None
     st.start_trial(t.id, runner="t:1:x", host="h", log_path=None, metrics_path=None)
     out: Outcome = ok(tflops, 50.0)
-    st.finish_trial(t.id, out, value=tflops)
+    st.finish_trial(t.id, out, value=tflops, gpu_seconds=10.0)
+
+
+def _sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'cache.db'}"
 
 
 def test_concurrent_requests_share_one_build(tmp_path: Path) -> None:
     """30 clients asking for the same page at once: one build, 30 equal answers."""
-    url, _ = _db(tmp_path)
-    app = create_app(settings=Settings(storage=url, read_cache_s=30))
+    url = _sqlite(tmp_path)
+    _db(url)
+    app = create_app(settings=Settings(storage=url))
     bodies: list[bytes] = []
     with serve("", app=app) as base:
         barrier = threading.Barrier(30)
@@ -68,47 +80,48 @@ def test_concurrent_requests_share_one_build(tmp_path: Path) -> None:
     assert app.state.reads.answers.builds == 1
 
 
-def test_answers_follow_other_writers_within_the_ttl(tmp_path: Path) -> None:
-    """A controller (another connection) finishes a better trial: /best and the page show it
-    within DSE_READ_CACHE_S, not before the answer was reused."""
-    url, sid = _db(tmp_path)
-    app = create_app(settings=Settings(storage=url, read_cache_s=0.5))
+def test_an_unchanged_study_is_answered_from_the_cache(tmp_path: Path) -> None:
+    """Same version: the kept answer (no build); a write by another connection moves the
+    version: the next read is rebuilt and shows it."""
+    url = _sqlite(tmp_path)
+    sid = _db(url)
+    app = create_app(settings=Settings(storage=url))
+    answers = app.state.reads.answers
     with TestClient(app) as c:
+        first = c.get(f"{V1}/studies/s/trials").content
+        builds = answers.builds
+        for _ in range(5):
+            assert c.get(f"{V1}/studies/s/trials").content == first
+        assert answers.builds == builds and answers.hits >= 5
+        with open_storage(url) as storage:
+            _complete(storage, sid, 2, 400.0)
+        assert c.get(f"{V1}/studies/s/trials").json()["count"] == 2
+        assert answers.builds == builds + 1
+
+
+@pytest.mark.parametrize("cache_mib", [64, 0])
+def test_a_write_by_another_connection_shows_at_once(tmp_path: Path, cache_mib: int) -> None:
+    url = _sqlite(tmp_path)
+    sid = _db(url)
+    app = create_app(settings=Settings(storage=url, read_cache_mib=cache_mib))
+    with TestClient(app) as c:
+        assert c.get(f"{V1}/studies/s/trials").json()["count"] == 1
         assert c.get(f"{V1}/studies/s/best").json()["objective"]["value"] == 300.0
-        assert c.get(f"{V1}/studies/s/trials").json()["count"] == 1
-        storage = open_storage(url)
-        try:
+        with open_storage(url) as storage:
             _complete(storage, sid, 2, 400.0)
-        finally:
-            storage.close()
-        written = time.monotonic()
-        while c.get(f"{V1}/studies/s/best").json()["objective"]["value"] != 400.0:
-            assert time.monotonic() - written < 2.0, "the better trial did not show in 2 s"
-            time.sleep(0.05)
-        while c.get(f"{V1}/studies/s/trials").json()["count"] != 2:
-            assert time.monotonic() - written < 2.0, "the new trial did not show in 2 s"
-            time.sleep(0.05)
-
-
-def test_no_reuse_with_zero_ttl(tmp_path: Path) -> None:
-    url, sid = _db(tmp_path)
-    with TestClient(create_app(settings=Settings(storage=url, read_cache_s=0))) as c:
-        assert c.get(f"{V1}/studies/s/trials").json()["count"] == 1
-        storage = open_storage(url)
-        try:
-            _complete(storage, sid, 2, 400.0)
-        finally:
-            storage.close()
         assert c.get(f"{V1}/studies/s/trials").json()["count"] == 2
         assert c.get(f"{V1}/studies/s/best").json()["objective"]["value"] == 400.0
+    if cache_mib == 0:
+        assert len(app.state.reads.answers) == 0
 
 
 def test_created_study_is_readable_at_once(tmp_path: Path) -> None:
     """A study created through the API is readable at once (the 404 before was not kept)."""
-    url = f"sqlite:///{tmp_path / 'w.db'}"
-    app = create_app(settings=Settings(storage=url, api_token=TOKEN, read_cache_s=60))
+    url = _sqlite(tmp_path)
+    app = create_app(settings=Settings(storage=url, api_token=TOKEN))
     with TestClient(app) as c:
         assert c.get(f"{V1}/studies/new/trials").status_code == 404
+        assert [s["name"] for s in c.get(f"{V1}/studies").json()["data"]] == []
         r = c.post(
             f"{V1}/studies",
             headers={"Authorization": f"Bearer {TOKEN}"},
@@ -116,13 +129,216 @@ def test_created_study_is_readable_at_once(tmp_path: Path) -> None:
         )
         assert r.status_code == 201, r.text
         assert c.get(f"{V1}/studies/new/trials").json() == {"data": [], "count": 0}
+        assert [s["name"] for s in c.get(f"{V1}/studies").json()["data"]] == ["new"]
+
+
+def test_a_stop_through_the_api_shows_at_once(tmp_path: Path) -> None:
+    url = _sqlite(tmp_path)
+    _db(url)
+    with open_storage(url) as storage:
+        storage.set_study_state("s", "running")
+    app = create_app(settings=Settings(storage=url, api_token=TOKEN))
+    with TestClient(app) as c:
+        assert c.get(f"{V1}/studies/s").json()["state"] == "running"
+        r = c.post(f"{V1}/studies/s/stop", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 202, r.text
+        assert c.get(f"{V1}/studies/s").json()["state"] == "stopping"
+        assert c.get(f"{V1}/studies").json()["data"][0]["state"] == "stopping"
 
 
 @pytest.mark.parametrize("path", ["/studies/nope/best", "/studies/nope/trials"])
 def test_errors_are_not_kept(tmp_path: Path, path: str) -> None:
-    url, _ = _db(tmp_path)
-    app = create_app(settings=Settings(storage=url, read_cache_s=60))
+    url = _sqlite(tmp_path)
+    _db(url)
+    app = create_app(settings=Settings(storage=url))
     with TestClient(app) as c:
         assert c.get(V1 + path).status_code == 404
         assert c.get(V1 + path).status_code == 404
     assert app.state.reads.answers.builds == 0
+
+
+def test_a_page_row_has_the_fields_of_its_schema(tmp_path: Path) -> None:
+    """Pages are serialized from plain dicts, not models: the dict has exactly the schema's
+    fields."""
+    url = _sqlite(tmp_path)
+    sid = _db(url)
+    with open_storage(url) as storage:
+        (t,) = storage.list_trials(sid, limit=1)
+    assert set(trial_row(t)) == set(TrialPublic.model_fields)
+    assert "losses" not in trial_row(t)["metrics"]
+
+
+# --- version reads -------------------------------------------------------------------------
+
+
+def test_version_reads_start_after_the_request_and_are_shared() -> None:
+    """Every caller gets versions from a read that started after it called (so a write
+    committed before the call is in them); concurrent callers share reads."""
+    starts: list[float] = []
+
+    def read() -> dict[str, tuple[int, int]]:
+        starts.append(time.monotonic())
+        time.sleep(0.01)
+        return {"s": (1, len(starts) - 1)}  # the version says which read answered
+
+    versions = StudyVersions(read)
+
+    async def call(delay: float) -> tuple[float, int]:
+        await asyncio.sleep(delay)
+        called = time.monotonic()
+        got = await versions.get()
+        return called, got["s"][1]
+
+    async def main() -> list[tuple[float, int]]:
+        return await asyncio.gather(*(call(0.001 * (k % 40)) for k in range(200)))
+
+    results = asyncio.run(main())
+    for called, read_no in results:
+        assert starts[read_no] >= called, "answered by a read that started before the call"
+    assert versions.reads == len(starts) < 200 / 4  # shared
+
+
+def test_a_failed_version_read_fails_its_callers_only() -> None:
+    """The callers of a read that fails get its error (a 503); those that came while it ran
+    get the next read."""
+    calls = []
+
+    def read() -> dict[str, tuple[int, int]]:
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.05)
+            raise RuntimeError("database down")
+        return {}
+
+    versions = StudyVersions(read)
+
+    async def main() -> list[Any]:
+        first = asyncio.ensure_future(versions.get())
+        await asyncio.sleep(0.01)  # the first read is running
+        later = [versions.get() for _ in range(4)]
+        return await asyncio.gather(first, *later, return_exceptions=True)
+
+    out = asyncio.run(main())
+    assert isinstance(out[0], RuntimeError) and out[1:] == [{}] * 4
+    assert versions.reads == 2
+
+
+# --- across processes, every endpoint the dashboard reads ------------------------------------
+
+
+def _controller(url: str, sid: int, n: int, done: Any, go: Any) -> None:
+    """A controller in another process: one better trial (and one rejection) per step; says
+    which step has committed, then waits for the reader."""
+    storage = open_storage(url)
+    try:
+        for k in range(n):
+            _complete(storage, sid, 10 + k, 500.0 + k)
+            storage.add_rejection(
+                study_id=sid, params={"micro_batch_size": 99 + k}, params_key=f"r{k}",
+                kind="invalid", rule="r", reason="why", values={},
+            )  # fmt: skip
+            done.put(k)
+            if not go.wait(60):
+                return
+            go.clear()
+    finally:
+        storage.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_read_after_a_committed_write_sees_it(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A controller process writes; right after each commit, every endpoint the dashboard
+    reads answers with it, while other clients keep the same answers hot in the cache."""
+    url = new_url(backend, request, tmp_path)
+    sid = _db(url)
+    n = 6
+    ctx = mp.get_context("spawn")
+    done, go = ctx.Queue(), ctx.Event()
+    stop = threading.Event()
+    paths = ["/studies", "/studies/s", "/studies/s/best", "/studies/s/trials?order=-value",
+             "/studies/s/pareto", "/studies/s/rejections", "/best?num_layers=4"]  # fmt: skip
+    with serve(url) as base:
+
+        def hammer() -> None:  # keeps every answer cached between the writes
+            with httpx.Client(base_url=base + V1, timeout=30) as c:
+                while not stop.is_set():
+                    for p in paths:
+                        c.get(p)
+
+        threads = [threading.Thread(target=hammer, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        writer = ctx.Process(target=_controller, args=(url, sid, n, done, go))
+        writer.start()
+        try:
+            with httpx.Client(base_url=base + V1, timeout=30) as c:
+                for k in range(n):
+                    assert done.get(timeout=120) == k
+                    trials, value = k + 2, 500.0 + k
+                    listed = c.get("/studies").json()["data"][0]
+                    assert listed["counts"]["total"] == trials
+                    assert listed["best_value"] == value
+                    study = c.get("/studies/s").json()
+                    assert study["counts"]["complete"] == trials
+                    assert study["rejections"] == k + 1
+                    assert c.get("/studies/s/best").json()["objective"]["value"] == value
+                    page = c.get("/studies/s/trials?order=-value").json()
+                    assert page["count"] == trials and page["data"][0]["value"] == value
+                    pareto = c.get("/studies/s/pareto").json()
+                    assert len(pareto["points"]) == trials + k + 1
+                    assert c.get("/studies/s/rejections").json()["count"] == k + 1
+                    cross = c.get("/best?num_layers=4").json()
+                    assert cross["best"]["objective"]["value"] == value
+                    go.set()
+        finally:
+            stop.set()
+            go.set()
+            writer.join(timeout=60)
+            for t in threads:
+                t.join(timeout=30)
+    assert writer.exitcode == 0
+
+
+# --- a slow read does not stall /health ----------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_health_answers_while_reads_are_stuck(pg_url: str) -> None:
+    """Forty page requests blocked on a lock held elsewhere (more than the build threads):
+    /health still answers at once, the blocked pages finish when the lock goes."""
+    _db(pg_url)
+    admin = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://"))
+    results: list[int] = []
+    with serve(pg_url) as base:
+        with httpx.Client(base_url=base + V1, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+        conn = admin.connect()
+        trans = conn.begin()
+        conn.execute(text("LOCK TABLE trials IN ACCESS EXCLUSIVE MODE"))
+        try:
+
+            def page(k: int) -> None:
+                with httpx.Client(base_url=base + V1, timeout=60) as c:
+                    results.append(c.get(f"/studies/s/trials?offset={k}").status_code)
+
+            threads = [threading.Thread(target=page, args=(k,)) for k in range(40)]
+            for t in threads:
+                t.start()
+            time.sleep(1.0)  # every page request is in and waiting on the lock
+            assert results == []
+            with httpx.Client(base_url=base + V1, timeout=60) as c:
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    r = c.get("/health")
+                    assert r.status_code == 200 and r.json()["status"] == "ok"
+                    assert time.monotonic() - t0 < 5.0, "/health waited for the stuck reads"
+            assert results == []
+        finally:
+            trans.rollback()
+            conn.close()
+        for t in threads:
+            t.join(timeout=60)
+    admin.dispose()
+    assert results == [200] * 40
