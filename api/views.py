@@ -266,6 +266,8 @@ def trial_row(t: TrialRecord) -> dict[str, Any]:
         "finished_at": t.finished_at,
         "gpu_seconds": t.gpu_seconds,
         "attempts": t.attempts,
+        "numerics": numerics_public(t.metrics.get("numerics")),
+        "remeasure_of": t.remeasure_of,
         "metrics": metrics,
     }
 

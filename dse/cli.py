@@ -278,6 +278,7 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
     """One study's ``dse status`` record (the JSON format; the text is made from it)."""
     from dse.exceptions import SpaceError
     from dse.export import noise_payload
+    from dse.gpu_usage import study_gpu_usage_of
     from dse.loss_guard import LOSS_PARITY_ATTR
     from dse.noise import study_best
     from dse.run_settings import effective_space
@@ -303,6 +304,7 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
         "direction": st.direction,
         "counts": storage.count_trials(st.id),
         "rejections": storage.count_rejections(st.id),
+        "gpu": study_gpu_usage_of(storage, st),
         "numerics": {
             "counts": numerics,
             "remeasure_trials": remeasure,

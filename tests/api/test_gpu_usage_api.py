@@ -62,7 +62,8 @@ def test_study_summary_has_the_gpu_usage(url: str) -> None:
     assert g["trials_run"] == 2 and g["trials_timed"] == 2
     assert g["grid_configurations"] >= 2 and g["saved_gpu_hours"] is not None
     m = trial["metrics"]
-    assert m["gpu_slots"] == ["h:0"] and m["timing"]["devices"] == 1
+    # slot labels hold host names: readers without the token do not see them (SECURITY.md)
+    assert "gpu_slots" not in m and m["timing"]["devices"] == 1
     assert m["gpu_seconds_startup"] + m["gpu_seconds_measure"] == pytest.approx(
         trial["gpu_seconds"]
     )
