@@ -370,6 +370,7 @@ def _numerics_text(s: dict[str, Any]) -> str | None:
         )
     if n["remeasure_trials"]:
         line += f"; {n['remeasure_trials']} re-measurement trial(s)"
+    return line
 
 
 def _gpu_text(g: dict[str, Any]) -> str:
