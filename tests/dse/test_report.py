@@ -85,7 +85,10 @@ def test_report_in_chromium_matches_status(
         ran = sum(st["counts"][k] for k in ("complete", "failed", "infeasible"))
         assert cell("timeline-note").startswith(f"2 slots, {ran} trials, {ran} runs")
         assert "overlapping run times" in cell("timeline-note")
-        assert cell("losses-note").startswith("baseline: trial 0 (the first finished trial of the")
+        # the loss-parity guard (on by default) names the baseline it compared against
+        assert cell("losses-note").startswith(
+            "baseline: trial 0 (the trial the numerics check compared against)"
+        )
         assert f"trials {best['number']}" in cell("losses-note")
         for img in ("history", "pareto", "importance", "slices", "failures", "timeline", "losses"):
             assert page.locator(f"#plot-{img}").evaluate("e => e.naturalWidth") > 100
