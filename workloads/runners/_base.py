@@ -7,6 +7,7 @@ runner raises only when it cannot work at all (:class:`dse.exceptions.TrialLaunc
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 from dse.records import Outcome, TrialSpec
 from dse.workloads.logs import LOG_PATTERNS, classify_log
 
-__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS", "OWNER_ENV"]
+__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS", "OWNER_ENV", "log_tail"]
 
 #: Environment variable that carries a trial's ownership token (its controller's owner string)
 #: into the trial process; also written to ``<trial_dir>/pgid`` and checked before a leftover
@@ -111,3 +112,15 @@ class BaseRunner(ABC):
         import socket
 
         return socket.gethostname()
+
+
+def log_tail(path: Path, n: int = 8000) -> str:
+    """The last ``n`` bytes of a trial's log as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -14,7 +14,14 @@ from typing import Any
 
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
-from dse.workloads.runners._base import OWNER_ENV, BaseRunner, Finished, Launch, classify_log
+from dse.workloads.runners._base import (
+    OWNER_ENV,
+    BaseRunner,
+    Finished,
+    Launch,
+    classify_log,
+    log_tail,
+)
 from dse.workloads.runners.warm import WarmPool, WarmSettings
 
 __all__ = [
@@ -293,7 +300,7 @@ class LocalRunner(BaseRunner):
         out = read_metrics(p.launch.metrics_path)
         if out is not None:
             return out
-        tail = _tail(p.launch.log_path)
+        tail = log_tail(p.launch.log_path)
         cls = classify_log(tail)
         last = tail.strip().splitlines()[-1] if tail.strip() else ""
         return Outcome.failure(
@@ -336,14 +343,3 @@ def kill_process_group(popen: subprocess.Popen[Any], grace_s: float = 5.0) -> No
     except ProcessLookupError:
         pass
     popen.wait()
-
-
-def _tail(path: Path, n: int = 8000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""

@@ -36,7 +36,7 @@ from typing import Any
 
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
-from dse.workloads.runners._base import OWNER_ENV, Finished, Launch, classify_log
+from dse.workloads.runners._base import OWNER_ENV, Finished, Launch, classify_log, log_tail
 
 __all__ = ["WarmSettings", "WarmPool", "WORKER_MODULE"]
 
@@ -402,7 +402,7 @@ class WarmPool:
             elif t is not None and not w.ready:
                 # it could not start: the trial fails with the worker's own words (no
                 # endless restarts; the next trial gets a fresh worker)
-                tail = _tail(w.log_path).strip().splitlines()
+                tail = log_tail(w.log_path).strip().splitlines()
                 self._finish(slot, Outcome.failure(
                     "error", f"the warm worker exited with code {rc} before it was ready: "
                     f"{(tail[-1] if tail else '')[-300:]}"))  # fmt: skip
@@ -495,7 +495,7 @@ class WarmPool:
         out = read_metrics(t.launch.metrics_path)
         if out is not None:
             return out
-        tail = _tail(t.launch.log_path)
+        tail = log_tail(t.launch.log_path)
         last = tail.strip().splitlines()[-1] if tail.strip() else ""
         return Outcome.failure(
             classify_log(tail),
@@ -539,14 +539,3 @@ class WarmPool:
     def pids(self) -> list[int]:
         """Pids of the live workers (tests, benchmarks)."""
         return [w.pid for s in self.slots for w in (s.worker, s.spare) if w is not None]
-
-
-def _tail(path: Path, n: int = 8000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
