@@ -16,7 +16,15 @@ from typing import Any
 from dse.records import Outcome, TrialSpec
 from dse.workloads.logs import LOG_PATTERNS, classify_log
 
-__all__ = ["BaseRunner", "Launch", "Finished", "classify_log", "LOG_PATTERNS", "OWNER_ENV", "log_tail"]
+__all__ = [
+    "BaseRunner",
+    "Launch",
+    "Finished",
+    "classify_log",
+    "LOG_PATTERNS",
+    "OWNER_ENV",
+    "log_tail",
+]
 
 #: Environment variable that carries a trial's ownership token (its controller's owner string)
 #: into the trial process; also written to ``<trial_dir>/pgid`` and checked before a leftover
