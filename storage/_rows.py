@@ -124,57 +124,33 @@ def study_record(r: StudyModel) -> StudyRecord:
 
 
 def trial_record(r: TrialModel, steps: tuple[StepMetrics, ...] = ()) -> TrialRecord:
-    return TrialRecord(
-        id=r.id,
-        study_id=r.study_id,
-        number=r.number,
-        state=r.state,
-        params=dict(r.params or {}),
-        params_key=r.params_key,
-        metrics=dict(r.metrics or {}),
-        value=r.value,
-        failure_class=r.failure_class,
-        reason=r.reason,
-        source=r.source,
-        runner=r.runner,
-        host=r.host,
-        log_path=r.log_path,
-        metrics_path=r.metrics_path,
-        queued_at=r.queued_at,
-        started_at=r.started_at,
-        finished_at=r.finished_at,
-        heartbeat_at=r.heartbeat_at,
-        gpu_seconds=r.gpu_seconds,
-        steps=steps,
-        attempts=r.attempts or 0,
-        history=tuple(dict(h) for h in (r.history or [])),
-        remeasure_of=r.remeasure_of,
-    )
+    return trial_from_row([getattr(r, c) for c in TRIAL_COLUMNS], steps)
 
 
-#: The columns :func:`trial_from_row` reads, in its order.
+#: The columns :func:`trial_from_row` reads, in its order (the one list of a trial's fields
+#: read from storage: ORM objects and plain rows both go through it).
 TRIAL_COLUMNS = (
     "id", "study_id", "number", "state", "params", "params_key", "metrics", "value",
     "failure_class", "reason", "source", "runner", "host", "log_path", "metrics_path",
     "queued_at", "started_at", "finished_at", "heartbeat_at", "gpu_seconds", "attempts",
-    "history",
+    "history", "remeasure_of",
 )  # fmt: skip
 
 
 def trial_from_row(row: Sequence[Any], steps: tuple[StepMetrics, ...] = ()) -> TrialRecord:
-    """:func:`trial_record` of a plain row of :data:`TRIAL_COLUMNS` (unpacked by position:
-    a page of them costs a fraction of ORM objects)."""
+    """The record of a row of :data:`TRIAL_COLUMNS` (unpacked by position: a page of plain
+    rows costs a fraction of ORM objects)."""
     (id_, study_id, number, state, params, params_key, metrics, value, failure_class, reason,
      source, runner, host, log_path, metrics_path, queued_at, started_at, finished_at,
-     heartbeat_at, gpu_seconds, attempts, history) = row  # fmt: skip
+     heartbeat_at, gpu_seconds, attempts, history, remeasure_of) = row  # fmt: skip
     return TrialRecord(
-        id=id_, study_id=study_id, number=number, state=state, params=params or {},
-        params_key=params_key, metrics=metrics or {}, value=value,
+        id=id_, study_id=study_id, number=number, state=state, params=dict(params or {}),
+        params_key=params_key, metrics=dict(metrics or {}), value=value,
         failure_class=failure_class, reason=reason, source=source, runner=runner, host=host,
         log_path=log_path, metrics_path=metrics_path, queued_at=queued_at,
         started_at=started_at, finished_at=finished_at, heartbeat_at=heartbeat_at,
         gpu_seconds=gpu_seconds, steps=steps, attempts=attempts or 0,
-        history=tuple(history or ()),
+        history=tuple(dict(h) for h in (history or ())), remeasure_of=remeasure_of,
     )  # fmt: skip
 
 

@@ -235,8 +235,11 @@ _MEASUREMENT_FIELDS = ("step_time_ci_s", "tflops_per_gpu_ci")
 
 def _measurement(row: ReplayRow) -> dict[str, Any]:
     """The row's ``measurement`` and intervals (trial contract names): as measured when the
-    row has them; otherwise a fixed window over the row's logged steps (its warm-up unknown,
-    0) labelled ``series: table``, without an interval."""
+    row has them; otherwise a fixed window over the row's logged steps labelled ``series:
+    table``, without an interval. Its warm-up is the row's ``warmup_steps`` when the table
+    records one, else left out: a reader then takes the space's ``semantics.warmup_steps``
+    (:mod:`dse.noise`), as for a trial of that space, instead of counting warm-up steps as
+    measured ones."""
     m = row.metrics
     out: dict[str, Any] = {
         k: list(m[k]) for k in _MEASUREMENT_FIELDS if isinstance(m.get(k), list)
@@ -245,13 +248,16 @@ def _measurement(row: ReplayRow) -> dict[str, Any]:
     if isinstance(given, dict):
         out["measurement"] = dict(given)
     else:
+        warmup = row.model.get("warmup_steps")
         out["measurement"] = {
             "mode": "fixed",
-            "warmup_steps": 0,
             "measured_steps": len(row.losses),
             "stop_reason": "fixed",
             "series": "table",
         }
+        if isinstance(warmup, int) and not isinstance(warmup, bool) and 0 <= warmup:
+            out["measurement"]["warmup_steps"] = warmup
+            out["measurement"]["measured_steps"] = max(len(row.losses) - warmup, 0)
     return out
 
 

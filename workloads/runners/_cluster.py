@@ -56,8 +56,11 @@ def runner_options(space: Any, model: type[_Opts], name: str) -> _Opts:
     opts = space.runner.options
     if isinstance(opts, model):
         return opts
+    # another runner's typed options (the space names one runner, the command line another):
+    # only the options the space file set travel, not the other model's defaults
+    given = opts.model_dump(exclude_unset=True) if isinstance(opts, BaseModel) else opts
     try:
-        return model.model_validate({**dict(opts or {}), "runner": name})
+        return model.model_validate({**dict(given or {}), "runner": name})
     except ValidationError as e:
         errs = "; ".join(
             f"runner.options.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()
