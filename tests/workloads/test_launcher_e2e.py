@@ -18,7 +18,7 @@ def _space(tmp_path: Path, name: str, **upd: Any) -> Path:
     data = yaml.safe_load((EXAMPLES / name).read_text())
     data["knobs"] = {"micro_batch_size": {"values": [1, 4], "baseline": 1}}
     data["agent"] = {"name": "grid", "seed": 0}
-    data["budget"].update(n_trials=2)
+    data["budget"].update(n_trials=2, remeasure=0)  # one trial per configuration
     data["runner"]["workdir"] = str(tmp_path / "runs")
     data["env"] = {"fixed": {"NCCL_DEBUG": "WARN"}, "node_steps": ["vboost"]}
     for k, v in upd.items():

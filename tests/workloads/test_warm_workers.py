@@ -104,7 +104,10 @@ def test_one_worker_many_trials_recycled_after_a_failure(tmp_path: Path) -> None
     # the second trial of a warm worker is the trial a process of its own runs: the same
     # summary fields, the same per-step losses
     alone = _per_process(tmp_path, {"micro_batch_size": 2})
-    assert set(b.outcome.metrics) == set(alone.metrics)
+    # (a TFLOP/s interval is left out when the step-time interval reaches 0: it would be
+    # unbounded; on a loaded CPU that depends on the run, not on where it ran)
+    maybe = {"tflops_per_gpu_ci"}
+    assert set(b.outcome.metrics) - maybe == set(alone.metrics) - maybe
     assert [s.loss for s in b.outcome.steps] == [s.loss for s in alone.steps]
     assert len(d.outcome.steps) == 3 and d.outcome.metrics["micro_batch_size"] == 4
     # the trial's own log has its output; its folder holds the worker's process group
