@@ -1,4 +1,6 @@
-"""A real uvicorn server in a thread, headless Chromium and PNG checks for browser tests."""
+"""A real uvicorn server in a thread, headless Chromium and PNG checks for browser tests.
+
+The fixtures of the dashboard's browser tests (``browser``, ``page``) are in conftest.py."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import uvicorn
 from dse.api import Settings, create_app
 
 CHROMIUM = os.environ.get("DSE_TEST_CHROMIUM", "/usr/bin/chromium")
+#: Playwright's default wait of a browser test's page.
+TIMEOUT_MS = 20_000
 #: Flags that keep Chromium off the (closed) network and working as root in a container.
 CHROMIUM_ARGS = [
     "--headless",
@@ -70,6 +74,20 @@ def require_chromium() -> str:
             pytest.fail(f"{msg}; CI is set: the browser tests must run")
         pytest.skip(msg)
     return CHROMIUM
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium driven by Playwright (skip without it; fail when ``CI`` is set)."""
+    executable = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 # --- PNG decoding (zlib only; no imaging library) -----------------------------------------
