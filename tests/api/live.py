@@ -5,7 +5,6 @@ The fixtures of the dashboard's browser tests (``browser``, ``page``) are in con
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 import uvicorn
 
 from dse.api import Settings, create_app
+from tests.conftest import free_port
 
 CHROMIUM = os.environ.get("DSE_TEST_CHROMIUM", "/usr/bin/chromium")
 #: Playwright's default wait of a browser test's page.
@@ -34,12 +34,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
