@@ -23,6 +23,8 @@ if os.environ.get("CI"):
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 REPLAY_TABLE = EXAMPLES / "tables" / "h200_llama1b_unfused_1gpu.jsonl"
+#: Excerpts of real training and trial logs, each naming its source in its header lines.
+LOGS = REPO / "tests" / "fixtures" / "logs"
 #: The measured H200 table (shipped in examples/tables/, so the tests never skip for it).
 SHARED_TABLE = REPLAY_TABLE
 PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")

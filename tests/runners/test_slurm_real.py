@@ -17,7 +17,7 @@ import pytest
 
 from dse.workloads.runners import Launch
 from dse.workloads.runners.slurm_runner import SlurmRunner
-from tests.conftest import REPO
+from tests.conftest import LOGS
 from tests.runners.conftest import (
     drain,
     job_id,
@@ -213,7 +213,7 @@ def test_recipe_trial_runs_under_the_batch_scripts_srun(slurm: str, tmp_path: Pa
     from dse.records import TrialSpec
     from dse.workloads import trial_command
 
-    log = REPO / "tests" / "fixtures" / "logs" / "megatron_mixtral_16xh100.log"
+    log = LOGS / "megatron_mixtral_16xh100.log"
     launch = make_launch(tmp_path, 1, 0)
     spec = TrialSpec(
         study="s", trial_number=1, params={"micro_batch_size": 1},
