@@ -26,6 +26,7 @@ from dse.api.schemas import (
     BestQuery,
     CrossBestPublic,
     NumericsPublic,
+    PointPublic,
     RejectionPublic,
     StepPublic,
     StudyPublic,
@@ -217,40 +218,10 @@ def noisy_best(
 # --- trials -------------------------------------------------------------------------------
 
 
-def _trial_fields(t: TrialRecord) -> dict[str, Any]:
-    return {
-        "id": t.id,
-        "number": t.number,
-        "state": t.state,
-        "params": clean(t.params),
-        "value": finite(t.value),
-        "failure_class": t.failure_class,
-        "reason": t.reason,
-        "source": t.source,
-        "host": t.host,
-        "queued_at": t.queued_at,
-        "started_at": t.started_at,
-        "finished_at": t.finished_at,
-        "gpu_seconds": finite(t.gpu_seconds),
-        "attempts": t.attempts,
-        "numerics": numerics_public(t.metrics.get("numerics")),
-        "remeasure_of": t.remeasure_of,
-    }
-
-
-def trial_public(t: TrialRecord) -> TrialPublic:
-    """A trial for a page: metrics without the per-step ``losses`` list."""
-    metrics = {k: v for k, v in t.metrics.items() if k != "losses"}
-    return TrialPublic(**_trial_fields(t), metrics=clean(metrics))
-
-
-def trial_row(t: TrialRecord) -> dict[str, Any]:
-    """:func:`trial_public` as a plain dict, for :func:`json_bytes` (a page of them is
-    serialized once, without building and validating a model per trial; a non-finite
-    number becomes null there)."""
-    metrics = t.metrics
-    if "losses" in metrics:
-        metrics = {k: v for k, v in metrics.items() if k != "losses"}
+def _trial_fields(t: TrialRecord, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The public fields of a trial (:class:`TrialPublic`), as stored: the one list of them
+    (pages, :func:`trial_public` and :func:`trial_detail` derive from it). In the order of
+    a page's JSON rows, ``metrics`` last."""
     return {
         "id": t.id,
         "number": t.number,
@@ -272,6 +243,21 @@ def trial_row(t: TrialRecord) -> dict[str, Any]:
     }
 
 
+def trial_row(t: TrialRecord) -> dict[str, Any]:
+    """A trial for a page (metrics without the per-step ``losses`` list) as a plain dict, for
+    :func:`json_bytes` (a page of them is serialized once, without building and validating a
+    model per trial; a non-finite number becomes null there)."""
+    metrics = t.metrics
+    if "losses" in metrics:
+        metrics = {k: v for k, v in metrics.items() if k != "losses"}
+    return _trial_fields(t, metrics)
+
+
+def trial_public(t: TrialRecord) -> TrialPublic:
+    """:func:`trial_row` as a model (non-finite numbers become None)."""
+    return TrialPublic(**clean(trial_row(t)))
+
+
 def _step_public(s: StepMetrics) -> StepPublic:
     return StepPublic(
         step=s.step,
@@ -287,8 +273,7 @@ def _step_public(s: StepMetrics) -> StepPublic:
 def trial_detail(t: TrialRecord, study: StudyRecord) -> TrialDetailPublic:
     """A trial with everything: metrics, per-step curves, where it ran, re-queue history."""
     return TrialDetailPublic(
-        **_trial_fields(t),
-        metrics=clean(t.metrics),
+        **clean(_trial_fields(t, t.metrics)),
         study=study.name,
         runner=t.runner,
         log_path=t.log_path,
@@ -320,7 +305,13 @@ def _kind(state: str, failure_class: str | None) -> str:
     return state
 
 
+#: A point with every field of :class:`PointPublic` empty (null, off the front), in the
+#: schema's order: a rejection leaves the fields of a trial so.
+_EMPTY_POINT: dict[str, Any] = {**dict.fromkeys(PointPublic.model_fields), "on_front": False}
+
+
 def _trial_point(t: TrialPoint) -> dict[str, Any]:
+    """Every field of :class:`PointPublic` (a literal: 10,000 points per answer)."""
     return {
         "trial_id": t.id,
         "number": t.number,
@@ -342,21 +333,13 @@ def _trial_point(t: TrialPoint) -> dict[str, Any]:
 
 def _rejection_point(r: RejectionRecord) -> dict[str, Any]:
     return {
-        "trial_id": None,
-        "number": None,
+        **_EMPTY_POINT,
         "state": "rejected",
         "kind": r.kind,
         "source": "rejection",
-        "value": None,
-        "tflops_per_gpu": None,
         "peak_mem_gib": finite(r.values.get("predicted_peak_mem_gib")),
-        "step_time_s": None,
-        "gpu_seconds": None,
-        "on_front": False,
         "reason": f"{r.rule}: {r.reason}",
         "params": r.params,
-        "numerics": None,
-        "remeasure_of": None,
     }
 
 

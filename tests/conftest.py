@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +23,19 @@ if os.environ.get("CI"):
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 REPLAY_TABLE = EXAMPLES / "tables" / "h200_llama1b_unfused_1gpu.jsonl"
+#: Excerpts of real training and trial logs, each naming its source in its header lines.
+LOGS = REPO / "tests" / "fixtures" / "logs"
 #: The measured H200 table (shipped in examples/tables/, so the tests never skip for it).
 SHARED_TABLE = REPLAY_TABLE
 PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 PG_ADMIN_DB = "postgres"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -3,6 +3,10 @@
 Backends: a SQLite file and a PostgreSQL database on 127.0.0.1:5432 (one uniquely named
 database per session, dropped at its end; tests marked ``postgres``). Without a reachable
 server the PostgreSQL cases are skipped, except in CI (``CI`` set), where that is a failure.
+
+Browser tests: ``browser`` (headless Chromium, one per module) and ``page`` (a fresh page per test
+in a context made with ``context_args``, which a module overrides for another viewport or
+permissions).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from typing import Any
 import pytest
 
 from dse.api import Settings, create_app
-from dse.storage import open_storage
-from tests.api.seed import Seeded, seed_all
+from tests.api.live import TIMEOUT_MS, chromium
+from tests.api.seed import Seeded, seed_all, seed_database
 from tests.conftest import PgDatabases
 
 with warnings.catch_warnings():
@@ -52,12 +56,7 @@ def seeded(
     """A database seeded through the storage API (read-only for the tests): its URL and
     what is in it."""
     url = new_url(request.param, request, tmp_path_factory.mktemp("seeded"))
-    storage = open_storage(url)
-    try:
-        seeds = seed_all(storage)
-    finally:
-        storage.close()
-    return url, seeds
+    return url, seed_database(url, seed_all)
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +75,34 @@ def seeds(seeded: tuple[str, dict[str, Seeded]]) -> dict[str, Seeded]:
 def writable_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database per test, for the write endpoints."""
     return new_url(request.param, request, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium for the module's tests."""
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def context_args() -> dict[str, Any]:
+    """Options of the browser context of ``page`` (override in a module)."""
+    return {"viewport": {"width": 1280, "height": 900}}
+
+
+@pytest.fixture
+def page(browser: Any, context_args: dict[str, Any]) -> Iterator[Any]:
+    """A page in a new context that keeps console and page errors in ``page.errors`` and the
+    URL of every request in ``page.urls``."""
+    context = browser.new_context(**context_args)
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.errors = []
+    pg.urls = []
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(m.text))
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("request", lambda r: pg.urls.append(r.url))
+    try:
+        yield pg
+    finally:
+        context.close()

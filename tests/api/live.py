@@ -1,9 +1,10 @@
-"""A real uvicorn server in a thread, headless Chromium and PNG checks for browser tests."""
+"""A real uvicorn server in a thread, headless Chromium and PNG checks for browser tests.
+
+The fixtures of the dashboard's browser tests (``browser``, ``page``) are in conftest.py."""
 
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import threading
 import time
@@ -17,8 +18,11 @@ import pytest
 import uvicorn
 
 from dse.api import Settings, create_app
+from tests.conftest import free_port
 
 CHROMIUM = os.environ.get("DSE_TEST_CHROMIUM", "/usr/bin/chromium")
+#: Playwright's default wait of a browser test's page.
+TIMEOUT_MS = 20_000
 #: Flags that keep Chromium off the (closed) network and working as root in a container.
 CHROMIUM_ARGS = [
     "--headless",
@@ -30,12 +34,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -70,6 +68,20 @@ def require_chromium() -> str:
             pytest.fail(f"{msg}; CI is set: the browser tests must run")
         pytest.skip(msg)
     return CHROMIUM
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium driven by Playwright (skip without it; fail when ``CI`` is set)."""
+    executable = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 # --- PNG decoding (zlib only; no imaging library) -----------------------------------------

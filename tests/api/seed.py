@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from dse.records import Outcome, StepMetrics
 from dse.space import params_key, parse_space
-from dse.storage import Storage
+from dse.storage import Storage, open_storage
 
 GPU = "NVIDIA H200"
 
@@ -226,3 +227,12 @@ def seed_all(storage: Storage) -> dict[str, Seeded]:
     sid = create_study(storage, "empty-study")
     out["empty"] = Seeded(study="empty-study", study_id=sid)
     return out
+
+
+T = TypeVar("T")
+
+
+def seed_database(url: str, fill: Callable[[Storage], T]) -> T:
+    """Fill the database at ``url`` through the storage API with ``fill``; what it returned."""
+    with open_storage(url) as storage:
+        return fill(storage)

@@ -14,15 +14,14 @@ import yaml
 
 from dse.figures import figure
 from dse.space import parse_space
-from dse.storage import Storage, open_storage
-from tests.api.live import CHROMIUM_ARGS, require_chromium, serve
-from tests.api.seed import _run, ok, seed_all
+from dse.storage import Storage
+from tests.api.live import serve
+from tests.api.seed import _run, ok, seed_all, seed_database
 from tests.conftest import EXAMPLES
 from tests.dse.test_figures import CASES
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_MS = 20_000
 V1 = "/api/v1"
 
 
@@ -89,46 +88,27 @@ def _wide(storage: Storage) -> None:
     )  # fmt: skip
 
 
+def _seed(storage: Storage) -> None:
+    seed_all(storage)
+    _cpu_demo(storage)
+    _wide(storage)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = f"sqlite:///{tmp_path_factory.mktemp('answers') / 'answers.db'}"
-    storage = open_storage(url)
-    try:
-        seed_all(storage)
-        _cpu_demo(storage)
-        _wide(storage)
-    finally:
-        storage.close()
+    seed_database(url, _seed)
     with serve(url, api_token=None, poll_interval_s=0.5) as base:
         yield base
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    executable = require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser: Any, site: str) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=site)
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.errors = []  # type: ignore[attr-defined]
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(m.text))
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    try:
-        yield pg
-    finally:
-        context.close()
+def context_args() -> dict[str, Any]:
+    """The copy button writes the clipboard; the test reads it back."""
+    return {
+        "viewport": {"width": 1280, "height": 900},
+        "permissions": ["clipboard-read", "clipboard-write"],
+    }
 
 
 def _open(page: Any, base: str, study: str) -> None:

@@ -10,55 +10,24 @@ from typing import Any
 import pytest
 
 from dse.storage import open_storage
-from tests.api.live import CHROMIUM_ARGS, colors, has_color, require_chromium, serve
-from tests.api.seed import Seeded, _run, ok, seed_all
+from tests.api.live import TIMEOUT_MS, colors, has_color, serve
+from tests.api.seed import Seeded, _run, ok, seed_all, seed_database
 
 pytestmark = pytest.mark.slow
-
-TIMEOUT_MS = 20_000
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, dict[str, Seeded]]]:
     """(base URL, database URL, seeds) of a live server with poll interval 0.5 s."""
     url = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'dash.db'}"
-    storage = open_storage(url)
-    try:
-        seeds = seed_all(storage)
-    finally:
-        storage.close()
+    seeds = seed_database(url, seed_all)
     with serve(url, api_token=None, poll_interval_s=0.5) as base:
         yield base, url, seeds
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    executable = require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser: Any, site: tuple[str, str, dict[str, Seeded]]) -> Iterator[Any]:
-    """A page that records console errors and every request's host."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.errors = []  # type: ignore[attr-defined]
-    pg.urls = []  # type: ignore[attr-defined]
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(m.text))
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    pg.on("request", lambda r: pg.urls.append(r.url))
-    try:
-        yield pg
-    finally:
-        context.close()
+def context_args() -> dict[str, Any]:
+    return {"viewport": {"width": 1400, "height": 1000}}
 
 
 def _count(page: Any, selector: str) -> int:

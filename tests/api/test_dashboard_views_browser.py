@@ -18,14 +18,13 @@ from typing import Any
 import pytest
 
 from dse.figures import figure
-from dse.storage import open_storage
 from dse.studyplots import BASELINE_COLOR, STATE_COLORS
-from tests.api.live import CHROMIUM_ARGS, require_chromium, serve
+from tests.api.live import serve
+from tests.api.seed import seed_database
 from tests.api.seed_views import ViewSeed, seed_views, set_pruned
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_MS = 20_000
 V1 = "/api/v1"
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 #: The lanes a reader without the token sees (host names hidden).
@@ -39,41 +38,10 @@ LANES = {
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ViewSeed]]:
     url = f"sqlite:///{tmp_path_factory.mktemp('views-browser') / 'views.db'}"
-    storage = open_storage(url)
-    try:
-        seeded = seed_views(storage)
-    finally:
-        storage.close()
+    seeded = seed_database(url, seed_views)
     set_pruned(url, seeded)
     with serve(url, api_token=None, poll_interval_s=60.0) as base:
         yield base, seeded
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    executable = require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser: Any, site: tuple[str, ViewSeed]) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.errors = []  # type: ignore[attr-defined]
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(m.text))
-    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-    try:
-        yield pg
-    finally:
-        context.close()
 
 
 def _open(page: Any, base: str, study: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 from dse.storage import open_storage
 from dse.studyplots import STATE_COLORS
 from tests.api.conftest import BACKENDS, TOKEN, TestClient, make_client, new_url
+from tests.api.seed import seed_database
 from tests.api.seed_views import ViewSeed, seed_views, set_pruned
 
 V1 = "/api/v1"
@@ -24,11 +25,7 @@ def views(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[TestClient, ViewSeed]]:
     url = new_url(request.param, request, tmp_path_factory.mktemp("views"))
-    storage = open_storage(url)
-    try:
-        seeded = seed_views(storage)
-    finally:
-        storage.close()
+    seeded = seed_database(url, seed_views)
     set_pruned(url, seeded)
     seeded.url = url
     with make_client(url) as c:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 
@@ -20,6 +19,7 @@ from dse.exceptions import (
     TrialNotFoundError,
 )
 from tests.api.conftest import TestClient
+from tests.conftest import free_port
 
 V1 = "/api/v1"
 
@@ -40,14 +40,8 @@ def test_status_of_dse_errors(exc: DSEError, code: int) -> None:
     assert status_of(exc) == code
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_unreachable_database_is_503(caplog: pytest.LogCaptureFixture) -> None:
-    url = f"postgresql+psycopg://postgres@127.0.0.1:{_free_port()}/nothing"
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing"
     token = {"Authorization": "Bearer t0ken"}
     with caplog.at_level(logging.WARNING, logger="dse.api"):
         with TestClient(create_app(settings=Settings(storage=url, api_token="t0ken"))) as c:

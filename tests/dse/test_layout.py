@@ -69,13 +69,7 @@ def test_every_layer_sees_the_same_layout(
     cost = cost_resolve(s.model, s.semantics, s.resources, s.full_params(params))
     plan = make_plan(_spec(s, params, tmp_path), [])
     assert cost.parallel == core
-    assert (plan.tp, plan.dp, plan.etp, plan.num_microbatches) == (
-        core.tp,
-        core.dp,
-        core.etp,
-        core.num_microbatches,
-    )
-    assert plan.layout() == {k: v for k, v in core.as_dict().items() if k != "edp"}
+    assert plan.layout == core
     assert s.constraint_values(params) == [("dp * micro_batch_size <= 8", core.dp * core.mbs <= 8)]
 
 

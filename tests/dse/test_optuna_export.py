@@ -4,7 +4,6 @@ analysis and served by optuna-dashboard."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import optuna
 import pytest
 
 from dse.cli import main
+from tests.conftest import free_port
 
 
 class _Quiet(WSGIRequestHandler):
@@ -33,9 +33,7 @@ def optuna_url(replay_study: str, tmp_path_factory: pytest.TempPathFactory) -> s
 def dashboard(optuna_url: str) -> Iterator[str]:
     from optuna_dashboard import wsgi
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = make_server("127.0.0.1", port, wsgi(optuna_url), handler_class=_Quiet)
     th = threading.Thread(target=server.serve_forever, daemon=True)
     th.start()

@@ -12,7 +12,7 @@ import pytest
 
 from dse.cli import main
 from dse.figures import figure
-from tests.api.live import CHROMIUM, CHROMIUM_ARGS
+from tests.api.live import chromium, serve
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
@@ -50,13 +50,8 @@ def test_report_files(report_dir: Path) -> None:
 def test_report_in_chromium_matches_status(
     replay_study: str, report_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-
     st = _status(replay_study, capsys)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1100, "height": 900})
         page.goto((report_dir / "report.html").as_uri())
 
@@ -95,21 +90,13 @@ def test_report_in_chromium_matches_status(
         if os.environ.get("DSE_REPORT_SHOT"):
             RESULTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(RESULTS / "report_replay_llama1b.png"), full_page=True)
-        browser.close()
 
 
 def test_dashboard_draws_importance_and_slices_from_the_report_data(
     replay_study: str, report_dir: Path
 ) -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-
-    from tests.api.live import serve
-
     data = json.loads((report_dir / "report.json").read_text())
-    with serve(replay_study, api_token=None) as base, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as browser, serve(replay_study, api_token=None) as base:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -126,7 +113,6 @@ def test_dashboard_draws_importance_and_slices_from_the_report_data(
         if os.environ.get("DSE_REPORT_SHOT"):
             page.locator("#chart-importance").scroll_into_view_if_needed()
             page.screenshot(path=str(RESULTS / "dashboard_importance_slices.png"), full_page=True)
-        browser.close()
         assert errors == []
 
 

@@ -1,5 +1,6 @@
 """A real one-node Slurm (scripts/slurm_up.sh) and a real local Ray instance for the runner
-tests, and a helper that drives a runner until its trials finish."""
+tests, and the helpers they share: trials launched and drained, Slurm jobs and nodes waited
+for, space files written, a study's trials read back."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from dse.records import TrialRecord
+from dse.storage import open_storage
 from dse.workloads.runners import BaseRunner, Finished, Launch
-from tests.conftest import REPO
+from dse.workloads.runners.slurm_runner import SlurmOptions, SlurmRunner
+from tests.conftest import EXAMPLES, REPLAY_TABLE, REPO
 
 TRIAL_PROGRAM = Path(__file__).with_name("trial_program.py")
 SLURM_DIR = os.environ.get("DSE_SLURM_DIR", "/tmp/dse-slurm")
@@ -106,3 +112,116 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: Callable[[], str]) -> None:
+    """Polls ``check`` until it holds; fails with ``what()`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.2)
+
+
+# --- Slurm --------------------------------------------------------------------------------
+
+#: The states of a Slurm job that has ended.
+JOB_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def slurm_runner(device: str = "cpu", world: int = 1, **opts: object) -> SlurmRunner:
+    """A Slurm runner of the tests' jobs (prefix ``dse-test``, 4 at once, polled every 0.5 s)."""
+    return SlurmRunner(
+        SlurmOptions.model_validate({"poll_interval_s": 0.5, **opts}),
+        device=device,
+        world_size=world,
+        gpus_per_node=world,
+        max_parallel=4,
+        job_prefix="dse-test",
+    )
+
+
+def job_id(launch: Launch) -> str:
+    """The Slurm job of a trial the Slurm runner submitted."""
+    return (launch.trial_dir / "slurm_job_id").read_text().strip()
+
+
+def job_state(job: str) -> str:
+    """A Slurm job's state (``PENDING``, ``RUNNING``, ``COMPLETED``, ...; "" when Slurm no
+    longer knows it)."""
+    return subprocess.run(
+        ["squeue", "-h", "--states=all", "-j", job, "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def wait_jobs(jobs: list[str], timeout: float) -> list[str]:
+    """The end states of Slurm ``jobs`` once all ended (cancelled and failed after
+    ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [job_state(j) for j in jobs]
+        if all(s in JOB_ENDED for s in states):
+            return states
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", *jobs], check=False)
+            raise AssertionError(f"job(s) {jobs} did not end in time: {states}")
+        time.sleep(1.0)
+
+
+def node_state(node: str) -> str:
+    return subprocess.run(
+        ["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def wait_idle(node: str, timeout: float = 60) -> None:
+    """Waits until the Slurm node takes jobs again (after a drain or down)."""
+    wait_until(
+        lambda: node_state(node) in ("idle", "mixed", "allocated"),
+        timeout,
+        lambda: f"node {node} did not come back: {node_state(node)}",
+    )
+
+
+# --- studies ------------------------------------------------------------------------------
+
+
+def write_space(path: Path, space: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def replay_space(
+    folder: Path, study: str, *, n_trials: int = 4, delay_s: float = 1.0, timeout_s: int = 120,
+    **runner: object,
+) -> Path:  # fmt: skip
+    """``folder/<study>.yaml``: the replay study of the measured table, without prescreen,
+    on the Slurm runner (2 at once, its workdir ``folder/runs``; ``runner`` adds or
+    replaces runner fields)."""
+    space = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    space["study"] = study
+    space["workload"] = {"name": "replay", "table": str(REPLAY_TABLE), "delay_s": delay_s}
+    space["budget"] = {"n_trials": n_trials, "trial_timeout_s": timeout_s,
+                       "hang_timeout_s": timeout_s}  # fmt: skip
+    space["prescreen"] = {"enabled": False}
+    space["runner"] = {
+        "name": "slurm", "max_parallel": 2, "workdir": str(folder / "runs"), **runner,
+    }  # fmt: skip
+    return write_space(folder / f"{study}.yaml", space)
+
+
+def tiny_space(folder: Path, *, remeasure: int | None = 0, **runner: object) -> Path:
+    """``folder/tiny.yaml``: the tiny CPU GPT study (examples/tiny_gpt_cpu.yaml) with a budget
+    of two trials and ``remeasure`` re-measures (None: the example's), on ``runner`` (2 at
+    once, its workdir ``folder/runs``, unless ``runner`` says otherwise)."""
+    space = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
+    space["budget"]["n_trials"] = 2
+    if remeasure is not None:
+        space["budget"]["remeasure"] = remeasure
+    space["runner"] = {"max_parallel": 2, "workdir": str(folder / "runs"), **runner}
+    return write_space(folder / "tiny.yaml", space)
+
+
+def trials_of(url: str, study: str) -> list[TrialRecord]:
+    """The trials of ``study`` in the database at ``url``, by number."""
+    with open_storage(url) as st:
+        return st.list_trials(st.get_study(study).id)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,31 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from dse.storage import open_storage
-from tests.conftest import REPLAY_TABLE, REPO
+from tests.conftest import REPO, free_port
+from tests.runners.conftest import job_state, replay_space, tiny_space, trials_of, wait_jobs
 
 CONTROLLER_SCRIPT = REPO / "examples" / "slurm" / "controller.sbatch"
-
-
-def _job_state(job: str) -> str:
-    r = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True)
-    fields = dict(t.split("=", 1) for t in r.stdout.split() if "=" in t)
-    return fields.get("JobState", "")
-
-
-def _wait_jobs(jobs: list[str], timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-    while True:
-        states = [_job_state(j) for j in jobs]
-        if all(s in done for s in states):
-            return states
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", *jobs], check=False)
-            raise AssertionError(f"controller job(s) {jobs} did not end in time: {states}")
-        time.sleep(1.0)
 
 
 def _submit_controller(
@@ -62,17 +41,10 @@ def _submit_controller(
     return r.stdout.strip().split(";")[0]
 
 
-def _replay_space(tmp_path: Path, study: str, n_trials: int) -> Path:
-    space = yaml.safe_load((REPO / "examples" / "replay_llama1b.yaml").read_text())
-    space["study"] = study
-    space["workload"] = {"name": "replay", "table": str(REPLAY_TABLE), "delay_s": 1.0}
-    space["budget"] = {"n_trials": n_trials, "trial_timeout_s": 120, "hang_timeout_s": 120}
-    space["prescreen"] = {"enabled": False}
-    space["runner"] = {"name": "slurm", "max_parallel": 2, "workdir": "runs",  # relative
-                       "options": {"poll_interval_s": 0.5}}  # fmt: skip
-    p = tmp_path / f"{study}.yaml"
-    p.write_text(yaml.safe_dump(space))
-    return p
+def _replay_space(tmp_path: Path, study: str, n_trials: int, delay_s: float = 1.0) -> Path:
+    """The replay study for a controller job (its workdir relative: the job's folder)."""
+    return replay_space(tmp_path, study, n_trials=n_trials, delay_s=delay_s, workdir="runs",
+                        options={"poll_interval_s": 0.5})  # fmt: skip
 
 
 @pytest.mark.slurm
@@ -86,7 +58,7 @@ def test_trial_jobs_submitted_from_inside_a_job_do_not_inherit_its_variables(
          f"{sys.executable} -m tests.runners.slurm_job_driver {tmp_path}"],
         env=env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    assert _wait_jobs([job], timeout=240) == ["COMPLETED"], (tmp_path / "driver.log").read_text()
+    assert wait_jobs([job], timeout=240) == ["COMPLETED"], (tmp_path / "driver.log").read_text()
     res = json.loads((tmp_path / "driver.json").read_text())
     assert res["ok"], res["reason"]
     assert res["placement"] == slurm
@@ -104,23 +76,15 @@ def test_trial_jobs_submitted_from_inside_a_job_do_not_inherit_its_variables(
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_controller_in_a_slurm_job_runs_the_tiny_cpu_study(slurm: str, tmp_path: Path) -> None:
-    space = yaml.safe_load((REPO / "examples" / "tiny_gpt_cpu.yaml").read_text())
-    space["budget"]["n_trials"] = 2
-    space["budget"]["remeasure"] = 0  # a runner test: re-measures are the study tests' concern
-    space["runner"] = {"name": "slurm", "max_parallel": 2, "workdir": "runs",
-                       "options": {"cpus_per_task": 2, "poll_interval_s": 1.0}}  # fmt: skip
-    p = tmp_path / "tiny.yaml"
-    p.write_text(yaml.safe_dump(space))
+    # no re-measures: a runner test (re-measures are the study tests' concern)
+    p = tiny_space(tmp_path, name="slurm", workdir="runs",
+                   options={"cpus_per_task": 2, "poll_interval_s": 1.0})  # fmt: skip
     job = _submit_controller(tmp_path, p, "sqlite:///dse.db")  # relative: the job's folder
-    states = _wait_jobs([job], timeout=900)
+    states = wait_jobs([job], timeout=900)
     log = (tmp_path / f"dse-controller-{job}.log").read_text()
     assert states == ["COMPLETED"], log
     assert f"dse controller: job {job} on {slurm} in {tmp_path}" in log
-    st = open_storage(f"sqlite:///{tmp_path / 'dse.db'}")
-    try:
-        trials = st.list_trials(st.get_study("tiny-gpt-cpu").id)
-    finally:
-        st.close()
+    trials = trials_of(f"sqlite:///{tmp_path / 'dse.db'}", "tiny-gpt-cpu")
     assert [t.state for t in trials] == ["complete", "complete"], [t.reason for t in trials]
     assert all(t.host == slurm and t.value and t.value > 0 for t in trials)
     # each trial ran in a job of its own, submitted from inside the controller's job
@@ -135,14 +99,10 @@ def test_controller_job_with_the_local_runner_runs_trials_in_its_allocation(
 ) -> None:
     p = _replay_space(tmp_path, "slurm-local", n_trials=3)
     job = _submit_controller(tmp_path, p, "sqlite:///dse.db", "--cpus-per-task=2", runner="local")
-    states = _wait_jobs([job], timeout=300)
+    states = wait_jobs([job], timeout=300)
     log = (tmp_path / f"dse-controller-{job}.log").read_text()
     assert states == ["COMPLETED"], log
-    st = open_storage(f"sqlite:///{tmp_path / 'dse.db'}")
-    try:
-        trials = st.list_trials(st.get_study("slurm-local").id)
-    finally:
-        st.close()
+    trials = trials_of(f"sqlite:///{tmp_path / 'dse.db'}", "slurm-local")
     assert len(trials) == 3 and all(t.state in ("complete", "infeasible") for t in trials)
     assert all(t.host == slurm for t in trials)
     runs = tmp_path / "runs" / "slurm-local"
@@ -156,14 +116,10 @@ def test_two_controller_jobs_share_one_postgres_study(
 ) -> None:
     p = _replay_space(tmp_path, "slurm-two-jobs", n_trials=8)
     jobs = [_submit_controller(tmp_path, p, pg_url) for _ in range(2)]
-    states = _wait_jobs(jobs, timeout=400)
+    states = wait_jobs(jobs, timeout=400)
     logs = [(tmp_path / f"dse-controller-{j}.log").read_text() for j in jobs]
     assert states == ["COMPLETED", "COMPLETED"], logs
-    st = open_storage(pg_url)
-    try:
-        trials = st.list_trials(st.get_study("slurm-two-jobs").id)
-    finally:
-        st.close()
+    trials = trials_of(pg_url, "slurm-two-jobs")
     assert sorted(t.number for t in trials) == list(range(8))  # the budget, no more
     assert len({t.params_key for t in trials}) == 8
     assert all(t.state in ("complete", "infeasible") for t in trials)
@@ -176,17 +132,11 @@ def test_two_controller_jobs_share_one_postgres_study(
     assert all("done:" in log for log in logs)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """A Ray head of its own (4 CPUs, its job server on a free port), stopped by its own
     process (``ray start --block``), never by ``ray stop``."""
-    port, dash = _free_port(), _free_port()
+    port, dash = free_port(), free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -228,12 +178,7 @@ def test_controller_as_a_ray_job_on_the_head(
     ray_head: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
     address, env = ray_head
-    space = yaml.safe_load((REPO / "examples" / "tiny_gpt_cpu.yaml").read_text())
-    space["budget"]["n_trials"] = 2
-    space["budget"]["remeasure"] = 0  # a runner test: re-measures are the study tests' concern
-    space["runner"] = {"name": "ray", "max_parallel": 2, "workdir": str(tmp_path / "runs")}
-    p = tmp_path / "tiny.yaml"
-    p.write_text(yaml.safe_dump(space))
+    p = tiny_space(tmp_path, name="ray")  # no re-measures: a runner test
     url = f"sqlite:///{tmp_path / 'dse.db'}"
     # the README's command: the job runs the controller on the head, RAY_ADDRESS set to it
     r = subprocess.run(
@@ -244,11 +189,7 @@ def test_controller_as_a_ray_job_on_the_head(
     )  # fmt: skip
     assert r.returncode == 0 and "succeeded" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr
     assert "study 'tiny-gpt-cpu': created" in r.stdout + r.stderr  # the job's own output
-    st = open_storage(url)
-    try:
-        trials = st.list_trials(st.get_study("tiny-gpt-cpu").id)
-    finally:
-        st.close()
+    trials = trials_of(url, "tiny-gpt-cpu")
     assert [t.state for t in trials] == ["complete", "complete"], [t.reason for t in trials]
     assert all(t.value and t.value > 0 and t.host for t in trials)
     # the trials went through the Ray runner of the head's cluster: a Ray task on a node of
@@ -263,25 +204,19 @@ def test_controller_as_a_ray_job_on_the_head(
 def test_scancel_of_the_controller_job_cancels_its_trial_jobs_and_requeues(
     slurm: str, tmp_path: Path
 ) -> None:
-    p = _replay_space(tmp_path, "slurm-ctl-cancel", n_trials=4)
-    space = yaml.safe_load(p.read_text())
-    space["workload"]["delay_s"] = 30.0  # trials that outlive the controller
-    p.write_text(yaml.safe_dump(space))
+    # trials that outlive the controller
+    p = _replay_space(tmp_path, "slurm-ctl-cancel", n_trials=4, delay_s=30.0)
     job = _submit_controller(tmp_path, p, "sqlite:///dse.db")
     runs = tmp_path / "runs" / "slurm-ctl-cancel"
     deadline = time.monotonic() + 120
     while len(list(runs.glob("trial-*/placement.txt"))) < 2:  # two trial jobs running
-        assert time.monotonic() < deadline and _job_state(job) in ("PENDING", "RUNNING")
+        assert time.monotonic() < deadline and job_state(job) in ("PENDING", "RUNNING")
         time.sleep(0.5)
     trial_jobs = [f.read_text().strip() for f in runs.glob("trial-*/slurm_job_id")]
     subprocess.run(["scancel", job], check=True)
-    assert _wait_jobs([job], timeout=120) == ["CANCELLED"]
+    assert wait_jobs([job], timeout=120) == ["CANCELLED"]
     log = (tmp_path / f"dse-controller-{job}.log").read_text()
     assert "2 running trial(s) killed and re-queued" in log, log
-    assert {_job_state(j) for j in trial_jobs} == {"CANCELLED"}
-    st = open_storage(f"sqlite:///{tmp_path / 'dse.db'}")
-    try:
-        trials = st.list_trials(st.get_study("slurm-ctl-cancel").id)
-    finally:
-        st.close()
+    assert {job_state(j) for j in trial_jobs} == {"CANCELLED"}
+    trials = trials_of(f"sqlite:///{tmp_path / 'dse.db'}", "slurm-ctl-cancel")
     assert sorted(t.state for t in trials) == ["queued", "queued"]  # resumable as they were

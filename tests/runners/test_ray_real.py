@@ -11,11 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dse.workloads.runners.ray_runner import RayOptions, RayRunner
 from tests.conftest import REPO
-from tests.runners.conftest import alive, drain, make_launch, seen, wait_seen
+from tests.runners.conftest import (
+    alive,
+    drain,
+    make_launch,
+    seen,
+    tiny_space,
+    trials_of,
+    wait_seen,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -52,10 +60,9 @@ def test_trials_at_once_each_see_their_own_gpus(
 
 
 def _wait_slots(r: RayRunner, n: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while r.free_slots() != n:
-        assert time.monotonic() < deadline, f"{r.free_slots()} free slots, not {n}"
-        time.sleep(0.2)
+    wait_until(
+        lambda: r.free_slots() == n, timeout, lambda: f"{r.free_slots()} free slots, not {n}"
+    )
 
 
 def test_max_parallel_caps_the_slots(ray_cluster: None) -> None:
@@ -142,20 +149,10 @@ def test_placement_group_waiting_past_the_queue_timeout_is_timeout(
 def test_tiny_study_through_ray(ray_cluster: None, tmp_path: Path) -> None:
     from dse.cli import main
 
-    space = yaml.safe_load((REPO / "examples" / "tiny_gpt_cpu.yaml").read_text())
-    space["budget"]["n_trials"] = 2
-    space["runner"] = {"name": "ray", "max_parallel": 2, "workdir": str(tmp_path / "runs")}
-    p = tmp_path / "tiny.yaml"
-    p.write_text(yaml.safe_dump(space))
+    p = tiny_space(tmp_path, remeasure=None, name="ray")  # the example's re-measures
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     assert main(["start", "--space", str(p), "--storage", url]) == 0
-    from dse.storage import open_storage
-
-    st = open_storage(url)
-    try:
-        trials = st.list_trials(st.get_study("tiny-gpt-cpu").id)
-    finally:
-        st.close()
+    trials = trials_of(url, "tiny-gpt-cpu")
     # the budget's two trials, and any re-measure of a tie (budget.remeasure) ran on Ray too
     primary = [t for t in trials if t.remeasure_of is None]
     assert [t.state for t in primary] == ["complete", "complete"], [t.reason for t in trials]

@@ -14,33 +14,27 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from dse.storage import open_storage
 from dse.workloads.runners import Launch
-from dse.workloads.runners.slurm_runner import SlurmOptions, SlurmRunner
-from tests.conftest import REPLAY_TABLE, REPO
-from tests.runners.conftest import drain, make_launch, wait_seen
+from dse.workloads.runners.slurm_runner import SlurmRunner
+from tests.conftest import LOGS
+from tests.runners.conftest import (
+    drain,
+    job_id,
+    make_launch,
+    replay_space,
+    slurm_runner,
+    tiny_space,
+    trials_of,
+    wait_idle,
+    wait_seen,
+)
 
 pytestmark = pytest.mark.slurm
 
 
-def _runner(**opts: object) -> SlurmRunner:
-    return SlurmRunner(
-        SlurmOptions.model_validate({"poll_interval_s": 0.5, **opts}),
-        device="cpu",
-        world_size=1,
-        max_parallel=4,
-        job_prefix="dse-test",
-    )
-
-
-def _job_id(launch: object) -> str:
-    return (launch.trial_dir / "slurm_job_id").read_text().strip()  # type: ignore[attr-defined]
-
-
 def test_job_on_a_node_that_goes_down_is_node_fail(slurm: str, tmp_path: Path) -> None:
-    r = _runner()
+    r = slurm_runner()
     launch = make_launch(tmp_path, 1, 120)
     r.submit(launch)
     wait_seen(launch)
@@ -59,7 +53,7 @@ def test_job_on_a_node_that_goes_down_is_node_fail(slurm: str, tmp_path: Path) -
         out = drain(r, 1, timeout=60)[1].outcome
     finally:
         subprocess.run(["scontrol", "update", f"nodename={slurm}", "state=resume"], check=False)
-        _wait_idle(slurm)
+        wait_idle(slurm)
     assert out.failure_class == "node_fail", out
     assert "NODE_FAIL" in out.reason and slurm in out.reason
 
@@ -68,7 +62,7 @@ def test_job_on_a_node_that_goes_down_is_node_fail(slurm: str, tmp_path: Path) -
 def overtime(slurm: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[SlurmRunner, Launch]:
     """A job over its time limit, submitted early: Slurm checks time limits about every 30 s
     (the job is ended by Slurm, not by the runner), so the test that waits for it runs last."""
-    r = _runner(time_limit="0:02")
+    r = slurm_runner(time_limit="0:02")
     launch = make_launch(tmp_path_factory.mktemp("overtime"), 1, 300)
     r.submit(launch)
     return r, launch
@@ -77,7 +71,7 @@ def overtime(slurm: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Slur
 def test_trial_completes_and_records_its_node(
     slurm: str, tmp_path: Path, overtime: tuple[SlurmRunner, Launch]
 ) -> None:
-    r = _runner()
+    r = slurm_runner()
     launch = make_launch(tmp_path, 1, 0.5)
     r.submit(launch)
     fin = drain(r, 1)[1]
@@ -87,7 +81,7 @@ def test_trial_completes_and_records_its_node(
 
 
 def test_failed_trial_keeps_the_logs_last_lines(slurm: str, tmp_path: Path) -> None:
-    r = _runner()
+    r = slurm_runner()
     r.submit(make_launch(tmp_path, 1, 0.1, "--fail"))
     out = drain(r, 1)[1].outcome
     assert out.failure_class == "error"
@@ -95,61 +89,36 @@ def test_failed_trial_keeps_the_logs_last_lines(slurm: str, tmp_path: Path) -> N
 
 
 def test_scancel_from_outside_is_cancelled(slurm: str, tmp_path: Path) -> None:
-    r = _runner()
+    r = slurm_runner()
     launch = make_launch(tmp_path, 1, 120)
     r.submit(launch)
     wait_seen(launch)
-    subprocess.run(["scancel", _job_id(launch)], check=True)
+    subprocess.run(["scancel", job_id(launch)], check=True)
     out = drain(r, 1, timeout=60)[1].outcome
     assert out.failure_class == "cancelled", out
     assert "ended CANCELLED" in out.reason and "Terminat" in out.reason  # the log's tail
 
 
 def test_stop_cancels_every_job(slurm: str, tmp_path: Path) -> None:
-    r = _runner()
+    r = slurm_runner()
     launches = [make_launch(tmp_path, i, 120) for i in (1, 2)]
     for la in launches:
         r.submit(la)
     wait_seen(launches[0])
     assert sorted(r.stop()) == [1, 2]
     states = subprocess.run(
-        ["squeue", "-h", "--states=all", "-j", ",".join(_job_id(la) for la in launches),
+        ["squeue", "-h", "--states=all", "-j", ",".join(job_id(la) for la in launches),
          "-o", "%T"], capture_output=True, text=True,
     ).stdout.split()  # fmt: skip
     assert states and set(states) == {"CANCELLED"}, states
-
-
-def _wait_idle(node: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = subprocess.run(
-            ["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True
-        ).stdout.strip()
-        if st in ("idle", "mixed", "allocated"):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"node {node} did not come back: {st}")
-
-
-def _space(tmp_path: Path, study: str, **runner: object) -> Path:
-    space = yaml.safe_load((REPO / "examples" / "replay_llama1b.yaml").read_text())
-    space["study"] = study
-    space["workload"] = {"name": "replay", "table": str(REPLAY_TABLE), "delay_s": 1.0}
-    space["budget"] = {"n_trials": 4, "trial_timeout_s": 120, "hang_timeout_s": 120}
-    space["prescreen"] = {"enabled": False}
-    space["runner"] = {
-        "name": "slurm", "max_parallel": 2, "workdir": str(tmp_path / "runs"), **runner,
-    }  # fmt: skip
-    p = tmp_path / f"{study}.yaml"
-    p.write_text(yaml.safe_dump(space))
-    return p
 
 
 def test_study_resumes_after_its_controller_dies_with_jobs_queued(
     slurm: str, tmp_path: Path
 ) -> None:
     # each job takes 7 of the node's 8 CPUs: one runs, the next waits in the queue
-    p = _space(tmp_path, "slurm-resume", options={"cpus_per_task": 7, "poll_interval_s": 0.5})
+    opts = {"cpus_per_task": 7, "poll_interval_s": 0.5}
+    p = replay_space(tmp_path, "slurm-resume", options=opts)
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     cmd = [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", url]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -174,11 +143,7 @@ def test_study_resumes_after_its_controller_dies_with_jobs_queued(
                          timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "re-queued" in out.stderr
-    st = open_storage(url)
-    try:
-        trials = st.list_trials(st.get_study("slurm-resume").id)
-    finally:
-        st.close()
+    trials = trials_of(url, "slurm-resume")
     assert sorted(t.number for t in trials) == [0, 1, 2, 3]
     assert all(t.state in ("complete", "infeasible") for t in trials), [
         (t.number, t.state, t.reason) for t in trials
@@ -196,10 +161,7 @@ def test_study_resumes_after_its_controller_dies_with_jobs_queued(
 def test_two_controllers_share_one_study_on_the_cluster(
     slurm: str, tmp_path: Path, pg_url: str
 ) -> None:
-    p = _space(tmp_path, "slurm-two", options={"poll_interval_s": 0.5})
-    space = yaml.safe_load(p.read_text())
-    space["budget"]["n_trials"] = 8
-    p.write_text(yaml.safe_dump(space))
+    p = replay_space(tmp_path, "slurm-two", n_trials=8, options={"poll_interval_s": 0.5})
     cmd = [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", pg_url]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [
@@ -209,11 +171,7 @@ def test_two_controllers_share_one_study_on_the_cluster(
     ]  # fmt: skip
     logs = [pr.communicate(timeout=300)[1] for pr in procs]
     assert [pr.returncode for pr in procs] == [0, 0], logs
-    st = open_storage(pg_url)
-    try:
-        trials = st.list_trials(st.get_study("slurm-two").id)
-    finally:
-        st.close()
+    trials = trials_of(pg_url, "slurm-two")
     assert sorted(t.number for t in trials) == list(range(8))
     assert len({t.params_key for t in trials}) == 8
     assert all(t.state in ("complete", "infeasible") for t in trials)
@@ -225,24 +183,15 @@ def test_two_controllers_share_one_study_on_the_cluster(
 
 @pytest.mark.slow
 def test_tiny_gpt_study_through_sbatch(slurm: str, tmp_path: Path) -> None:
-    space = yaml.safe_load((REPO / "examples" / "tiny_gpt_cpu.yaml").read_text())
-    space["budget"]["n_trials"] = 2
-    space["budget"]["remeasure"] = 0  # a runner test: re-measures are the study tests' concern
-    space["runner"] = {"name": "slurm", "max_parallel": 2, "workdir": str(tmp_path / "runs"),
-                       "options": {"cpus_per_task": 2, "poll_interval_s": 1.0}}  # fmt: skip
-    p = tmp_path / "tiny.yaml"
-    p.write_text(yaml.safe_dump(space))
+    # no re-measures: a runner test (re-measures are the study tests' concern)
+    p = tiny_space(tmp_path, name="slurm", options={"cpus_per_task": 2, "poll_interval_s": 1.0})
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     out = subprocess.run(
         [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", url],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    st = open_storage(url)
-    try:
-        trials = st.list_trials(st.get_study("tiny-gpt-cpu").id)
-    finally:
-        st.close()
+    trials = trials_of(url, "tiny-gpt-cpu")
     assert len(trials) == 2
     assert [t.state for t in trials] == ["complete", "complete"], [t.reason for t in trials]
     assert all(t.host == slurm and t.value and t.value > 0 for t in trials)
@@ -264,7 +213,7 @@ def test_recipe_trial_runs_under_the_batch_scripts_srun(slurm: str, tmp_path: Pa
     from dse.records import TrialSpec
     from dse.workloads import trial_command
 
-    log = REPO / "tests" / "fixtures" / "logs" / "megatron_mixtral_16xh100.log"
+    log = LOGS / "megatron_mixtral_16xh100.log"
     launch = make_launch(tmp_path, 1, 0)
     spec = TrialSpec(
         study="s", trial_number=1, params={"micro_batch_size": 1},
@@ -283,7 +232,7 @@ def test_recipe_trial_runs_under_the_batch_scripts_srun(slurm: str, tmp_path: Pa
     (launch.trial_dir / "trial.json").write_text(spec.model_dump_json())
     argv = trial_command("megatron_lm", str(launch.trial_dir / "trial.json"), world_size=1)
     launch = dataclasses.replace(launch, argv=argv, spec=spec, env={"DSE_R": "0"})
-    r = _runner()
+    r = slurm_runner()
     r.submit(launch)
     fin = drain(r, 1)[1]
     assert fin.outcome.ok, fin.outcome.reason

@@ -11,37 +11,22 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dse.records import INFEASIBLE_CLASSES
-from dse.storage import open_storage
-from dse.workloads.runners.slurm_runner import (
-    SlurmOptions,
-    SlurmRunner,
-    pending_class,
-    submission_env,
+from dse.workloads.runners.slurm_runner import pending_class, submission_env
+from tests.runners.conftest import (
+    drain,
+    job_id,
+    job_state,
+    make_launch,
+    replay_space,
+    slurm_runner,
+    trials_of,
+    wait_idle,
+    wait_until,
 )
-from tests.conftest import REPLAY_TABLE, REPO
-from tests.runners.conftest import drain, make_launch
 
 pytestmark = pytest.mark.slurm
-
-
-def _runner(device: str = "cpu", world: int = 1, **opts: object) -> SlurmRunner:
-    return SlurmRunner(
-        SlurmOptions.model_validate({"poll_interval_s": 0.5, **opts}),
-        device=device,
-        world_size=world,
-        gpus_per_node=world,
-        max_parallel=4,
-        job_prefix="dse-test",
-    )
-
-
-def _state(job_id: str) -> str:
-    return subprocess.run(
-        ["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T"], capture_output=True, text=True
-    ).stdout.strip()
 
 
 @pytest.mark.parametrize(
@@ -55,7 +40,7 @@ def _state(job_id: str) -> str:
 def test_sbatch_refusal_is_an_unschedulable_trial(
     slurm: str, tmp_path: Path, device: str, opts: dict, words: str
 ) -> None:
-    r = _runner(device, **opts)
+    r = slurm_runner(device, **opts)
     launch = make_launch(tmp_path, 1, 0.1, device=device)
     r.submit(launch)  # no exception: the refusal is the trial's outcome
     assert r.running() == [] and r.free_slots() == 4
@@ -77,15 +62,15 @@ def test_sbatch_refusal_is_an_unschedulable_trial(
 def test_job_that_can_never_start_is_cancelled_at_once(
     slurm: str, tmp_path: Path, opts: dict, codes: tuple[str, ...]
 ) -> None:
-    r = _runner(**opts)  # no queue timeout: Slurm's reason alone says it never starts
+    r = slurm_runner(**opts)  # no queue timeout: Slurm's reason alone says it never starts
     launch = make_launch(tmp_path, 1, 0.1)
     r.submit(launch)
-    job = (launch.trial_dir / "slurm_job_id").read_text().strip()
+    job = job_id(launch)
     out = drain(r, 1, timeout=60)[1].outcome
     assert out.failure_class == "unschedulable", out
     assert any(f"Slurm's reason: {c};" in out.reason for c in codes), out.reason
     assert "can never start" in out.reason
-    assert _state(job) == "CANCELLED"  # scancel'ed, not left in the queue
+    assert job_state(job) == "CANCELLED"  # scancel'ed, not left in the queue
     assert r.running() == []
 
 
@@ -99,14 +84,15 @@ def test_job_pending_past_the_queue_timeout_on_a_busy_node_is_timeout(
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while _state(blocker) != "RUNNING":
-            assert time.monotonic() < deadline, f"blocker did not start: {_state(blocker)}"
-            time.sleep(0.5)
-        r = _runner(queue_timeout_s=4)
+        wait_until(
+            lambda: job_state(blocker) == "RUNNING",
+            60,
+            lambda: f"blocker did not start: {job_state(blocker)}",
+        )
+        r = slurm_runner(queue_timeout_s=4)
         launch = make_launch(tmp_path, 1, 0.1)
         r.submit(launch)
-        job = (launch.trial_dir / "slurm_job_id").read_text().strip()
+        job = job_id(launch)
         t0 = time.monotonic()
         out = drain(r, 1, timeout=60)[1].outcome
         assert time.monotonic() - t0 >= 3.5  # it waited its queue timeout first
@@ -116,24 +102,22 @@ def test_job_pending_past_the_queue_timeout_on_a_busy_node_is_timeout(
     assert out.failure_class == "timeout" and out.status == "failed", out
     assert "queue_timeout_s 4" in out.reason
     assert "Slurm's reason: Resources" in out.reason or "Slurm's reason: Priority" in out.reason
-    assert _state(job) == "CANCELLED"
+    assert job_state(job) == "CANCELLED"
 
 
 def test_job_whose_nodes_are_unavailable_past_the_queue_timeout_is_unschedulable(
     slurm: str, tmp_path: Path
 ) -> None:
-    from tests.runners.test_slurm_real import _wait_idle
-
     subprocess.run(
         ["scontrol", "update", f"nodename={slurm}", "state=drain", "reason=dse-test"], check=True
     )
     try:
-        r = _runner(queue_timeout_s=3, sbatch_args=[f"--nodelist={slurm}"])
+        r = slurm_runner(queue_timeout_s=3, sbatch_args=[f"--nodelist={slurm}"])
         r.submit(make_launch(tmp_path, 1, 0.1))
         out = drain(r, 1, timeout=60)[1].outcome
     finally:
         subprocess.run(["scontrol", "update", f"nodename={slurm}", "state=resume"], check=False)
-        _wait_idle(slurm)
+        wait_idle(slurm)
     assert out.failure_class == "unschedulable", out
     assert "Slurm's reason: ReqNodeNotAvail" in out.reason
 
@@ -171,27 +155,17 @@ def test_the_enclosing_jobs_variables_are_kept_from_the_trial_jobs() -> None:
 def test_a_study_whose_jobs_are_refused_completes_with_infeasible_trials(
     slurm: str, tmp_path: Path
 ) -> None:
-    space = yaml.safe_load((REPO / "examples" / "replay_llama1b.yaml").read_text())
-    space["study"] = "slurm-refused"
-    space["workload"] = {"name": "replay", "table": str(REPLAY_TABLE), "delay_s": 0.1}
-    space["budget"] = {"n_trials": 3, "trial_timeout_s": 60, "hang_timeout_s": 60}
-    space["prescreen"] = {"enabled": False}
-    space["runner"] = {"name": "slurm", "max_parallel": 2, "workdir": str(tmp_path / "runs"),
-                       "options": {"poll_interval_s": 0.5,
-                                   "sbatch_args": ["--mem=999999999"]}}  # fmt: skip
-    p = tmp_path / "space.yaml"
-    p.write_text(yaml.safe_dump(space))
+    p = replay_space(
+        tmp_path, "slurm-refused", n_trials=3, delay_s=0.1, timeout_s=60,
+        options={"poll_interval_s": 0.5, "sbatch_args": ["--mem=999999999"]},
+    )  # fmt: skip
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     out = subprocess.run(
         [sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", url],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    st = open_storage(url)
-    try:
-        trials = st.list_trials(st.get_study("slurm-refused").id)
-    finally:
-        st.close()
+    trials = trials_of(url, "slurm-refused")
     assert len(trials) == 3
     assert {(t.state, t.failure_class) for t in trials} == {("infeasible", "unschedulable")}
     assert all("Requested node configuration is not available" in (t.reason or "")

@@ -1,27 +1,25 @@
-"""``classify_log`` on real trial-log lines (tests/workloads/data/logs, sources in its README)."""
+"""``classify_log`` on real trial-log lines (tests/fixtures/logs, each file names its source in
+its header lines) and on the OOM lines of the measured H200 table, read from the table itself."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from dse.workloads.runners import classify_log
-from tests.conftest import REPLAY_TABLE
-
-LOGS = Path(__file__).parent / "data" / "logs"
+from tests.conftest import LOGS, REPLAY_TABLE
 
 CASES = [
-    ("oom_torch24.txt", "oom"),
-    ("oom_torch_cuda.txt", "oom"),
-    ("oom_runtime_error.txt", "oom"),
-    ("nccl_watchdog_ranks.txt", "hang"),
-    ("nccl_watchdog_terminate.txt", "hang"),
-    ("nan_grad_norm_bucket.txt", "nan"),
-    ("nan_grad_norm_assert.txt", "nan"),
-    ("nan_grad_norm_backwards.txt", "nan"),
-    ("error_missing_module.txt", "error"),
+    ("oom_torch24.log", "oom"),
+    ("oom_torch_cuda.log", "oom"),
+    ("oom_runtime_error.log", "oom"),
+    ("nccl_timeout_ranks.log", "hang"),
+    ("nccl_watchdog_terminate.log", "hang"),
+    ("nan_grad_norm_bucket.log", "nan"),
+    ("nan_grad_norm_assert.log", "nan"),
+    ("nan_grad_norm_backwards.log", "nan"),
+    ("error_missing_module.log", "error"),
 ]
 
 
@@ -30,8 +28,12 @@ def test_real_log_lines(name: str, expected: str) -> None:
     assert classify_log((LOGS / name).read_text()) == expected
 
 
-def test_every_fixture_is_in_the_table() -> None:
-    assert sorted(p.name for p in LOGS.glob("*.txt")) == sorted(n for n, _ in CASES)
+def test_every_log_fixture_names_its_source() -> None:
+    logs = sorted(LOGS.iterdir())
+    assert {p.suffix for p in logs} == {".log"}
+    for p in logs:
+        header = [ln for ln in p.read_text().splitlines()[:4] if ln.startswith("# ")]
+        assert any(ln.startswith("# Source: ") for ln in header), p.name
 
 
 def test_the_measured_h200_ooms() -> None:
@@ -42,7 +44,7 @@ def test_the_measured_h200_ooms() -> None:
 
 
 def test_an_oom_on_one_rank_wins_over_the_watchdog_of_the_others() -> None:
-    text = (LOGS / "nccl_watchdog_ranks.txt").read_text() + (LOGS / "oom_torch24.txt").read_text()
+    text = (LOGS / "nccl_timeout_ranks.log").read_text() + (LOGS / "oom_torch24.log").read_text()
     assert classify_log(text) == "oom"
 
 

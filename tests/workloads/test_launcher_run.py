@@ -12,8 +12,8 @@ import pytest
 
 from dse.records import MetricsWriter, TrialSpec, read_metrics
 from dse.workloads.launchers.run import main, run_rendered
+from tests.conftest import LOGS
 
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 MODEL = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
          "ffn_hidden_size": 14336, "vocab_size": 32000}  # fmt: skip
 SEM = {"global_batch_size": 128, "seq_length": 4096, "steps": 100, "warmup_steps": 1}

@@ -1,4 +1,4 @@
-"""Recipe log parsers on real log lines (tests/fixtures/logs, each with its source)."""
+"""Recipe log parsers on real log lines (tests/fixtures/logs, each file naming its source)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from dse.cli import main
 from dse.flops import model_flops_per_step
 from dse.workloads.logs import classify_failure, classify_log, detect_format, parse_log
 from dse.workloads.runners import classify_log as runner_classify_log
-from tests.conftest import EXAMPLES
-
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+from tests.conftest import EXAMPLES, LOGS
 
 
 def _text(name: str) -> str:

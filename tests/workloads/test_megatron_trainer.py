@@ -78,13 +78,13 @@ def test_plan_derives_layout_and_microbatches(tmp_path: Path) -> None:
         world=4,
     )
     plan = make_plan(spec)
-    assert (plan.tp, plan.pp, plan.cp, plan.dp) == (2, 1, 1, 2)
-    assert plan.num_microbatches == 8 // (2 * 2)
+    assert (plan.layout.tp, plan.layout.pp, plan.layout.cp, plan.layout.dp) == (2, 1, 1, 2)
+    assert plan.layout.num_microbatches == 8 // (2 * 2)
     assert plan.local_spec and plan.attention_backend == "sdpa"
     # attention fields are the trainer's business, not copied into TransformerConfig
     assert "attention_backend" not in plan.fields["model"]
     assert plan.fields["train"] == {"micro_batch_size": 2}
-    assert plan.layout()["num_microbatches"] == 2
+    assert plan.layout.as_dict()["num_microbatches"] == 2
 
 
 @pytest.mark.parametrize(

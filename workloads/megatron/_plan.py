@@ -59,7 +59,9 @@ class TrialFailure(Exception):
 class TrialPlan:
     """Everything the trainer derives from a :class:`TrialSpec` before building.
 
-    ``fields`` holds the Megatron-Core field assignments of the knobs, by section
+    ``layout`` is the parallel layout (:meth:`Layout.resolve`, the same as before launch;
+    :meth:`Layout.as_dict` is what the summary line reports). ``fields`` holds the
+    Megatron-Core field assignments of the knobs, by section
     (``model`` = TransformerConfig/ModelParallelConfig, ``ddp``, ``optimizer``, ``train``),
     with the attention fields removed (the trainer picks the layer spec from
     ``attention_backend``).
@@ -68,16 +70,7 @@ class TrialPlan:
     spec: TrialSpec
     model: ModelSpec
     semantics: Semantics
-    world_size: int
-    tp: int
-    pp: int
-    vpp: int | None
-    cp: int
-    ep: int
-    etp: int
-    dp: int
-    micro_batch_size: int
-    num_microbatches: int
+    layout: Layout
     attention_backend: str
     fields: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -89,21 +82,6 @@ class TrialPlan:
     @property
     def sequence_parallel(self) -> bool:
         return bool(self.fields["model"].get("sequence_parallel", False))
-
-    def layout(self) -> dict[str, Any]:
-        """The layout fields reported in the summary line."""
-        return {
-            "world_size": self.world_size,
-            "tp": self.tp,
-            "pp": self.pp,
-            "vpp": self.vpp,
-            "cp": self.cp,
-            "ep": self.ep,
-            "etp": self.etp,
-            "dp": self.dp,
-            "micro_batch_size": self.micro_batch_size,
-            "num_microbatches": self.num_microbatches,
-        }
 
 
 def _refuse_hybrid(model: ModelSpec) -> None:
@@ -185,21 +163,11 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
         ):
             continue  # at their defaults (refused above otherwise); the trainer saves nothing
         fields[a.section][a.field] = a.value
-    lay = Layout.resolve(model, semantics, resources, spec.params)
     return TrialPlan(
         spec=spec,
         model=model,
         semantics=semantics,
-        world_size=lay.world,
-        tp=lay.tp,
-        pp=lay.pp,
-        vpp=lay.vpp,
-        cp=lay.cp,
-        ep=lay.ep,
-        etp=lay.etp,
-        dp=lay.dp,
-        micro_batch_size=lay.mbs,
-        num_microbatches=lay.num_microbatches,
+        layout=Layout.resolve(model, semantics, resources, spec.params),
         attention_backend=str(knob_value(spec.params, "attention_backend")),
         fields=fields,
     )

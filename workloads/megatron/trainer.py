@@ -217,7 +217,7 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
             moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
         )
     kw.update(plan.fields["model"])
-    if plan.vpp is not None:
+    if plan.layout.vpp is not None:
         # Interleaved schedules send to the previous and the next stage in one exchange;
         # with PP=2 both are the same peer. Unbatched p2p keeps the two directions apart
         # (Megatron uses two process groups for them). GPU: overlapped, as Megatron-LM and
@@ -299,12 +299,12 @@ def build(plan: TrialPlan, device: Any) -> _Built:
     from dse.workloads.megatron._init import init_layout_invariant
 
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=plan.tp,
-        pipeline_model_parallel_size=plan.pp,
-        virtual_pipeline_model_parallel_size=plan.vpp,
-        context_parallel_size=plan.cp,
-        expert_model_parallel_size=plan.ep,
-        expert_tensor_parallel_size=plan.etp,
+        tensor_model_parallel_size=plan.layout.tp,
+        pipeline_model_parallel_size=plan.layout.pp,
+        virtual_pipeline_model_parallel_size=plan.layout.vpp,
+        context_parallel_size=plan.layout.cp,
+        expert_model_parallel_size=plan.layout.ep,
+        expert_tensor_parallel_size=plan.layout.etp,
     )
     seed = plan.semantics.seed
     if plan.spec.device == "cpu":
@@ -319,12 +319,12 @@ def build(plan: TrialPlan, device: Any) -> _Built:
     _known_fields(TransformerConfig, kw, "TransformerConfig")
     config = TransformerConfig(**kw)
     spec = layer_spec(plan)
-    vocab = padded_vocab_size(plan.model.vocab_size, plan.tp)
+    vocab = padded_vocab_size(plan.model.vocab_size, plan.layout.tp)
 
     chunks: list[Any] = []
-    n_chunks = plan.vpp or 1
+    n_chunks = plan.layout.vpp or 1
     for vp in range(n_chunks):
-        vp_stage = vp if plan.vpp is not None else None
+        vp_stage = vp if plan.layout.vpp is not None else None
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
@@ -436,7 +436,7 @@ def _train(
         seq_length=sem.seq_length,
         vocab_size=plan.model.vocab_size,
     )
-    flops = model_flops_per_step(plan.model, sem, tensor_model_parallel_size=plan.tp)
+    flops = model_flops_per_step(plan.model, sem, tensor_model_parallel_size=plan.layout.tp)
     dp_rank = parallel_state.get_data_parallel_rank()
     # The global loss is summed over the ranks that hold one copy of each micro-batch loss:
     # the last pipeline stage, TP rank 0 (every DP and CP rank holds different tokens).
@@ -451,7 +451,7 @@ def _train(
     for c in chunks:
         c.train()
     tokens = sem.global_batch_size * sem.seq_length
-    series = series_for(plan.spec, tokens_per_step_per_gpu=tokens / plan.world_size)
+    series = series_for(plan.spec, tokens_per_step_per_gpu=tokens / plan.layout.world)
     # a decision that can end the run early is rank 0's, broadcast to every rank
     decides = series.adaptive or series.prune is not None
     stop_flag = torch.zeros(1, dtype=torch.int32, device=device)
@@ -465,9 +465,9 @@ def _train(
             forward_step_func=step_fn,
             data_iterator=iters,
             model=chunks,
-            num_microbatches=plan.num_microbatches,
+            num_microbatches=plan.layout.num_microbatches,
             seq_length=sem.seq_length,
-            micro_batch_size=plan.micro_batch_size,
+            micro_batch_size=plan.layout.mbs,
             decoder_seq_length=sem.seq_length,
             forward_only=False,
         )
@@ -483,7 +483,7 @@ def _train(
         micro = [
             (t.to(device, non_blocking=True), lab.to(device, non_blocking=True))
             for t, lab in data.microbatches(
-                batch, dp_rank=dp_rank, dp_size=plan.dp, micro_batch_size=plan.micro_batch_size
+                batch, dp_rank=dp_rank, dp_size=plan.layout.dp, micro_batch_size=plan.layout.mbs
             )
         ]
         _synchronize(dev_kind)
@@ -519,7 +519,7 @@ def _train(
         m = StepMetrics(
             step=step,
             step_time_s=dt,
-            tflops_per_gpu=tflops_per_gpu(flops, dt, plan.world_size),
+            tflops_per_gpu=tflops_per_gpu(flops, dt, plan.layout.world),
             peak_mem_gib=alloc,
             peak_reserved_gib=reserved,
             loss=loss,
@@ -606,15 +606,15 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     )
     summary.update(measured.fields())
     tokens = plan.semantics.global_batch_size * plan.semantics.seq_length
-    summary.update(plan.layout())
+    summary.update(plan.layout.as_dict())
     summary.update(
         device=spec.device,
         attention_backend=plan.attention_backend,
         precision=plan.semantics.precision,
         model_flops_per_step=model_flops_per_step(
-            plan.model, plan.semantics, tensor_model_parallel_size=plan.tp
+            plan.model, plan.semantics, tensor_model_parallel_size=plan.layout.tp
         ),
-        tokens_per_s_per_gpu=tokens / (summary["step_time_s"] * plan.world_size),
+        tokens_per_s_per_gpu=tokens / (summary["step_time_s"] * plan.layout.world),
         padded_vocab_size=built.padded_vocab,
         init=built.init,
         features=sorted(features),
