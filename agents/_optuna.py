@@ -50,11 +50,8 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
-from optuna.samplers._tpe.sampler import _split_trials, default_gamma
-from optuna.samplers._tpe.sampler import default_gamma_multiobjective as _default_gamma_mo
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from dse.agents._base import Feedback, MemoryHint
@@ -97,80 +94,6 @@ def _constraints_func(trial: FrozenTrial) -> tuple[float, ...]:
     return (float(trial.user_attrs.get(_VIOLATION_ATTR, 0.0)),)
 
 
-class _FiniteTPESampler(optuna.samplers.TPESampler):
-    """TPE that, in a finite space, scores the configurations the agent hands it instead of
-    sampling from its "good" density.
-
-    ``candidates()`` returns the unseen valid configurations (active knobs only, external
-    values). During the start-up trials the sample is one of them drawn uniformly; after it,
-    the one with the largest TPE acquisition ``log l(x) - log g(x)`` among ``n_ei_candidates``
-    of them drawn with probability proportional to l(x) (all of them when fewer). With
-    ``group`` (conditional knobs) the acquisition is the sum over the decomposed subspaces
-    that a candidate has knobs of. Without candidates it is Optuna's TPE. So a proposal is
-    never a configuration already asked or evaluated, which the sampler of the whole space
-    keeps drawing once a small space is half explored."""
-
-    candidates: Callable[[], list[dict[str, Any]]] | None = None
-
-    def sample_relative(
-        self, study: Any, trial: Any, search_space: dict[str, Any]
-    ) -> dict[str, Any]:
-        got = self.candidates() if self.candidates is not None and search_space else None
-        if not got:
-            return super().sample_relative(study, trial, search_space)
-        names = [n for n in search_space if any(n in c for c in got)]
-        trials = study._get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED), use_cache=True
-        )
-        rng = self._rng.rng
-        if len(trials) < self._n_startup_trials:
-            pick = got[rng.randint(len(got))]
-            return {n: pick[n] for n in names if n in pick}
-        if self._group:
-            assert self._search_space_group is not None
-            subspaces = [
-                {n: d for n, d in sorted(sub.items()) if n in search_space and not d.single()}
-                for sub in self._search_space_group.search_spaces
-            ]
-        else:
-            subspaces = [dict(search_space)]
-        states = [TrialState.COMPLETE, TrialState.PRUNED]
-        if self._constant_liar:
-            states.append(TrialState.RUNNING)
-        history = [
-            t
-            for t in study._get_trials(deepcopy=False, states=states, use_cache=False)
-            if t.number != trial.number
-        ]
-        if self._gamma is None:
-            self._gamma = default_gamma if len(study.directions) <= 1 else _default_gamma_mo
-        n = sum(t.state != TrialState.RUNNING for t in history)
-        below, above = _split_trials(study, history, self._gamma(n))
-        log_l = np.zeros(len(got))
-        acq = np.zeros(len(got))
-        for sub in subspaces:
-            if not sub:
-                continue
-            rows = [i for i, c in enumerate(got) if all(k in c for k in sub)]
-            if not rows:
-                continue
-            samples = {
-                k: np.asarray([d.to_internal_repr(got[i][k]) for i in rows], dtype=float)
-                for k, d in sub.items()
-            }
-            mpe_below = self._build_parzen_estimator(study, sub, below, handle_below=True)
-            mpe_above = self._build_parzen_estimator(study, sub, above, handle_below=False)
-            lb = mpe_below.log_pdf(samples)
-            log_l[rows] += lb
-            acq[rows] += lb - mpe_above.log_pdf(samples)
-        idx = np.arange(len(got))
-        if len(got) > self._n_ei_candidates:
-            p = np.exp(log_l - log_l.max())
-            idx = rng.choice(len(got), size=self._n_ei_candidates, replace=False, p=p / p.sum())
-        best = int(idx[np.argmax(acq[idx])])
-        return {n: got[best][n] for n in names if n in got[best]}
-
-
 class OptunaAgent(SpaceAgent):
     """An agent that proposes what an Optuna sampler samples (see the module docstring).
 
@@ -186,8 +109,6 @@ class OptunaAgent(SpaceAgent):
 
     name = "optuna"
     default_retries = 4
-    #: spaces of at most this many raw combinations are scored whole by a finite sampler
-    finite_limit = 20_000
 
     def __init__(
         self,
@@ -221,7 +142,6 @@ class OptunaAgent(SpaceAgent):
         self._n_prior = space.agent.n_startup_trials
         self._prior_pending: set[str] = set()
         self._start_count = 1 + len(space.agent.warm_start)
-        self._validity: dict[str, bool] = {}
 
     # --- sampler ---------------------------------------------------------------------------
     def _make_sampler(self) -> optuna.samplers.BaseSampler:  # pragma: no cover - abstract
@@ -243,8 +163,6 @@ class OptunaAgent(SpaceAgent):
         last: dict[str, Any] | None = None
         unfit: dict[str, Any] | None = None
         fit_check = self._fit_check()
-        if isinstance(self._sampler, _FiniteTPESampler):
-            self._sampler.candidates = self._candidate_fn(fit_check)
         with _quiet():
             tries = invalid = 0
             while tries <= self.max_retries:
@@ -276,30 +194,6 @@ class OptunaAgent(SpaceAgent):
         if alt is None:
             return None
         return alt, self._fixed(alt)
-
-    def _candidate_fn(
-        self, fit_check: Callable[[Mapping[str, Any]], bool] | None
-    ) -> Callable[[], list[dict[str, Any]]] | None:
-        """The unseen valid configurations that may fit (active knobs), for a sampler that
-        scores a finite space; None when the space is larger than :attr:`finite_limit`."""
-        if self.space.size() > self.finite_limit:
-            return None
-
-        def candidates() -> list[dict[str, Any]]:
-            left = [p for p in self._unseen_configs() if self._valid_cached(p)]
-            if fit_check is not None:
-                fit = [p for p in left if fit_check(p)]
-                left = fit or left
-            return [self.active_params(p) for p in left]
-
-        return candidates
-
-    def _valid_cached(self, params: Mapping[str, Any]) -> bool:
-        key = params_key(params)
-        ok = self._validity.get(key)
-        if ok is None:
-            ok = self._validity[key] = self._is_valid(params)
-        return ok
 
     def _fit_check(self) -> Callable[[Mapping[str, Any]], bool] | None:
         """Whether a sample is worth a trial memory-wise: once an OOM was measured (or with a
@@ -470,7 +364,7 @@ class TPEAgent(OptunaAgent):
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
         conditional = any(spec.when for spec in self.space.knobs.values())
-        return _FiniteTPESampler(
+        return optuna.samplers.TPESampler(
             seed=self.seed,
             n_startup_trials=self.space.agent.n_startup_trials,
             multivariate=True,

@@ -412,19 +412,3 @@ def test_sampler_redraws_configurations_that_cannot_fit(name: str, prior: bool) 
             agent.tell(prop.trial_id, Feedback("complete", (_value(p),), {"peak_mem_gib": 20.0}))
     assert ooms, "the run met the memory boundary"
     assert dominated == 0
-
-
-@pytest.mark.parametrize("startup", [0, 1, 4])
-def test_tpe_samples_only_unseen_configurations_in_a_finite_space(startup: int) -> None:
-    """In a space small enough to enumerate, TPE scores the unseen valid configurations
-    instead of sampling the whole space: after the start-up trials every proposal is the
-    sampler's own choice, never a repeat that had to be replaced by a neighbour or a random
-    configuration (which shows as a sample told FAIL in the agent's Optuna study)."""
-    sp = _with_agent(_space(KNOBS), "tpe", seed=3, prior=False, n_startup_trials=startup)
-    agent = create_agent(sp)
-    proposals = _run(agent, 27)
-    assert len({params_key(p) for p in proposals}) == 27  # the space, each once
-    study = agent._study  # type: ignore[attr-defined]
-    states = [t.state.name for t in study.get_trials(deepcopy=False)]
-    assert states.count("FAIL") == 0
-    assert len(states) == 27
