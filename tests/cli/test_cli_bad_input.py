@@ -121,7 +121,18 @@ def test_unknown_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "nope" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [["status"], ["best"], ["export"], ["resume"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["best"],
+        ["export"],
+        ["resume"],
+        ["report", "-o", "report-out"],
+        ["cloudai", "export", "-o", "best.toml"],
+        ["export", "--format", "optuna", "--storage-out", "sqlite:///optuna-out.db"],
+    ],
+)
 def test_mistyped_storage_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
