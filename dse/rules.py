@@ -1020,6 +1020,14 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
     n_raw = n_raw_valid = inv_n = 0
     inv_sum = 0.0
     inv_class: dict[str, float] = {}  # params_key -> 1 / its equivalent combinations
+
+    def vkey(name: str, value: Any) -> tuple[str, str, Any]:
+        return (name, type(value).__name__, value if _hashable(value) else repr(value))
+
+    # the baseline passed above: a valid configuration, whether or not a sample draws it
+    base = space.apply_conditions(space.baseline())
+    verdicts[params_key(base)] = ""
+    kept_valid.update(vkey(name, value) for name, value in base.items())
     for raw in _combinations(space, random.Random(0)):
         n_raw += 1
         cfg = space.apply_conditions(raw)
@@ -1040,7 +1048,7 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
                 inv_sum += inv_class[key]
                 inv_n += 1
         for name, value in raw.items():
-            vk = (name, type(value).__name__, value if _hashable(value) else repr(value))
+            vk = vkey(name, value)
             shown.setdefault(vk, (name, value))
             seen[vk] += 1
             if vk in kept_valid:
