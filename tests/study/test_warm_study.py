@@ -25,6 +25,7 @@ def _space(tmp_path: Path, **over: object) -> Path:
     space["knobs"] = {"micro_batch_size": {"values": [1, 2, 4], "baseline": 1}}
     space["agent"] = {"name": "grid", "seed": 0}
     space["budget"]["n_trials"] = 3
+    space["budget"]["remeasure"] = 0  # warm workers here: re-measures are test_loop's concern
     space["semantics"]["steps"] = 3
     space["runner"] = {"name": "local", "workdir": str(tmp_path / "runs"),
                        "options": {"warm_workers": True}}  # fmt: skip
