@@ -111,7 +111,8 @@ class GpuUsagePublic(BaseModel):
         description="Valid configurations of the space (the space check's count)."
     )
     grid_complete: bool | None = Field(
-        description="False when the space is larger than the check enumerates (a lower bound)."
+        description="False when the space is larger than the check looks at whole "
+        "(grid_configurations is then estimated from a random sample)."
     )
     grid_gpu_hours: float | None = Field(
         description="Estimate: every valid configuration run once at the study's mean "

@@ -1,8 +1,14 @@
 # Sourced by the GPU benches on a node without network: installs the carried wheels (.whl/)
-# and dse itself into /tmp and exports PYTHONPATH (run from the checkout's root).
+# and dse itself under $DSE_GPU_ROOT (default /tmp) and exports PYTHONPATH (run from the
+# checkout's root). --upgrade on both: a second run on the same node installs this checkout,
+# not the code left there by the first.
 #   source bench/gpu_env.sh || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || return 1
-PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-  --no-cache-dir --target /tmp/dse . || return 1  # the carried setuptools (>=77) builds dse
-export PYTHONPATH=/tmp/dse:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+DSE_GPU_ROOT=${DSE_GPU_ROOT:-/tmp}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$DSE_GPU_ROOT/site" .whl/*.whl || return 1
+fi
+PYTHONPATH="$DSE_GPU_ROOT/site" python3 -m pip install -q --no-index --no-deps \
+  --no-build-isolation --no-cache-dir --upgrade --target "$DSE_GPU_ROOT/dse" . \
+  || return 1  # the carried setuptools (>=77) builds dse
+export PYTHONPATH="$DSE_GPU_ROOT/dse:$DSE_GPU_ROOT/site" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0

@@ -80,8 +80,8 @@ def main() -> None:
         text = make()
         t0 = time.process_time()
         try:
-            n_total, n_valid = check_space(parse_space_text(text, "x"), "x")
-            result = f"accepted: {n_total} configurations looked at, {n_valid} valid"
+            got = check_space(parse_space_text(text, "x"), "x")
+            result = f"accepted: {got.looked_at} configurations looked at, {got.valid} valid"
         except SpaceError as e:
             result = "refused: " + str(e).splitlines()[0][3:90]
         print(f"{name:48} {time.process_time() - t0:7.2f}  {result}")

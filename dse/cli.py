@@ -66,6 +66,10 @@ def _open_existing(args: argparse.Namespace) -> Any:
 
 
 # --- validate -----------------------------------------------------------------------------
+#: Knob values that no configuration can use, named one per line by ``dse validate``.
+UNUSABLE_SHOWN = 20
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from dse.recipe_cli import check_recipe
     from dse.rules import CHECK_SPACE_CAP, check_space
@@ -74,19 +78,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     space = load_space(args.space)
     check_runner(space, args.space)
-    n_total, n_valid = check_space(space, args.space)
+    got = check_space(space, args.space)
     check_recipe(space, args.space)
-    if n_total >= CHECK_SPACE_CAP:
-        counted = (
-            f"more than {CHECK_SPACE_CAP} configurations (only the first {CHECK_SPACE_CAP} "
-            f"checked: the enumeration cap), {n_valid} of those pass the rules"
-        )
+    if got.complete:
+        counted = f"{got.looked_at} configurations, {got.valid} pass the rules"
     else:
-        counted = f"{n_total} configurations, {n_valid} pass the rules"
+        share = got.valid / got.looked_at if got.looked_at else 0.0
+        counted = (
+            f"{got.combinations} knob combinations, more than the {CHECK_SPACE_CAP} the check "
+            f"looks at (the cap): of a random sample of {got.looked_at} configurations, "
+            f"{got.valid} ({share:.1%}) pass the rules, about {got.estimated_valid} valid "
+            "configurations in all (an estimate)"
+        )
     _out(
         f"{args.space}: ok: study {space.study!r}, {len(space.knobs)} knobs, "
         f"{counted}; baseline {json.dumps(space.baseline())}"
     )
+    for u in got.unusable[:UNUSABLE_SHOWN]:
+        _err(f"warning: {args.space}: {u}")
+    if len(got.unusable) > UNUSABLE_SHOWN:
+        _err(f"warning: {args.space}: {len(got.unusable) - UNUSABLE_SHOWN} more such values")
     return 0
 
 
@@ -391,7 +402,7 @@ def _gpu_text(g: dict[str, Any]) -> str:
         f"{figure(g['held_gpu_hours'])} held, GPU-busy {busy_txt}"
     )
     if g["saved_gpu_hours"] is not None:
-        grid = f"{g['grid_configurations']}" + ("" if g["grid_complete"] else "+")
+        grid = ("" if g["grid_complete"] else "about ") + f"{g['grid_configurations']}"
         line += (
             f"; whole grid ({grid} configurations) {figure(g['grid_gpu_hours'])} "
             f"(estimate), saved {figure(g['saved_gpu_hours'])} (estimate)"

@@ -63,18 +63,17 @@ class GridCount:
 
     configurations: int
     looked_at: int
-    #: False when the space is larger than the space check enumerates (a lower bound)
+    #: False when the space is larger than the space check looks at whole: ``configurations``
+    #: is then estimated from its random sample
     complete: bool
 
 
 def count_grid(space: Any) -> GridCount:
     """The space check's count of valid configurations (:func:`dse.rules.check_space`)."""
-    from dse.bounds import MAX_SPACE_COMBINATIONS, MAX_SPACE_CONFIGS
     from dse.rules import check_space
 
-    looked, valid = check_space(space, f"study {space.study!r}")
-    complete = space.size() <= MAX_SPACE_COMBINATIONS and looked < MAX_SPACE_CONFIGS
-    return GridCount(valid, looked, complete)
+    got = check_space(space, f"study {space.study!r}")
+    return GridCount(got.estimated_valid, got.looked_at, got.complete)
 
 
 @functools.lru_cache(maxsize=64)

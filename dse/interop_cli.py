@@ -16,10 +16,10 @@ __all__ = ["register", "cmd_cloudai_import", "cmd_cloudai_export"]
 
 
 def _storage(args: argparse.Namespace) -> Any:
-    from dse.cli import _storage_url
-    from dse.storage import open_storage
+    """The storage of a read-only command: a SQLite file that does not exist is an error."""
+    from dse.cli import _open_existing
 
-    return open_storage(_storage_url(args))
+    return _open_existing(args)
 
 
 def cmd_cloudai_import(args: argparse.Namespace) -> int:

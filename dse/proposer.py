@@ -10,6 +10,8 @@ boundary and never proposes the same configuration again. Used by the study loop
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -50,6 +52,10 @@ MAX_STALLED_CALLS = 10
 PROGRESS_EVERY_S = 2.0
 #: A call that took this long says so when it returns (a slow sampler is not a hang).
 SLOW_CALL_S = 5.0
+#: While one call runs this long without a progress line (a sampler that fits a model for
+#: every ask: the GP on 16 knobs took tens of seconds per ask on a loaded machine), a line says
+#: the agent is still at work, again after as long.
+ASK_HEARTBEAT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -234,7 +240,9 @@ class Proposer:
         max_rejections: rejections + duplicates in one call before it stops asking.
         on_reject: called with each rejection as it happens (the study stores and shows it).
         on_progress: called with a progress line every :data:`PROGRESS_EVERY_S` seconds
-            while one call keeps rejecting, and with the message of a capped call.
+            while one call keeps rejecting, every :data:`ASK_HEARTBEAT_S` seconds while one
+            call runs without another line (from a helper thread), and with the message of a
+            capped call.
 
     Proposals are screened in their canonical form (``space.canonical``: inactive
     and inert knobs at their baseline, derived settings applied), so a configuration that
@@ -263,6 +271,7 @@ class Proposer:
         self.on_reject = on_reject
         self.on_progress = on_progress
         self._stalled = 0
+        self._said = time.monotonic()  # when the last progress line was said
         self._baseline_key: str | None = None
         #: every rejection made by this proposer, in order
         self.rejections: list[Rejection] = []
@@ -289,30 +298,39 @@ class Proposer:
         exhausted = capped = False
         message = ""
         t0 = last = time.monotonic()
-        while len(launch) < n:
-            if len(rejected) + len(dups) >= self.max_rejections:
-                capped = True
-                break
-            props = self.agent.ask(n - len(launch))
-            if not props:
-                exhausted = True
-                message = "the agent has no configuration left to propose"
-                break
-            for prop in props:
-                s = self._screen(prop, lookup, rejected, dups)
-                if s is not None:
-                    launch.append(s)
-            now = time.monotonic()
-            if rejected and self.on_progress is not None and now - last >= PROGRESS_EVERY_S:
-                last = now
-                self.on_progress(
-                    f"agent searching: {len(rejected)} proposals rejected in {now - t0:.1f} s "
-                    f"({_tally(rejected)}), {len(launch)} launchable so far"
-                )
+
+        def still() -> str:
+            return (
+                f"agent searching: the {self.agent.name} agent is still proposing "
+                f"({time.monotonic() - t0:.0f} s in this call, {len(rejected)} rejected, "
+                f"{len(launch)} launchable so far)"
+            )
+
+        with self._heartbeat(still):
+            while len(launch) < n:
+                if len(rejected) + len(dups) >= self.max_rejections:
+                    capped = True
+                    break
+                props = self.agent.ask(n - len(launch))
+                if not props:
+                    exhausted = True
+                    message = "the agent has no configuration left to propose"
+                    break
+                for prop in props:
+                    s = self._screen(prop, lookup, rejected, dups)
+                    if s is not None:
+                        launch.append(s)
+                now = time.monotonic()
+                if rejected and self.on_progress is not None and now - last >= PROGRESS_EVERY_S:
+                    last = now
+                    self._say(
+                        f"agent searching: {len(rejected)} proposals rejected in "
+                        f"{now - t0:.1f} s ({_tally(rejected)}), {len(launch)} launchable so far"
+                    )
         self.duplicates.extend(dups)
         took = time.monotonic() - t0
         if self.on_progress is not None and took >= SLOW_CALL_S and not capped:
-            self.on_progress(
+            self._say(
                 f"agent asked: {len(launch)} launchable in {took:.1f} s"
                 + (f" ({len(rejected)} rejected: {_tally(rejected)})" if rejected else "")
             )
@@ -338,8 +356,36 @@ class Proposer:
                     f"({self._stalled * self.max_rejections} proposals)"
                 )
             if self.on_progress is not None:
-                self.on_progress(message)
+                self._say(message)
         return Proposed(tuple(launch), tuple(rejected), tuple(dups), exhausted, capped, message)
+
+    def _say(self, line: str) -> None:
+        self._said = time.monotonic()
+        if self.on_progress is not None:
+            self.on_progress(line)
+
+    @contextlib.contextmanager
+    def _heartbeat(self, line: Callable[[], str]) -> Iterator[None]:
+        """While the body runs, say ``line()`` once :data:`ASK_HEARTBEAT_S` seconds pass
+        without a progress line (a helper thread; the body is the agent's own work)."""
+        if self.on_progress is None:
+            yield
+            return
+        stop = threading.Event()
+        self._said = time.monotonic()
+
+        def beat() -> None:
+            while not stop.wait(min(1.0, ASK_HEARTBEAT_S)):
+                if time.monotonic() - self._said >= ASK_HEARTBEAT_S:
+                    self._say(line())
+
+        helper = threading.Thread(target=beat, name="dse-agent-heartbeat", daemon=True)
+        helper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            helper.join()
 
     def _screen(
         self,

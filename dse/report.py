@@ -417,11 +417,10 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dse.cli import _pick_study, _storage_url
-    from dse.storage import open_storage
+    from dse.cli import _open_existing, _pick_study
     from dse.studyplots import study_plot_data
 
-    storage = open_storage(_storage_url(args))
+    storage = _open_existing(args)  # read-only: a mistyped --storage creates nothing
     try:
         st = _pick_study(storage, args.study)
         data = study_plot_data(

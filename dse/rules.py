@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dse.bounds import MAX_SPACE_COMBINATIONS, MAX_SPACE_CONFIGS
+from dse.bounds import MAX_SPACE_COMBINATIONS
+from dse.derive import INERT as _INERT_KNOBS
 from dse.exceptions import ConstraintEvalError, SpaceError
 from dse.knobs import KNOBS, get_knob, modules_list
 from dse.layout import Layout
@@ -30,6 +31,8 @@ __all__ = [
     "RULES",
     "check",
     "check_space",
+    "SpaceCheck",
+    "UnusableValue",
     "layout",
     "first_violation",
 ]
@@ -77,6 +80,37 @@ class Problem:
 
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
         return []
+
+
+class _Checked:
+    """The rule context of one :func:`check` call: the space, with the configuration's full
+    parameters (fixed knobs and derivations applied) worked out once, not once per rule
+    (each rule asks for them; the derivations resolve the parallel layout)."""
+
+    def __init__(self, space: RuleContext, params: dict[str, Any]) -> None:
+        self._space = space
+        self._params = params
+        self._full = space.full_params(params)
+
+    @property
+    def model(self) -> ModelSpec:
+        return self._space.model
+
+    @property
+    def semantics(self) -> Semantics:
+        return self._space.semantics
+
+    @property
+    def resources(self) -> Resources:
+        return self._space.resources
+
+    def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        if params is self._params:
+            return dict(self._full)
+        return self._space.full_params(params)
+
+    def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
+        return self._space.constraint_values(params)
 
 
 def _get(params: Mapping[str, Any], name: str) -> Any:
@@ -826,11 +860,12 @@ def check(
     unknown (feature rules are then left to the trial process).
     """
     p = dict(params)
-    L = layout(space, p)
+    ctx = _Checked(space, p)
+    L = layout(ctx, p)
     fs = None if features is None else set(features)
     out = []
     for fn in RULES.values():
-        v = fn(space, p, L, fs)
+        v = fn(ctx, p, L, fs)
         if v is not None:
             out.append(v)
     return out
@@ -843,19 +878,128 @@ def first_violation(
     return vs[0] if vs else None
 
 
-#: Configurations :func:`check_space` enumerates at most.
-CHECK_SPACE_CAP = MAX_SPACE_CONFIGS
+#: Knob combinations :func:`check_space` looks at: every one of a space up to this size, else
+#: a random sample of this many.
+CHECK_SPACE_CAP = MAX_SPACE_COMBINATIONS
+#: Sampled combinations that must hold a knob value before the check says of a value it never
+#: saw in a valid configuration that none can use it (a space it checked whole: one).
+UNUSABLE_MIN_SEEN = 30
+#: Distinct valid configurations of a sample whose equivalent combinations are counted (the
+#: estimate of the number of distinct valid configurations of a space larger than the cap).
+_CLASS_SAMPLE = 1_000
 
 
-def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple[int, int]:
+@dataclass(frozen=True)
+class UnusableValue:
+    """A knob value that no configuration looked at can use.
+
+    Attributes:
+        knob, value: the knob and its value.
+        seen: combinations looked at that had it.
+        collapsed: of those, combinations where a condition (``when:``), a derivation or an
+            inert layout replaced it (the configuration does not keep the value).
+        rules: the rules broken by the other ones, most frequent first (``(rule, count)``).
+    """
+
+    knob: str
+    value: Any
+    seen: int
+    collapsed: int
+    rules: tuple[tuple[str, int], ...]
+
+    def __str__(self) -> str:
+        why = []
+        if self.rules:
+            why.append("breaks " + ", ".join(f"{r} ({n})" for r, n in self.rules[:3]))
+        if self.collapsed:
+            why.append(f"replaced by a condition, derivation or inert layout ({self.collapsed})")
+        return (
+            f"knobs.{self.knob}: value {self.value!r} is in no valid configuration "
+            f"({'; '.join(why)}, of {self.seen} looked at)"
+        )
+
+
+@dataclass(frozen=True)
+class SpaceCheck:
+    """What :func:`check_space` found.
+
+    Attributes:
+        combinations: the space's raw knob combinations (``space.size()``).
+        looked_at: distinct configurations checked against the rules.
+        valid: of those, the ones that pass the rules.
+        complete: every combination was looked at (else a random sample of
+            :data:`CHECK_SPACE_CAP` was).
+        estimated_valid: the space's distinct valid configurations: ``valid`` when complete,
+            else estimated from the sample (equivalent combinations counted once).
+        unusable: knob values that no valid configuration looked at keeps (for a sample, only
+            values seen at least :data:`UNUSABLE_MIN_SEEN` times).
+    """
+
+    combinations: int
+    looked_at: int
+    valid: int
+    complete: bool
+    estimated_valid: int
+    unusable: tuple[UnusableValue, ...] = ()
+
+
+def _combinations(space: SearchSpace, rng: Any) -> Iterable[dict[str, Any]]:
+    """Every raw knob combination of a space within the cap, else a seeded random sample of
+    :data:`CHECK_SPACE_CAP` of them (uniform, with replacement)."""
+    import itertools
+
+    names = list(space.knobs)
+    values = [space.knobs[n].values() for n in names]
+    if space.size() <= CHECK_SPACE_CAP:
+        for combo in itertools.product(*values):
+            yield dict(zip(names, combo, strict=True))
+        return
+    for _ in range(CHECK_SPACE_CAP):
+        yield {n: vs[rng.randrange(len(vs))] for n, vs in zip(names, values, strict=True)}
+
+
+def _class_size(space: SearchSpace, cfg: dict[str, Any], key: str) -> int:
+    """How many raw combinations have the canonical configuration ``cfg``: the product of the
+    value counts of the knobs it ignores (a conditional knob that is inactive, a derived or
+    inert one), each found by changing it alone."""
+    from dse.space import params_key
+
+    size = 1
+    for name, spec in space.knobs.items():
+        if not (spec.when or name in space.derived or name in _INERT_KNOBS):
+            continue
+        vals = spec.values()
+        have = cfg[name]
+        other = next((v for v in vals if not (type(v) is type(have) and v == have)), None)
+        if other is None:
+            continue
+        if params_key(space.apply_conditions({**cfg, name: other})) == key:
+            size *= len(vals)
+    return size
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def check_space(space: SearchSpace, source: str, *, count: bool = True) -> SpaceCheck:
     """Refuse a space whose baseline breaks a rule, or with a constraint that cannot be
-    evaluated on one of the configurations looked at.
+    evaluated on one of the configurations looked at; count its valid configurations.
 
-    Looks at the first ``MAX_SPACE_COMBINATIONS`` raw knob combinations and at most
-    ``MAX_SPACE_CONFIGS`` distinct configurations among them, so its time is bounded
-    whatever the space. Returns (configurations looked at, configurations that pass the
-    rules); with ``count=False`` none are looked at (``(0, 0)``: ``dse start`` needs only the
-    refusal)."""
+    Looks at every knob combination of a space of up to :data:`CHECK_SPACE_CAP`, else at a
+    seeded uniform random sample of that many (so its time is bounded whatever the space, and
+    the fraction it finds valid is the space's, not that of the first combinations in
+    enumeration order). With ``count=False`` only the baseline is checked (``dse start``
+    needs only the refusal)."""
+    import random
+    from collections import Counter
+
+    from dse.space import params_key
+
     feats = space.resources.features if isinstance(space.resources.features, list) else None
     problems = check(space, space.baseline(), feats)
     if problems:
@@ -863,17 +1007,76 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> tuple
             f"{source}: the baseline configuration is invalid: "
             + "; ".join(str(v) for v in problems)
         )
-    n_total, n_valid = 0, 0
+    total = space.size()
+    complete = total <= CHECK_SPACE_CAP
     if not count:
-        return n_total, n_valid
-    for cfg in space.iter_configs(max_combinations=MAX_SPACE_COMBINATIONS):
-        n_total += 1
-        problems = check(space, cfg, feats)
-        if not problems:
-            n_valid += 1
-        for v in problems:
-            if v.rule == "space_constraint_error":
-                raise SpaceError(f"{source}: constraints: {v}")
-        if n_total >= MAX_SPACE_CONFIGS:
-            break
-    return n_total, n_valid
+        return SpaceCheck(total, 0, 0, complete, 0)
+    verdicts: dict[str, str] = {}  # params_key -> "" (valid) or the first rule broken
+    seen: Counter[tuple[str, str, Any]] = Counter()
+    kept_valid: set[tuple[str, str, Any]] = set()
+    collapsed: Counter[tuple[str, str, Any]] = Counter()
+    broken: dict[tuple[str, str, Any], Counter[str]] = {}
+    shown: dict[tuple[str, str, Any], tuple[str, Any]] = {}
+    n_raw = n_raw_valid = inv_n = 0
+    inv_sum = 0.0
+    inv_class: dict[str, float] = {}  # params_key -> 1 / its equivalent combinations
+
+    def vkey(name: str, value: Any) -> tuple[str, str, Any]:
+        return (name, type(value).__name__, value if _hashable(value) else repr(value))
+
+    # the baseline passed above: a valid configuration, whether or not a sample draws it
+    base = space.apply_conditions(space.baseline())
+    verdicts[params_key(base)] = ""
+    kept_valid.update(vkey(name, value) for name, value in base.items())
+    for raw in _combinations(space, random.Random(0)):
+        n_raw += 1
+        cfg = space.apply_conditions(raw)
+        key = params_key(cfg)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            problems = check(space, cfg, feats)
+            for v in problems:
+                if v.rule == "space_constraint_error":
+                    raise SpaceError(f"{source}: constraints: {v}")
+            verdict = problems[0].rule if problems else ""
+            verdicts[key] = verdict
+            if not verdict and not complete and len(inv_class) < _CLASS_SAMPLE:
+                inv_class[key] = 1.0 / _class_size(space, cfg, key)
+        if not verdict:
+            n_raw_valid += 1
+            if key in inv_class:  # every sampled combination counts (a class drawn twice too)
+                inv_sum += inv_class[key]
+                inv_n += 1
+        for name, value in raw.items():
+            vk = vkey(name, value)
+            shown.setdefault(vk, (name, value))
+            seen[vk] += 1
+            if vk in kept_valid:
+                continue
+            kept = type(cfg[name]) is type(value) and cfg[name] == value
+            if not kept:
+                collapsed[vk] += 1
+            elif not verdict:
+                kept_valid.add(vk)
+            else:
+                broken.setdefault(vk, Counter())[verdict] += 1
+    looked = len(verdicts)
+    n_valid = sum(1 for v in verdicts.values() if not v)
+    if complete:
+        estimate = n_valid
+    else:
+        mean_inv = inv_sum / inv_n if inv_n else 0.0
+        estimate = max(n_valid, round(total * n_raw_valid / n_raw * mean_inv))
+    floor = 1 if complete else UNUSABLE_MIN_SEEN
+    unusable = tuple(
+        UnusableValue(
+            name,
+            value,
+            seen[vk],
+            collapsed[vk],
+            tuple(broken.get(vk, Counter()).most_common()),
+        )
+        for vk, (name, value) in shown.items()
+        if vk not in kept_valid and seen[vk] >= floor
+    )
+    return SpaceCheck(total, looked, n_valid, complete, estimate, unusable)

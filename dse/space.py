@@ -1113,6 +1113,8 @@ class SearchSpace(_Strict):
                 yield p
 
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
+        if not self.constraints:
+            return []
         env = dict(self.full_params(params))
         layout = Layout.resolve(self.model, self.semantics, self.resources, env)
         env["world_size"] = layout.world

@@ -35,3 +35,15 @@ def test_installed_metadata() -> None:
     assert PYPROJECT["project"]["name"] == DISTRIBUTION
     meta = distribution(DISTRIBUTION).metadata
     assert meta["License-Expression"] == "Apache-2.0"
+
+
+def test_the_tests_read_no_table_outside_the_checkout() -> None:
+    """The measured table the tests use ships in examples/tables/: no test reads (or skips
+    for) ../shared/data, which a fresh clone does not have."""
+    tests = Path(__file__).resolve().parent
+    offenders = [
+        str(p.relative_to(tests))
+        for p in tests.rglob("*.py")
+        if "shared/data" in p.read_text() and p.name != Path(__file__).name
+    ]
+    assert offenders == []

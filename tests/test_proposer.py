@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -349,6 +350,34 @@ def test_progress_lines_while_the_agent_searches(monkeypatch: pytest.MonkeyPatch
     assert len(searching) == 4 and "world_divisible 3" in searching[-1]
     assert "3 proposals rejected" in searching[-1]
     assert lines[-1].startswith("agent asked: 1 launchable in")
+
+
+class SlowAgent(Scripted):
+    """An agent whose every ask takes a while (as a GP sampler's model fit does)."""
+
+    name = "slow"
+
+    def ask(self, n: int = 1) -> list[Proposal]:
+        time.sleep(0.4)
+        return super().ask(n)
+
+
+def test_a_slow_agent_is_not_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rejection, one ask that takes long: lines say the agent is still at work (the GP
+    agent on the Bridge-style space: one call of 33-85 s with no line before it returned)."""
+    import dse.proposer as proposer_mod
+
+    monkeypatch.setattr(proposer_mod, "ASK_HEARTBEAT_S", 0.1)
+    sp = _space()
+    lines: list[str] = []
+    got = Proposer(sp, SlowAgent(sp, [P(1, 1)]), features=[], on_progress=lines.append).propose(1)
+    assert len(got) == 1
+    still = [ln for ln in lines if "the slow agent is still proposing" in ln]
+    assert 2 <= len(still) <= 5, lines
+    assert "0 rejected, 0 launchable so far" in still[0]
+    n = len(lines)
+    time.sleep(0.3)
+    assert len(lines) == n  # the helper stops with the call
 
 
 @pytest.mark.parametrize("guard", [True, False])

@@ -121,7 +121,18 @@ def test_unknown_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "nope" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [["status"], ["best"], ["export"], ["resume"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["best"],
+        ["export"],
+        ["resume"],
+        ["report", "-o", "report-out"],
+        ["cloudai", "export", "-o", "best.toml"],
+        ["export", "--format", "optuna", "--storage-out", "sqlite:///optuna-out.db"],
+    ],
+)
 def test_mistyped_storage_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
@@ -151,11 +162,59 @@ def test_validate_prints_the_cap_as_a_cap(
 ) -> None:
     import dse.rules
 
-    monkeypatch.setattr(dse.rules, "CHECK_SPACE_CAP", 2)
+    monkeypatch.setattr(dse.rules, "CHECK_SPACE_CAP", 20)
     rc = main(["validate", str(_write(tmp_path, _tiny()))])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert "more than 2 configurations (only the first 2 checked: the enumeration cap)" in out
+    assert "72 knob combinations, more than the 20 the check looks at (the cap)" in out
+    assert "of a random sample of" in out and "(an estimate)" in out
+
+
+def _plain_bridge() -> dict:
+    """The Bridge-style MoE example without its derived settings: SP stays on at TP 1."""
+    d = yaml.safe_load((EXAMPLES / "bridge_moe_sim.yaml").read_text())
+    del d["derived"]
+    return d
+
+
+def test_validate_counts_a_large_space_from_a_random_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """590,000 combinations, TP the first knob: the first combinations in enumeration order
+    all had TP 1, which breaks sp_needs_tp here, and validate said none of them passes."""
+    assert main(["validate", str(_write(tmp_path, _plain_bridge()))]) == 0
+    out, err = capsys.readouterr()
+    assert "589824 knob combinations" in out
+    share = float(out.split(" pass the rules")[0].rsplit("(", 1)[1].rstrip("%)"))
+    assert 5.0 < share < 40.0, out  # TP 1 (a quarter) and EP 8 never pass; others often do
+    # values no configuration can use are named, with the rules they break
+    assert "knobs.tensor_model_parallel_size: value 1 is in no valid configuration" in err
+    assert "sp_needs_tp" in err
+    # EP 8 needs ETP*EP <= 8, and ETP is TP (> 1 here): the derived example sets ETP 1
+    assert "knobs.expert_model_parallel_size: value 8 is in no valid configuration" in err
+
+
+def test_validate_warns_about_values_no_configuration_can_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = _tiny()
+    d["knobs"]["tensor_model_parallel_size"]["values"] = [1, 2, 3]
+    d["knobs"]["micro_batch_size"]["values"] = [1, 2, 4, 16]
+    d["knobs"]["recompute_modules"] = {  # only read with selective recompute
+        "values": ["core_attn", "mlp"],
+        "when": {"recompute": "selective"},
+    }
+    assert main(["validate", str(_write(tmp_path, d))]) == 0
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if "warning:" in ln]
+    assert len(lines) == 2, err
+    assert "knobs.tensor_model_parallel_size: value 3 is in no valid configuration" in err
+    assert "world_divisible" in err
+    assert "knobs.micro_batch_size: value 16 is in no valid configuration" in err
+    assert "gbs_divisible" in err
+    # a value the space can use is not named; the example itself warns about nothing
+    assert main(["validate", str(EXAMPLES / "tiny_gpt_cpu.yaml")]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["../x", "/tmp/abs", "a/b", "..", "line\nforged"])

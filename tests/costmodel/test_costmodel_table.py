@@ -1,4 +1,5 @@
-"""The figures on the shared measured table (skipped when the table is absent)."""
+"""The figures on the measured H200 table (shipped in examples/tables/: a missing table is an
+error, never a skip)."""
 
 from __future__ import annotations
 

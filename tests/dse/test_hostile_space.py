@@ -246,7 +246,9 @@ def test_check_space_bounds_combinations_not_only_configs(
         return original(self, params)
 
     monkeypatch.setattr(SearchSpace, "apply_conditions", counting)
-    assert check_space(sp, "x") == (1, 1)
+    got = check_space(sp, "x")
+    assert (got.looked_at, got.valid, got.estimated_valid) == (1, 1, 1)
+    assert not got.complete
     assert calls <= bounds.MAX_SPACE_COMBINATIONS + 10
 
 

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from dse.rules import RULES, check, layout
 from dse.space import parse_space
 
@@ -153,3 +155,42 @@ def test_alltoall_dispatcher_needs_nccl(tiny_space_dict: dict) -> None:
     assert _rules(moe, {**a2a, "expert_model_parallel_size": 1}) == []
     d["resources"]["device"] = "cuda"
     assert _rules(_space(d, num_moe_experts=4, moe_router_topk=2), a2a) == []
+
+
+def test_the_space_check_estimates_a_sampled_space_like_its_whole_count(
+    tiny_space_dict: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above the cap the space check samples combinations at random; its estimate of the
+    distinct valid configurations counts equivalent combinations once (an inactive
+    conditional knob, the distributed optimizer at DP 1) and lands near the whole count."""
+    import dse.rules
+    from dse.rules import check_space
+
+    d = copy.deepcopy(tiny_space_dict)
+    d["resources"]["world_size"] = 8
+    d["semantics"]["global_batch_size"] = 32
+    d["knobs"] = {
+        "tensor_model_parallel_size": {"values": [1, 2, 4, 8]},
+        "pipeline_model_parallel_size": {"values": [1, 2, 4]},
+        "micro_batch_size": {"values": [1, 2, 4, 8]},
+        "recompute": {"values": ["none", "selective", "full"]},
+        "recompute_modules": {
+            "values": ["core_attn", "mlp", "layernorm"],
+            "when": {"recompute": "selective"},
+        },
+        "use_distributed_optimizer": {"type": "bool"},
+        "attention_backend": {"values": ["unfused", "sdpa"]},
+    }
+    sp = parse_space(d, "x")
+    whole = check_space(sp, "x")
+    assert whole.complete and whole.estimated_valid == whole.valid
+    assert whole.valid < whole.looked_at < sp.size()  # rules and equivalent combinations
+    monkeypatch.setattr(dse.rules, "CHECK_SPACE_CAP", 1_000)
+    sampled = check_space(sp, "x")
+    assert not sampled.complete and sampled.combinations == sp.size() == 1728
+    assert abs(sampled.estimated_valid - whole.valid) <= 0.1 * whole.valid, (
+        sampled.estimated_valid,
+        whole.valid,
+    )
+    # without counting equivalent combinations once, the share found valid would be far off
+    assert sp.size() * sampled.valid / sampled.looked_at > 1.3 * whole.valid
