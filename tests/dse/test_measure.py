@@ -208,13 +208,13 @@ def test_fixed_mode_times_the_semantics_window() -> None:
     assert r.tflops_per_gpu == pytest.approx(float(np.median([100 / x for x in xs[2:]])))
     assert r.step_time_ci_s is not None and r.tflops_per_gpu_ci is not None
     lo, hi = r.step_time_ci_s
-    assert lo <= 1.05 <= hi and lo < 1.05 < hi  # the mean's interval, with the median in it
+    assert lo <= 1.05 <= hi and lo < 1.05 < hi  # the (trimmed) mean's interval, with the median
     assert r.tflops_per_gpu_ci[0] <= r.tflops_per_gpu <= r.tflops_per_gpu_ci[1]
     f = r.fields()
     assert f["measurement"] == {
         "mode": "fixed", "warmup_steps": 2, "measured_steps": 4, "stop_reason": "fixed",
-        "confidence": 0.95, "interval": "t",
-    }  # fmt: skip
+        "confidence": 0.95, "interval": "t", "trim": 0.0, "spikes": 0,
+    }  # fmt: skip  (4 steps: floor(0.2 * 4) = 0 trimmed, the mean's interval)
     assert f["step_time_ci_s"] == [lo, hi]
 
 
