@@ -22,10 +22,11 @@ controller all import it.
   of the post-warm-up steps (10%: it equals the mean on symmetric noise, and up to one step
   in ten may be a spike of any size without moving it by more than the noise does; light
   trimming did best on historical measurement series in Stigler 1977) with the
-  Tukey-McLaughlin standard error (the standard deviation of the winsorized steps over
-  ``(1 - 2g / n) * sqrt(n)``, ``g = floor(TRIM * n)``, Student's t on ``n - 2g - 1``
-  degrees of freedom: Tukey & McLaughlin 1963, Yuen 1974, Wilcox, *Introduction to Robust
-  Estimation and Hypothesis Testing*, sec. 4.4).
+  Tukey-McLaughlin standard error in Yuen's form (squared: ``(n - 1) s_w**2 / (h (h - 1))``,
+  ``s_w`` the standard deviation of the winsorized steps, ``g = floor(TRIM * n)`` cut from
+  each end, ``h = n - 2g`` kept; Student's t on ``h - 1`` degrees of freedom: Tukey &
+  McLaughlin 1963, Yuen 1974, Wilcox, *Introduction to Robust Estimation and Hypothesis
+  Testing*, sec. 4.4).
   Dependence is handled on the winsorized steps, whose mean the trimmed mean follows
   asymptotically (its influence function is the winsorized deviation over ``1 - 2 * TRIM``,
   so the long-run variance of the winsorized steps is the one that counts):
@@ -344,11 +345,13 @@ def location_interval(
     """The ``confidence`` interval of the ``trim``-trimmed mean of ``x`` (None with fewer
     than 2 points).
 
-    ``g = floor(trim * n)`` points are cut from each end (``h = n - 2g`` kept); the standard
-    error is Tukey-McLaughlin's, ``s_w / ((h / n) sqrt(n))`` with ``s_w`` the standard
-    deviation of the winsorized series (each of the ``g`` lowest and highest points set to
-    the nearest kept one), on ``h - 1`` degrees of freedom (Yuen 1974). For dependent steps
-    ``n`` is the effective sample size of the winsorized series as an AR(1):
+    ``g = floor(trim * n)`` points are cut from each end (``h = n - 2g`` kept); the squared
+    standard error is Yuen's (1974) form of Tukey-McLaughlin's, ``(n - 1) s_w**2 / (h (h -
+    1))`` with ``s_w`` the standard deviation of the winsorized series (each of the ``g``
+    lowest and highest points set to the nearest kept one), on ``h - 1`` degrees of freedom
+    (SciPy's ``ttest_ind(..., trim=)`` uses the same). For dependent steps it is multiplied
+    by ``n / n_eff``, ``n_eff`` the effective sample size of the winsorized series as an
+    AR(1):
     ``n (1 - r) / (1 + r)``, ``r`` its lag-1 autocorrelation (bias-corrected,
     ``(n r + 1) / (n - 3)``, clipped to ``[0, 0.9]``; independent steps keep ``n``), the
     degrees of freedom scaled alike. With at least :data:`BATCH_MEANS_MIN` points whose lag-1
@@ -376,7 +379,9 @@ def location_interval(
     r = min(max(r, 0.0), 0.9)
     n_eff = max(2.0, n * (1 - r) / (1 + r))
     df = max(1, round(n_eff * kept) - 1)
-    hw = t_quantile(confidence, df) * sd / (kept * math.sqrt(n_eff))
+    # Yuen's squared standard error (n - 1) s_w^2 / (h (h - 1)), times n / n_eff
+    se = sd * math.sqrt((n - 1) / (h * (h - 1)) * n / n_eff)
+    hw = t_quantile(confidence, df) * se
     method: Literal["t", "batch_means"] = "t"
     if n >= BATCH_MEANS_MIN and r1 > 2 / math.sqrt(n):
         m = max(2, math.isqrt(n))

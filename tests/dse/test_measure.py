@@ -220,6 +220,26 @@ def test_trimmed_interval_covers_the_known_location(phi: float, n: int, least: f
     assert least <= hits / reps <= 0.995
 
 
+@pytest.mark.parametrize("n", [10, 19, 20, 33, 64])
+def test_trimmed_interval_is_yuens_as_in_scipy(n: int) -> None:
+    """Without autocorrelation (the steps in an order whose lag-1 correlation is negative:
+    the effective sample size is n) the location is SciPy's trimmed mean and the half-width
+    Student's t on h - 1 degrees of freedom times Yuen's standard error, read off SciPy's
+    Yuen test (``ttest_ind(trim=)``) of the steps against themselves less 1: its statistic
+    is then 1 / (sqrt(2) x the standard error)."""
+    rng = np.random.default_rng(n)
+    xs = sorted(1.0 + 0.02 * rng.standard_normal(n))
+    alternating = [xs[i // 2] if i % 2 == 0 else xs[-1 - i // 2] for i in range(n)]
+    iv = location_interval(alternating, 0.95, TRIM)
+    assert iv is not None and iv.method == "t"
+    tm = float(stats.trim_mean(alternating, TRIM))
+    yuen = stats.ttest_ind(alternating, [v - 1.0 for v in alternating], trim=TRIM)
+    h = n - 2 * int(TRIM * n)
+    assert iv.mean == pytest.approx(tm, rel=1e-12)
+    se = 1.0 / (math.sqrt(2.0) * float(yuen.statistic))
+    assert iv.halfwidth == pytest.approx(stats.t.ppf(0.975, h - 1) * se, rel=1e-6)
+
+
 def test_trimmed_interval_is_not_widened_by_a_few_spikes() -> None:
     rng = np.random.default_rng(14)
     x = series(rng, 30, cv=0.01)
