@@ -21,6 +21,17 @@ the cold start, which makes the ratio smaller than it is: conservative), or with
 runs the fixed window once and applies the adaptive rule to the prefix of its series (what a
 live run stops at when its steps take those times).
 
+Every row keeps the per-step series of its runs (``series``: ``fixed``, ``adaptive`` in live
+mode, ``control``; each ``step_time_s`` and ``tflops_per_gpu`` per step), so that a run can be
+studied offline: ``--from-json FILE`` measures nothing; it re-applies the adaptive rule of
+this checkout (``dse.measure``, with the precision of the command line or else of the file,
+and ``--trim``) to the saved series and prints the rows and the summary as a run would. The
+rule replays on the adaptive run's own series (its cold start included), continued, when
+the rule asks for more steps than that run took, by the fixed window that ran on the same
+model (live mode without ``--rebuild``); GPU-seconds are the replayed steps' times scaled by
+their run's loop wall time over its step times. A replay that runs out of saved steps
+before the rule stops says so (``replay_exhausted``).
+
 It prints one row per configuration and: the median ratio of GPU-seconds fixed / adaptive
 (the training steps, and with each run's model build), Kendall's tau between the rankings of
 the objective from the two, and whether both name the same best. GPU-seconds are wall seconds
@@ -50,7 +61,7 @@ from typing import Any
 
 import yaml
 
-from dse.measure import MeasurementSpec, StepSeries
+from dse.measure import TRIM, MeasurementSpec, StepSeries
 from dse.records import TrialSpec, summarize_steps
 from dse.rules import check
 from dse.space import SearchSpace, load_space, params_key, parse_space
@@ -195,24 +206,52 @@ def _fixed_result(steps: list[Any], series: StepSeries, warmup: int) -> Any:
     return series.result(s["step_time_s"], s["tflops_per_gpu"])
 
 
-def _replay(m: MeasurementSpec, steps: list[Any], fixed_steps: int, warmup: int) -> Any:
-    """The adaptive rule on the prefix of a measured series: (stop step, result)."""
-    s = StepSeries(m, steps=fixed_steps, warmup_steps=warmup)
-    for x in steps:
-        if s.add(x.step_time_s, x.tflops_per_gpu) is not None:
+def _saved(steps: list[Any]) -> dict[str, list[float]]:
+    """A run's per-step series as the JSON keeps it."""
+    return {
+        "step_time_s": [float(x.step_time_s) for x in steps],
+        "tflops_per_gpu": [float(x.tflops_per_gpu) for x in steps],
+    }
+
+
+def _replay(
+    m: MeasurementSpec,
+    times: list[float],
+    tflops: list[float],
+    fixed_steps: int,
+    warmup: int,
+    trim: float = TRIM,
+) -> tuple[int, Any]:
+    """The adaptive rule on the prefix of a series: (steps it takes, its result)."""
+    s = StepSeries(m, steps=fixed_steps, warmup_steps=warmup, trim=trim)
+    for t, tf in zip(times, tflops, strict=True):
+        if s.add(t, tf) is not None:
             break
-    return len(s.times), s.result(), sum(x.step_time_s for x in steps[: len(s.times)])
+    return len(s.times), s.result()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _fixed_from_series(
+    m: MeasurementSpec, run: dict[str, list[float]], fixed_steps: int, warmup: int
+) -> Any:
+    """The fixed window's result from its saved series (the median of the window)."""
+    s = StepSeries(m, steps=fixed_steps, warmup_steps=warmup)
+    for t, tf in zip(run["step_time_s"], run["tflops_per_gpu"], strict=True):
+        s.add(t, tf)
+    w = min(warmup, len(s.times) - 1)
+    return s.result(
+        statistics.median(run["step_time_s"][w:]), statistics.median(run["tflops_per_gpu"][w:])
+    )
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--space", required=True)
+    ap.add_argument("--space", help="the space file (required unless --from-json)")
     ap.add_argument("--configs", type=int, default=20)
     ap.add_argument("--fixed-steps", type=int, default=50)
-    ap.add_argument("--min-steps", type=int, default=10)
-    ap.add_argument("--max-steps", type=int, default=50)
-    ap.add_argument("--rel-halfwidth", type=float, default=0.01)
-    ap.add_argument("--confidence", type=float, default=0.95)
+    ap.add_argument("--min-steps", type=int, default=None, help="default 10 (or the file's)")
+    ap.add_argument("--max-steps", type=int, default=None, help="default 50 (or the file's)")
+    ap.add_argument("--rel-halfwidth", type=float, default=None, help="default 0.01")
+    ap.add_argument("--confidence", type=float, default=None, help="default 0.95")
     ap.add_argument("--adaptive", choices=("live", "series"), default="live")
     ap.add_argument("--rebuild", action="store_true", help="live: a fresh build for each run")
     ap.add_argument(
@@ -226,8 +265,41 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget-s", type=float, default=None)
+    ap.add_argument(
+        "--from-json", default=None, metavar="FILE",
+        help="measure nothing: re-apply the adaptive rule to the per-step series saved in "
+        "FILE (a --json of this bench)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--trim", type=float, default=None,
+        help=f"the trimmed fraction of the replayed rule's location (default {TRIM}, "
+        "dse.measure.TRIM); only where the rule is replayed (--from-json, --adaptive series)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None, help="write every row and the summary here")
     args = ap.parse_args(argv)
+    if args.trim is not None and not args.from_json and args.adaptive != "series":
+        ap.error(
+            "--trim applies only where the rule is replayed: --from-json or --adaptive series"
+        )
+    if not args.from_json and not args.space:
+        ap.error("--space is required (or --from-json FILE)")
+    return args
+
+
+def _precision(args: argparse.Namespace, saved: dict[str, Any]) -> None:
+    """The adaptive rule's settings: the command line's, else the saved run's, else the
+    defaults."""
+    for key, default in (("min_steps", 10), ("max_steps", 50), ("rel_halfwidth", 0.01),
+                         ("confidence", 0.95)):  # fmt: skip
+        if getattr(args, key) is None:
+            setattr(args, key, saved.get(key, default))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    if args.from_json:
+        return _offline(args)
+    _precision(args, {})
     t_start = time.monotonic()
 
     space = _space(args)
@@ -282,12 +354,91 @@ def main(argv: list[str] | None = None) -> int:
                     row["control_value"] = _objective(space, row.pop("_control"), tokens)
             rows.append(row)
             _print_row(i, row)
+    return _finish(args, space, rows)
+
+
+def _finish(args: argparse.Namespace, space: SearchSpace, rows: list[dict[str, Any]]) -> int:
     summary = _summary(space, rows)
     print(json.dumps(summary, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows,
                                                "summary": summary}, indent=1))  # fmt: skip
     return 0
+
+
+def _offline(args: argparse.Namespace) -> int:
+    """``--from-json``: the adaptive rule of this checkout on a saved run's series."""
+    path = Path(args.from_json)
+    try:
+        saved = json.loads(path.read_text())
+        saved_args, saved_rows = saved["args"], saved["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--from-json {path}: not a JSON file of this bench ({e})") from e
+    _precision(args, saved_args)
+    for key in ("space", "set", "fixed_steps", "adaptive", "rebuild"):
+        if key == "space" and args.space:
+            continue
+        setattr(args, key, saved_args.get(key, getattr(args, key)))
+    space = _space(args)
+    warmup = space.semantics.warmup_steps
+    trim = TRIM if args.trim is None else args.trim
+    adaptive = MeasurementSpec(
+        mode="adaptive", min_steps=args.min_steps, max_steps=args.max_steps,
+        rel_halfwidth=args.rel_halfwidth, confidence=args.confidence,
+    )  # fmt: skip
+    fixed = MeasurementSpec(mode="fixed", confidence=args.confidence)
+    tokens = space.semantics.global_batch_size * space.semantics.seq_length
+    print(
+        f"{path}: {len(saved_rows)} rows of {args.space}; the rule of this checkout replayed: "
+        f"{args.min_steps}-{args.max_steps} steps, +-{args.rel_halfwidth:.1%} at "
+        f"{args.confidence:.0%}, trim {trim:g}",
+        flush=True,
+    )
+    rows: list[dict[str, Any]] = []
+    for i, old in enumerate(saved_rows):
+        if "error" in old:
+            rows.append(old)
+            _print_row(i, old)
+            continue
+        series = old.get("series")
+        if not isinstance(series, dict) or "fixed" not in series:
+            raise SystemExit(
+                f"--from-json {path}: row {i} ({old.get('params')}) has no per-step series "
+                "(written before the bench saved them): run the bench again with --json"
+            )
+        row = {k: old[k] for k in ("params", "build_s", "fixed_s", "first") if k in old}
+        row["series"] = series
+        f_run = series["fixed"]
+        f = _fixed_from_series(fixed, f_run, args.fixed_steps, warmup)
+        # the steps the rule may use, each with its seconds of loop wall time per step second
+        parts = [(series["adaptive"], old["adaptive_s"])] if "adaptive" in series else []
+        if not parts or (not args.rebuild and old.get("first") == "adaptive"):
+            parts.append((f_run, old["fixed_s"]))  # the same model, continued
+        times = [t for run, _ in parts for t in run["step_time_s"]]
+        tflops = [x for run, _ in parts for x in run["tflops_per_gpu"]]
+        scale = [wall / sum(run["step_time_s"]) for run, wall in parts
+                 for _ in run["step_time_s"]]  # fmt: skip
+        n, a = _replay(adaptive, times, tflops, args.fixed_steps, warmup, trim)
+        row.update(
+            adaptive_s=sum(t * k for t, k in zip(times[:n], scale[:n], strict=True)),
+            adaptive_steps=n,
+            adaptive_warmup=a.warmup_steps,
+            adaptive_stop=a.stop_reason,
+            adaptive_ci_s=a.step_time_ci_s,
+            adaptive_spikes=a.spikes,
+            fixed_step_s=f.step_time_s,
+            adaptive_step_s=a.step_time_s,
+            fixed_value=_objective(space, f, tokens),
+            adaptive_value=_objective(space, a, tokens),
+        )
+        if n == len(times) and a.stop_reason == "max_steps" and n < args.max_steps:
+            row["replay_exhausted"] = True
+        if "control" in series:
+            c = _fixed_from_series(fixed, series["control"], args.fixed_steps, warmup)
+            row["control_value"] = _objective(space, c, tokens)
+        rows.append(row)
+        _print_row(i, row)
+    return _finish(args, space, rows)
 
 
 def _measure(
@@ -305,12 +456,17 @@ def _measure(
     fspec, aspec = _spec(space, p, fixed, tmp), _spec(space, p, adaptive, tmp)
     plan, built, build_s = tr.build(fspec, feats)
     out: dict[str, Any] = {"build_s": build_s}
+    saved: dict[str, dict[str, list[float]]] = {}
     if args.adaptive == "series":
         steps, series, wall = tr.train(plan, built, fspec)
         tr.release(built)
         f = _fixed_result(steps, series, warmup)
-        n, a, a_wall = _replay(adaptive, steps, args.fixed_steps, warmup)
-        out.update(fixed_s=wall, adaptive_s=a_wall * wall / sum(s.step_time_s for s in steps))
+        times = [x.step_time_s for x in steps]
+        trim = TRIM if args.trim is None else args.trim
+        n, a = _replay(adaptive, times, [x.tflops_per_gpu for x in steps], args.fixed_steps,
+                       warmup, trim)  # fmt: skip
+        out.update(fixed_s=wall, adaptive_s=sum(times[:n]) * wall / sum(times))
+        saved["fixed"] = _saved(steps)
     else:
         # shared build: the adaptive run takes the cold start; fresh builds: alternate
         order = ["fixed", "adaptive"] if args.rebuild and i % 2 else ["adaptive", "fixed"]
@@ -326,18 +482,22 @@ def _measure(
         f = _fixed_result(steps, series, warmup)
         n, a = len(a_steps), a_series.result()
         out.update(fixed_s=wall, adaptive_s=a_wall, first=order[0])
+        saved["fixed"], saved["adaptive"] = _saved(steps), _saved(a_steps)
     if args.control:
         plan, built, _ = tr.build(fspec, feats)
         c_steps, c_series, _ = tr.train(plan, built, fspec)
         tr.release(built)
         out["_control"] = _fixed_result(c_steps, c_series, warmup)
+        saved["control"] = _saved(c_steps)
     out.update(
         adaptive_steps=n,
         adaptive_warmup=a.warmup_steps,
         adaptive_stop=a.stop_reason,
         adaptive_ci_s=a.step_time_ci_s,
+        adaptive_spikes=a.spikes,
         fixed_step_s=f.step_time_s,
         adaptive_step_s=a.step_time_s,
+        series=saved,
         _fixed=f,
         _adaptive=a,
     )
@@ -354,7 +514,9 @@ def _print_row(i: int, r: dict[str, Any]) -> None:
     print(
         f"{i:>3} {r['fixed_value']:>9.4g} {r['adaptive_value']:>9.4g} {rel:>+6.1%} "
         f"{r['adaptive_steps']:>3}/{r['adaptive_warmup']:<2} {r['adaptive_stop']:<9} "
-        f"{r['fixed_s']:>7.2f}s {r['adaptive_s']:>6.2f}s x{ratio:<5.2f} | {knobs}",
+        f"{r['fixed_s']:>7.2f}s {r['adaptive_s']:>6.2f}s x{ratio:<5.2f} "
+        f"spikes {r.get('adaptive_spikes', '-')}"
+        f"{' (replay ran out of saved steps)' if r.get('replay_exhausted') else ''} | {knobs}",
         flush=True,
     )
 
@@ -381,6 +543,18 @@ def _summary(space: SearchSpace, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 abs(c - f) / f for f, c in zip(fx, cx, strict=True)
             ),
         }
+    # the steady jitter of each fixed window (after its warm-up): 1.4826 MAD / median
+    w = space.semantics.warmup_steps
+    jitter = [
+        1.4826 * statistics.median(abs(t - m) for t in x) / m
+        for x in (r["series"]["fixed"]["step_time_s"][w:] for r in ok if "series" in r)
+        if x and (m := statistics.median(x)) > 0
+    ]
+    at_max = [
+        (r["adaptive_ci_s"][1] - r["adaptive_ci_s"][0]) / 2 / r["adaptive_step_s"]
+        for r in ok
+        if r["adaptive_stop"] == "max_steps" and r.get("adaptive_ci_s")
+    ]
     best_f = max(range(len(ok)), key=lambda i: sign * fx[i])
     best_a = max(range(len(ok)), key=lambda i: sign * ad[i])
     rel = [abs(a - f) / f for f, a in zip(fx, ad, strict=True)]
@@ -396,6 +570,10 @@ def _summary(space: SearchSpace, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "stops": {
             k: sum(r["adaptive_stop"] == k for r in ok) for k in ("converged", "max_steps")
         },  # fmt: skip
+        "median_rel_halfwidth_at_max_steps": statistics.median(at_max) if at_max else None,
+        "adaptive_spikes": sum(r.get("adaptive_spikes", 0) for r in ok),
+        "median_fixed_window_jitter": statistics.median(jitter) if jitter else None,
+        "replays_out_of_steps": sum(bool(r.get("replay_exhausted")) for r in ok),
         "kendall_tau": float(tau.statistic),
         "kendall_p": float(tau.pvalue),
         "same_best": best_f == best_a,
