@@ -655,7 +655,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--trust-imported",
         action="store_true",
-        help="an imported study: run with the export's runner.python, workdir and table",
+        help="an imported study: run with the export's runner.python, workdir, table, "
+        "environment and runner options (container, mounts, scheduler flags, Ray address)",
     )
     run_args(sp)
     sp.set_defaults(fn=cmd_resume)

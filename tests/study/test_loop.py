@@ -292,6 +292,52 @@ def test_resuming_an_import_does_not_run_its_python(
     assert marker.exists() and (tmp_path / "theirs" / "exp2").is_dir()
 
 
+@pytest.mark.parametrize(
+    ("runner", "option", "value"),
+    [
+        ("slurm", "container_image", "docker://registry.example/their-image"),
+        ("slurm", "container_mounts", ["/:/host"]),
+        ("slurm", "sbatch_args", ["--output=/somewhere/else"]),
+        ("slurm", "srun_args", ["--export=ALL"]),
+        ("slurm", "env", {"LD_PRELOAD": "/tmp/theirs.so"}),
+        ("ray", "address", "ray://their-head:10001"),
+        ("ray", "env", {"PYTHONPATH": "/tmp/theirs"}),
+    ],
+)
+def test_resuming_an_import_does_not_use_its_runner_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runner: str, option: str, value: Any
+) -> None:
+    """The runner options of an export that name code or where trials run (a container image,
+    mounts, scheduler flags, variables, a Ray cluster) are refused unconfirmed, as
+    runner.python and the table path are; a local space file or --trust-imported confirms."""
+    from dse.run_settings import RunOverrides, strip_imported
+
+    d = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
+    d.update(study="opts", budget={"n_trials": 1})
+    d["runner"] = {"name": runner, "workdir": str(tmp_path / "theirs"), "options": {option: value}}
+    space = parse_space(d, "t")
+    with pytest.raises(Exception, match=f"runner.options.{option}"):
+        strip_imported(space, RunOverrides(), "t")
+    # the same space without the option is taken, with local python and workdir
+    d["runner"]["options"] = {}
+    mine = strip_imported(parse_space(d, "t"), RunOverrides(), "t")
+    assert mine.runner.python is None and mine.runner.workdir == "dse_runs"
+    # end to end: dse resume of the imported study refuses before anything runs
+    d["runner"]["options"] = {option: value}
+    src = open_storage(f"sqlite:///{tmp_path / 'src.db'}")
+    src.create_study(space_yaml=yaml.safe_dump(d), **space.study_fields())
+    f = tmp_path / "opts.json"
+    f.write_text(json.dumps(src.export_study("opts")))
+    src.close()
+    url = f"sqlite:///{tmp_path / 'dst.db'}"
+    assert main(["import", str(f), "--storage", url]) == 0
+    capsys.readouterr()
+    assert main(["resume", "--study", "opts", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert f"runner.options.{option}" in err and "--trust-imported" in err
+    assert not (tmp_path / "theirs").exists()
+
+
 def test_import_refuses_a_name_that_is_not_a_path_component(tmp_path: Path) -> None:
     from dse.exceptions import StudyFormatError
 
