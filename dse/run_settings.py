@@ -176,7 +176,14 @@ def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
 #: Runner options that name code, paths or where trials run (a container image, mounts,
 #: scheduler flags, environment variables, a Ray cluster's address): from an export they are
 #: never used unconfirmed.
-_CODE_OPTIONS = ("address", "container_image", "container_mounts", "sbatch_args", "srun_args", "env")
+_CODE_OPTIONS = (
+    "address",
+    "container_image",
+    "container_mounts",
+    "sbatch_args",
+    "srun_args",
+    "env",
+)
 
 
 def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchSpace:

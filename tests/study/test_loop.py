@@ -370,3 +370,26 @@ def test_trials_do_not_inherit_the_api_token(
         r.poll()
         time.sleep(0.05)
     assert out.exists() and "secret-token" not in out.read_text()
+
+
+def test_ray_and_slurm_trials_do_not_inherit_the_token_or_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the local runner's: a Ray node task starts the trial without the API token and the
+    storage URL (it may hold the database password), and sbatch (whose environment every trial
+    job gets, --export=ALL) is run without them."""
+    from dse.workloads.runners.ray_runner import _run_node
+    from dse.workloads.runners.slurm_runner import submission_env
+
+    monkeypatch.setenv("DSE_API_TOKEN", "secret-token")
+    monkeypatch.setenv("DSE_STORAGE", "postgresql+psycopg://dse:db-password@db/dse")
+    out = tmp_path / "env.txt"
+    rc = _run_node(["sh", "-c", f"env > {out}"], {"MINE": "1"}, str(tmp_path),
+                   str(tmp_path / "log"), 0, "elsewhere", ("x", "127.0.0.1"))  # fmt: skip
+    text = out.read_text()
+    assert rc == 0 and "MINE=1" in text
+    assert "secret-token" not in text and "db-password" not in text
+    env = submission_env()
+    assert "DSE_API_TOKEN" not in env and "DSE_STORAGE" not in env and "PATH" in env
+    job = {"SLURM_JOB_ID": "7", "DSE_API_TOKEN": "t", "DSE_STORAGE": "s", "PATH": "/bin"}
+    assert submission_env(job) == {"PATH": "/bin"}
