@@ -57,6 +57,7 @@ from dse.bounds import (
 )
 from dse.exceptions import StudyFormatError
 from dse.records import STUDY_STATES, TRIAL_STATES, Direction, numerics_status
+from dse.storage._engine import redact_passwords
 from dse.storage._models import (
     RejectionModel,
     StudyAttrModel,
@@ -319,7 +320,7 @@ def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any
         "exported_at": time.time(),
         "study": {
             "name": study.name,
-            "space_yaml": study.space_yaml,
+            "space_yaml": redact_passwords(study.space_yaml),
             "space_hash": study.space_hash,
             "state": study.state,
             "direction": study.direction,
@@ -388,7 +389,7 @@ def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
     meta = export.study
     study = StudyModel(
         name=name,
-        space_yaml=meta.space_yaml,
+        space_yaml=redact_passwords(meta.space_yaml),
         space_hash=meta.space_hash,
         state=meta.state,
         direction=meta.direction,

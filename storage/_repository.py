@@ -76,6 +76,7 @@ from dse.storage._engine import (
     make_engine,
     migrate,
     normalize_url,
+    redact_passwords,
     safe_url,
 )
 from dse.storage._export import StudyExport, dump_study, load_study, parse_export
@@ -1363,7 +1364,7 @@ def _insert_study(
     now = time.time()
     row = StudyModel(
         name=name,
-        space_yaml=space_yaml,
+        space_yaml=redact_passwords(space_yaml),
         space_hash=space_hash,
         state="created",
         direction=direction,

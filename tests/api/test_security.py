@@ -21,7 +21,7 @@ from dse.space import params_key
 from dse.storage import open_storage
 from tests.api.conftest import TestClient
 from tests.api.live import free_port
-from tests.api.seed import create_study, ok
+from tests.api.seed import create_study, ok, space_yaml
 
 V1 = "/api/v1"
 TOKEN = "security-test-token"
@@ -62,6 +62,22 @@ def test_protected_reads_need_a_configured_token() -> None:
 def test_open_reads_by_default(tmp_path: Path) -> None:
     with TestClient(create_app(settings=Settings(storage=_db(tmp_path), api_token=TOKEN))) as c:
         assert c.get(f"{V1}/studies").json()["count"] == 1
+
+
+def test_readers_never_see_a_database_password_of_a_space_file(tmp_path: Path) -> None:
+    """A space file posted with its database URL (password included) is kept and shown with
+    the password masked, to readers with or without the token."""
+    body = space_yaml("pw") + "storage: postgresql+psycopg://dse:db-secret-1@db:5432/dse\n"
+    url = f"sqlite:///{tmp_path / 'pw.db'}"
+    with TestClient(create_app(settings=Settings(storage=url, api_token=TOKEN))) as c:
+        r = c.post(f"{V1}/studies", content=body, headers={**AUTH, "Content-Type": "text/yaml"})
+        assert r.status_code == 201, r.text
+        for headers in ({}, AUTH):
+            for path in ("/studies/pw", "/studies"):
+                got = c.get(f"{V1}{path}", headers=headers)
+                assert got.status_code == 200 and "db-secret-1" not in got.text
+        shown = c.get(f"{V1}/studies/pw").json()["space_yaml"]
+        assert "storage: postgresql+psycopg://dse:***@db:5432/dse" in shown
 
 
 @pytest.mark.parametrize(

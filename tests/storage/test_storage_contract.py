@@ -587,6 +587,34 @@ def test_export_import_round_trip(storage: Storage) -> None:
     assert claim(storage, copy.id, 0) is None
 
 
+def test_database_passwords_in_a_space_file_are_not_kept(storage: Storage) -> None:
+    """A space file's ``storage:`` URL may name the database password; the study keeps the
+    text with it masked (every API reader sees the text and every export carries it), on
+    create, on import of an export that has one, and when read or exported (rows stored
+    before)."""
+    secret = "hunter2-db"
+    doc = f"study: s\nknobs: {{}}\nstorage: postgresql+psycopg://dse:{secret}@db:5432/dse\n"
+    s = storage.create_study(
+        name="s", space_yaml=doc, space_hash="h1", direction="maximize",
+        metric="tflops_per_gpu", model={}, hardware={},
+    )  # fmt: skip
+    masked = "storage: postgresql+psycopg://dse:***@db:5432/dse\n"
+    assert s.space_yaml.endswith(masked) and storage.get_study("s").space_yaml.endswith(masked)
+    with storage._engine.begin() as conn:
+        raw = conn.execute(text("SELECT space_yaml FROM studies")).scalars().all()
+    assert raw and not any(secret in r for r in raw)
+    exported = storage.export_study("s")
+    assert secret not in json.dumps(exported)
+    exported["study"]["space_yaml"] = doc  # an export made elsewhere, with the password
+    storage.import_study(exported, name="s2")
+    assert secret not in json.dumps(storage.export_study("s2"))
+    with storage._engine.begin() as conn:
+        conn.execute(text("UPDATE studies SET space_yaml = :t"), {"t": doc})  # stored before
+    assert secret not in storage.get_study("s").space_yaml
+    assert secret not in json.dumps(storage.export_study("s"))
+    assert storage.get_study("s").space_hash == "h1"
+
+
 def test_import_refuses_duplicates_and_bad_files(storage: Storage) -> None:
     _rich_study(storage)
     data = storage.export_study("s")
