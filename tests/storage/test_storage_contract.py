@@ -615,6 +615,28 @@ def test_database_passwords_in_a_space_file_are_not_kept(storage: Storage) -> No
     assert storage.get_study("s").space_hash == "h1"
 
 
+def test_failure_reasons_take_any_text(storage: Storage) -> None:
+    """A failure reason quotes a trial's last log line, which may hold a NUL (PostgreSQL
+    refused it: the controller died with a storage error) or a lone surrogate: stored escaped,
+    on every backend, and exported and imported again."""
+    s = make_study(storage)
+    t = claim(storage, s.id, 1)
+    assert t is not None
+    storage.start_trial(t.id, runner="ctl", host="n1", log_path="/l", metrics_path="/m")
+    storage.finish_trial(
+        t.id, Outcome.failure("error", "exited: bad\x00bytes \ud800 end"), value=None
+    )
+    assert [x.reason for x in storage.list_trials(s.id)] == ["exited: bad\\x00bytes \\ud800 end"]
+    storage.add_rejection(
+        study_id=s.id, params={"tp": 3}, params_key=key({"tp": 3}), kind="invalid",
+        rule="r", reason="value \x00", values={},
+    )  # fmt: skip
+    exported = storage.export_study("s")
+    assert exported["rejections"][0]["reason"] == "value \\x00"
+    storage.import_study(json.loads(json.dumps(exported)), name="s2")
+    assert storage.export_study("s2")["trials"] == exported["trials"]
+
+
 def test_import_refuses_duplicates_and_bad_files(storage: Storage) -> None:
     _rich_study(storage)
     data = storage.export_study("s")
