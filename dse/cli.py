@@ -512,7 +512,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise StudyFormatError(f"{args.file}: {e}") from None
     storage = open_storage(_storage_url(args))
     try:
-        rec = storage.import_study(export, name=args.study)
+        rec = storage.import_study(export, name=args.study, release=True)
     except DuplicatedStudyError as e:
         # bad input, not a storage failure: the name is taken (nothing was written)
         _err(f"{args.file}: {e}; import it under another name with --study NAME")

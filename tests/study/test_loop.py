@@ -21,7 +21,7 @@ from dse.agents import create_agent
 from dse.cli import main
 from dse.reconcile import SAME_HOST_STALE_S, STALE_S, Owner, Reconciler
 from dse.records import Outcome, TrialRecord
-from dse.space import parse_space
+from dse.space import params_key, parse_space
 from dse.storage import Storage, open_storage
 from dse.study import StudyRunner
 from dse.workloads.runners import OWNER_ENV, InProcessRunner, kill_owned_group
@@ -290,6 +290,62 @@ def test_resuming_an_import_does_not_run_its_python(
     assert main(["import", str(f), "--storage", url, "--study", "exp2"]) == 0
     assert main(["resume", "--study", "exp2", "--storage", url, "--trust-imported"]) == 0
     assert marker.exists() and (tmp_path / "theirs" / "exp2").is_dir()
+
+
+@pytest.mark.parametrize("host", ["this", "elsewhere"])
+def test_an_import_running_elsewhere_is_released(tmp_path: Path, host: str) -> None:
+    """An export's running trial names a controller of the exporting installation; with a
+    live pid on this host (or another host) and a heartbeat from the future, no age test
+    ever found it dead and dse resume waited forever. dse import re-queues it ownerless and
+    stops the study, so a resume runs it."""
+    import socket
+
+    d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    d.update(study="away", budget={"n_trials": 2}, prescreen={"enabled": False})
+    d["workload"] = {"name": "replay", "table": str(REPLAY_TABLE)}
+    d["runner"] = {"name": "local", "workdir": str(tmp_path / "runs")}
+    d["agent"] = {"name": "random", "seed": 0}
+    space = parse_space(d, "t")
+    src = open_storage(f"sqlite:///{tmp_path / 'src.db'}")
+    rec = src.create_study(space_yaml=yaml.safe_dump(d), **space.study_fields())
+    src.set_study_state("away", "running")
+    base = space.baseline()
+    t = src.claim_trial(study_id=rec.id, params=base, params_key=params_key(base), budget=2)
+    assert t is not None
+    live = subprocess.Popen(["sleep", "300"])
+    try:
+        name = socket.gethostname() if host == "this" else "other-node"
+        owner = f"{name}:{live.pid}:abcd1234"
+        src.start_trial(t.id, runner=owner, host=name, log_path=None, metrics_path=None)
+        export = src.export_study("away")
+        src.close()
+        export["trials"][0]["heartbeat_at"] = time.time() + 1e7  # from the future
+        f = tmp_path / "away.json"
+        f.write_text(json.dumps(export))
+        url = f"sqlite:///{tmp_path / 'dst.db'}"
+        assert main(["import", str(f), "--storage", url]) == 0
+        st = open_storage(url)
+        got = st.get_study("away")
+        (trial,) = st.list_trials(got.id)
+        st.close()
+        assert got.state == "stopped"
+        assert trial.state == "queued" and trial.runner is None and trial.heartbeat_at is None
+        assert "imported" in trial.history[-1]["reason"]
+        local = tmp_path / "local.yaml"
+        local.write_text(yaml.safe_dump(d))
+        done = subprocess.run(
+            [sys.executable, "-m", "dse.cli", "start", "--space", str(local), "--storage", url],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        st = open_storage(url)
+        trials = st.list_trials(st.get_study("away").id)
+        st.close()
+        assert [x.state for x in trials] == ["complete", "complete"]
+        assert live.poll() is None  # the process the row named was left alone
+    finally:
+        live.kill()
+        live.wait()
 
 
 @pytest.mark.parametrize(
