@@ -101,6 +101,26 @@ def test_bind_policy() -> None:
     assert "need the token" in bind_warnings("0.0.0.0", protected, public_reads=False)[0]
 
 
+@pytest.mark.parametrize("token", ["a", "dse", "   short-token  ", "x" * 15])
+def test_a_guessable_token_is_refused_off_loopback(
+    token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token is what keeps code execution (a write starts trial processes) from everyone
+    who reaches the port: off loopback it must not be guessable. On loopback any goes."""
+    settings = Settings(storage="sqlite://", api_token=token)
+    with pytest.raises(ValueError, match="needs at least 16"):
+        bind_warnings("0.0.0.0", settings, public_reads=True)
+    assert bind_warnings("127.0.0.1", settings, public_reads=False) == []
+    assert bind_warnings("0.0.0.0", Settings(storage="sqlite://", api_token="y" * 16),
+                         public_reads=False)  # fmt: skip
+    monkeypatch.setenv("DSE_API_TOKEN", token)
+    rc = cli_main(["serve", "--storage", "sqlite://", "--host", "0.0.0.0", "--port", "1"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "refusing to serve on 0.0.0.0" in err and "token_urlsafe" in err
+    assert "x" * 15 not in err  # the token is not echoed
+
+
 def test_serve_off_loopback_without_token_refuses(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
