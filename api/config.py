@@ -76,6 +76,11 @@ class Settings(BaseSettings):
         return self.api_token is not None and bool(self.api_token.get_secret_value())
 
 
+#: The shortest API token ``dse serve`` accepts off the loopback interface (a guessable token
+#: there hands out code execution: a write starts trial processes).
+MIN_PUBLIC_TOKEN_CHARS = 16
+
+
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` serves this machine only (``localhost``, 127.0.0.0/8, ::1)."""
     if host == "localhost":
@@ -89,15 +94,26 @@ def is_loopback(host: str) -> bool:
 def bind_warnings(host: str, settings: Settings, *, public_reads: bool) -> list[str]:
     """What ``dse serve --host HOST`` must warn about; raises when it must not start.
 
-    Off the loopback interface, a server without a token (every read open, writes disabled)
+    Off the loopback interface, a token shorter than :data:`MIN_PUBLIC_TOKEN_CHARS` is
+    refused; a server without a token (every read open, writes disabled)
     starts only when ``public_reads`` says so; one with a token but open reads warns that
     anyone who reaches the port reads every study.
 
     Raises:
-        ValueError: a non-loopback bind without a token and without ``public_reads``.
+        ValueError: a non-loopback bind without a token and without ``public_reads``, or
+            with a short token.
     """
     if is_loopback(host):
         return []
+    if settings.api_token is not None and settings.writes_enabled:
+        n = len(settings.api_token.get_secret_value().strip())
+        if n < MIN_PUBLIC_TOKEN_CHARS:
+            raise ValueError(
+                f"refusing to serve on {host}: DSE_API_TOKEN has {n} characters; a token "
+                f"that anyone who reaches the port may write with (a write runs code) needs "
+                f'at least {MIN_PUBLIC_TOKEN_CHARS}: generate one with python -c "import '
+                'secrets; print(secrets.token_urlsafe(32))"'
+            )
     if not settings.writes_enabled and not public_reads:
         raise ValueError(
             f"refusing to serve on {host}: without DSE_API_TOKEN every study is readable by "

@@ -124,10 +124,28 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
 
 
+#: FastAPI's answer to a JSON body that its parser gives up on with something other than a
+#: syntax error (an integer of more digits than Python converts, nesting past the recursion
+#: limit): a bare 400 that says neither what nor where.
+_BODY_PARSE_DETAIL = "There was an error parsing the body"
+
+
+def _body_problem(cause: BaseException | None) -> str:
+    if isinstance(cause, RecursionError):
+        return "nested too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "an integer has too many digits"
+    return type(cause).__name__ if cause is not None else "cannot be parsed"
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     """HTTP errors as FastAPI answers them, except that a 405 lists in ``Allow`` the methods
-    of *every* operation on that path (the router lists only those of the first route)."""
+    of *every* operation on that path (the router lists only those of the first route), and
+    a JSON body that cannot be read is a 422 naming the body and why (as a syntax error is)."""
     http = cast(StarletteHTTPException, exc)
+    if http.status_code == 400 and http.detail == _BODY_PARSE_DETAIL:
+        problem = _body_problem(http.__cause__)
+        return JSONResponse({"detail": f"body: not valid JSON ({problem})"}, status_code=422)
     headers = dict(http.headers or {})
     if http.status_code == 405:
         allowed = _allowed_methods(request.app, request.url.path)

@@ -523,7 +523,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise StudyFormatError(f"{args.file}: {e}") from None
     storage = open_storage(_storage_url(args))
     try:
-        rec = storage.import_study(export, name=args.study)
+        rec = storage.import_study(export, name=args.study, release=True)
     except DuplicatedStudyError as e:
         # bad input, not a storage failure: the name is taken (nothing was written)
         _err(f"{args.file}: {e}; import it under another name with --study NAME")
@@ -666,7 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--trust-imported",
         action="store_true",
-        help="an imported study: run with the export's runner.python, workdir and table",
+        help="an imported study: run with the export's runner.python, workdir, table, "
+        "environment and runner options (container, mounts, scheduler flags, Ray address)",
     )
     run_args(sp)
     sp.set_defaults(fn=cmd_resume)

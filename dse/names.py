@@ -1,10 +1,15 @@
 """Study names: one rule, shared by the space file, the CLI, import and the API.
 
 A study name becomes a folder (``<workdir>/<study>/trial-00000``), so it must be a single
-path component: no ``/`` or ``\\``, not ``.`` or ``..``, no control characters.
+path component: no ``/`` or ``\\``, not ``.`` or ``..``; and it is printed, so it has no
+control characters (C0 and C1: NEL moves to a new line, CSI starts an escape sequence), no
+line or paragraph separators and no invisible formatting characters (bidirectional
+overrides, zero-width spaces), which could forge or disguise a line of output.
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 __all__ = ["study_name_problem", "check_study_name", "display_name"]
 
@@ -19,7 +24,17 @@ def study_name_problem(name: str) -> str | None:
         return "a study name must not be '.' or '..'"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return "a study name must not contain control characters"
+    if not name.isascii() and any(unicodedata.category(c) in _HIDDEN for c in name):
+        return (
+            "a study name must not contain control characters, line separators or invisible "
+            "formatting characters (such as bidirectional overrides)"
+        )
     return None
+
+
+#: Unicode categories a name must not have: controls (C1 included), format characters
+#: (bidirectional overrides, zero-width spaces), line and paragraph separators, surrogates.
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
 def check_study_name(name: str, where: str = "study") -> str:
@@ -35,7 +50,8 @@ def check_study_name(name: str, where: str = "study") -> str:
 
 
 def display_name(name: str) -> str:
-    """``name`` safe to print on one line: control characters escaped as in ``repr``."""
-    if all(32 <= ord(c) != 127 for c in name):
+    """``name`` safe to print on one line: what is not printable (controls, C1 included;
+    line separators; invisible formatting characters) escaped as in ``repr``."""
+    if name.isprintable():
         return name
     return repr(name)[1:-1]

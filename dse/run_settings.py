@@ -173,14 +173,28 @@ def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
         )
 
 
+#: Runner options that name code, paths or where trials run (a container image, mounts,
+#: scheduler flags, environment variables, a Ray cluster's address): from an export they are
+#: never used unconfirmed.
+_CODE_OPTIONS = (
+    "address",
+    "container_image",
+    "container_mounts",
+    "sbatch_args",
+    "srun_args",
+    "env",
+)
+
+
 def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchSpace:
     """An imported study's space with the export's interpreter and workdir replaced by local
     defaults (the controller's own Python; ``--workdir`` or ``dse_runs``).
 
     Raises:
-        SpaceError: its workload reads a table or runs a recipe the export names, or its
-            environment is set by the export; a local space file (``dse start --space``) or
-            ``--trust-imported`` must confirm it.
+        SpaceError: its workload reads a table or runs a recipe the export names, its
+            environment is set by the export, or its runner options name a container,
+            mounts, scheduler flags, variables or a Ray cluster; a local space file
+            (``dse start --space``) or ``--trust-imported`` must confirm it.
     """
     data = space.model_dump(mode="json")
     named = {
@@ -189,6 +203,10 @@ def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchS
         "env.fixed": (data.get("env") or {}).get("fixed") or None,
         "env.node_steps": (data.get("env") or {}).get("node_steps") or None,
     }
+    options = data["runner"].get("options") or {}
+    for key in _CODE_OPTIONS:
+        if options.get(key):
+            named[f"runner.options.{key}"] = options[key]
     code = [k for k, v in named.items() if v is not None]
     if code:
         raise SpaceError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -107,6 +108,19 @@ def sqlite_file(url: str) -> str | None:
     if u.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
         return None
     return db
+
+
+#: ``scheme://user:password@``: the credentials part of a URL anywhere in a text.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)[^\s@/]+@")
+
+
+def redact_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***`` (``scheme://user:
+    ***@host``). A study keeps its space file's text, which every API reader sees and every
+    export carries; a ``storage:`` URL in it may name the database password."""
+    if "://" not in text:
+        return text
+    return _URL_PASSWORD.sub(r"\g<head>***@", text)
 
 
 def has_password(url: str) -> bool:

@@ -57,6 +57,7 @@ from dse.bounds import (
 )
 from dse.exceptions import StudyFormatError
 from dse.records import STUDY_STATES, TRIAL_STATES, Direction, numerics_status
+from dse.storage._engine import redact_passwords
 from dse.storage._models import (
     RejectionModel,
     StudyAttrModel,
@@ -261,9 +262,24 @@ def _parse_int(s: str) -> int:
     return int(s)
 
 
+def _text_problem(v: str) -> str | None:
+    """Why a string cannot be stored as text (None when it can): a NUL character, or a lone
+    surrogate (a ``\\ud800`` escape that is half of a pair: no UTF-8 encoder takes it)."""
+    if v.isascii():
+        return "a NUL character (\\u0000)" if "\x00" in v else None
+    if "\x00" in v:
+        return "a NUL character (\\u0000)"
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a lone surrogate (half of a UTF-16 pair, not a character)"
+    return None
+
+
 def _check_json(data: Any) -> None:
-    """Refuse nesting deeper than MAX_JSON_DEPTH and integers beyond 64 bits, naming where
-    (iterative: a deep document cannot exhaust the stack)."""
+    """Refuse nesting deeper than MAX_JSON_DEPTH, integers beyond 64 bits and strings that
+    cannot be stored as text (NUL, lone surrogates), naming where (iterative: a deep document
+    cannot exhaust the stack)."""
     stack: list[tuple[Any, str, int]] = [(data, "", 0)]
     while stack:
         v, path, depth = stack.pop()
@@ -271,7 +287,15 @@ def _check_json(data: Any) -> None:
             raise StudyFormatError(
                 printable(f"{path or '(top level)'}: nested deeper than {MAX_JSON_DEPTH} levels")
             )
-        if isinstance(v, dict):
+        if isinstance(v, str):
+            why = _text_problem(v)
+            if why is not None:
+                raise StudyFormatError(f"{_escaped(path) or '(top level)'}: a string with {why}")
+        elif isinstance(v, dict):
+            for k in v:
+                why = _text_problem(k)
+                if why is not None:
+                    raise StudyFormatError(f"{_escaped(path) or '(top level)'}: a key with {why}")
             stack.extend((x, f"{path}.{k}" if path else str(k), depth + 1) for k, x in v.items())
         elif isinstance(v, list):
             stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
@@ -279,6 +303,11 @@ def _check_json(data: Any) -> None:
             raise StudyFormatError(
                 printable(f"{path or '(top level)'}: the integer {v} is out of the 64-bit range")
             )
+
+
+def _escaped(path: str) -> str:
+    """A JSON path safe to print (keys may hold any character)."""
+    return printable(path.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def _readable(e: ValidationError, limit: int = 20) -> str:
@@ -319,7 +348,7 @@ def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any
         "exported_at": time.time(),
         "study": {
             "name": study.name,
-            "space_yaml": study.space_yaml,
+            "space_yaml": redact_passwords(study.space_yaml),
             "space_hash": study.space_hash,
             "state": study.state,
             "direction": study.direction,
@@ -388,7 +417,7 @@ def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
     meta = export.study
     study = StudyModel(
         name=name,
-        space_yaml=meta.space_yaml,
+        space_yaml=redact_passwords(meta.space_yaml),
         space_hash=meta.space_hash,
         state=meta.state,
         direction=meta.direction,

@@ -88,6 +88,33 @@ class JSONText(TypeDecorator[Any]):
         return json.loads(value)
 
 
+class FreeText(TypeDecorator[str]):
+    """``TEXT`` that any string can be written to: a NUL (which PostgreSQL refuses in text)
+    and a lone surrogate (which no UTF-8 encoder takes) are stored as ``\\x00`` / ``\\ud800``.
+    For text that comes from outside, such as a failure reason quoting a trial's last log
+    line (read back the same way, rows written before included)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return _storable(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> str | None:
+        return _storable(value)  # a row written before (SQLite took NULs)
+
+
+def _storable(value: str | None) -> str | None:
+    if value is None or ("\x00" not in value and value.isascii()):
+        return value
+    value = value.replace("\x00", "\\x00")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 class Base(DeclarativeBase):
     """Declarative base of the dse schema."""
 
@@ -161,7 +188,7 @@ class TrialModel(Base):
     metrics: Mapped[Any] = mapped_column(JSONText, nullable=False)
     value: Mapped[float | None] = mapped_column(Float)
     failure_class: Mapped[FailureClass | None] = mapped_column(String(32))
-    reason: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(FreeText)
     source: Mapped[Source | None] = mapped_column(String(16))
     runner: Mapped[str | None] = mapped_column(String(255))
     host: Mapped[str | None] = mapped_column(String(255))
@@ -234,6 +261,6 @@ class RejectionModel(Base):
     params_key: Mapped[str] = mapped_column(Text)
     kind: Mapped[RejectionKind] = mapped_column(String(32))
     rule: Mapped[str] = mapped_column(Text)
-    reason: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(FreeText)
     values: Mapped[Any] = mapped_column(JSONText, nullable=False)
     created_at: Mapped[float] = mapped_column(Float)

@@ -76,6 +76,7 @@ from dse.storage._engine import (
     make_engine,
     migrate,
     normalize_url,
+    redact_passwords,
     safe_url,
 )
 from dse.storage._export import StudyExport, dump_study, load_study, parse_export
@@ -615,22 +616,7 @@ class Storage:
             row = _trial_or_raise(s, trial_id, for_update=True)
             if row.state in FINISHED_STATES:
                 return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
-            entry = {
-                "at": time.time(),
-                "reason": reason,
-                "state": row.state,
-                "runner": row.runner,
-                "host": row.host,
-                "started_at": row.started_at,
-                "log_path": row.log_path,
-            }
-            row.history = [*(row.history or []), entry]
-            row.attempts = (row.attempts or 0) + 1
-            row.state = "queued"
-            row.runner = None
-            row.host = None
-            row.started_at = None
-            row.heartbeat_at = None
+            _requeue_row(row, reason)
             _bump(s, row.study_id)
             return trial_record(row)
 
@@ -1270,12 +1256,20 @@ class Storage:
         return self._db.run(fn, write=False, what=f"export study {name!r}")
 
     def import_study(
-        self, data: dict[str, Any] | StudyExport, *, name: str | None = None
+        self,
+        data: dict[str, Any] | StudyExport,
+        *,
+        name: str | None = None,
+        release: bool = False,
     ) -> StudyRecord:
         """Create a study from :meth:`export_study`'s dict, or an export already read with
         :func:`~dse.storage.read_export_text` (optionally under another name).
 
-        Trial numbers, states, timings, steps and rejections are kept; ids are new.
+        Trial numbers, states, timings, steps and rejections are kept; ids are new. With
+        ``release``, what the export says is running is let go: nothing of this database
+        runs it (its owners are controllers where it was exported, and its heartbeat may say
+        anything): its running trials and those queued for a controller are re-queued
+        ownerless, and a running or stopping study is stopped (``dse resume`` continues it).
 
         Raises:
             StudyFormatError: ``data`` is not a dse study export this dse can read.
@@ -1292,6 +1286,8 @@ class Storage:
                 raise DuplicatedStudyError(f"a study named {target!r} already exists")
             row = load_study(s, export, name=target)
             s.flush()
+            if release:
+                _release_imported(s, row)
             # an export is data from elsewhere: its run settings are not run unconfirmed
             attr = s.get(StudyAttrModel, (row.id, IMPORTED_ATTR))
             if attr is None:
@@ -1350,6 +1346,40 @@ def _check_json(value: Any, what: str) -> None:
         raise ValueError(f"{what} must be JSON-serializable: {e}") from e
 
 
+def _release_imported(s: Session, study: StudyModel) -> None:
+    held = s.scalars(
+        select(TrialModel).where(
+            TrialModel.study_id == study.id,
+            (TrialModel.state == "running")
+            | ((TrialModel.state == "queued") & TrialModel.runner.is_not(None)),
+        )
+    ).all()
+    for row in held:
+        _requeue_row(row, "imported: it was unfinished where the study was exported")
+    if study.state in ("running", "stopping"):
+        study.state = "stopped"
+
+
+def _requeue_row(row: TrialModel, reason: str) -> None:
+    """Put an unfinished trial row back in the queue, ownerless (``reason`` in its history)."""
+    entry = {
+        "at": time.time(),
+        "reason": reason,
+        "state": row.state,
+        "runner": row.runner,
+        "host": row.host,
+        "started_at": row.started_at,
+        "log_path": row.log_path,
+    }
+    row.history = [*(row.history or []), entry]
+    row.attempts = (row.attempts or 0) + 1
+    row.state = "queued"
+    row.runner = None
+    row.host = None
+    row.started_at = None
+    row.heartbeat_at = None
+
+
 def _insert_study(
     s: Session,
     name: str,
@@ -1363,7 +1393,7 @@ def _insert_study(
     now = time.time()
     row = StudyModel(
         name=name,
-        space_yaml=space_yaml,
+        space_yaml=redact_passwords(space_yaml),
         space_hash=space_hash,
         state="created",
         direction=direction,

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialRecord
+from dse.storage._engine import redact_passwords
 from dse.storage._models import RejectionModel, StudyModel, TrialModel, TrialStepModel
 
 __all__ = [
@@ -111,7 +112,7 @@ def study_record(r: StudyModel) -> StudyRecord:
     return StudyRecord(
         id=r.id,
         name=r.name,
-        space_yaml=r.space_yaml,
+        space_yaml=redact_passwords(r.space_yaml),
         space_hash=r.space_hash,
         state=r.state,
         direction=r.direction,

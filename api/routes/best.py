@@ -165,7 +165,7 @@ _GET_PARAMS = frozenset(inspect.signature(get_best_across).parameters) - {
 @router.post(
     "/best/query",
     response_model=CrossBestPublic,
-    responses=error_responses(400, 404, 422, 503),
+    responses=error_responses(404, 422, 503),
 )
 async def query_best(storage: StorageDep, reads: ReadsDep, query: BestQuery) -> Response:
     """Like ``GET /best`` with any model / semantics / hardware field in a JSON body

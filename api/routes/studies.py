@@ -36,6 +36,7 @@ from dse.api.views import (
     study_summary,
 )
 from dse.exceptions import SpaceError
+from dse.names import study_name_problem
 from dse.records import StudyRecord
 from dse.space_check import CheckedSpace
 from dse.storage import is_ephemeral
@@ -111,12 +112,9 @@ def _space_from_body(body: bytes, checker: SpaceChecker) -> tuple[CheckedSpace, 
     if not text.strip():
         raise SpaceError("request body: empty; send a space file (YAML)")
     checked = checker(text, "request body")
-    name = checked.name
-    if "/" in name or name in (".", "..") or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise SpaceError(
-            f"request body: study: a study name must not contain '/' or control characters "
-            f"and must not be '.' or '..' (study={name!r})"
-        )
+    why = study_name_problem(checked.name)  # the space check refuses it already: kept as a guard
+    if why is not None:
+        raise SpaceError(f"request body: study: {why} (study={checked.name!r})")
     return checked, text
 
 

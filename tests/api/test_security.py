@@ -21,7 +21,7 @@ from dse.space import params_key
 from dse.storage import open_storage
 from tests.api.conftest import TestClient
 from tests.api.live import free_port
-from tests.api.seed import create_study, ok
+from tests.api.seed import create_study, ok, space_yaml
 
 V1 = "/api/v1"
 TOKEN = "security-test-token"
@@ -64,6 +64,22 @@ def test_open_reads_by_default(tmp_path: Path) -> None:
         assert c.get(f"{V1}/studies").json()["count"] == 1
 
 
+def test_readers_never_see_a_database_password_of_a_space_file(tmp_path: Path) -> None:
+    """A space file posted with its database URL (password included) is kept and shown with
+    the password masked, to readers with or without the token."""
+    body = space_yaml("pw") + "storage: postgresql+psycopg://dse:db-secret-1@db:5432/dse\n"
+    url = f"sqlite:///{tmp_path / 'pw.db'}"
+    with TestClient(create_app(settings=Settings(storage=url, api_token=TOKEN))) as c:
+        r = c.post(f"{V1}/studies", content=body, headers={**AUTH, "Content-Type": "text/yaml"})
+        assert r.status_code == 201, r.text
+        for headers in ({}, AUTH):
+            for path in ("/studies/pw", "/studies"):
+                got = c.get(f"{V1}{path}", headers=headers)
+                assert got.status_code == 200 and "db-secret-1" not in got.text
+        shown = c.get(f"{V1}/studies/pw").json()["space_yaml"]
+        assert "storage: postgresql+psycopg://dse:***@db:5432/dse" in shown
+
+
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("localhost", True),
@@ -83,6 +99,26 @@ def test_bind_policy() -> None:
     assert "reads are public" in bind_warnings("0.0.0.0", none, public_reads=True)[0]
     assert "reads are public" in bind_warnings("0.0.0.0", token, public_reads=False)[0]
     assert "need the token" in bind_warnings("0.0.0.0", protected, public_reads=False)[0]
+
+
+@pytest.mark.parametrize("token", ["a", "dse", "   short-token  ", "x" * 15])
+def test_a_guessable_token_is_refused_off_loopback(
+    token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token is what keeps code execution (a write starts trial processes) from everyone
+    who reaches the port: off loopback it must not be guessable. On loopback any goes."""
+    settings = Settings(storage="sqlite://", api_token=token)
+    with pytest.raises(ValueError, match="needs at least 16"):
+        bind_warnings("0.0.0.0", settings, public_reads=True)
+    assert bind_warnings("127.0.0.1", settings, public_reads=False) == []
+    assert bind_warnings("0.0.0.0", Settings(storage="sqlite://", api_token="y" * 16),
+                         public_reads=False)  # fmt: skip
+    monkeypatch.setenv("DSE_API_TOKEN", token)
+    rc = cli_main(["serve", "--storage", "sqlite://", "--host", "0.0.0.0", "--port", "1"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "refusing to serve on 0.0.0.0" in err and "token_urlsafe" in err
+    assert "x" * 15 not in err  # the token is not echoed
 
 
 def test_serve_off_loopback_without_token_refuses(

@@ -217,7 +217,11 @@ def test_validate_warns_about_values_no_configuration_can_use(
     assert "warning" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["../x", "/tmp/abs", "a/b", "..", "line\nforged"])
+@pytest.mark.parametrize(
+    "name",
+    ["../x", "/tmp/abs", "a/b", "..", "line\nforged", "nel\x85forged", "ls\u2028forged",
+     "csi\x9b2J", "bidi\u202egnp.exe", "zero\u200bwidth"],
+)  # fmt: skip
 def test_study_names_are_path_components(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
@@ -269,7 +273,15 @@ def test_status_prints_names_safely(tmp_path: Path, capsys: pytest.CaptureFixtur
                     direction="maximize", metric="tflops_per_gpu", model={},
                     hardware={})  # fmt: skip
     st.close()
+    for other in ("b\x85study forged2 [complete]", "c\u2028study forged3 [complete]"):
+        st = open_storage(url)
+        st.create_study(name=other, space_yaml="{}", space_hash="h", direction="maximize",
+                        metric="tflops_per_gpu", model={}, hardware={})  # fmt: skip
+        st.close()
     assert main(["status", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "study a\\nstudy forged [complete] [created]" in out
+    assert "study b\\x85study forged2 [complete] [created]" in out
+    assert "study c\\u2028study forged3 [complete] [created]" in out
     assert not any(line.startswith("study forged") for line in out.splitlines())
+    assert "\x85" not in out and "\u2028" not in out

@@ -172,6 +172,27 @@ def test_control_characters_not_echoed(tmp_path: Path, capsys: pytest.CaptureFix
         assert "\x1b" not in err and "\x00" not in err
 
 
+@pytest.mark.parametrize(
+    ("where", "escape", "message"),
+    [
+        ('"reason": null', '"reason": "a\\u0000b"', "trials[0].reason: a string with a NUL"),
+        ('"reason": null', '"reason": "\\ud800"', "trials[0].reason: a string with a lone"),
+        ('"host": null', '"host": "\\udfff x"', "trials[0].host: a string with a lone"),
+        ('"metrics": {', '"metrics": {"a\\u0000": 1, ', "trials[0].metrics: a key with a NUL"),
+        ('"attrs": {}', '"attrs": {"\\ud83d": 1}', "attrs: a key with a lone surrogate"),
+    ],
+    ids=["nul", "surrogate", "surrogate-host", "nul-key", "surrogate-key"],
+)
+def test_strings_that_cannot_be_stored_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, escape: str, message: str
+) -> None:
+    """A NUL (PostgreSQL refuses it in text) or a lone surrogate escape (no UTF-8 encoder
+    takes it: the import ended in a UnicodeEncodeError traceback) is refused naming where."""
+    text = json.dumps(_export(tmp_path))
+    assert where in text
+    assert message in _refused(tmp_path, capsys, text.replace(where, escape, 1))
+
+
 def test_duplicate_numbers_found_in_linear_time() -> None:
     trial = {"state": "queued", "params": {}, "params_key": "{}"}
     doc = {

@@ -587,6 +587,56 @@ def test_export_import_round_trip(storage: Storage) -> None:
     assert claim(storage, copy.id, 0) is None
 
 
+def test_database_passwords_in_a_space_file_are_not_kept(storage: Storage) -> None:
+    """A space file's ``storage:`` URL may name the database password; the study keeps the
+    text with it masked (every API reader sees the text and every export carries it), on
+    create, on import of an export that has one, and when read or exported (rows stored
+    before)."""
+    secret = "hunter2-db"
+    doc = f"study: s\nknobs: {{}}\nstorage: postgresql+psycopg://dse:{secret}@db:5432/dse\n"
+    s = storage.create_study(
+        name="s", space_yaml=doc, space_hash="h1", direction="maximize",
+        metric="tflops_per_gpu", model={}, hardware={},
+    )  # fmt: skip
+    masked = "storage: postgresql+psycopg://dse:***@db:5432/dse\n"
+    assert s.space_yaml.endswith(masked) and storage.get_study("s").space_yaml.endswith(masked)
+    with storage._engine.begin() as conn:
+        raw = conn.execute(text("SELECT space_yaml FROM studies")).scalars().all()
+    assert raw and not any(secret in r for r in raw)
+    exported = storage.export_study("s")
+    assert secret not in json.dumps(exported)
+    exported["study"]["space_yaml"] = doc  # an export made elsewhere, with the password
+    storage.import_study(exported, name="s2")
+    assert secret not in json.dumps(storage.export_study("s2"))
+    with storage._engine.begin() as conn:
+        conn.execute(text("UPDATE studies SET space_yaml = :t"), {"t": doc})  # stored before
+    assert secret not in storage.get_study("s").space_yaml
+    assert secret not in json.dumps(storage.export_study("s"))
+    assert storage.get_study("s").space_hash == "h1"
+
+
+def test_failure_reasons_take_any_text(storage: Storage) -> None:
+    """A failure reason quotes a trial's last log line, which may hold a NUL (PostgreSQL
+    refused it: the controller died with a storage error) or a lone surrogate: stored escaped,
+    on every backend, and exported and imported again."""
+    s = make_study(storage)
+    t = claim(storage, s.id, 1)
+    assert t is not None
+    storage.start_trial(t.id, runner="ctl", host="n1", log_path="/l", metrics_path="/m")
+    storage.finish_trial(
+        t.id, Outcome.failure("error", "exited: bad\x00bytes \ud800 end"), value=None
+    )
+    assert [x.reason for x in storage.list_trials(s.id)] == ["exited: bad\\x00bytes \\ud800 end"]
+    storage.add_rejection(
+        study_id=s.id, params={"tp": 3}, params_key=key({"tp": 3}), kind="invalid",
+        rule="r", reason="value \x00", values={},
+    )  # fmt: skip
+    exported = storage.export_study("s")
+    assert exported["rejections"][0]["reason"] == "value \\x00"
+    storage.import_study(json.loads(json.dumps(exported)), name="s2")
+    assert storage.export_study("s2")["trials"] == exported["trials"]
+
+
 def test_import_refuses_duplicates_and_bad_files(storage: Storage) -> None:
     _rich_study(storage)
     data = storage.export_study("s")

@@ -21,7 +21,7 @@ from dse.agents import create_agent
 from dse.cli import main
 from dse.reconcile import SAME_HOST_STALE_S, STALE_S, Owner, Reconciler
 from dse.records import Outcome, TrialRecord
-from dse.space import parse_space
+from dse.space import params_key, parse_space
 from dse.storage import Storage, open_storage
 from dse.study import StudyRunner
 from dse.workloads.runners import OWNER_ENV, InProcessRunner, kill_owned_group
@@ -292,6 +292,108 @@ def test_resuming_an_import_does_not_run_its_python(
     assert marker.exists() and (tmp_path / "theirs" / "exp2").is_dir()
 
 
+@pytest.mark.parametrize("host", ["this", "elsewhere"])
+def test_an_import_running_elsewhere_is_released(tmp_path: Path, host: str) -> None:
+    """An export's running trial names a controller of the exporting installation; with a
+    live pid on this host (or another host) and a heartbeat from the future, no age test
+    ever found it dead and dse resume waited forever. dse import re-queues it ownerless and
+    stops the study, so a resume runs it."""
+    import socket
+
+    d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
+    d.update(study="away", budget={"n_trials": 2}, prescreen={"enabled": False})
+    d["workload"] = {"name": "replay", "table": str(REPLAY_TABLE)}
+    d["runner"] = {"name": "local", "workdir": str(tmp_path / "runs")}
+    d["agent"] = {"name": "random", "seed": 0}
+    space = parse_space(d, "t")
+    src = open_storage(f"sqlite:///{tmp_path / 'src.db'}")
+    rec = src.create_study(space_yaml=yaml.safe_dump(d), **space.study_fields())
+    src.set_study_state("away", "running")
+    base = space.baseline()
+    t = src.claim_trial(study_id=rec.id, params=base, params_key=params_key(base), budget=2)
+    assert t is not None
+    live = subprocess.Popen(["sleep", "300"])
+    try:
+        name = socket.gethostname() if host == "this" else "other-node"
+        owner = f"{name}:{live.pid}:abcd1234"
+        src.start_trial(t.id, runner=owner, host=name, log_path=None, metrics_path=None)
+        export = src.export_study("away")
+        src.close()
+        export["trials"][0]["heartbeat_at"] = time.time() + 1e7  # from the future
+        f = tmp_path / "away.json"
+        f.write_text(json.dumps(export))
+        url = f"sqlite:///{tmp_path / 'dst.db'}"
+        assert main(["import", str(f), "--storage", url]) == 0
+        st = open_storage(url)
+        got = st.get_study("away")
+        (trial,) = st.list_trials(got.id)
+        st.close()
+        assert got.state == "stopped"
+        assert trial.state == "queued" and trial.runner is None and trial.heartbeat_at is None
+        assert "imported" in trial.history[-1]["reason"]
+        local = tmp_path / "local.yaml"
+        local.write_text(yaml.safe_dump(d))
+        done = subprocess.run(
+            [sys.executable, "-m", "dse.cli", "start", "--space", str(local), "--storage", url],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        st = open_storage(url)
+        trials = st.list_trials(st.get_study("away").id)
+        st.close()
+        assert [x.state for x in trials] == ["complete", "complete"]
+        assert live.poll() is None  # the process the row named was left alone
+    finally:
+        live.kill()
+        live.wait()
+
+
+@pytest.mark.parametrize(
+    ("runner", "option", "value"),
+    [
+        ("slurm", "container_image", "docker://registry.example/their-image"),
+        ("slurm", "container_mounts", ["/:/host"]),
+        ("slurm", "sbatch_args", ["--output=/somewhere/else"]),
+        ("slurm", "srun_args", ["--export=ALL"]),
+        ("slurm", "env", {"LD_PRELOAD": "/tmp/theirs.so"}),
+        ("ray", "address", "ray://their-head:10001"),
+        ("ray", "env", {"PYTHONPATH": "/tmp/theirs"}),
+    ],
+)
+def test_resuming_an_import_does_not_use_its_runner_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runner: str, option: str, value: Any
+) -> None:
+    """The runner options of an export that name code or where trials run (a container image,
+    mounts, scheduler flags, variables, a Ray cluster) are refused unconfirmed, as
+    runner.python and the table path are; a local space file or --trust-imported confirms."""
+    from dse.run_settings import RunOverrides, strip_imported
+
+    d = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
+    d.update(study="opts", budget={"n_trials": 1})
+    d["runner"] = {"name": runner, "workdir": str(tmp_path / "theirs"), "options": {option: value}}
+    space = parse_space(d, "t")
+    with pytest.raises(Exception, match=f"runner.options.{option}"):
+        strip_imported(space, RunOverrides(), "t")
+    # the same space without the option is taken, with local python and workdir
+    d["runner"]["options"] = {}
+    mine = strip_imported(parse_space(d, "t"), RunOverrides(), "t")
+    assert mine.runner.python is None and mine.runner.workdir == "dse_runs"
+    # end to end: dse resume of the imported study refuses before anything runs
+    d["runner"]["options"] = {option: value}
+    src = open_storage(f"sqlite:///{tmp_path / 'src.db'}")
+    src.create_study(space_yaml=yaml.safe_dump(d), **space.study_fields())
+    f = tmp_path / "opts.json"
+    f.write_text(json.dumps(src.export_study("opts")))
+    src.close()
+    url = f"sqlite:///{tmp_path / 'dst.db'}"
+    assert main(["import", str(f), "--storage", url]) == 0
+    capsys.readouterr()
+    assert main(["resume", "--study", "opts", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert f"runner.options.{option}" in err and "--trust-imported" in err
+    assert not (tmp_path / "theirs").exists()
+
+
 def test_import_refuses_a_name_that_is_not_a_path_component(tmp_path: Path) -> None:
     from dse.exceptions import StudyFormatError
 
@@ -324,3 +426,26 @@ def test_trials_do_not_inherit_the_api_token(
         r.poll()
         time.sleep(0.05)
     assert out.exists() and "secret-token" not in out.read_text()
+
+
+def test_ray_and_slurm_trials_do_not_inherit_the_token_or_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the local runner's: a Ray node task starts the trial without the API token and the
+    storage URL (it may hold the database password), and sbatch (whose environment every trial
+    job gets, --export=ALL) is run without them."""
+    from dse.workloads.runners.ray_runner import _run_node
+    from dse.workloads.runners.slurm_runner import submission_env
+
+    monkeypatch.setenv("DSE_API_TOKEN", "secret-token")
+    monkeypatch.setenv("DSE_STORAGE", "postgresql+psycopg://dse:db-password@db/dse")
+    out = tmp_path / "env.txt"
+    rc = _run_node(["sh", "-c", f"env > {out}"], {"MINE": "1"}, str(tmp_path),
+                   str(tmp_path / "log"), 0, "elsewhere", ("x", "127.0.0.1"))  # fmt: skip
+    text = out.read_text()
+    assert rc == 0 and "MINE=1" in text
+    assert "secret-token" not in text and "db-password" not in text
+    env = submission_env()
+    assert "DSE_API_TOKEN" not in env and "DSE_STORAGE" not in env and "PATH" in env
+    job = {"SLURM_JOB_ID": "7", "DSE_API_TOKEN": "t", "DSE_STORAGE": "s", "PATH": "/bin"}
+    assert submission_env(job) == {"PATH": "/bin"}

@@ -17,6 +17,8 @@ from dse.records import Outcome, TrialSpec
 from dse.workloads.logs import LOG_PATTERNS, classify_log
 
 __all__ = [
+    "TRIAL_ENV_DROP",
+    "trial_environ",
     "BaseRunner",
     "Launch",
     "Finished",
@@ -30,6 +32,19 @@ __all__ = [
 #: into the trial process; also written to ``<trial_dir>/pgid`` and checked before a leftover
 #: process group is signalled.
 OWNER_ENV = "DSE_TRIAL_OWNER"
+
+
+#: Variables of the controller's environment that trial processes never inherit, whatever
+#: runs them (the API's write token; a storage URL that may hold a password): a trial needs
+#: neither, and it runs the space's code.
+TRIAL_ENV_DROP: tuple[str, ...] = ("DSE_API_TOKEN", "DSE_STORAGE")
+
+
+def trial_environ(environ: Any = None) -> dict[str, str]:
+    """``environ`` (default: this process's) less :data:`TRIAL_ENV_DROP`: what a trial
+    process starts with before its own variables."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k not in TRIAL_ENV_DROP}
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,13 @@ from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
 from dse.workloads.runners._base import (
     OWNER_ENV,
+    TRIAL_ENV_DROP,
     BaseRunner,
     Finished,
     Launch,
     classify_log,
     log_tail,
+    trial_environ,
 )
 from dse.workloads.runners.warm import WarmPool, WarmSettings
 
@@ -32,10 +34,6 @@ __all__ = [
     "kill_process_group",
     "TRIAL_ENV_DROP",
 ]
-
-#: Variables of the controller's environment that trial processes never inherit (the API's
-#: write token; a storage URL that may hold a password): a trial needs neither.
-TRIAL_ENV_DROP: tuple[str, ...] = ("DSE_API_TOKEN", "DSE_STORAGE")
 
 
 def detect_gpus() -> list[int]:
@@ -179,7 +177,7 @@ class LocalRunner(BaseRunner):
                 self.gpus[i * world_size : (i + 1) * world_size] if device == "cuda" else []
                 for i in range(self.slots)
             ]
-            env = {k: v for k, v in os.environ.items() if k not in TRIAL_ENV_DROP}
+            env = trial_environ()
             self.warm = WarmPool(warm, slots=groups, device=device, base_env=env, host=self.host)
 
     @property
@@ -204,7 +202,7 @@ class LocalRunner(BaseRunner):
             self.warm.submit(launch)
             return
         devices: list[int] = []
-        env = {k: v for k, v in os.environ.items() if k not in TRIAL_ENV_DROP}
+        env = trial_environ()
         env.update(launch.env)
         # each trial rank gets its share of the cores (torchrun warns and picks 1 otherwise)
         ranks = max(1, self.slots * launch.world_size)

@@ -31,7 +31,7 @@ from typing import Any
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
 from dse.space import RayOptions
-from dse.workloads.runners._base import BaseRunner, Finished, Launch
+from dse.workloads.runners._base import BaseRunner, Finished, Launch, trial_environ
 from dse.workloads.runners._cluster import (
     PLACEMENT_FILE,
     TrialShape,
@@ -74,7 +74,7 @@ def _run_node(
     d = Path(cwd)
     if (d / f"killed.{index}").exists():
         return -int(signal.SIGTERM)
-    full = dict(os.environ)
+    full = trial_environ()  # the worker's, less the API token and storage URL
     full.update({k: v.replace(_MASTER, master[1]) for k, v in env.items()})
     argv = [a.replace(_MASTER, master[1]) for a in argv]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")

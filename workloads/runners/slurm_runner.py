@@ -27,7 +27,6 @@ kept out of the trials' jobs (:func:`submission_env`).
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 import shutil
@@ -40,7 +39,7 @@ from typing import Any
 from dse.exceptions import TrialLaunchError
 from dse.records import FailureClass, Outcome, read_metrics
 from dse.space import SlurmOptions
-from dse.workloads.runners._base import BaseRunner, Finished, Launch
+from dse.workloads.runners._base import BaseRunner, Finished, Launch, trial_environ
 from dse.workloads.runners._cluster import (
     PLACEMENT_FILE,
     TrialShape,
@@ -145,8 +144,9 @@ def submission_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     (``SLURM_JOB_ID`` set) would pass that job's ``SLURM_*`` variables (its memory and CPUs
     per task, its node list, ...) on to every trial job (``--export=ALL``), where ``srun``
     reads them as its own options; they are dropped (``SLURM_CONF`` stays). Outside a job the
-    environment is passed on as it is."""
-    env = dict(os.environ if environ is None else environ)
+    environment is passed on as it is, less the variables no trial inherits
+    (:data:`~dse.workloads.runners._base.TRIAL_ENV_DROP`: the API token, the storage URL)."""
+    env = trial_environ(environ)
     if "SLURM_JOB_ID" not in env:
         return env
     return {
