@@ -676,7 +676,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings()
     except ValidationError as e:
-        _err(f"serve: {e.errors()[0].get('msg', e)}".replace("Value error, ", ""))
+        first = e.errors()[0]
+        where = f"DSE_{str(first['loc'][0]).upper()}: " if first.get("loc") else ""
+        _err(f"serve: {where}{first.get('msg', e)}".replace("Value error, ", ""))
         return 2
     try:
         for line in bind_warnings(
