@@ -7,7 +7,10 @@ import ipaddress
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "is_loopback", "bind_warnings"]
+__all__ = ["Settings", "is_loopback", "bind_warnings", "MAX_SERVE_WORKERS"]
+
+#: The most server processes ``dse serve --workers`` starts.
+MAX_SERVE_WORKERS = 64
 
 
 class Settings(BaseSettings):
@@ -53,6 +56,13 @@ class Settings(BaseSettings):
         le=64,
         description="Worker threads that build read answers at once (DSE_READ_THREADS; more "
         "requests wait on the event loop, not in threads).",
+    )
+    serve_workers: int = Field(
+        1,
+        ge=1,
+        le=MAX_SERVE_WORKERS,
+        description="Server processes of `dse serve` answering on its port "
+        "(DSE_SERVE_WORKERS; `--workers` wins): more use more CPU cores under many readers.",
     )
     validate_timeout_s: float = Field(
         10.0,

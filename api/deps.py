@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dse.api.config import Settings
 from dse.api.launch import Launcher
-from dse.api.readcache import ReadCache, StudyVersions, VersionMemo, Versions
+from dse.api.readcache import ReadCache, RowFragments, StudyVersions, VersionMemo, Versions
 from dse.exceptions import StudyNotFoundError
 from dse.records import StudyRecord
 from dse.space_check import CheckedSpace, check_space_text
@@ -127,14 +127,16 @@ LauncherDep = Annotated[Launcher, Depends(get_launcher)]
 class Reads:
     """The reads of an app (:mod:`dse.api.readcache`): every study's version, read fresh for
     each request, and the answers kept per version. Database work runs in worker threads
-    (``threads`` builds at once); answers are kept up to ``cache_mib`` MiB (0: none kept,
-    concurrent requests for one answer still share its build)."""
+    (``threads`` builds at once); answers are kept up to ``cache_mib`` MiB, and the rows of
+    trial pages (serialized, while the trial does not change) up to as much again (0: none
+    kept, concurrent requests for one answer still share its build)."""
 
     def __init__(self, holder: StorageHolder, *, threads: int, cache_mib: int) -> None:
         self._holder = holder
         self.versions = StudyVersions(lambda: holder.get().study_versions())
         self.shared = VersionMemo()
         self.answers = ReadCache(builders=threads, max_bytes=cache_mib * 1024 * 1024)
+        self.fragments = RowFragments(max_bytes=cache_mib * 1024 * 1024)
 
     async def study(
         self, name: str, key: Hashable, build: Callable[[Callable[[], StudyRecord]], bytes]

@@ -16,6 +16,13 @@ the last committed write, on SQLite and PostgreSQL, across processes:
   a newer version builds the answer once in a worker thread (concurrent requests for it
   share that build) and replaces the old one. An answer built after the version was read
   may show later writes too: it is never older than its version, only sometimes newer.
+* :class:`RowFragments` keeps the serialized rows of pages with the stored row each was
+  made from: a page built for a new version reads its rows (one query) and serializes only
+  those that differ from the kept ones. The rows are read by the build, so a fragment is
+  exactly as fresh as the page.
+
+Several server processes (``dse serve --workers N``) each keep their own answers; as the
+versions are read from the database for every request, each answers as fresh as the others.
 
 Database work runs in worker threads through two capacity limiters, never on the event
 loop: builds share ``builders`` threads (more wait on the event loop, not in threads), and
@@ -33,7 +40,7 @@ from typing import Any, TypeVar, cast
 
 from anyio import CapacityLimiter, to_thread
 
-__all__ = ["ReadCache", "StudyVersions", "VersionMemo", "Versions"]
+__all__ = ["ReadCache", "RowFragments", "StudyVersions", "VersionMemo", "Versions"]
 
 T = TypeVar("T")
 
@@ -187,6 +194,80 @@ class ReadCache:
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class RowFragments:
+    """Serialized rows of pages (a trial's JSON object in a trial page), each kept with the
+    stored row it was made from and reused while the row read for a page is equal to it:
+    a row that changed is made again, whatever else changed. Most rows of a page never change
+    once their trial has finished, so a page after a write re-serializes only what changed.
+    Thread-safe (called from the builds' worker threads).
+
+    Args:
+        max_bytes: the most memory kept, as estimated from the rows' and fragments' sizes
+            (least recently used dropped first; 0: nothing kept).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[Hashable, tuple[tuple[Any, ...], bytes, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.made = 0  # fragments made (for tests and benchmarks)
+        self.reused = 0
+
+    def get(self, key: Hashable, row: tuple[Any, ...], make: Callable[[], bytes]) -> bytes:
+        """The fragment of ``row`` (kept under ``key``): reused while the row is equal."""
+        return self.get_many([(key, row)], lambda _: make())[0]
+
+    def get_many(
+        self,
+        rows: list[tuple[Hashable, tuple[Any, ...]]],
+        make: Callable[[tuple[Any, ...]], bytes],
+    ) -> list[bytes]:
+        """The fragments of ``rows`` (``(key, row)`` pairs, in order): each kept one reused
+        while its row is equal, the others ``make(row)`` and kept."""
+        out: list[bytes | None] = []
+        with self._lock:
+            data = self._data
+            for key, row in rows:
+                hit = data.get(key)
+                if hit is not None and hit[0] == row:
+                    data.move_to_end(key)
+                    out.append(hit[1])
+                else:
+                    out.append(None)
+        made = 0
+        for i, (key, row) in enumerate(rows):
+            if out[i] is not None:
+                continue
+            fragment = out[i] = make(row)
+            made += 1
+            self._keep(key, row, fragment)
+        self.made += made
+        self.reused += len(rows) - made
+        return cast(list[bytes], out)
+
+    def _keep(self, key: Hashable, row: tuple[Any, ...], fragment: bytes) -> None:
+        size = len(fragment) + sum(len(v) for v in row if isinstance(v, str)) + _ROW_OVERHEAD
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            if size > self.max_bytes:
+                return
+            self._data[key] = (row, fragment, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, _, dropped) = self._data.popitem(last=False)
+                self._bytes -= dropped
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+#: What a kept row costs beyond its strings and fragment (tuple, numbers, dict entry).
+_ROW_OVERHEAD = 400
 
 
 class VersionMemo:

@@ -97,6 +97,12 @@ def json_bytes(data: Any) -> bytes:
         return json.dumps(clean(data), separators=(",", ":")).encode()
 
 
+def page_bytes(rows: list[bytes], count: int) -> bytes:
+    """``json_bytes({"data": [rows...], "count": count})`` from rows serialized one by one
+    (each by :func:`json_bytes`): the same bytes, without serializing the rows again."""
+    return b'{"data":[' + b",".join(rows) + b'],"count":' + str(int(count)).encode() + b"}"
+
+
 def json_response(data: Any) -> Response:
     """``data`` (JSON values) as a response, serialized once without model validation (for
     large answers; the route's ``response_model`` still documents it). Non-finite floats

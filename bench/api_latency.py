@@ -201,11 +201,15 @@ def build_database(url: str, n_trials: int, seed: int = 0) -> dict[str, Any]:
             "rejections": len(rej_rows)}  # fmt: skip
 
 
-def start_server(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(
+    url: str, port: int, log: Path, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """``dse serve`` (with ``extra`` arguments) on ``port``, once it answers ``/health``."""
     env = {k: v for k, v in os.environ.items() if k != "DSE_API_TOKEN"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dse.cli", "serve", "--storage", url, "--port", str(port)],
+            [sys.executable, "-m", "dse.cli", "serve", "--storage", url, "--port", str(port),
+             *extra],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     deadline = time.time() + 60

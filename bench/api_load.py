@@ -20,7 +20,7 @@ Bounded: at most 300 s of load, 200 readers, 200,000 trials; it talks to 127.0.0
 
 Run:  python bench/api_load.py [--backend sqlite|postgresql] [--mode load|idle]
           [--trials 10000] [--readers 50] [--duration 60] [--write-rate 10] [--requests 300]
-          [--pin-server 0 --pin-load 1]
+          [--pin-server 0 --pin-load 1] [--workers 2]
 
 Every client and its connection are made before the clock starts, and the longest stall of
 the readers' own event loop is printed: on a loaded machine the load generator is starved
@@ -96,7 +96,7 @@ def _fix_pg_sequences(url: str) -> None:
 # --- the writer ----------------------------------------------------------------------------
 
 
-def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any) -> None:
+def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any, cpu: Any) -> None:
     """Add trials as a controller does, ``rate`` per second, from ``ready`` until ``stop``."""
     from dse.records import Outcome, StepMetrics
     from dse.space import params_key
@@ -147,6 +147,7 @@ def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any) -> None:
                 time.sleep(delay)
     finally:
         storage.close()
+        cpu.value = time.process_time()
 
 
 # --- the readers ---------------------------------------------------------------------------
@@ -227,13 +228,51 @@ def _idle(base: str, n: int) -> dict[str, list[float]]:
     return out
 
 
+def _wait_workers(base: str, pid: int, n: int, timeout: float = 120.0) -> None:
+    """Until the ``n`` worker processes of the server at ``pid`` run and answer: requests on
+    new connections (spread over the workers by the kernel) until 8n answer in a row."""
+    deadline = time.time() + timeout
+    while len([p for p in _tree(pid)[1:] if "spawn_main" in _cmdline(p)]) < n:
+        if time.time() > deadline:
+            raise RuntimeError(f"dse serve did not start {n} workers in {timeout:.0f} s")
+        time.sleep(0.2)
+    for _ in range(8 * n):  # a connection to a worker still starting waits for it
+        httpx.get(f"{base}/api/v1/health", timeout=timeout).raise_for_status()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 # --- main ----------------------------------------------------------------------------------
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) that process ``pid`` has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system, every thread) that process ``pid`` and the processes
+    under it (``dse serve --workers``) have used."""
+    total = 0.0
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process under it."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return out
 
 
 def _cpus(text: str) -> set[int]:
@@ -255,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-rate", type=float, default=10.0)
     ap.add_argument("--requests", type=int, default=300, help="idle mode: /best requests")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="server processes (dse serve --workers N)"
+    )
     ap.add_argument("--pin-server", metavar="CPUS", help="run the server on these CPUs (e.g. 0)")
     ap.add_argument(
         "--pin-load", metavar="CPUS", help="run the readers and the writer on these (e.g. 1)"
@@ -286,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         own = os.sched_getaffinity(0)
         if args.pin_server:  # the server inherits this process's CPUs
             os.sched_setaffinity(0, _cpus(args.pin_server))
-        server = start_server(url, port, Path(tmp.name) / "serve.log")
+        extra = ("--workers", str(args.workers)) if args.workers != 1 else ()
+        server = start_server(url, port, Path(tmp.name) / "serve.log", extra)
+        if args.workers > 1:  # every worker up (the first answered /health)
+            _wait_workers(f"http://127.0.0.1:{port}", server.pid, args.workers)
         os.sched_setaffinity(0, _cpus(args.pin_load) if args.pin_load else own)
         base = f"http://127.0.0.1:{port}"
         load_before = os.getloadavg()
@@ -300,13 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ctx = mp.get_context("spawn")
             done, ready, stop = ctx.Value("i", 0), ctx.Event(), ctx.Event()
-            writer = ctx.Process(target=_writer, args=(url, args.write_rate, ready, stop, done))
+            writer_cpu = ctx.Value("d", 0.0)
+            writer = ctx.Process(
+                target=_writer, args=(url, args.write_rate, ready, stop, done, writer_cpu)
+            )
             writer.start()
             if not ready.wait(timeout=120):
                 raise RuntimeError("the writer did not start in 120 s")
+            readers_cpu = time.process_time()
             results, errors, stall = asyncio.run(
                 _readers(base, args.readers, args.duration, args.trials)
             )
+            readers_cpu = time.process_time() - readers_cpu
             stop.set()
             writer.join(timeout=60)
             writes = int(done.value)
@@ -340,12 +390,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reads: {total} ({total / args.duration:.0f}/s); writes: {writes} trials "
               f"({writes / args.duration:.1f}/s); errors: {errors or 0}")  # fmt: skip
         print(f"longest stall of the load generator's own event loop: {stall * 1000:.0f} ms")
+        print(f"load generator CPU: readers {readers_cpu:.1f} s "
+              f"({readers_cpu * 1000 / max(total, 1):.2f} ms per read), "
+              f"writer {writer_cpu.value:.1f} s")  # fmt: skip
     # CPU time is what a loaded machine does not inflate as much as wall-clock latency
     print(f"server CPU: {server_cpu_s:.1f} s, {server_cpu_s * 1000 / max(total, 1):.2f} ms per "
           "read")  # fmt: skip
     print(f"p99 target <= {target:.0f} ms: {'ok' if ok else 'MISSED'}")
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"on {os.cpu_count()} CPUs")  # fmt: skip
+    if args.workers > 1:
+        print(f"server: {args.workers} worker processes")
     if args.pin_server or args.pin_load:
         print(f"pinned: server on CPUs {args.pin_server or 'any'}, readers and writer on "
               f"{args.pin_load or 'any'}")  # fmt: skip

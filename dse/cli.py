@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -536,9 +536,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def listen_socket(
+    host: str, port: int, *, reuse_port: bool = False, listen: bool = True
+) -> socket.socket:
     """A listening TCP socket for ``dse serve`` (bound before uvicorn starts, so that a port
     in use is a clear error).
+
+    ``reuse_port``: several sockets of this user share the port (``SO_REUSEPORT``): the
+    kernel spreads new connections over those that listen (``dse serve --workers``).
+    ``listen`` False: bound only, holding the port (it gets no connections).
 
     Raises:
         DSEError: the address cannot be bound.
@@ -551,8 +557,11 @@ def listen_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        sock.listen(2048)  # connections wait from now on, until uvicorn accepts them
+        if listen:
+            sock.listen(2048)  # connections wait from now on, until uvicorn accepts them
     except OSError as e:
         sock.close()
         raise DSEError(
@@ -566,6 +575,103 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: Keep-alive longer than clients' pools (httpx: 5 s), so that the server never closes a
+#: connection at the moment a client reuses it (a reset without a response). Event loop and
+#: HTTP parser: uvloop and httptools when installed (the api extra), else asyncio and h11.
+_UVICORN: dict[str, Any] = {"log_level": "warning", "timeout_keep_alive": 65}
+#: Worker restarts allowed in a minute before ``dse serve --workers`` gives up.
+_MAX_RESTARTS_PER_MIN = 10
+
+
+def _serve_worker(host: str, port: int, listening: Any) -> None:
+    """One process of ``dse serve --workers``: its own socket on the shared port (listening
+    before the app starts: connections wait in its queue meanwhile), its app built from the
+    environment (``DSE_*``, the storage URL in ``DSE_STORAGE``)."""
+    sock = listen_socket(host, port, reuse_port=True)
+    listening.set()
+    import uvicorn
+
+    from dse.api import create_app
+
+    uvicorn.Server(uvicorn.Config(create_app(), **_UVICORN)).run(sockets=[sock])
+
+
+def serve_workers(
+    n: int, host: str, port: int, on_listening: Callable[[], None] = lambda: None
+) -> int:
+    """Run ``n`` server processes on ``host:port`` until SIGINT or SIGTERM; returns the exit
+    status. ``on_listening()`` is called once every process listens.
+
+    Each process listens on a socket of its own with ``SO_REUSEPORT``, so the kernel spreads
+    new connections evenly over them (one shared socket let the quickest process take most
+    of a burst of keep-alive connections). The caller holds the port with a socket that is
+    bound and does not listen. A process that exits is replaced; more than
+    :data:`_MAX_RESTARTS_PER_MIN` in a minute stop the server (exit 1).
+    """
+    import multiprocessing as mp
+    import signal
+    import threading
+    import time
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter: no threads or connections inherited
+    stop = threading.Event()
+
+    def start() -> tuple[Any, Any]:
+        listening = ctx.Event()
+        proc = ctx.Process(
+            target=_serve_worker, args=(host, port, listening), name="dse-serve-worker"
+        )
+        proc.start()
+        return proc, listening
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = [start() for _ in range(n)]
+    procs = [proc for proc, _ in started]
+    restarts: list[float] = []
+    status = 0
+    try:
+        deadline = time.monotonic() + 120.0
+        for proc, listening in started:
+            while not (listening.wait(0.2) or stop.is_set()):
+                if not proc.is_alive() or time.monotonic() > deadline:
+                    _err(f"serve: a worker process did not start (exit status {proc.exitcode})")
+                    stop.set()
+                    status = 1
+        if not stop.is_set():
+            on_listening()
+        while not stop.wait(0.5):
+            for i, proc in enumerate(procs):
+                if proc.is_alive() or stop.is_set():
+                    continue
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < 60.0] + [now]
+                if len(restarts) > _MAX_RESTARTS_PER_MIN:
+                    _err(
+                        f"serve: {len(restarts)} worker processes exited within a minute "
+                        f"(the last with status {proc.exitcode}); stopping"
+                    )
+                    status = 1
+                    stop.set()
+                    break
+                _err(f"serve: worker process {proc.pid} exited ({proc.exitcode}); restarting it")
+                procs[i] = start()[0]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()  # SIGTERM: uvicorn finishes the requests under way
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return status
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from dse import install_hint
 
@@ -574,13 +680,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pydantic import ValidationError
 
         from dse.api import Settings, create_app
-        from dse.api.config import bind_warnings
+        from dse.api.config import MAX_SERVE_WORKERS, bind_warnings
+        from dse.api.main import API_PREFIX
     except ImportError as e:
         raise DSEError(f"the API needs the 'api' extra ({install_hint('api')}): {e}") from e
     try:
         settings = Settings()
     except ValidationError as e:
-        _err(f"serve: {e.errors()[0].get('msg', e)}".replace("Value error, ", ""))
+        first = e.errors()[0]
+        where = f"DSE_{str(first['loc'][0]).upper()}: " if first.get("loc") else ""
+        _err(f"serve: {where}{first.get('msg', e)}".replace("Value error, ", ""))
         return 2
     try:
         for line in bind_warnings(
@@ -590,23 +699,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         _err(str(e))
         return 2
-    app = create_app(storage_url=_storage_url(args), settings=settings)
-    # bind first (uvicorn would only log the error and exit 1 without a word on stdout)
-    sock = listen_socket(args.host, args.port)
+    url = _storage_url(args)
+    workers = settings.serve_workers if args.workers is None else args.workers
+    if not 1 <= workers <= MAX_SERVE_WORKERS:
+        _err(f"serve: --workers must be 1..{MAX_SERVE_WORKERS}, got {workers}")
+        return 2
+    if workers > 1:
+        from dse.storage import is_ephemeral, open_storage
+
+        if is_ephemeral(url):
+            _err(
+                f"serve: --workers {workers} needs a file or server database: each worker "
+                f"would have its own empty in-memory one ({url})"
+            )
+            return 2
+        try:  # migrate once here, not in every worker at once
+            open_storage(url).close()
+        except StorageError as e:  # the workers answer 503 until it is back
+            _err(f"warning: the study database is not available yet: {e}")
+    # bind first (uvicorn would only log the error and exit 1 without a word on stdout);
+    # with several workers, hold the port here (bound, not listening): each worker listens
+    # on a socket of its own on it
+    sock = listen_socket(args.host, args.port, reuse_port=workers > 1, listen=workers == 1)
     port = sock.getsockname()[1]
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
     base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     every = f", listening on every interface ({args.host})" if host != args.host else ""
-    _out(
-        f"dse: serving the dashboard at {base}/ (API docs: {base}{app.docs_url}{every}); "
-        "Ctrl-C stops"
-    )
-    sys.stdout.flush()
-    # keep-alive longer than clients' pools (httpx: 5 s) so that the server never closes a
-    # connection at the moment a client reuses it (a reset without a response)
-    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=65)
-    uvicorn.Server(config).run(sockets=[sock])
-    return 0
+    procs = f", {workers} worker processes" if workers > 1 else ""
+    docs = f"{base}{API_PREFIX}/docs"
+
+    def say_where() -> None:
+        _out(f"dse: serving the dashboard at {base}/ (API docs: {docs}{every}{procs}); "
+             "Ctrl-C stops")  # fmt: skip
+        sys.stdout.flush()
+
+    if workers == 1:
+        say_where()
+        app = create_app(storage_url=url, settings=settings)
+        uvicorn.Server(uvicorn.Config(app, **_UVICORN)).run(sockets=[sock])
+        return 0
+    # Each worker builds its app from the environment: the same DSE_* settings, and the
+    # storage URL passed on in DSE_STORAGE. Their read caches are correct side by side:
+    # answers are kept per study version, read from the database for every request.
+    os.environ["DSE_STORAGE"] = url
+    try:
+        return serve_workers(workers, args.host, port, say_where)
+    finally:
+        sock.close()
 
 
 # --- parser ---------------------------------------------------------------------------------
@@ -712,6 +851,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve reads to anyone off the loopback interface without a token "
         "(also DSE_PUBLIC_READS=1)",
+    )
+    sp.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="server processes answering on the one port (default: $DSE_SERVE_WORKERS or 1): "
+        "more use more CPU cores under many readers; every process reads the study versions "
+        "from the database, so all answer alike; needs a file or server database",
     )
     sp.set_defaults(fn=cmd_serve)
 

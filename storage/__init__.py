@@ -35,6 +35,7 @@ from dse.storage._engine import (
 )
 from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
 from dse.storage._repository import Storage, open_storage
+from dse.storage._rows import StoredTrialRow, trial_from_stored
 
 __all__ = [
     "Storage",
@@ -48,4 +49,6 @@ __all__ = [
     "FORMAT_VERSION",
     "StudyExport",
     "read_export_text",
+    "StoredTrialRow",
+    "trial_from_stored",
 ]

@@ -49,6 +49,7 @@ from dse.records import (
 __all__ = [
     "Base",
     "JSONText",
+    "json_value",
     "StudyModel",
     "StudyAttrModel",
     "TrialModel",
@@ -78,14 +79,19 @@ class JSONText(TypeDecorator[Any]):
         return None if value is None else json.dumps(value)
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        if orjson is not None:
-            try:
-                return orjson.loads(value)
-            except orjson.JSONDecodeError:  # NaN or Infinity (json writes them), huge ints
-                pass
-        return json.loads(value)
+        return json_value(value)
+
+
+def json_value(text: str | None) -> Any:
+    """The value of a :class:`JSONText` column's stored text (None stays None)."""
+    if text is None:
+        return None
+    if orjson is not None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:  # NaN or Infinity (json writes them), huge ints
+            pass
+    return json.loads(text)
 
 
 class FreeText(TypeDecorator[str]):

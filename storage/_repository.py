@@ -29,13 +29,24 @@ re-queued trial is free for any controller.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-from sqlalchemy import ColumnElement, Select, delete, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Text,
+    bindparam,
+    delete,
+    func,
+    select,
+    type_coerce,
+    update,
+)
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import Session
 
@@ -81,6 +92,7 @@ from dse.storage._engine import (
 )
 from dse.storage._export import StudyExport, dump_study, load_study, parse_export
 from dse.storage._models import (
+    JSONText,
     RejectionModel,
     StudyAttrModel,
     StudyModel,
@@ -90,6 +102,7 @@ from dse.storage._models import (
 )
 from dse.storage._rows import (
     TRIAL_COLUMNS,
+    StoredTrialRow,
     param_rows,
     rejection_record,
     step_rows,
@@ -778,6 +791,40 @@ class Storage:
 
         return self._db.read(page, what="list trials")
 
+    def trial_page(
+        self,
+        study_id: int,
+        *,
+        state: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        order: str = "number",
+    ) -> list[StoredTrialRow]:
+        """A page of a study's trials as stored rows (:data:`TRIAL_COLUMNS`, the JSON columns
+        as their stored text, not decoded; :func:`trial_from_stored` makes the records): the
+        trials of ``list_trials(study_id, state=..., limit=..., offset=..., order=...)``, in
+        its order, in one query.
+
+        A reader that keeps what it derives from a row (a serialized table row, say) can
+        reuse it while the stored row is equal, without decoding the row again: equal rows
+        hold equal trials.
+        """
+        if state is not None and state not in TRIAL_STATES:
+            raise ValueError(f"trial state must be one of {TRIAL_STATES}, got {state!r}")
+        if order not in TRIAL_ORDERS:
+            raise ValueError(f"order must be one of {TRIAL_ORDERS}, got {order!r}")
+        if limit < 1 or offset < 0:
+            raise ValueError(f"a page needs limit >= 1 and offset >= 0, got {limit}, {offset}")
+        query = _page_query(order, state is not None)
+        params: dict[str, Any] = {"study_id": study_id, "limit": limit, "offset": offset}
+        if state is not None:
+            params["state"] = state
+
+        def page(conn: Connection) -> list[StoredTrialRow]:
+            return [tuple(r) for r in conn.execute(query, params)]
+
+        return self._db.read(page, what="list trials")
+
     def list_trial_points(self, study_id: int) -> list[TrialPoint]:
         """Every trial of a study in brief, by number: state, value, knobs, failure, GPU-seconds
         and the summary throughput / memory / step time (what charts of a whole study need).
@@ -1452,6 +1499,30 @@ def _trial_or_raise(s: Session, trial_id: int, *, for_update: bool = False) -> T
 
 #: Every column of a trial, in :data:`TRIAL_COLUMNS` order (for :func:`trial_from_row`).
 _TRIAL_ROWS = select(*(getattr(TrialModel, c) for c in TRIAL_COLUMNS))
+
+
+#: Every column of a trial as stored: JSON columns as their text (see :meth:`trial_page`).
+_STORED_TRIAL_ROWS = select(
+    *(
+        type_coerce(c, Text) if isinstance(c.type, JSONText) else c
+        for c in (TrialModel.__table__.c[name] for name in TRIAL_COLUMNS)
+    )
+)
+
+
+@functools.cache
+def _page_query(order: str, by_state: bool) -> Select[Any]:
+    """One query for a page of :meth:`Storage.trial_page`: the page's ids in index order
+    (narrow rows sorted and skipped), then only their rows, sorted again (100 rows)."""
+    where = [TrialModel.study_id == bindparam("study_id")]
+    if by_state:
+        where.append(TrialModel.state == bindparam("state"))
+    ids = (
+        _ordered(select(TrialModel.id).where(*where), order)
+        .limit(bindparam("limit"))
+        .offset(bindparam("offset"))
+    )
+    return _ordered(_STORED_TRIAL_ROWS.where(TrialModel.id.in_(ids.scalar_subquery())), order)
 
 
 def _ordered(q: _Sel, order: str) -> _Sel:

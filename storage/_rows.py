@@ -14,7 +14,14 @@ from sqlalchemy.orm import Session
 
 from dse.records import RejectionRecord, StepMetrics, StudyRecord, TrialRecord
 from dse.storage._engine import redact_passwords
-from dse.storage._models import RejectionModel, StudyModel, TrialModel, TrialStepModel
+from dse.storage._models import (
+    JSONText,
+    RejectionModel,
+    StudyModel,
+    TrialModel,
+    TrialStepModel,
+    json_value,
+)
 
 __all__ = [
     "param_rows",
@@ -24,6 +31,8 @@ __all__ = [
     "study_record",
     "trial_record",
     "trial_from_row",
+    "trial_from_stored",
+    "StoredTrialRow",
     "TRIAL_COLUMNS",
     "steps_of_conn",
     "rejection_record",
@@ -153,6 +162,25 @@ def trial_from_row(row: Sequence[Any], steps: tuple[StepMetrics, ...] = ()) -> T
         gpu_seconds=gpu_seconds, steps=steps, attempts=attempts or 0,
         history=tuple(dict(h) for h in (history or ())), remeasure_of=remeasure_of,
     )  # fmt: skip
+
+
+#: A trial row as stored (:data:`TRIAL_COLUMNS`, JSON columns as their text, not decoded):
+#: two stored rows are equal exactly when every field of the trial is (see
+#: :meth:`dse.storage.Storage.trial_page`).
+StoredTrialRow = tuple[Any, ...]
+
+#: Positions of the JSON columns in :data:`TRIAL_COLUMNS`.
+_JSON_AT = tuple(
+    i for i, c in enumerate(TRIAL_COLUMNS) if isinstance(TrialModel.__table__.c[c].type, JSONText)
+)
+
+
+def trial_from_stored(row: StoredTrialRow) -> TrialRecord:
+    """The record of a stored row (its JSON columns decoded as :class:`JSONText` does)."""
+    values = list(row)
+    for i in _JSON_AT:
+        values[i] = json_value(values[i])
+    return trial_from_row(values)
 
 
 def rejection_record(r: RejectionModel) -> RejectionRecord:

@@ -4,6 +4,7 @@ shared between concurrent requests, and database work off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
 import threading
 import time
@@ -17,7 +18,7 @@ from sqlalchemy import create_engine, text
 from dse.api import Settings, create_app
 from dse.api.readcache import StudyVersions
 from dse.api.schemas import TrialPublic
-from dse.api.views import trial_row
+from dse.api.views import json_bytes, trial_row
 from dse.records import Outcome
 from dse.space import params_key
 from dse.storage import Storage, open_storage
@@ -166,6 +167,110 @@ def test_a_page_row_has_the_fields_of_its_schema(tmp_path: Path) -> None:
         (t,) = storage.list_trials(sid, limit=1)
     assert set(trial_row(t)) == set(TrialPublic.model_fields)
     assert "losses" not in trial_row(t)["metrics"]
+
+
+# --- trial pages from row fragments -------------------------------------------------------
+
+
+def _old_page(url: str, sid: int, trusted: bool, **page: Any) -> bytes:
+    """A page as it was serialized before row fragments: every row as a dict, one dump."""
+    with open_storage(url) as storage:
+        rows = [trial_row(t) for t in storage.list_trials(sid, **page)]
+        count = storage.count_trials(sid)["total"]
+    if not trusted:
+        for row in rows:
+            row["host"] = None
+            row["metrics"].pop("gpu_slots", None)
+    return json_bytes({"data": rows, "count": count})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pages_from_fragments_are_the_bytes_of_whole_pages(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Every order, with and without the token: the same bytes as the page serialized whole;
+    the second time every row comes from its kept fragment."""
+    url = new_url(backend, request, tmp_path)
+    sid = _db(url)
+    with open_storage(url) as storage:
+        for k in range(7):
+            _complete(storage, sid, k + 2, 300.0 + (k % 3) * 50)
+        t = storage.claim_trial(study_id=sid, params={"micro_batch_size": 99},
+                                params_key="99", budget=1000, runner="t:1:x")  # fmt: skip
+        assert t is not None
+        storage.start_trial(t.id, runner="t:1:x", host="node-7", log_path=None,
+                            metrics_path=None)  # fmt: skip
+    app = create_app(settings=Settings(storage=url, api_token=TOKEN))
+    fragments = app.state.reads.fragments
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(app) as c:
+        for trusted in (False, True):
+            for order in ("number", "-number", "value", "-value"):
+                for limit, offset in ((100, 0), (3, 2)):
+                    q = f"order={order}&limit={limit}&offset={offset}"
+                    got = c.get(f"{V1}/studies/s/trials?{q}", headers=auth if trusted else {})
+                    want = _old_page(url, sid, trusted, order=order, limit=limit, offset=offset)
+                    assert got.content == want, (trusted, order, limit, offset)
+        hosts = {
+            trusted: {r["host"] for r in c.get(f"{V1}/studies/s/trials", headers=h).json()["data"]}
+            for trusted, h in ((False, {}), (True, auth))
+        }
+        assert hosts == {False: {None}, True: {"h", "node-7"}}
+        # 9 trials, a fragment each with and without the token: made once, then reused
+        assert fragments.made == 18 and len(fragments) == 18
+        assert fragments.reused > 0
+
+
+def test_a_changed_trial_gets_a_new_fragment_the_others_are_reused(tmp_path: Path) -> None:
+    """After a write, a page is rebuilt (new version) but re-serializes only the rows that
+    changed: the finished trial, and the new one."""
+    url = _sqlite(tmp_path)
+    sid = _db(url)
+    with open_storage(url) as storage:
+        for k in range(5):
+            _complete(storage, sid, k + 2, 300.0 + k)
+        running = storage.claim_trial(study_id=sid, params={"micro_batch_size": 50},
+                                      params_key="50", budget=1000, runner="t:1:x")  # fmt: skip
+        assert running is not None
+        storage.start_trial(running.id, runner="t:1:x", host="h", log_path=None,
+                            metrics_path=None)  # fmt: skip
+    app = create_app(settings=Settings(storage=url))
+    fragments, answers = app.state.reads.fragments, app.state.reads.answers
+    with TestClient(app) as c:
+        page = c.get(f"{V1}/studies/s/trials").json()
+        assert [r["state"] for r in page["data"]][-1] == "running"
+        assert fragments.made == 7
+        with open_storage(url) as storage:
+            storage.finish_trial(running.id, ok(480.0, 50.0), value=480.0, gpu_seconds=10.0)
+            _complete(storage, sid, 60, 310.0)
+        builds = answers.builds
+        page = c.get(f"{V1}/studies/s/trials").json()
+        assert answers.builds == builds + 1  # a new version: the page was rebuilt
+        assert page["count"] == 8
+        assert [r["state"] for r in page["data"]] == ["complete"] * 8
+        assert page["data"][6]["value"] == 480.0
+        assert fragments.made == 7 + 2  # the finished trial and the new one; 6 reused
+        # another order of the same rows: all reused
+        made = fragments.made
+        assert c.get(f"{V1}/studies/s/trials?order=-value").json()["data"][0]["value"] == 480.0
+        assert fragments.made == made
+
+
+def test_fragments_stay_within_their_memory(tmp_path: Path) -> None:
+    url = _sqlite(tmp_path)
+    sid = _db(url)
+    with open_storage(url) as storage:
+        for k in range(20):
+            _complete(storage, sid, k + 2, 300.0 + k)
+    app = create_app(settings=Settings(storage=url))
+    fragments = app.state.reads.fragments
+    fragments.max_bytes = 3 * 1500  # about three rows
+    with TestClient(app) as c:
+        first = c.get(f"{V1}/studies/s/trials").content
+        assert 0 < len(fragments) <= 3
+        assert c.get(f"{V1}/studies/s/trials?order=-number").json()["count"] == 21
+        assert json.loads(first)["count"] == 21
+        assert fragments._bytes <= fragments.max_bytes
 
 
 # --- version reads -------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""Storage queries the REST API relies on: GPU-seconds per study, the 'stopping' state."""
+"""Storage queries the REST API relies on: GPU-seconds per study, the 'stopping' state,
+trial pages as stored rows."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from dse.records import Outcome
-from dse.storage import Storage
+from dse.storage import Storage, trial_from_stored
+from dse.storage._rows import TRIAL_COLUMNS
 
 
 def _study(storage: Storage, name: str) -> int:
@@ -131,3 +135,40 @@ def test_trial_runs_are_the_latest_starts_in_narrow_rows(storage: Storage) -> No
     assert storage.count_trial_runs(sid) == 3
     # the latest start only (a waiting re-queued trial has none: it comes last)
     assert [r.number for r in storage.list_trial_runs(sid, last=1)] == [1]
+
+
+@pytest.mark.parametrize("order", ["number", "-number", "value", "-value"])
+def test_trial_page_is_a_page_of_list_trials_as_stored_rows(storage: Storage, order: str) -> None:
+    """``trial_page`` (one query, JSON columns as their stored text) holds the trials of the
+    same page of ``list_trials``, in its order, every field equal once decoded."""
+    sid = _seed_mixed(storage)
+    for state in (None, "complete", "infeasible", "queued"):
+        for limit, offset in ((1, 0), (5, 3), (100, 0), (4, 11), (3, 12), (2, 50)):
+            stored = storage.trial_page(sid, state=state, limit=limit, offset=offset, order=order)
+            page = storage.list_trials(sid, state=state, limit=limit, offset=offset, order=order)
+            assert [trial_from_stored(r) for r in stored] == page
+    row = storage.trial_page(sid, limit=1, order="number")[0]
+    assert isinstance(row[TRIAL_COLUMNS.index("params")], str)  # not decoded
+    assert json.loads(row[TRIAL_COLUMNS.index("params")]) == {"micro_batch_size": 0}
+
+
+def test_a_stored_row_changes_when_its_trial_does(storage: Storage) -> None:
+    """Equal stored rows mean an unchanged trial: finishing one changes its row only."""
+    sid = _seed_mixed(storage)
+    before = storage.trial_page(sid, limit=100, order="number")
+    queued = storage.list_trials(sid, state="queued")[0]
+    storage.start_trial(queued.id, runner="r", host="h2", log_path=None, metrics_path=None)
+    after = storage.trial_page(sid, limit=100, order="number")
+    changed = [b[0] for b, a in zip(before, after, strict=True) if a != b]
+    assert changed == [queued.id]
+
+
+def test_trial_page_refuses_bad_arguments(storage: Storage) -> None:
+    sid = _study(storage, "s")
+    with pytest.raises(ValueError, match="order must be one of"):
+        storage.trial_page(sid, order="value; DROP")
+    with pytest.raises(ValueError, match="trial state must be one of"):
+        storage.trial_page(sid, state="done")
+    with pytest.raises(ValueError, match="limit >= 1"):
+        storage.trial_page(sid, limit=0)
+    assert storage.trial_page(sid) == []
