@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from anyio import CapacityLimiter, to_thread
@@ -222,7 +222,7 @@ class RowFragments:
 
     def get_many(
         self,
-        rows: list[tuple[Hashable, tuple[Any, ...]]],
+        rows: Sequence[tuple[Hashable, tuple[Any, ...]]],
         make: Callable[[tuple[Any, ...]], bytes],
     ) -> list[bytes]:
         """The fragments of ``rows`` (``(key, row)`` pairs, in order): each kept one reused
