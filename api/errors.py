@@ -113,7 +113,9 @@ _UNTRUSTED_503: dict[type[DSEError], str] = {
 
 
 def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
-    return ".".join(str(p) for p in loc) or "request"
+    # a field name is the client's text: control characters are shown escaped, never echoed
+    text = ".".join(str(p) for p in loc) or "request"
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
