@@ -61,7 +61,7 @@ from typing import Any
 
 import yaml
 
-from dse.measure import TRIM, MeasurementSpec, StepSeries
+from dse.measure import TRIM, MeasurementSpec, PruneTarget, StepSeries, prune_target
 from dse.records import TrialSpec, summarize_steps
 from dse.rules import check
 from dse.space import SearchSpace, load_space, params_key, parse_space
@@ -176,7 +176,13 @@ class Trainer:
             torch.cuda.synchronize()
 
 
-def _spec(space: SearchSpace, p: dict[str, Any], m: MeasurementSpec, tmp: Path) -> TrialSpec:
+def _spec(
+    space: SearchSpace,
+    p: dict[str, Any],
+    m: MeasurementSpec,
+    tmp: Path,
+    prune: PruneTarget | None = None,
+) -> TrialSpec:
     return TrialSpec(
         study="adaptive-window",
         trial_number=0,
@@ -187,6 +193,7 @@ def _spec(space: SearchSpace, p: dict[str, Any], m: MeasurementSpec, tmp: Path) 
         device=space.resources.device,
         metrics_path=str(tmp / "unused.jsonl"),
         measurement=m.model_dump(mode="json"),
+        prune=None if prune is None else prune.model_dump(mode="json"),
     )
 
 
@@ -221,9 +228,11 @@ def _replay(
     fixed_steps: int,
     warmup: int,
     trim: float = TRIM,
+    prune: PruneTarget | None = None,
 ) -> tuple[int, Any]:
-    """The adaptive rule on the prefix of a series: (steps it takes, its result)."""
-    s = StepSeries(m, steps=fixed_steps, warmup_steps=warmup, trim=trim)
+    """The adaptive rule on the prefix of a series: (steps it takes, its result), stopped
+    as ``dominated`` where ``prune`` says so."""
+    s = StepSeries(m, steps=fixed_steps, warmup_steps=warmup, trim=trim, prune=prune)
     for t, tf in zip(times, tflops, strict=True):
         if s.add(t, tf) is not None:
             break
@@ -241,6 +250,62 @@ def _fixed_from_series(
     return s.result(
         statistics.median(run["step_time_s"][w:]), statistics.median(run["tflops_per_gpu"][w:])
     )
+
+
+def _adaptive_fields(n: int, a: Any, f: Any) -> dict[str, Any]:
+    """The row fields of an adaptive run of ``n`` steps (result ``a``) against the fixed
+    window's result ``f``: one place for the live run and the replay."""
+    return {
+        "adaptive_steps": n,
+        "adaptive_warmup": a.warmup_steps,
+        "adaptive_stop": a.stop_reason,
+        "adaptive_ci_s": a.step_time_ci_s,
+        "adaptive_spikes": a.spikes,
+        "fixed_step_s": f.step_time_s,
+        "adaptive_step_s": a.step_time_s,
+    }
+
+
+def _pruning_note(args: argparse.Namespace) -> str:
+    if not args.prune:
+        return ""
+    return f"; pruned against the best so far, margin {args.prune_margin:g}"
+
+
+class _Best:
+    """``--prune``: the best adaptive result so far among the runs not pruned, which the next
+    run is pruned against as a study's next trial is (:func:`dse.measure.prune_target`)."""
+
+    def __init__(self, space: SearchSpace, margin: float | None) -> None:
+        self.space = space
+        self.margin = margin
+        self.value: float | None = None
+        self.metrics: dict[str, Any] = {}
+        self.row: int | None = None
+
+    def target(self) -> PruneTarget | None:
+        if self.margin is None or self.value is None:
+            return None
+        obj = self.space.objective
+        return prune_target(
+            obj.metric,
+            obj.direction,
+            best_value=self.value,
+            best_metrics=self.metrics,
+            margin=self.margin,
+            best_trial=self.row,
+        )
+
+    def update(self, i: int, value: float, a: Any) -> None:
+        if a.stop_reason == "dominated":
+            return
+        sign = 1 if self.space.objective.direction == "maximize" else -1
+        if self.value is None or sign * value > sign * self.value:
+            self.value, self.row = value, i
+            self.metrics = {
+                "step_time_ci_s": a.step_time_ci_s,
+                "tflops_per_gpu_ci": a.tflops_per_gpu_ci,
+            }
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -266,14 +331,29 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget-s", type=float, default=None)
     ap.add_argument(
-        "--from-json", default=None, metavar="FILE",
+        "--start", type=int, default=0,
+        help="skip the first START of the --configs configurations (the same seeded pick): "
+        "one run split over several machines or calls, merged by --from-json A --from-json B",
+    )  # fmt: skip
+    ap.add_argument(
+        "--from-json", action="append", default=None, metavar="FILE",
         help="measure nothing: re-apply the adaptive rule to the per-step series saved in "
-        "FILE (a --json of this bench)",
+        "FILE (a --json of this bench); repeated, the rows of each file in turn (runs of the "
+        "same space and settings, e.g. split with --start)",
     )  # fmt: skip
     ap.add_argument(
         "--trim", type=float, default=None,
         help=f"the trimmed fraction of the replayed rule's location (default {TRIM}, "
         "dse.measure.TRIM); only where the rule is replayed (--from-json, --adaptive series)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prune", action="store_true",
+        help="adaptive runs also stop as 'dominated' (a study's measurement.prune): in the "
+        "order of the rows, each run is pruned against the best adaptive result so far",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prune-margin", type=float, default=None,
+        help="measurement.prune_margin of --prune (default: the space file's default, 0.05)",
     )  # fmt: skip
     ap.add_argument("--json", default=None, help="write every row and the summary here")
     args = ap.parse_args(argv)
@@ -283,6 +363,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         )
     if not args.from_json and not args.space:
         ap.error("--space is required (or --from-json FILE)")
+    if args.prune_margin is not None and not args.prune:
+        ap.error("--prune-margin applies only with --prune")
+    if args.prune and args.prune_margin is None:
+        args.prune_margin = MeasurementSpec().prune_margin
     return args
 
 
@@ -324,12 +408,14 @@ def main(argv: list[str] | None = None) -> int:
         f"GBS {space.semantics.global_batch_size}); fixed: {args.fixed_steps} steps after "
         f"{warmup} warm-up; adaptive ({args.adaptive}): {args.min_steps}-{args.max_steps} "
         f"steps, +-{args.rel_halfwidth:.1%} at {args.confidence:.0%}"
-        + (f"; cost-model estimate of the step loops: {est:.0f} s" if est else ""),
+        + (f"; cost-model estimate of the step loops: {est:.0f} s" if est else "")
+        + _pruning_note(args),
         flush=True,
     )
     tr = Trainer(space.resources.device)
     tokens = space.semantics.global_batch_size * space.semantics.seq_length
     rows: list[dict[str, Any]] = []
+    best = _Best(space, args.prune_margin)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         # prime the process (CUDA context, kernels' first use): not measured
@@ -338,18 +424,23 @@ def main(argv: list[str] | None = None) -> int:
             mode="adaptive", min_steps=5, max_steps=5), tmp))  # fmt: skip
         tr.release(built)
         for i, p in enumerate(configs):
+            if i < args.start:
+                continue
             if args.time_budget_s and time.monotonic() - t_start > args.time_budget_s:
                 print(f"time budget of {args.time_budget_s:.0f} s spent after {i} configurations")
                 break
             row: dict[str, Any] = {"params": p}
             try:
-                row.update(_measure(tr, space, p, fixed, adaptive, args, i, feats, tmp, warmup))
+                row.update(_measure(tr, space, p, fixed, adaptive, args, i, feats, tmp, warmup,
+                                    best.target()))  # fmt: skip
             except Exception as e:  # noqa: BLE001 - an OOM or a refusal is a row, not the end
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 tr.release(None)
             if "error" not in row:
                 row["fixed_value"] = _objective(space, row.pop("_fixed"), tokens)
-                row["adaptive_value"] = _objective(space, row.pop("_adaptive"), tokens)
+                a = row.pop("_adaptive")
+                row["adaptive_value"] = _objective(space, a, tokens)
+                best.update(i, row["adaptive_value"], a)
                 if "_control" in row:
                     row["control_value"] = _objective(space, row.pop("_control"), tokens)
             rows.append(row)
@@ -368,12 +459,24 @@ def _finish(args: argparse.Namespace, space: SearchSpace, rows: list[dict[str, A
 
 def _offline(args: argparse.Namespace) -> int:
     """``--from-json``: the adaptive rule of this checkout on a saved run's series."""
-    path = Path(args.from_json)
-    try:
-        saved = json.loads(path.read_text())
-        saved_args, saved_rows = saved["args"], saved["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"--from-json {path}: not a JSON file of this bench ({e})") from e
+    saved_args: dict[str, Any] = {}
+    saved_rows: list[dict[str, Any]] = []
+    for name in args.from_json:
+        path = Path(name)
+        try:
+            saved = json.loads(path.read_text())
+            f_args, f_rows = saved["args"], list(saved["rows"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"--from-json {path}: not a JSON file of this bench ({e})") from e
+        for key in ("space", "set", "fixed_steps", "adaptive", "rebuild", "seed"):
+            if saved_args and f_args.get(key) != saved_args.get(key):
+                raise SystemExit(
+                    f"--from-json {path}: {key} is {f_args.get(key)!r}, not "
+                    f"{saved_args.get(key)!r} as in {args.from_json[0]}: not parts of one run"
+                )
+        saved_args = saved_args or f_args
+        saved_rows += f_rows
+    path = Path(" + ".join(args.from_json))
     _precision(args, saved_args)
     for key in ("space", "set", "fixed_steps", "adaptive", "rebuild"):
         if key == "space" and args.space:
@@ -391,10 +494,11 @@ def _offline(args: argparse.Namespace) -> int:
     print(
         f"{path}: {len(saved_rows)} rows of {args.space}; the rule of this checkout replayed: "
         f"{args.min_steps}-{args.max_steps} steps, +-{args.rel_halfwidth:.1%} at "
-        f"{args.confidence:.0%}, trim {trim:g}",
+        f"{args.confidence:.0%}, trim {trim:g}" + _pruning_note(args),
         flush=True,
     )
     rows: list[dict[str, Any]] = []
+    best = _Best(space, args.prune_margin)
     for i, old in enumerate(saved_rows):
         if "error" in old:
             rows.append(old)
@@ -418,19 +522,14 @@ def _offline(args: argparse.Namespace) -> int:
         tflops = [x for run, _ in parts for x in run["tflops_per_gpu"]]
         scale = [wall / sum(run["step_time_s"]) for run, wall in parts
                  for _ in run["step_time_s"]]  # fmt: skip
-        n, a = _replay(adaptive, times, tflops, args.fixed_steps, warmup, trim)
+        n, a = _replay(adaptive, times, tflops, args.fixed_steps, warmup, trim, best.target())
         row.update(
             adaptive_s=sum(t * k for t, k in zip(times[:n], scale[:n], strict=True)),
-            adaptive_steps=n,
-            adaptive_warmup=a.warmup_steps,
-            adaptive_stop=a.stop_reason,
-            adaptive_ci_s=a.step_time_ci_s,
-            adaptive_spikes=a.spikes,
-            fixed_step_s=f.step_time_s,
-            adaptive_step_s=a.step_time_s,
+            **_adaptive_fields(n, a, f),
             fixed_value=_objective(space, f, tokens),
             adaptive_value=_objective(space, a, tokens),
         )
+        best.update(i, row["adaptive_value"], a)
         if n == len(times) and a.stop_reason == "max_steps" and n < args.max_steps:
             row["replay_exhausted"] = True
         if "control" in series:
@@ -452,8 +551,9 @@ def _measure(
     feats: set[str],
     tmp: Path,
     warmup: int,
+    prune: PruneTarget | None = None,
 ) -> dict[str, Any]:
-    fspec, aspec = _spec(space, p, fixed, tmp), _spec(space, p, adaptive, tmp)
+    fspec, aspec = _spec(space, p, fixed, tmp), _spec(space, p, adaptive, tmp, prune)
     plan, built, build_s = tr.build(fspec, feats)
     out: dict[str, Any] = {"build_s": build_s}
     saved: dict[str, dict[str, list[float]]] = {}
@@ -464,7 +564,7 @@ def _measure(
         times = [x.step_time_s for x in steps]
         trim = TRIM if args.trim is None else args.trim
         n, a = _replay(adaptive, times, [x.tflops_per_gpu for x in steps], args.fixed_steps,
-                       warmup, trim)  # fmt: skip
+                       warmup, trim, prune)  # fmt: skip
         out.update(fixed_s=wall, adaptive_s=sum(times[:n]) * wall / sum(times))
         saved["fixed"] = _saved(steps)
     else:
@@ -489,18 +589,7 @@ def _measure(
         tr.release(built)
         out["_control"] = _fixed_result(c_steps, c_series, warmup)
         saved["control"] = _saved(c_steps)
-    out.update(
-        adaptive_steps=n,
-        adaptive_warmup=a.warmup_steps,
-        adaptive_stop=a.stop_reason,
-        adaptive_ci_s=a.step_time_ci_s,
-        adaptive_spikes=a.spikes,
-        fixed_step_s=f.step_time_s,
-        adaptive_step_s=a.step_time_s,
-        series=saved,
-        _fixed=f,
-        _adaptive=a,
-    )
+    out.update(**_adaptive_fields(n, a, f), series=saved, _fixed=f, _adaptive=a)
     return out
 
 
@@ -556,7 +645,18 @@ def _summary(space: SearchSpace, rows: list[dict[str, Any]]) -> dict[str, Any]:
         if r["adaptive_stop"] == "max_steps" and r.get("adaptive_ci_s")
     ]
     best_f = max(range(len(ok)), key=lambda i: sign * fx[i])
-    best_a = max(range(len(ok)), key=lambda i: sign * ad[i])
+    # a pruned run is never the best (as in a study)
+    kept = [i for i in range(len(ok)) if ok[i]["adaptive_stop"] != "dominated"]
+    best_a = max(kept or range(len(ok)), key=lambda i: sign * ad[i])
+    pruning: dict[str, Any] = {}
+    if len(kept) < len(ok):
+        tau_kept = kendalltau([fx[i] for i in kept], [ad[i] for i in kept])
+        pruning = {
+            "pruned": len(ok) - len(kept),
+            "fixed_best_pruned": ok[best_f]["adaptive_stop"] == "dominated",
+            "kendall_tau_not_pruned": float(tau_kept.statistic),
+            "median_gpu_seconds_ratio_not_pruned": statistics.median(ratios[i] for i in kept),
+        }
     rel = [abs(a - f) / f for f, a in zip(fx, ad, strict=True)]
     return {
         "configs": len(rows),
@@ -568,7 +668,8 @@ def _summary(space: SearchSpace, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "total_adaptive_s": sum(r["adaptive_s"] for r in ok),
         "median_adaptive_steps": statistics.median(r["adaptive_steps"] for r in ok),
         "stops": {
-            k: sum(r["adaptive_stop"] == k for r in ok) for k in ("converged", "max_steps")
+            k: sum(r["adaptive_stop"] == k for r in ok)
+            for k in ("converged", "max_steps", "dominated")
         },  # fmt: skip
         "median_rel_halfwidth_at_max_steps": statistics.median(at_max) if at_max else None,
         "adaptive_spikes": sum(r.get("adaptive_spikes", 0) for r in ok),
@@ -579,6 +680,7 @@ def _summary(space: SearchSpace, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "same_best": best_f == best_a,
         "median_abs_rel_diff": statistics.median(rel),
         "max_abs_rel_diff": max(rel),
+        **pruning,
         **control,
     }
 
