@@ -242,6 +242,12 @@ function renderTable(page) {
       stateCell.append(flag);
       tr.dataset.numerics = "changed";
     }
+    if (t.source === "estimate") { // the sim workload: every figure of the row, the loss too
+      tr.dataset.source = "estimate";
+      stateCell.append(el("span", { class: "flag estimate",
+        title: "sim workload: figures and losses are cost-model estimates, not measured" },
+      "estimate"));
+    }
     tr.append(
       num,
       stateCell,
@@ -698,8 +704,12 @@ async function loadTrial(id) {
     + `metrics:\n${metrics.join("\n")}\nhost: ${t.host || ""}\nlog: ${t.log_path || ""}`;
   const steps = t.steps || [];
   const x = steps.map((s) => s.step);
+  const simulated = t.source === "estimate";
+  $("#chart-steps-loss").dataset.source = t.source || "";
+  $("#note-steps-loss").textContent = simulated ? SIMULATED_LOSS_NOTE : "";
   await Promise.all([
-    plot($("#chart-steps-loss"), [{ type: "scatter", mode: "lines+markers", name: "loss", x,
+    plot($("#chart-steps-loss"), [{ type: "scatter", mode: "lines+markers",
+      name: simulated ? "loss (simulated)" : "loss", x,
       y: steps.map((s) => s.loss) }], { height: 240, showlegend: false, xaxis: { title: { text: "step" } } }),
     plot($("#chart-steps-time"), [{ type: "scatter", mode: "lines+markers", name: "step time",
       x, y: steps.map((s) => s.step_time_s), line: { color: "#ff7f0e" } }],
@@ -797,6 +807,9 @@ function renderTimeline(tl) {
 
 // --- loss curves of the selected trials over the baseline's (/losses) -----------------------
 
+// The sim workload's losses are a curve of the training's definition, not a training run.
+const SIMULATED_LOSS_NOTE = " · simulated (sim workload: cost model, not trained)";
+
 async function loadLosses(name) {
   const q = new URLSearchParams();
   for (const n of [...state.picked].sort((a, b) => a - b)) q.append("trials", String(n));
@@ -811,9 +824,12 @@ function renderLosses(data) {
   div.dataset.trials = data.curves.filter((c) => !c.baseline).map((c) => c.number).join(",");
   $("#losses-picked").textContent = state.picked.size
     ? `trials ${[...state.picked].sort((a, b) => a - b).join(", ")}` : "no trial ticked";
-  $("#note-losses").textContent = data.baseline === null
+  const simulated = data.curves.some((c) => c.source === "estimate");
+  div.dataset.simulated = String(simulated);
+  $("#note-losses").textContent = (data.baseline === null
     ? ` (${data.baseline_how}: ${shortParams(data.baseline_params)})`
-    : ` (baseline: trial ${data.baseline}, ${data.baseline_how}; ${shortParams(data.baseline_params)})`;
+    : ` (baseline: trial ${data.baseline}, ${data.baseline_how}; ${shortParams(data.baseline_params)})`)
+    + (simulated ? SIMULATED_LOSS_NOTE : "");
   if (data.curves.length === 0) {
     if (window.Plotly) window.Plotly.purge(div);
     div.textContent = "tick trials in the table to draw their losses";
@@ -823,8 +839,9 @@ function renderLosses(data) {
   if (div.textContent && !div.querySelector(".main-svg")) div.textContent = "";
   const traces = data.curves.map((c) => {
     const changed = c.numerics === "changed";
-    const name = c.baseline ? `baseline (trial ${c.number})`
-      : `trial ${c.number}${changed ? " · numerics changed" : ""}`;
+    const sim = c.source === "estimate" ? " · simulated" : "";
+    const name = c.baseline ? `baseline (trial ${c.number})${sim}`
+      : `trial ${c.number}${changed ? " · numerics changed" : ""}${sim}`;
     const trace = { type: "scatter", mode: c.steps.length > 40 ? "lines" : "lines+markers", name,
       x: c.steps, y: c.loss, text: c.steps.map(() => `${name}<br>${shortParams(c.params)}`),
       hovertemplate: "%{text}<br>step %{x}: loss %{y:.4g}<extra></extra>",
