@@ -526,6 +526,11 @@ class LossCurvePublic(BaseModel):
     value: float | None
     numerics: str | None = Field(description="metrics.numerics.status when checked.")
     drift: float | None
+    source: str | None = Field(
+        None,
+        description="Where the losses come from: measured, replay, or estimate (the sim "
+        "workload: simulated, not trained).",
+    )
     steps: list[int]
     loss: list[float | None]
 

@@ -381,6 +381,8 @@ def _numerics_text(s: dict[str, Any]) -> str | None:
         )
     if n["remeasure_trials"]:
         line += f"; {n['remeasure_trials']} re-measurement trial(s)"
+    if any(t.get("source") == "estimate" for t in s["trials"]):
+        line += "; losses of sim trials are simulated (cost model), not trained"
     return line
 
 
@@ -427,8 +429,9 @@ def _status_text(s: dict[str, Any]) -> str:
         over = f" over trials {', '.join(map(str, pooled))}" if len(pooled) > 1 else ""
         lines.append(
             f"  best: trial {b['number']} {s['metric']}={figure(value)}{ci_text}{over}, "
-            f"step {figure(m.get('step_time_s'))} s, peak {figure(m.get('peak_mem_gib'))} GiB: "
-            f"{json.dumps(b['params'])}"
+            f"step {figure(m.get('step_time_s'))} s, peak {figure(m.get('peak_mem_gib'))} GiB"
+            + (" (estimates: cost model, not measured)" if b.get("source") == "estimate" else "")
+            + f": {json.dumps(b['params'])}"
         )
         if noise.get("message"):
             lines.append(f"  {noise['message']} (their intervals overlap; re-measure to split)")

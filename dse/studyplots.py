@@ -329,6 +329,7 @@ def _curve(t: Any, *, baseline: bool) -> dict[str, Any]:
         "value": finite(t.value),
         "numerics": _numerics(t).get("status"),
         "drift": finite(_numerics(t).get("drift")),
+        "source": t.source,
         "steps": [s.step for s in steps],
         "loss": [finite(s.loss) for s in steps],
     }

@@ -6,8 +6,18 @@ is only its trial process. ``python -m dse.workloads.sim --spec trial.json`` rea
 (with its :class:`~dse.records.MetricsWriter`) to ``spec.metrics_path``: one
 ``step`` line per ``semantics.steps`` with the estimated step time, TFLOP/s and peak
 memory, then a ``summary`` line; or, when the configuration is predicted not to fit, one
-``failure`` line of class ``oom``. Every line carries ``"source": "estimate"``. The loss is
-not simulated: step lines carry ``loss: 0.0`` to satisfy the contract.
+``failure`` line of class ``oom``. Every line carries ``"source": "estimate"``.
+
+The loss is simulated too (:func:`simulated_losses`), so that the loss-parity guard
+(:mod:`dse.loss_guard`) and the loss curves treat a sim trial as they treat a trained one: a
+deterministic curve of the step and of what defines the training (the model, the data, the
+initialisation seed, the global batch, the sequence length, the learning rate, the precision,
+the MoE routing: :class:`~dse.space.Semantics` less ``steps`` / ``warmup_steps``), never of
+the execution knobs. Every configuration of a study therefore gets the same curve (no
+execution knob is flagged ``numerics-changed``), and another data seed gives another one. The
+knobs that do change numerics on a GPU (FP8, reduced-precision optimizer states) are not
+modelled: the simulator has no figure for their drift. The curve is labelled like every sim
+figure (``source: estimate``, and ``loss_model`` in the summary): it is no training result.
 
 The measurement fields of the trial contract (``measurement``, ``step_time_ci_s``,
 ``tflops_per_gpu_ci``, :mod:`dse.measure`) are filled the way a real trial fills them, from
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -42,7 +53,7 @@ from dse.measure import StepSeries, series_for
 from dse.records import FailureLine, MetricsLine, MetricsWriter, StepLine, SummaryLine, TrialSpec
 from dse.space import ModelSpec, Resources, Semantics
 
-__all__ = ["main", "run_trial", "simulate", "synthetic_step_times"]
+__all__ = ["main", "run_trial", "simulate", "simulated_losses", "synthetic_step_times"]
 
 #: The synthetic series of adaptive mode: the first steps' slowdown over the steady state
 #: (allocation, first kernels), the noise per step (relative standard deviation) and its
@@ -50,6 +61,48 @@ __all__ = ["main", "run_trial", "simulate", "synthetic_step_times"]
 SYNTHETIC_HEAD = (1.0, 0.3, 0.1)
 SYNTHETIC_NOISE = 0.01
 SYNTHETIC_AR1 = 0.2
+
+
+#: The simulated loss curve ``floor + (start - floor) * (1 + D / SIM_LOSS_TOKENS) ** -0.5``,
+#: where ``D`` is the tokens trained so far scaled by the learning rate over 3e-4 (so a smaller
+#: rate learns more slowly). ``start`` is ``ln(vocab) + SIM_LOSS_INIT_EXCESS`` (a randomly
+#: initialised model predicts about uniformly; the H200 tables start at ln(32000) + 0.4);
+#: ``floor`` is a Chinchilla-style ``E + A / N ** alpha`` of the parameter count (Hoffmann et
+#: al., 2022: E 1.69, A 406.4, alpha 0.34), kept below ``start``.
+SIM_LOSS_INIT_EXCESS = 0.4
+SIM_LOSS_FIT = (1.69, 406.4, 0.34)
+SIM_LOSS_TOKENS = 2.0e6
+#: Batch-to-batch noise of the simulated loss: relative standard deviation at 32768 tokens per
+#: step, shrinking with the square root of the tokens per step (bounded to 0.1 %..2 %); seeded
+#: by the training's definition, so another data seed draws other batches.
+SIM_LOSS_NOISE = 0.01
+#: Fields of the semantics that do not change the loss at a given step.
+_LOSS_NEUTRAL = ("steps", "warmup_steps")
+
+
+def simulated_losses(model: ModelSpec, sem: Semantics, n: int) -> list[float]:
+    """The simulated loss of steps ``0..n-1``: a function of the step, the model and the
+    semantics that define the training (never of the execution knobs); the same for the same
+    inputs, on any machine."""
+    from dse.costmodel._params import total_params
+
+    start = math.log(model.vocab_size) + SIM_LOSS_INIT_EXCESS
+    e, a, alpha = SIM_LOSS_FIT
+    n_params = max(1, total_params(model, sem.seq_length))
+    floor = min(e + a / n_params**alpha, start - 0.5)
+    tokens = sem.global_batch_size * sem.seq_length
+    rate = tokens * sem.lr / 3e-4
+    noise = min(0.02, max(0.001, SIM_LOSS_NOISE * math.sqrt(32768 / tokens)))
+    key = {
+        "model": model.model_dump(mode="json"),
+        "semantics": sem.model_dump(mode="json", exclude=set(_LOSS_NEUTRAL)),
+    }
+    rng = random.Random(zlib.crc32(json.dumps(key, sort_keys=True).encode()))
+    out: list[float] = []
+    for step in range(n):
+        trend = floor + (start - floor) * (1 + step * rate / SIM_LOSS_TOKENS) ** -0.5
+        out.append(round(trend * (1 + rng.gauss(0.0, noise)), 6))
+    return out
 
 
 def synthetic_step_times(step_time_s: float, params: dict[str, Any], n: int) -> list[float]:
@@ -117,13 +170,14 @@ def simulate(
         if series.adaptive
         else [t_est] * series.limit
     )
+    losses = simulated_losses(model, sem, len(times))
     lines: list[MetricsLine] = []
     for step, t in enumerate(times):
         tf = tf_est * t_est / t
         lines.append(
             StepLine(
                 step=step, step_time_s=t, tflops_per_gpu=tf, peak_mem_gib=peak,
-                peak_reserved_gib=reserved, loss=0.0, source="estimate",
+                peak_reserved_gib=reserved, loss=losses[step], source="estimate",
             )
         )  # fmt: skip
         if series.add(t, tf) is not None:
@@ -145,8 +199,9 @@ def simulate(
                 "measurement": measured["measurement"],
                 "peak_mem_gib": peak,
                 "peak_reserved_gib": reserved,
-                "loss": 0.0,
-                "losses": [0.0] * n,
+                "loss": losses[n - 1],
+                "losses": losses[:n],
+                "loss_model": "simulated",
                 "steps": n,
                 "memory": mem.as_dict() | {"details": None},
                 "throughput_breakdown_s": thr["breakdown_s"],

@@ -242,6 +242,12 @@ function renderTable(page) {
       stateCell.append(flag);
       tr.dataset.numerics = "changed";
     }
+    if (t.source === "estimate") { // the sim workload: every figure of the row, the loss too
+      tr.dataset.source = "estimate";
+      stateCell.append(el("span", { class: "flag estimate",
+        title: "sim workload: figures and losses are cost-model estimates, not measured" },
+      "estimate"));
+    }
     tr.append(
       num,
       stateCell,
@@ -609,6 +615,48 @@ function pcAxis(label, raw, figures = false) {
     ticks: keys.map((k) => [at(k), figures ? fmt(JSON.parse(k)) : k.replaceAll('"', "")]) };
 }
 
+// Axis labels that never overlap: horizontal, alternating between two heights, while every
+// name fits beside its neighbours on its row; else (many knobs, a narrow chart) upright,
+// reading upwards, cut with "…" past PC_LABEL_MAX px. The full name is each label's tooltip.
+const PC_LABEL_PX = 11;
+const PC_LABEL_MAX = 170;
+const PC_LABEL_GAP = 8;
+const PC_MARGIN_X = 90; // the chart's left and right margins (px)
+const PC_RANGE = (n) => [-0.35, n - 0.55];
+let pcCanvas = null;
+let lastParcoords = null;
+
+function pcTextWidth(text) {
+  pcCanvas = pcCanvas || document.createElement("canvas").getContext("2d");
+  pcCanvas.font = `bold ${PC_LABEL_PX}px "Open Sans", verdana, arial, sans-serif`;
+  return pcCanvas.measureText(text).width;
+}
+
+function pcLabels(names, width) {
+  const [lo, hi] = PC_RANGE(names.length);
+  const step = (width - PC_MARGIN_X) / (hi - lo); // px between two axes
+  const widths = names.map(pcTextWidth);
+  const edge = (k) => (k - lo) * step; // px from the plot area's left to axis k
+  const fits = widths.every((w, k) => (k < 2 || (widths[k - 2] + w) / 2 + PC_LABEL_GAP <= 2 * step)
+    && edge(k) >= w / 2 - PC_MARGIN_X / 2);
+  if (fits) {
+    return { mode: "horizontal", top: 50,
+      at: (k) => ({ text: `<b>${names[k]}</b>`, y: k % 2 ? 1.1 : 1.03, yref: "paper",
+        yanchor: "bottom" }) };
+  }
+  const cut = (name, w) => {
+    if (w <= PC_LABEL_MAX) return name;
+    let n = name.length;
+    while (n > 4 && pcTextWidth(`${name.slice(0, n)}…`) > PC_LABEL_MAX) n--;
+    return `${name.slice(0, n)}…`;
+  };
+  const texts = names.map((n, k) => cut(n, widths[k]));
+  const tall = Math.min(PC_LABEL_MAX, Math.max(...widths));
+  return { mode: "upright", top: Math.ceil(tall) + 16,
+    at: (k) => ({ text: `<b>${texts[k]}</b>`, textangle: -90, y: 1, yref: "paper",
+      yanchor: "bottom", yshift: 6 }) };
+}
+
 function renderParcoords(study, pareto) {
   const done = pareto.points.filter((p) => p.kind === "complete" && p.value !== null);
   const div = $("#chart-parcoords");
@@ -652,11 +700,12 @@ function renderParcoords(study, pareto) {
       + (k === n - 1 ? " (best)" : ""),
     line: { color: PC_COLORS[k], width: 1 }, opacity: shown.length > 100 ? 0.35 : 0.7,
   })).filter((t) => t.x.length > 0);
+  const labels = pcLabels(axes.map((a) => a.label), div.clientWidth || 900);
+  div.dataset.labels = labels.mode;
   const annotations = [];
   axes.forEach((a, k) => {
-    // labels alternate between two heights so that long knob names do not overlap
-    annotations.push({ x: k, y: k % 2 ? 1.1 : 1.03, text: `<b>${a.label}</b>`, showarrow: false,
-      yanchor: "bottom", font: { size: 11 } });
+    annotations.push({ ...labels.at(k), x: k, showarrow: false, name: "pc-label",
+      font: { size: PC_LABEL_PX }, hovertext: a.label, hoverlabel: { bgcolor: "#111827" } });
     for (const [y, t] of a.ticks) {
       annotations.push({ x: k, y, text: t, showarrow: false, xanchor: "right", xshift: -4,
         font: { size: 10, color: "#374151" }, bgcolor: "rgba(255,255,255,0.7)" });
@@ -668,10 +717,11 @@ function renderParcoords(study, pareto) {
     ? `${shown.length} of ${done.length} drawn: the best ${PC_BEST} and an even sample`
     : `${done.length} trials`;
   $("#note-parcoords").textContent = ` (${caption})`;
+  lastParcoords = [study, pareto];
   return plot(div, traces, {
-    height: 400, margin: { l: 70, r: 20, t: 50, b: 30 }, annotations, shapes,
-    xaxis: { visible: false, range: [-0.35, axes.length - 0.55] },
-    yaxis: { visible: false, range: [-0.05, 1.17] },
+    height: 350 + labels.top, margin: { l: 70, r: 20, t: labels.top, b: 30 }, annotations, shapes,
+    xaxis: { visible: false, range: PC_RANGE(axes.length) },
+    yaxis: { visible: false, range: [-0.05, 1.04] },
     legend: { orientation: "h", x: 0, y: -0.02, yanchor: "top", font: { size: 10 } },
     hovermode: false,
   });
@@ -698,8 +748,12 @@ async function loadTrial(id) {
     + `metrics:\n${metrics.join("\n")}\nhost: ${t.host || ""}\nlog: ${t.log_path || ""}`;
   const steps = t.steps || [];
   const x = steps.map((s) => s.step);
+  const simulated = t.source === "estimate";
+  $("#chart-steps-loss").dataset.source = t.source || "";
+  $("#note-steps-loss").textContent = simulated ? SIMULATED_LOSS_NOTE : "";
   await Promise.all([
-    plot($("#chart-steps-loss"), [{ type: "scatter", mode: "lines+markers", name: "loss", x,
+    plot($("#chart-steps-loss"), [{ type: "scatter", mode: "lines+markers",
+      name: simulated ? "loss (simulated)" : "loss", x,
       y: steps.map((s) => s.loss) }], { height: 240, showlegend: false, xaxis: { title: { text: "step" } } }),
     plot($("#chart-steps-time"), [{ type: "scatter", mode: "lines+markers", name: "step time",
       x, y: steps.map((s) => s.step_time_s), line: { color: "#ff7f0e" } }],
@@ -797,6 +851,9 @@ function renderTimeline(tl) {
 
 // --- loss curves of the selected trials over the baseline's (/losses) -----------------------
 
+// The sim workload's losses are a curve of the training's definition, not a training run.
+const SIMULATED_LOSS_NOTE = " · simulated (sim workload: cost model, not trained)";
+
 async function loadLosses(name) {
   const q = new URLSearchParams();
   for (const n of [...state.picked].sort((a, b) => a - b)) q.append("trials", String(n));
@@ -811,9 +868,12 @@ function renderLosses(data) {
   div.dataset.trials = data.curves.filter((c) => !c.baseline).map((c) => c.number).join(",");
   $("#losses-picked").textContent = state.picked.size
     ? `trials ${[...state.picked].sort((a, b) => a - b).join(", ")}` : "no trial ticked";
-  $("#note-losses").textContent = data.baseline === null
+  const simulated = data.curves.some((c) => c.source === "estimate");
+  div.dataset.simulated = String(simulated);
+  $("#note-losses").textContent = (data.baseline === null
     ? ` (${data.baseline_how}: ${shortParams(data.baseline_params)})`
-    : ` (baseline: trial ${data.baseline}, ${data.baseline_how}; ${shortParams(data.baseline_params)})`;
+    : ` (baseline: trial ${data.baseline}, ${data.baseline_how}; ${shortParams(data.baseline_params)})`)
+    + (simulated ? SIMULATED_LOSS_NOTE : "");
   if (data.curves.length === 0) {
     if (window.Plotly) window.Plotly.purge(div);
     div.textContent = "tick trials in the table to draw their losses";
@@ -823,8 +883,9 @@ function renderLosses(data) {
   if (div.textContent && !div.querySelector(".main-svg")) div.textContent = "";
   const traces = data.curves.map((c) => {
     const changed = c.numerics === "changed";
-    const name = c.baseline ? `baseline (trial ${c.number})`
-      : `trial ${c.number}${changed ? " · numerics changed" : ""}`;
+    const sim = c.source === "estimate" ? " · simulated" : "";
+    const name = c.baseline ? `baseline (trial ${c.number})${sim}`
+      : `trial ${c.number}${changed ? " · numerics changed" : ""}${sim}`;
     const trace = { type: "scatter", mode: c.steps.length > 40 ? "lines" : "lines+markers", name,
       x: c.steps, y: c.loss, text: c.steps.map(() => `${name}<br>${shortParams(c.params)}`),
       hovertemplate: "%{text}<br>step %{x}: loss %{y:.4g}<extra></extra>",
@@ -1056,6 +1117,14 @@ function studyInHash() {
 }
 
 function bindControls() {
+  // the parallel coordinates' labels are laid out for the chart's width: again after a resize
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      if (lastParcoords && lastParcoords[0].name === state.study) renderParcoords(...lastParcoords);
+    }, 200);
+  });
   // a study named in the URL (typed, pasted, back/forward) is the one shown
   window.addEventListener("hashchange", () => {
     const wanted = studyInHash();
