@@ -650,13 +650,16 @@ def _summary(space: SearchSpace, rows: list[dict[str, Any]]) -> dict[str, Any]:
     best_a = max(kept or range(len(ok)), key=lambda i: sign * ad[i])
     pruning: dict[str, Any] = {}
     if len(kept) < len(ok):
-        tau_kept = kendalltau([fx[i] for i in kept], [ad[i] for i in kept])
         pruning = {
             "pruned": len(ok) - len(kept),
             "fixed_best_pruned": ok[best_f]["adaptive_stop"] == "dominated",
-            "kendall_tau_not_pruned": float(tau_kept.statistic),
-            "median_gpu_seconds_ratio_not_pruned": statistics.median(ratios[i] for i in kept),
         }
+        if len(kept) >= 2:
+            tau_kept = kendalltau([fx[i] for i in kept], [ad[i] for i in kept])
+            pruning["kendall_tau_not_pruned"] = float(tau_kept.statistic)
+            pruning["median_gpu_seconds_ratio_not_pruned"] = statistics.median(
+                ratios[i] for i in kept
+            )
     rel = [abs(a - f) / f for f, a in zip(fx, ad, strict=True)]
     return {
         "configs": len(rows),

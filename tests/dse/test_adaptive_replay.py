@@ -137,3 +137,56 @@ def test_replay_settings_and_bad_files(bench: ModuleType, tmp_path: Path) -> Non
     (tmp_path / "junk.json").write_text("{}")
     with pytest.raises(SystemExit, match="not a JSON file of this bench"):
         bench.main(["--from-json", str(tmp_path / "junk.json")])
+
+
+def test_replay_prunes_against_the_best_so_far(bench: ModuleType, tmp_path: Path) -> None:
+    """--prune: in the order of the rows, each run stops as 'dominated' once its interval lies
+    below the best adaptive result so far by the margin (a study's measurement.prune)."""
+    src = _saved(tmp_path)
+    plain, pruned = tmp_path / "plain.json", tmp_path / "pruned.json"
+    assert bench.main(["--from-json", str(src), "--json", str(plain)]) == 0
+    assert bench.main(["--from-json", str(src), "--prune", "--json", str(pruned)]) == 0
+    p_rows, rows = _replayed(plain), _replayed(pruned)
+    # row 0 (200 TFLOP/s) has nothing to be pruned against; rows 1 and 2 (167, 133) are
+    # more than 5% below it and stop soon after min_steps (10)
+    assert rows[0]["adaptive_stop"] == p_rows[0]["adaptive_stop"] == "converged"
+    assert [r["adaptive_stop"] for r in rows[1:]] == ["dominated", "dominated"]
+    assert all(r["adaptive_steps"] <= 12 for r in rows[1:])
+    assert rows[2]["adaptive_steps"] < p_rows[2]["adaptive_steps"]
+    # the same decision as the rule itself told that target
+    target = bench.prune_target(
+        "tflops_per_gpu", "maximize", best_value=rows[0]["adaptive_value"],
+        best_metrics={"step_time_ci_s": rows[0]["adaptive_ci_s"]}, margin=0.05,
+    )  # fmt: skip
+    assert target is not None
+    saved = json.loads(src.read_text())["rows"][1]
+    times = saved["series"]["adaptive"]["step_time_s"] + saved["series"]["fixed"]["step_time_s"]
+    spec = MeasurementSpec(mode="adaptive", min_steps=10, max_steps=30, rel_halfwidth=0.01)
+    s = StepSeries(spec, steps=30, warmup_steps=1, prune=target)
+    for t in times:
+        if s.add(t, 2.0 / t) is not None:
+            break
+    assert s.stop_reason == "dominated" and len(s.times) == rows[1]["adaptive_steps"]
+    summary = json.loads(pruned.read_text())["summary"]
+    assert summary["pruned"] == 2 and summary["fixed_best_pruned"] is False
+    assert summary["stops"]["dominated"] == 2
+    assert (
+        summary["median_gpu_seconds_ratio"]
+        > json.loads(plain.read_text())["summary"]["median_gpu_seconds_ratio"]
+    )
+    with pytest.raises(SystemExit):
+        bench.main(["--from-json", str(src), "--prune-margin", "0.1"])  # only with --prune
+
+
+def test_replay_of_a_run_split_over_files(bench: ModuleType, tmp_path: Path) -> None:
+    """A run split with --start is replayed as one from repeated --from-json; files of
+    different runs are refused, naming the setting."""
+    src = _saved(tmp_path)
+    out = tmp_path / "both.json"
+    assert bench.main(["--from-json", str(src), "--from-json", str(src), "--json", str(out)]) == 0
+    assert len(_replayed(out)) == 6
+    other = json.loads(src.read_text())
+    other["args"]["fixed_steps"] = 40
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="fixed_steps is 40, not 30"):
+        bench.main(["--from-json", str(src), "--from-json", str(tmp_path / "other.json")])
