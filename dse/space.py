@@ -44,6 +44,8 @@ __all__ = [
     "MoeRouting",
     "Semantics",
     "HYBRID_SYMBOLS",
+    "MODEL_FAMILY_FIELDS",
+    "family_value",
     "Resources",
     "ChoiceDomain",
     "IntDomain",
@@ -246,6 +248,26 @@ class ModelSpec(_Strict):
                 f"num_query_groups={self.num_query_groups})"
             )
         return self
+
+
+#: Model fields whose absence makes another kind of model, with the value that means absent:
+#: no routed experts is a dense model (not MoE), no layer pattern a GPT (not a hybrid Mamba
+#: model), no frozen parameters a language model alone (not a multimodal recipe's, with
+#: frozen encoders). A space file of the plainer kind leaves them out, so whoever describes a
+#: model by its fields (the cross-study best lookup) means that kind when they leave them out.
+MODEL_FAMILY_FIELDS: dict[str, Any] = {
+    "num_moe_experts": None,
+    "hybrid_layer_pattern": None,
+    "frozen_params": 0,
+}
+
+
+def family_value(field: str, value: Any) -> Any:
+    """``value`` of the family field ``field`` with every spelling of absent (missing, None,
+    0, empty) read as :data:`MODEL_FAMILY_FIELDS`' value."""
+    if value is None or value == 0 or value == "":
+        return MODEL_FAMILY_FIELDS[field]
+    return value
 
 
 class DataSpec(_Strict):
