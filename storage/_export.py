@@ -31,7 +31,9 @@ every cross-study ranking). Every refusal is a :class:`StudyFormatError` naming 
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import time
 from collections import Counter
 from typing import Annotated, Any, Literal
@@ -247,13 +249,85 @@ def read_export_text(text: str | bytes) -> StudyExport:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise StudyFormatError(f"not UTF-8 text (byte {e.start}: {e.reason})") from None
+    repeated: list[str] = []
     try:
-        data = json.loads(text, parse_int=_parse_int)
+        data = json.loads(
+            text, parse_int=_parse_int, object_pairs_hook=functools.partial(_object, repeated)
+        )
     except RecursionError:
         raise StudyFormatError(f"not JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as e:  # json.JSONDecodeError, _parse_int
         raise StudyFormatError(printable(f"not JSON: {e}")) from None
+    if repeated:  # json keeps the last value silently: an edited copy would win unseen
+        raise StudyFormatError(_duplicate_key(text, repeated[0]))
     return parse_export(data)
+
+
+def _object(repeated: list[str], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object (``object_pairs_hook``), noting in ``repeated`` a key given twice."""
+    d = dict(pairs)
+    if len(d) != len(pairs) and not repeated:
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                repeated.append(k)
+                break
+            seen.add(k)
+    return d
+
+
+#: What locates a duplicate key: strings (keys among them) and the punctuation that says
+#: where in the document one is; numbers and literals need no look.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],]')
+
+
+def _duplicate_key(text: str, key: str) -> str:
+    """Where the first key given twice in one object is: its JSON path and line (the text
+    is valid JSON: the parser read it)."""
+    # each open container: [keys seen (object) or None (array), key or index now]
+    stack: list[list[Any]] = []
+    expect_key = False
+    for m in _TOKEN.finditer(text):
+        tok = m.group()
+        if tok == "{":
+            stack.append([set(), None])
+            expect_key = True
+        elif tok == "[":
+            stack.append([None, 0])
+            expect_key = False
+        elif tok in "}]":
+            stack.pop()
+            expect_key = False
+        elif tok == ",":
+            top = stack[-1]
+            if top[0] is None:
+                top[1] += 1
+            else:
+                expect_key = True
+        elif expect_key:  # a key
+            expect_key = False
+            name = json.loads(tok)
+            top = stack[-1]
+            if name in top[0]:
+                line = text.count("\n", 0, m.start()) + 1
+                path = _path_of(stack[:-1])
+                return printable(
+                    f"{_escaped(path) or '(top level)'}: the key {_escaped(repr(name))} is "
+                    f"given more than once (again at line {line}); keep one"
+                )
+            top[0].add(name)
+            top[1] = name
+    return printable(f"the key {_escaped(repr(key))} is given more than once in an object")
+
+
+def _path_of(stack: list[list[Any]]) -> str:
+    path = ""
+    for keys, at in stack:
+        if keys is None:
+            path += f"[{at}]"
+        else:
+            path += f".{at}" if path else str(at)
+    return path
 
 
 def _parse_int(s: str) -> int:

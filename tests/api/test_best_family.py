@@ -26,8 +26,12 @@ STUDIES: dict[str, tuple[dict[str, Any], float]] = {
     "moe4": ({"num_moe_experts": 4, "moe_ffn_hidden_size": 64}, 600.0),
     "moe8": ({"num_moe_experts": 8, "moe_ffn_hidden_size": 64}, 500.0),
     "hybrid": (
-        {"hybrid_layer_pattern": "M*M*", "position_embedding_type": "none",
-         "mamba_num_groups": 2, "mamba_head_dim": 16},
+        {
+            "hybrid_layer_pattern": "M*M*",
+            "position_embedding_type": "none",
+            "mamba_num_groups": 2,
+            "mamba_head_dim": 16,
+        },
         700.0,
     ),  # fmt: skip
     "vlm": ({"frozen_params": 1000}, 800.0),
@@ -102,8 +106,12 @@ def test_get_best_any_family(client: TestClient) -> None:
         ({"num_layers": 4, "frozen_params": 1000}, ["vlm"]),
         ({"num_layers": 4, "frozen_params": 0}, ["dense", "old"]),
         (
-            {"num_layers": 4, "num_moe_experts": "any", "hybrid_layer_pattern": "any",
-             "frozen_params": "any"},
+            {
+                "num_layers": 4,
+                "num_moe_experts": "any",
+                "hybrid_layer_pattern": "any",
+                "frozen_params": "any",
+            },
             ["dense", "hybrid", "moe4", "moe8", "old", "vlm"],
         ),  # fmt: skip
     ],

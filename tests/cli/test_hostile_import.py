@@ -227,3 +227,40 @@ def test_hostile_stored_space_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "expands to more than 50000 nodes" in err
     doc["study"]["space_yaml"] = "study: src\nstudy: other\n"
     assert "duplicate key 'study'" in _refused(tmp_path, capsys, doc)
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (lambda t: t.replace('"format": "dse-study"', '"format": "x", "format": "dse-study"', 1),
+         "(top level): the key 'format'"),
+        (lambda t: t.replace('"state": "complete"', '"value": 1e6, "state": "complete"', 1),
+         "trials[0]: the key 'value'"),
+        (lambda t: t.replace('"metric": "tflops_per_gpu"',
+                             '"metric": "tflops_per_gpu", "metric": "step_time_s"', 1),
+         "study: the key 'metric'"),
+    ],
+    ids=["top", "trial", "study"],
+)  # fmt: skip
+def test_duplicate_keys_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, where: str
+) -> None:
+    """A JSON object with a key twice (Python's json keeps the last silently: an edited value
+    would win unseen) is refused, naming the key, where it is and its line."""
+    text = json.dumps(_export(tmp_path), indent=1)
+    changed = edit(text)
+    assert changed != text
+    err = _refused(tmp_path, capsys, changed)
+    assert where in err and "more than once" in err
+    assert "line " in err
+
+
+def test_duplicate_key_path_inside_arrays_and_escaped_keys() -> None:
+    text = '{"a": [1, {"k": [{}]}, {"x\\"y": 1, "z": {"x\\"y": 0}, "x\\"y": 2}]}'
+    with pytest.raises(StudyFormatError) as e:
+        read_export_text(text)
+    assert str(e.value).startswith(
+        "a[2]: the key 'x\"y' is given more than once (again at line 1)"
+    )
+    with pytest.raises(StudyFormatError, match="not a dse study export"):
+        read_export_text('{"a": {"b": 1}, "c": {"b": 2}}')  # the same key in two objects
