@@ -78,6 +78,8 @@ __all__ = [
     "parse_export",
     "read_export_text",
     "load_study",
+    "derive_study_fields",
+    "DERIVED_FIELDS",
 ]
 
 FORMAT = "dse-study"
@@ -486,18 +488,89 @@ def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any
     }
 
 
-def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
-    """Insert an exported study under ``name`` (inside the caller's write session)."""
+#: What a study record keeps of its space besides the text (:meth:`SearchSpace.study_fields`);
+#: an import takes them from the export's space file, never from the file's own copy.
+DERIVED_FIELDS = ("space_hash", "direction", "metric", "model", "hardware")
+
+
+def derive_study_fields(meta: StudyMetaExport) -> dict[str, Any]:
+    """The :data:`DERIVED_FIELDS` of an exported study, from its space file.
+
+    The export also states them. A stated value that disagrees with the space's is refused:
+    the file was edited, or its descriptors came from another space (and a cross-study best
+    would match the study by them). Tolerated, as what an earlier dse wrote: a field left out
+    (it kept fewer), ``model.seq_length`` null (it did not keep it) and any ``space_hash``
+    (its recipe changed between versions; the hash is recomputed, never compared).
+
+    Raises:
+        StudyFormatError: the space file is not one this dse reads, or a stated field
+            disagrees with it (naming the field and both values).
+    """
+    from dse.exceptions import SpaceError
+    from dse.space import parse_space_text
+
+    try:
+        space = parse_space_text(meta.space_yaml, "study.space_yaml")
+    except SpaceError as e:
+        raise StudyFormatError(
+            f"{e}\n(an export's space file says what its study is: it must be one this dse reads)"
+        ) from None
+    derived = space.study_fields()
+    wrong: list[str] = []
+
+    def differs(field: str, stated: Any, got: Any) -> None:
+        wrong.append(
+            printable(f"study.{field}: the export says {stated!r}, its space_yaml gives {got!r}")
+        )
+
+    for field in ("direction", "metric"):
+        if getattr(meta, field) != derived[field]:
+            differs(field, getattr(meta, field), derived[field])
+    for part in ("model", "hardware"):
+        given: dict[str, Any] = getattr(meta, part)
+        for key, stated in given.items():
+            if key not in derived[part]:
+                wrong.append(
+                    printable(
+                        f"study.{part}.{_escaped(key)}: not a field its space_yaml gives "
+                        f"(known: {', '.join(derived[part])})"
+                    )
+                )
+            elif stated is None and (part, key) == ("model", "seq_length"):
+                continue  # an earlier dse did not keep it
+            elif not _same(stated, derived[part][key]):
+                differs(f"{part}.{key}", stated, derived[part][key])
+    if wrong:
+        shown = wrong[:20] + ([f"... and {len(wrong) - 20} more"] if len(wrong) > 20 else [])
+        raise StudyFormatError(
+            "the export's study fields disagree with its space file (the space is what the "
+            "study is; remove or correct the stated values):\n  " + "\n  ".join(shown)
+        )
+    return {k: derived[k] for k in DERIVED_FIELDS}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values (1 and 1.0 alike; True and 1 not)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def load_study(
+    s: Session, export: StudyExport, *, name: str, fields: dict[str, Any]
+) -> StudyModel:
+    """Insert an exported study under ``name`` (inside the caller's write session), with the
+    :data:`DERIVED_FIELDS` of :func:`derive_study_fields`."""
     meta = export.study
     study = StudyModel(
         name=name,
         space_yaml=redact_passwords(meta.space_yaml),
-        space_hash=meta.space_hash,
+        space_hash=fields["space_hash"],
         state=meta.state,
-        direction=meta.direction,
-        metric=meta.metric,
-        model=meta.model,
-        hardware=meta.hardware,
+        direction=fields["direction"],
+        metric=fields["metric"],
+        model=fields["model"],
+        hardware=fields["hardware"],
         created_at=meta.created_at,
         updated_at=meta.updated_at if meta.updated_at is not None else meta.created_at,
     )
