@@ -5,11 +5,13 @@ encoders) matches only studies without it, unless the query names a value or ``"
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import text as sql
 
 from dse.space import parse_space
 from dse.storage import open_storage
@@ -56,12 +58,10 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         )
         _run(storage, rec.id, PARAMS, ok(200.0, 50.0), gpu_seconds=1.0)
         with storage._engine.begin() as conn:
-            from sqlalchemy import text as sql
-
             model = {k: v for k, v in rec.model.items() if k != "frozen_params"}
             conn.execute(
                 sql("UPDATE studies SET model = :m WHERE name = 'old'"),
-                {"m": __import__("json").dumps(model)},
+                {"m": json.dumps(model)},
             )
     finally:
         storage.close()
