@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dse.records import Metric, NumericsStatus
-from dse.space import ModelSpec, Semantics
+from dse.space import MODEL_FAMILY_FIELDS, ModelSpec, Semantics
 
 __all__ = [
     "ErrorPublic",
@@ -32,6 +32,7 @@ __all__ = [
     "TiePublic",
     "BestNoisePublic",
     "BestPublic",
+    "ANY",
     "BestQuery",
     "HARDWARE_FIELDS",
     "MODEL_FIELDS",
@@ -351,6 +352,9 @@ class BestPublic(BaseModel):
 #: those of its ``semantics``.
 HARDWARE_FIELDS = ("gpu", "gpu_memory_gib", "world_size", "device")
 MODEL_FIELDS = tuple(ModelSpec.model_fields)
+#: The value of a model family field (:data:`~dse.space.MODEL_FAMILY_FIELDS`) in a best
+#: query that matches a study whatever it has there (left out, the field means absent).
+ANY = "any"
 SEMANTICS_FIELDS = tuple(k for k in Semantics.model_fields if k != "data")
 
 
@@ -371,7 +375,9 @@ class BestQuery(BaseModel):
     model: dict[str, int | str | bool | None] = Field(
         default_factory=dict,
         description="Model fields that must equal the study's (e.g. num_layers, hidden_size, "
-        "seq_length).",
+        "seq_length). Left out, num_moe_experts, hybrid_layer_pattern and frozen_params "
+        "mean absent (a dense GPT without frozen encoders; null and 0 read the same); give "
+        "a value, or 'any' to match whatever a study has there.",
     )
     semantics: dict[str, int | float | str | None] = Field(
         default_factory=dict,
@@ -388,7 +394,14 @@ class BestQuery(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_known(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _only_known("model", v, MODEL_FIELDS)
+        v = _only_known("model", v, MODEL_FIELDS)
+        wild = [k for k, x in v.items() if x == ANY and k not in MODEL_FAMILY_FIELDS]
+        if wild:
+            raise ValueError(
+                f"model.{wild[0]}: {ANY!r} matches any value only for "
+                f"{', '.join(MODEL_FAMILY_FIELDS)} (which otherwise mean absent)"
+            )
+        return v
 
     @field_validator("semantics")
     @classmethod

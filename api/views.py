@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover
 
 from dse.api.plausible import value_range
 from dse.api.schemas import (
+    ANY,
     BestPublic,
     BestQuery,
     CrossBestPublic,
@@ -48,7 +49,7 @@ from dse.records import (
     finite,
 )
 from dse.run_settings import effective_space
-from dse.space import Semantics
+from dse.space import MODEL_FAMILY_FIELDS, Semantics, family_value
 from dse.storage import Storage
 from dse.studyplots import pareto_front
 
@@ -459,7 +460,13 @@ def study_matches(study: StudyRecord, query: BestQuery) -> bool:
     if study.direction != METRIC_DIRECTION.get(query.metric, study.direction):
         return False
     semantics = study_semantics(study) if query.semantics or query.model else {}
+    for key in MODEL_FAMILY_FIELDS:  # left out: absent (a dense GPT, no frozen encoders)
+        want = query.model.get(key)
+        if want != ANY and family_value(key, study.model.get(key)) != family_value(key, want):
+            return False
     for key, want in query.model.items():
+        if key in MODEL_FAMILY_FIELDS:
+            continue
         have = study.model.get(key)
         if key == "seq_length" and have is None:  # a record stored before it kept it
             have = semantics.get("seq_length")
@@ -517,4 +524,10 @@ def _describe(query: BestQuery) -> str:
     parts += [f"semantics.{k}={v!r}" for k, v in query.semantics.items()]
     parts += [f"hardware.{k}={v!r}" for k, v in query.hardware.items()]
     parts.append(f"metric={query.metric!r}")
+    implied = [k for k in MODEL_FAMILY_FIELDS if k not in query.model]
+    if implied:
+        parts.append(
+            f"and no {', '.join(implied)} (left out, they mean absent; give a value, or "
+            f"{ANY!r} for any)"
+        )
     return ", ".join(parts)

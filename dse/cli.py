@@ -535,6 +535,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise StudyFormatError(f"{args.file}: {e}") from None
     finally:
         storage.close()
+    if rec.space_hash != export.study.space_hash:
+        _err(
+            f"{args.file}: note: study.space_hash recomputed from its space_yaml (the file's "
+            f"{printable(export.study.space_hash[:80])!r} is another recipe's hash, or edited)"
+        )
     _err(f"imported study {rec.name!r}")
     return 0
 

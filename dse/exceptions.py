@@ -37,13 +37,15 @@ class UnknownKnobError(SpaceError):
 
 class ConstraintEvalError(SpaceError):
     """A space's constraint could not be evaluated on a configuration (a division by zero,
-    a type mismatch, a result beyond the bounds). ``expr`` is the constraint, ``reason`` why."""
+    a type mismatch, a result beyond the bounds). ``expr`` is the constraint, ``reason`` why,
+    ``where`` its place in the space file (``constraints[2]``; "constraint" when unknown)."""
 
-    def __init__(self, expr: str, reason: str) -> None:
+    def __init__(self, expr: str, reason: str, where: str = "constraint") -> None:
         self.expr = expr
         self.reason = reason
+        self.where = where
         shown = repr(expr) if len(expr) <= 200 else repr(expr[:200]) + "..."
-        super().__init__(f"constraint {shown} cannot be evaluated: {reason}")
+        super().__init__(f"{where} {shown} cannot be evaluated: {reason}")
 
 
 class StorageError(DSEError):

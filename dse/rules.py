@@ -21,7 +21,7 @@ from dse.derive import INERT as _INERT_KNOBS
 from dse.exceptions import ConstraintEvalError, SpaceError
 from dse.knobs import KNOBS, get_knob, modules_list
 from dse.layout import Layout
-from dse.space import ModelSpec, Resources, SearchSpace, Semantics
+from dse.space import ModelSpec, Resources, SearchSpace, Semantics, constraint_where
 
 __all__ = [
     "Violation",
@@ -45,6 +45,8 @@ class Violation:
     rule: str
     message: str
     values: dict[str, Any]
+    #: Where in the space file the rule is, when the space file wrote it (``constraints[2]``).
+    where: str | None = None
 
     def __str__(self) -> str:
         vals = ", ".join(f"{k}={v!r}" for k, v in self.values.items())
@@ -495,18 +497,13 @@ def r_constraints(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Vio
     try:
         values = s.constraint_values(p)
     except ConstraintEvalError as e:
-        return _v(
-            "space_constraint_error",
-            str(e),
-            **{k: v for k, v in s.full_params(p).items() if k in e.expr},
-        )
-    for expr, ok in values:
+        values_of = {k: v for k, v in s.full_params(p).items() if k in e.expr}
+        return Violation("space_constraint_error", str(e), values_of, e.where)
+    for i, (expr, ok) in enumerate(values):
         if not ok:
-            return _v(
-                "space_constraint",
-                f"constraint {expr!r} is false",
-                **{k: v for k, v in s.full_params(p).items() if k in expr},
-            )
+            where = constraint_where(i)
+            values_of = {k: v for k, v in s.full_params(p).items() if k in expr}
+            return Violation("space_constraint", f"{where} {expr!r} is false", values_of, where)
     return None
 
 
@@ -986,6 +983,12 @@ def _hashable(value: Any) -> bool:
     return True
 
 
+def _verdict(v: Violation) -> str:
+    """How the space check names a broken rule: by name, and by its place when the space
+    file wrote it (``space_constraint constraints[2]``)."""
+    return f"{v.rule} {v.where}" if v.where else v.rule
+
+
 def check_space(space: SearchSpace, source: str, *, count: bool = True) -> SpaceCheck:
     """Refuse a space whose baseline breaks a rule, or with a constraint that cannot be
     evaluated on one of the configurations looked at; count its valid configurations.
@@ -1037,8 +1040,8 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
             problems = check(space, cfg, feats)
             for v in problems:
                 if v.rule == "space_constraint_error":
-                    raise SpaceError(f"{source}: constraints: {v}")
-            verdict = problems[0].rule if problems else ""
+                    raise SpaceError(f"{source}: {v.where or 'constraints'}: {v}")
+            verdict = _verdict(problems[0]) if problems else ""
             verdicts[key] = verdict
             if not verdict and not complete and len(inv_class) < _CLASS_SAMPLE:
                 inv_class[key] = 1.0 / _class_size(space, cfg, key)

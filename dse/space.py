@@ -44,6 +44,8 @@ __all__ = [
     "MoeRouting",
     "Semantics",
     "HYBRID_SYMBOLS",
+    "MODEL_FAMILY_FIELDS",
+    "family_value",
     "Resources",
     "ChoiceDomain",
     "IntDomain",
@@ -64,6 +66,7 @@ __all__ = [
     "parse_space",
     "parse_space_text",
     "params_key",
+    "constraint_where",
 ]
 
 
@@ -246,6 +249,26 @@ class ModelSpec(_Strict):
                 f"num_query_groups={self.num_query_groups})"
             )
         return self
+
+
+#: Model fields whose absence makes another kind of model, with the value that means absent:
+#: no routed experts is a dense model (not MoE), no layer pattern a GPT (not a hybrid Mamba
+#: model), no frozen parameters a language model alone (not a multimodal recipe's, with
+#: frozen encoders). A space file of the plainer kind leaves them out, so whoever describes a
+#: model by its fields (the cross-study best lookup) means that kind when they leave them out.
+MODEL_FAMILY_FIELDS: dict[str, Any] = {
+    "num_moe_experts": None,
+    "hybrid_layer_pattern": None,
+    "frozen_params": 0,
+}
+
+
+def family_value(field: str, value: Any) -> Any:
+    """``value`` of the family field ``field`` with every spelling of absent (missing, None,
+    0, empty) read as :data:`MODEL_FAMILY_FIELDS`' value."""
+    if value is None or value == 0 or value == "":
+        return MODEL_FAMILY_FIELDS[field]
+    return value
 
 
 class DataSpec(_Strict):
@@ -997,7 +1020,7 @@ class SearchSpace(_Strict):
                 raise ValueError(f"fixed.{name}: {why}")
         _check_derived(self)
         for i, expr in enumerate(self.constraints):
-            _check_expr(expr, f"constraints[{i}]", set(self.knobs) | set(self.fixed))
+            _check_expr(expr, constraint_where(i), set(self.knobs) | set(self.fixed))
         if self.workload.name == "megatron" and self.resources.device == "cpu":
             if self.semantics.precision == "fp16":
                 raise ValueError("semantics.precision fp16 is not supported on CPU")
@@ -1119,7 +1142,10 @@ class SearchSpace(_Strict):
         layout = Layout.resolve(self.model, self.semantics, self.resources, env)
         env["world_size"] = layout.world
         env["dp"] = layout.dp
-        return [(expr, bool(_eval_expr(expr, env))) for expr in self.constraints]
+        return [
+            (expr, bool(_eval_expr(expr, env, constraint_where(i))))
+            for i, expr in enumerate(self.constraints)
+        ]
 
     def study_fields(self) -> dict[str, Any]:
         """What a study record keeps of its space (besides the file's text). The record's
@@ -1246,12 +1272,18 @@ def _check_expr(expr: str, where: str, names: set[str]) -> None:
         raise ValueError(f"{where}: {e} in {_shown(expr)}") from None
 
 
-def _eval_expr(expr: str, env: Mapping[str, Any]) -> Any:
-    """Evaluate a constraint; any failure is a ConstraintEvalError naming the constraint."""
+def constraint_where(i: int) -> str:
+    """How messages name the space's ``i``-th constraint (with its text after it)."""
+    return f"constraints[{i}]"
+
+
+def _eval_expr(expr: str, env: Mapping[str, Any], where: str) -> Any:
+    """Evaluate a constraint; any failure is a ConstraintEvalError naming the constraint
+    (``where``: its place in the space file, and its text)."""
     try:
         return eval_expr(expr, env)
     except ConstraintError as e:
-        raise ConstraintEvalError(expr, str(e)) from None
+        raise ConstraintEvalError(expr, str(e), where) from None
 
 
 def _shown(text: str, limit: int = 200) -> str:

@@ -31,7 +31,9 @@ every cross-study ranking). Every refusal is a :class:`StudyFormatError` naming 
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import time
 from collections import Counter
 from typing import Annotated, Any, Literal
@@ -76,6 +78,8 @@ __all__ = [
     "parse_export",
     "read_export_text",
     "load_study",
+    "derive_study_fields",
+    "DERIVED_FIELDS",
 ]
 
 FORMAT = "dse-study"
@@ -247,13 +251,85 @@ def read_export_text(text: str | bytes) -> StudyExport:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise StudyFormatError(f"not UTF-8 text (byte {e.start}: {e.reason})") from None
+    repeated: list[str] = []
     try:
-        data = json.loads(text, parse_int=_parse_int)
+        data = json.loads(
+            text, parse_int=_parse_int, object_pairs_hook=functools.partial(_object, repeated)
+        )
     except RecursionError:
         raise StudyFormatError(f"not JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as e:  # json.JSONDecodeError, _parse_int
         raise StudyFormatError(printable(f"not JSON: {e}")) from None
+    if repeated:  # json keeps the last value silently: an edited copy would win unseen
+        raise StudyFormatError(_duplicate_key(text, repeated[0]))
     return parse_export(data)
+
+
+def _object(repeated: list[str], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object (``object_pairs_hook``), noting in ``repeated`` a key given twice."""
+    d = dict(pairs)
+    if len(d) != len(pairs) and not repeated:
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                repeated.append(k)
+                break
+            seen.add(k)
+    return d
+
+
+#: What locates a duplicate key: strings (keys among them) and the punctuation that says
+#: where in the document one is; numbers and literals need no look.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],]')
+
+
+def _duplicate_key(text: str, key: str) -> str:
+    """Where the first key given twice in one object is: its JSON path and line (the text
+    is valid JSON: the parser read it)."""
+    # each open container: [keys seen (object) or None (array), key or index now]
+    stack: list[list[Any]] = []
+    expect_key = False
+    for m in _TOKEN.finditer(text):
+        tok = m.group()
+        if tok == "{":
+            stack.append([set(), None])
+            expect_key = True
+        elif tok == "[":
+            stack.append([None, 0])
+            expect_key = False
+        elif tok in "}]":
+            stack.pop()
+            expect_key = False
+        elif tok == ",":
+            top = stack[-1]
+            if top[0] is None:
+                top[1] += 1
+            else:
+                expect_key = True
+        elif expect_key:  # a key
+            expect_key = False
+            name = json.loads(tok)
+            top = stack[-1]
+            if name in top[0]:
+                line = text.count("\n", 0, m.start()) + 1
+                path = _path_of(stack[:-1])
+                return printable(
+                    f"{_escaped(path) or '(top level)'}: the key {_escaped(repr(name))} is "
+                    f"given more than once (again at line {line}); keep one"
+                )
+            top[0].add(name)
+            top[1] = name
+    return printable(f"the key {_escaped(repr(key))} is given more than once in an object")
+
+
+def _path_of(stack: list[list[Any]]) -> str:
+    path = ""
+    for keys, at in stack:
+        if keys is None:
+            path += f"[{at}]"
+        else:
+            path += f".{at}" if path else str(at)
+    return path
 
 
 def _parse_int(s: str) -> int:
@@ -412,18 +488,89 @@ def dump_study(s: Session, study: StudyModel, *, revision: str) -> dict[str, Any
     }
 
 
-def load_study(s: Session, export: StudyExport, *, name: str) -> StudyModel:
-    """Insert an exported study under ``name`` (inside the caller's write session)."""
+#: What a study record keeps of its space besides the text (:meth:`SearchSpace.study_fields`);
+#: an import takes them from the export's space file, never from the file's own copy.
+DERIVED_FIELDS = ("space_hash", "direction", "metric", "model", "hardware")
+
+
+def derive_study_fields(meta: StudyMetaExport) -> dict[str, Any]:
+    """The :data:`DERIVED_FIELDS` of an exported study, from its space file.
+
+    The export also states them. A stated value that disagrees with the space's is refused:
+    the file was edited, or its descriptors came from another space (and a cross-study best
+    would match the study by them). Tolerated, as what an earlier dse wrote: a field left out
+    (it kept fewer), ``model.seq_length`` null (it did not keep it) and any ``space_hash``
+    (its recipe changed between versions; the hash is recomputed, never compared).
+
+    Raises:
+        StudyFormatError: the space file is not one this dse reads, or a stated field
+            disagrees with it (naming the field and both values).
+    """
+    from dse.exceptions import SpaceError
+    from dse.space import parse_space_text
+
+    try:
+        space = parse_space_text(meta.space_yaml, "study.space_yaml")
+    except SpaceError as e:
+        raise StudyFormatError(
+            f"{e}\n(an export's space file says what its study is: it must be one this dse reads)"
+        ) from None
+    derived = space.study_fields()
+    wrong: list[str] = []
+
+    def differs(field: str, stated: Any, got: Any) -> None:
+        wrong.append(
+            printable(f"study.{field}: the export says {stated!r}, its space_yaml gives {got!r}")
+        )
+
+    for field in ("direction", "metric"):
+        if getattr(meta, field) != derived[field]:
+            differs(field, getattr(meta, field), derived[field])
+    for part in ("model", "hardware"):
+        given: dict[str, Any] = getattr(meta, part)
+        for key, stated in given.items():
+            if key not in derived[part]:
+                wrong.append(
+                    printable(
+                        f"study.{part}.{_escaped(key)}: not a field its space_yaml gives "
+                        f"(known: {', '.join(derived[part])})"
+                    )
+                )
+            elif stated is None and (part, key) == ("model", "seq_length"):
+                continue  # an earlier dse did not keep it
+            elif not _same(stated, derived[part][key]):
+                differs(f"{part}.{key}", stated, derived[part][key])
+    if wrong:
+        shown = wrong[:20] + ([f"... and {len(wrong) - 20} more"] if len(wrong) > 20 else [])
+        raise StudyFormatError(
+            "the export's study fields disagree with its space file (the space is what the "
+            "study is; remove or correct the stated values):\n  " + "\n  ".join(shown)
+        )
+    return {k: derived[k] for k in DERIVED_FIELDS}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values (1 and 1.0 alike; True and 1 not)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def load_study(
+    s: Session, export: StudyExport, *, name: str, fields: dict[str, Any]
+) -> StudyModel:
+    """Insert an exported study under ``name`` (inside the caller's write session), with the
+    :data:`DERIVED_FIELDS` of :func:`derive_study_fields`."""
     meta = export.study
     study = StudyModel(
         name=name,
         space_yaml=redact_passwords(meta.space_yaml),
-        space_hash=meta.space_hash,
+        space_hash=fields["space_hash"],
         state=meta.state,
-        direction=meta.direction,
-        metric=meta.metric,
-        model=meta.model,
-        hardware=meta.hardware,
+        direction=fields["direction"],
+        metric=fields["metric"],
+        model=fields["model"],
+        hardware=fields["hardware"],
         created_at=meta.created_at,
         updated_at=meta.updated_at if meta.updated_at is not None else meta.created_at,
     )

@@ -90,7 +90,13 @@ from dse.storage._engine import (
     redact_passwords,
     safe_url,
 )
-from dse.storage._export import StudyExport, dump_study, load_study, parse_export
+from dse.storage._export import (
+    StudyExport,
+    derive_study_fields,
+    dump_study,
+    load_study,
+    parse_export,
+)
 from dse.storage._models import (
     JSONText,
     RejectionModel,
@@ -1312,14 +1318,18 @@ class Storage:
         """Create a study from :meth:`export_study`'s dict, or an export already read with
         :func:`~dse.storage.read_export_text` (optionally under another name).
 
-        Trial numbers, states, timings, steps and rejections are kept; ids are new. With
-        ``release``, what the export says is running is let go: nothing of this database
-        runs it (its owners are controllers where it was exported, and its heartbeat may say
-        anything): its running trials and those queued for a controller are re-queued
-        ownerless, and a running or stopping study is stopped (``dse resume`` continues it).
+        Trial numbers, states, timings, steps and rejections are kept; ids are new. The
+        space hash, objective, model and hardware come from the export's space file, not
+        from its stated copy (a stated value that disagrees is refused:
+        :func:`~dse.storage._export.derive_study_fields`). With ``release``, what the
+        export says is running is let go: nothing of this database runs it (its owners are
+        controllers where it was exported, and its heartbeat may say anything): its running
+        trials and those queued for a controller are re-queued ownerless, and a running or
+        stopping study is stopped (``dse resume`` continues it).
 
         Raises:
-            StudyFormatError: ``data`` is not a dse study export this dse can read.
+            StudyFormatError: ``data`` is not a dse study export this dse can read, its
+                space file is not one, or its stated study fields disagree with it.
             DuplicatedStudyError: a study of that name exists.
         """
         export = data if isinstance(data, StudyExport) else parse_export(data)
@@ -1328,10 +1338,12 @@ class Storage:
         if why is not None:
             raise StudyFormatError(f"study name: {why} (study={target!r})")
 
+        fields = derive_study_fields(export.study)  # the space says what the study is
+
         def fn(s: Session) -> StudyRecord:
             if _study_by_name(s, target) is not None:
                 raise DuplicatedStudyError(f"a study named {target!r} already exists")
-            row = load_study(s, export, name=target)
+            row = load_study(s, export, name=target, fields=fields)
             s.flush()
             if release:
                 _release_imported(s, row)

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
+from pydantic import Field
 
 from dse.api.deps import Reads, ReadsDep, StorageDep, StudyName
 from dse.api.errors import error_responses
@@ -23,6 +24,8 @@ __all__ = ["router"]
 router = APIRouter(tags=["best"])
 
 _INT = {"ge": 1, "le": 2**31 - 1}
+#: A model family field's value in a query (0: absent, as left out).
+_FamilyInt = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 @router.get(
@@ -89,7 +92,18 @@ async def get_best_across(
     num_query_groups: Annotated[int | None, Query(**_INT)] = None,
     ffn_hidden_size: Annotated[int | None, Query(**_INT)] = None,
     vocab_size: Annotated[int | None, Query(**_INT)] = None,
-    num_moe_experts: Annotated[int | None, Query(**_INT)] = None,
+    num_moe_experts: Annotated[
+        _FamilyInt | Literal["any"] | None,
+        Query(description="Routed experts; left out or 0: dense studies only; 'any': both."),
+    ] = None,
+    hybrid_layer_pattern: Annotated[
+        Annotated[str, Field(min_length=1, max_length=4096)] | None,
+        Query(description="Hybrid layer pattern; left out: GPT studies only; 'any': both."),
+    ] = None,
+    frozen_params: Annotated[
+        _FamilyInt | Literal["any"] | None,
+        Query(description="Frozen encoder parameters; left out or 0: none; 'any': any."),
+    ] = None,
     seq_length: Annotated[
         int | None, Query(**_INT, description="Sequence length (semantics.seq_length).")
     ] = None,
@@ -110,7 +124,10 @@ async def get_best_across(
 
     Every given field must equal the study's (model fields, ``seq_length`` and
     ``global_batch_size`` from its space file; ``gpu``, ``world_size`` and ``device`` from
-    its resources). At least one is needed; an unknown parameter is a 422 naming it. 404
+    its resources). Left out, ``num_moe_experts``, ``hybrid_layer_pattern`` and
+    ``frozen_params`` mean absent: only dense GPT studies without frozen encoders match
+    unless the query gives a value or ``any``. At least one field is needed; an unknown
+    parameter is a 422 naming it. 404
     when no study matches or none has a complete trial yet. ``POST /best/query`` takes any
     field.
     """
@@ -137,6 +154,8 @@ async def get_best_across(
             "ffn_hidden_size": ffn_hidden_size,
             "vocab_size": vocab_size,
             "num_moe_experts": num_moe_experts,
+            "hybrid_layer_pattern": hybrid_layer_pattern,
+            "frozen_params": frozen_params,
         }.items()
         if v is not None
     }

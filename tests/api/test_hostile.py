@@ -137,14 +137,20 @@ def test_body_too_large_is_413(tmp_path: Path) -> None:
         assert "at most" in r.json()["detail"]
 
 
-@pytest.mark.parametrize("constraint", ["1 // 0 == 0", "tensor_model_parallel_size + 'a' > 0"])
+@pytest.mark.parametrize(
+    "constraint",
+    ["1 // 0 == 0", "tensor_model_parallel_size + 'a' > 0", "micro_batch_size > 100", "1 +"],
+)
 def test_constraint_errors_are_422(tmp_path: Path, constraint: str) -> None:
+    """Each names the constraint by where it is (``constraints[1]``) and its text."""
     data = space_dict("c")
-    data["constraints"] = [constraint]
+    data["constraints"] = ["micro_batch_size >= 1", constraint]
     with make_client(_sqlite(tmp_path)) as c:
         r = c.post(f"{V1}/studies", headers=AUTH, content=yaml.safe_dump(data))
         assert r.status_code == 422, r.text
-        assert r.json()["detail"].startswith("request body")
+        detail = r.json()["detail"]
+        assert detail.startswith("request body")
+        assert "constraints[1]" in detail and repr(constraint) in detail
 
 
 # --- a bug answers a JSON 500 on a connection that stays open, logged once ------------------

@@ -37,7 +37,7 @@ def _tiny() -> dict:
         ),
         (
             lambda d: d.update(constraints=["micro_batch_size > 100"]),
-            "the baseline configuration is invalid: space_constraint: constraint "
+            "the baseline configuration is invalid: space_constraint: constraints[0] "
             "'micro_batch_size > 100' is false (micro_batch_size=1)",
         ),
         (

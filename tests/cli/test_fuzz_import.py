@@ -18,23 +18,20 @@ from hypothesis import strategies as st
 from dse.cli import main
 from dse.exceptions import StudyFormatError
 from dse.records import Outcome, StepMetrics
+from dse.space import parse_space_text
 from dse.storage import Storage, open_storage, read_export_text
+from tests.conftest import EXAMPLES
 from tests.hostile import assert_clean_message, mutated_doc
+
+#: A real space file (an import derives the study's fields from it), as study "src".
+SPACE = (EXAMPLES / "tiny_gpt_cpu.yaml").read_text().replace("study: tiny-gpt-cpu", "study: src")
 
 _EXTRA = ["value", "number", "steps", "history", "metrics", "surprise", "attempts"]
 
 
 def _real_export(url: str) -> dict[str, Any]:
     with open_storage(url) as st_:
-        s = st_.create_study(
-            name="src",
-            space_yaml="study: src\n",
-            space_hash="h",
-            direction="maximize",
-            metric="tflops_per_gpu",
-            model={"num_layers": 4},
-            hardware={"gpu": None},
-        )
+        s = st_.create_study(space_yaml=SPACE, **parse_space_text(SPACE, "s").study_fields())
         st_.set_study_attr(s.id, "costmodel", {"scale": 1.0})
         for tp in (1, 2, 4):
             p = {"tensor_model_parallel_size": tp}
@@ -92,7 +89,10 @@ def test_read_and_import_fuzz(where: tuple[dict[str, Any], Storage], data: st.Da
     except StudyFormatError as e:
         assert_clean_message(str(e), "")  # names a field or says what is wrong
         return
-    storage.import_study(export, name=f"n-{uuid.uuid4().hex[:8]}")  # no database error
+    try:  # no database error
+        storage.import_study(export, name=f"n-{uuid.uuid4().hex[:8]}")
+    except StudyFormatError as e:  # a mutated space file or study field
+        assert_clean_message(str(e), "")
 
 
 @settings(

@@ -13,22 +13,21 @@ import pytest
 from dse.cli import main
 from dse.exceptions import StudyFormatError
 from dse.records import Outcome, StepMetrics
+from dse.space import parse_space_text
 from dse.storage import open_storage, read_export_text
 from dse.storage._export import parse_export
+from tests.conftest import EXAMPLES
+
+#: A real space file (the CPU demo's, as study "src").
+SPACE = (EXAMPLES / "tiny_gpt_cpu.yaml").read_text().replace("study: tiny-gpt-cpu", "study: src")
 
 
-def _export(tmp_path: Path) -> dict[str, Any]:
+def _export(tmp_path: Path, space: str = SPACE) -> dict[str, Any]:
     """A real export: a study with a complete trial (one NaN loss) and a queued one."""
     url = f"sqlite:///{tmp_path / 'src.db'}"
     with open_storage(url) as st:
         s = st.create_study(
-            name="src",
-            space_yaml="study: src\n",
-            space_hash="h",
-            direction="maximize",
-            metric="tflops_per_gpu",
-            model={},
-            hardware={},
+            space_yaml=space, **parse_space_text(space, "space.yaml").study_fields()
         )
         for tp in (1, 2):
             p = {"tensor_model_parallel_size": tp}
@@ -221,9 +220,111 @@ def test_hostile_stored_space_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     doc = _export(tmp_path)
     chain = ["a0: &a0 [" + ", ".join(["x"] * 9) + "]"]
     chain += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
-    doc["study"]["space_yaml"] = "study: src\n" + "\n".join(chain) + "\n"
+    doc["study"]["space_yaml"] = SPACE + "\n".join(chain) + "\n"
     err = _refused(tmp_path, capsys, doc)
     assert "study.space_yaml: not a readable space file at line" in err
     assert "expands to more than 50000 nodes" in err
-    doc["study"]["space_yaml"] = "study: src\nstudy: other\n"
+    doc["study"]["space_yaml"] = SPACE + "study: other\n"
     assert "duplicate key 'study'" in _refused(tmp_path, capsys, doc)
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (lambda t: t.replace('"format": "dse-study"', '"format": "x", "format": "dse-study"', 1),
+         "(top level): the key 'format'"),
+        (lambda t: t.replace('"state": "complete"', '"value": 1e6, "state": "complete"', 1),
+         "trials[0]: the key 'value'"),
+        (lambda t: t.replace('"metric": "tflops_per_gpu"',
+                             '"metric": "tflops_per_gpu", "metric": "step_time_s"', 1),
+         "study: the key 'metric'"),
+    ],
+    ids=["top", "trial", "study"],
+)  # fmt: skip
+def test_duplicate_keys_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, where: str
+) -> None:
+    """A JSON object with a key twice (Python's json keeps the last silently: an edited value
+    would win unseen) is refused, naming the key, where it is and its line."""
+    text = json.dumps(_export(tmp_path), indent=1)
+    changed = edit(text)
+    assert changed != text
+    err = _refused(tmp_path, capsys, changed)
+    assert where in err and "more than once" in err
+    assert "line " in err
+
+
+def test_duplicate_key_path_inside_arrays_and_escaped_keys() -> None:
+    text = '{"a": [1, {"k": [{}]}, {"x\\"y": 1, "z": {"x\\"y": 0}, "x\\"y": 2}]}'
+    with pytest.raises(StudyFormatError) as e:
+        read_export_text(text)
+    assert str(e.value).startswith(
+        "a[2]: the key 'x\"y' is given more than once (again at line 1)"
+    )
+    with pytest.raises(StudyFormatError, match="not a dse study export"):
+        read_export_text('{"a": {"b": 1}, "c": {"b": 2}}')  # the same key in two objects
+
+
+# --- the space file is the source of truth of what a study is ------------------------------
+
+#: A MoE variant of SPACE (what a file claiming "dense" would hide).
+MOE_SPACE = SPACE.replace(
+    "  vocab_size: 1024\n", "  vocab_size: 1024\n  num_moe_experts: 4\n  moe_ffn_hidden_size: 64\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda st: st["model"].update(num_layers=8), "study.model.num_layers"),
+        (lambda st: st["model"].update(num_moe_experts=None), "study.model.num_moe_experts"),
+        (lambda st: st["model"].update(experts=4), "study.model.experts"),
+        (lambda st: st["hardware"].update(gpu="NVIDIA H200"), "study.hardware.gpu"),
+        (lambda st: st["hardware"].update(world_size=64), "study.hardware.world_size"),
+        (lambda st: st.update(metric="step_time_s"), "study.metric"),
+        (lambda st: st.update(direction="minimize"), "study.direction"),
+    ],
+    ids=["layers", "moe-hidden", "unknown", "gpu", "world", "metric", "direction"],
+)
+def test_stated_fields_that_disagree_with_the_space_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, field: str
+) -> None:
+    """An export says what its study is twice: in its space file and in the descriptors the
+    cross-study best matches by. A file whose descriptors disagree with its space is refused
+    (exit 2, naming the field): the values were edited, or came from another space."""
+    doc = _export(tmp_path, MOE_SPACE)
+    edit(doc["study"])
+    err = _refused(tmp_path, capsys, doc)
+    assert f"{field}: " in err and "space_yaml" in err
+
+
+def test_descriptors_are_derived_from_the_space(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What is stored comes from the space file, not the file's descriptors: an export that
+    leaves them out (or comes from a dse that kept fewer fields, or no sequence length) is
+    stored with the derived ones; a space_hash of another recipe is replaced (and said)."""
+    doc = _export(tmp_path, MOE_SPACE)
+    derived = parse_space_text(MOE_SPACE, "s").study_fields()
+    doc["study"]["model"] = {"num_layers": 4, "seq_length": None}  # fewer fields, no seq
+    doc["study"]["hardware"] = {}
+    doc["study"]["space_hash"] = "0" * 64
+    rc, err = _import(tmp_path, capsys, doc)
+    assert rc == 0, err
+    assert "space_hash" in err and "recomputed" in err
+    with open_storage(f"sqlite:///{tmp_path / 'dst.db'}") as st:
+        rec = st.get_study("src")
+    assert rec.model == derived["model"] and rec.model["num_moe_experts"] == 4
+    assert rec.model["seq_length"] == 64
+    assert rec.hardware == derived["hardware"]
+    assert rec.space_hash == derived["space_hash"]
+    assert (rec.metric, rec.direction) == (derived["metric"], derived["direction"])
+
+
+def test_a_space_this_dse_cannot_read_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _export(tmp_path)
+    doc["study"]["space_yaml"] = SPACE.replace("num_layers: 4", "num_layerz: 4")
+    err = _refused(tmp_path, capsys, doc)
+    assert "study.space_yaml" in err and "model.num_layerz" in err

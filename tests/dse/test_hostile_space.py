@@ -273,10 +273,10 @@ def test_constraint_evaluation_errors_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], expr: str, message: str
 ) -> None:
     d = _tiny()
-    d["constraints"] = [expr]
+    d["constraints"] = ["micro_batch_size >= 1", expr]
     err = _validate(tmp_path, yaml.safe_dump(d), capsys)
     assert "space_constraint_error" in err
-    assert repr(expr) in err
+    assert f"constraints[1] {expr!r} cannot be evaluated" in err
     assert message in err
 
 
@@ -309,11 +309,14 @@ def test_constraint_error_on_a_later_configuration() -> None:
     d = _tiny()
     d["constraints"] = ["micro_batch_size / (micro_batch_size - 2) != 0.5"]
     sp = parse_space(d, "x")
-    with pytest.raises(SpaceError, match=r"x: constraints: space_constraint_error: .*division"):
+    with pytest.raises(
+        SpaceError,
+        match=r"x: constraints\[0\]: space_constraint_error: constraints\[0\] .*division",
+    ):
         check_space(sp, "x")
     cfg = {**sp.baseline(), "micro_batch_size": 2}
     (v,) = [v for v in check(sp, cfg, []) if v.rule == "space_constraint_error"]
-    assert "micro_batch_size / (micro_batch_size - 2) != 0.5" in v.message
+    assert "constraints[0] 'micro_batch_size / (micro_batch_size - 2) != 0.5'" in v.message
     assert "division by zero" in v.message
     assert v.values == {"micro_batch_size": 2}
 
@@ -353,3 +356,32 @@ def test_messages_do_not_echo_control_characters(
     p.write_text("study: [")
     assert main(["validate", str(p)]) == 2
     assert "\x1b" not in capsys.readouterr().err
+
+
+def test_a_false_constraint_is_named_by_its_place() -> None:
+    """A rejection by a constraint names it as ``constraints[i]`` and its text (two
+    constraints of the same text are told apart by the place)."""
+    d = _tiny()
+    d["constraints"] = ["micro_batch_size >= 1", "micro_batch_size <= 2"]
+    sp = parse_space(d, "x")
+    cfg = {**sp.baseline(), "micro_batch_size": 4}
+    (v,) = [v for v in check(sp, cfg, []) if v.rule == "space_constraint"]
+    assert v.message == "constraints[1] 'micro_batch_size <= 2' is false"
+    with pytest.raises(Exception, match=r"constraints\[1\] 'micro_batch_size / 0 > 0'"):
+        parse_space(
+            {**d, "constraints": ["True", "micro_batch_size / 0 > 0"]}, "x"
+        ).constraint_values(sp.baseline())
+
+
+def test_validate_warnings_name_the_constraint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A knob value that only a constraint rules out: the warning says which constraint."""
+    d = _tiny()
+    d["constraints"] = ["micro_batch_size >= 1", "micro_batch_size <= 2"]
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert main(["validate", str(p)]) == 0
+    err = capsys.readouterr().err
+    assert "knobs.micro_batch_size: value 4 is in no valid configuration" in err
+    assert "breaks space_constraint constraints[1] (" in err

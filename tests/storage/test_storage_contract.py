@@ -20,21 +20,20 @@ from dse.exceptions import (
     TrialNotFoundError,
 )
 from dse.records import Outcome, StepMetrics, StudyRecord, TrialRecord
+from dse.space import parse_space_text
 from dse.storage import Storage, head_revision
+from tests.conftest import EXAMPLES
 
 TABLES = {"studies", "study_attrs", "trials", "trial_params", "trial_steps", "rejections"}
 
 
-def make_study(storage: Storage, name: str = "s", space_hash: str = "h1") -> StudyRecord:
-    return storage.create_study(
-        name=name,
-        space_yaml="study: s\nknobs: {}\n",
-        space_hash=space_hash,
-        direction="maximize",
-        metric="tflops_per_gpu",
-        model={"name": "llama", "layers": 32},
-        hardware={"gpu": "H200", "world_size": 8},
-    )
+#: A real space file: an import derives the study's fields from it (the CPU demo's).
+SPACE = (EXAMPLES / "tiny_gpt_cpu.yaml").read_text()
+FIELDS = {k: v for k, v in parse_space_text(SPACE, "s").study_fields().items() if k != "name"}
+
+
+def make_study(storage: Storage, name: str = "s") -> StudyRecord:
+    return storage.create_study(name=name, space_yaml=SPACE, **FIELDS)
 
 
 def key(params: dict[str, Any]) -> str:
@@ -87,7 +86,7 @@ def test_open_applies_migrations(storage: Storage) -> None:
 def test_create_get_list_studies(storage: Storage) -> None:
     a = make_study(storage, "a")
     b = make_study(storage, "b")
-    assert a.state == "created" and a.model == {"name": "llama", "layers": 32}
+    assert a.state == "created" and a.model == FIELDS["model"]
     assert storage.get_study("a") == a
     assert storage.get_study_by_id(b.id) == b
     assert [s.name for s in storage.list_studies()] == ["a", "b"]
@@ -593,11 +592,11 @@ def test_database_passwords_in_a_space_file_are_not_kept(storage: Storage) -> No
     create, on import of an export that has one, and when read or exported (rows stored
     before)."""
     secret = "hunter2-db"
-    doc = f"study: s\nknobs: {{}}\nstorage: postgresql+psycopg://dse:{secret}@db:5432/dse\n"
-    s = storage.create_study(
-        name="s", space_yaml=doc, space_hash="h1", direction="maximize",
-        metric="tflops_per_gpu", model={}, hardware={},
-    )  # fmt: skip
+    doc = SPACE.replace(
+        "storage: sqlite:///dse.db", f"storage: postgresql+psycopg://dse:{secret}@db:5432/dse"
+    )
+    assert secret in doc
+    s = storage.create_study(name="s", space_yaml=doc, **FIELDS)
     masked = "storage: postgresql+psycopg://dse:***@db:5432/dse\n"
     assert s.space_yaml.endswith(masked) and storage.get_study("s").space_yaml.endswith(masked)
     with storage._engine.begin() as conn:
@@ -612,7 +611,7 @@ def test_database_passwords_in_a_space_file_are_not_kept(storage: Storage) -> No
         conn.execute(text("UPDATE studies SET space_yaml = :t"), {"t": doc})  # stored before
     assert secret not in storage.get_study("s").space_yaml
     assert secret not in json.dumps(storage.export_study("s"))
-    assert storage.get_study("s").space_hash == "h1"
+    assert storage.get_study("s").space_hash == FIELDS["space_hash"]
 
 
 def test_failure_reasons_take_any_text(storage: Storage) -> None:
