@@ -12,6 +12,7 @@ import yaml
 from dse.records import Outcome, StepMetrics
 from dse.space import params_key, parse_space
 from dse.storage import Storage, open_storage
+from tests.conftest import EXAMPLES
 
 GPU = "NVIDIA H200"
 
@@ -227,6 +228,25 @@ def seed_all(storage: Storage) -> dict[str, Seeded]:
     sid = create_study(storage, "empty-study")
     out["empty"] = Seeded(study="empty-study", study_id=sid)
     return out
+
+
+def create_from_dict(storage: Storage, data: dict[str, Any]) -> int:
+    """Create the study of a space file given as a mapping (its ``study`` names it); its id."""
+    text = yaml.safe_dump(data, sort_keys=False)
+    space = parse_space(yaml.safe_load(text), data["study"])
+    return storage.create_study(space_yaml=text, **space.study_fields()).id
+
+
+def seed_cpu_demo(storage: Storage, name: str = "cpu-demo") -> None:
+    """The CPU demo's space (examples/tiny_gpt_cpu.yaml, few knobs) at its scale: thousandths
+    of a TFLOP/s, a fraction of a GiB, no GPU memory."""
+    d = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
+    d["study"] = name
+    sid = create_from_dict(storage, d)
+    base = {"tensor_model_parallel_size": 1, "micro_batch_size": 1, "recompute": "none",
+            "attention_backend": "unfused", "use_distributed_optimizer": False}  # fmt: skip
+    for mbs, tflops, mem in [(1, 0.00213, 0.118), (2, 0.00347, 0.152), (4, 0.00291, 0.209)]:
+        _run(storage, sid, {**base, "micro_batch_size": mbs}, ok(tflops, mem), gpu_seconds=3.0)
 
 
 T = TypeVar("T")

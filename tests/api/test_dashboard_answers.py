@@ -16,30 +16,13 @@ from dse.figures import figure
 from dse.space import parse_space
 from dse.storage import Storage
 from tests.api.live import serve
-from tests.api.seed import _run, ok, seed_all, seed_database
+from tests.api.seed import _run, create_from_dict, ok, seed_all, seed_cpu_demo, seed_database
 from tests.conftest import EXAMPLES
 from tests.dse.test_figures import CASES
 
 pytestmark = pytest.mark.slow
 
 V1 = "/api/v1"
-
-
-def _create(storage: Storage, data: dict[str, Any]) -> int:
-    text = yaml.safe_dump(data, sort_keys=False)
-    space = parse_space(yaml.safe_load(text), data["study"])
-    return storage.create_study(space_yaml=text, **space.study_fields()).id
-
-
-def _cpu_demo(storage: Storage) -> None:
-    """The CPU demo's scale: thousandths of a TFLOP/s, a fraction of a GiB, no GPU memory."""
-    d = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
-    d["study"] = "cpu-demo"
-    sid = _create(storage, d)
-    base = {"tensor_model_parallel_size": 1, "micro_batch_size": 1, "recompute": "none",
-            "attention_backend": "unfused", "use_distributed_optimizer": False}  # fmt: skip
-    for mbs, tflops, mem in [(1, 0.00213, 0.118), (2, 0.00347, 0.152), (4, 0.00291, 0.209)]:
-        _run(storage, sid, {**base, "micro_batch_size": mbs}, ok(tflops, mem), gpu_seconds=3.0)
 
 
 def _wide(storage: Storage) -> None:
@@ -60,7 +43,7 @@ def _wide(storage: Storage) -> None:
         "bias_activation_fusion": {"type": "bool"},
         "cross_entropy_loss_fusion": {"type": "bool"},
     }
-    sid = _create(storage, d)
+    sid = create_from_dict(storage, d)
     space = parse_space(d, "wide")
     base = space.baseline()
     variants = [
@@ -90,7 +73,7 @@ def _wide(storage: Storage) -> None:
 
 def _seed(storage: Storage) -> None:
     seed_all(storage)
-    _cpu_demo(storage)
+    seed_cpu_demo(storage)
     _wide(storage)
 
 
