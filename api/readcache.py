@@ -44,8 +44,9 @@ __all__ = ["ReadCache", "RowFragments", "StudyVersions", "VersionMemo", "Version
 
 T = TypeVar("T")
 
-#: Every study's ``(id, version)`` by name.
-Versions = Mapping[str, tuple[int, int]]
+#: Every study's id and change counters by name: ``(id, version, best_version)``
+#: (:meth:`dse.storage.Storage.study_change_counters`).
+Versions = Mapping[str, tuple[int, ...]]
 
 
 class StudyVersions:
@@ -272,28 +273,52 @@ _ROW_OVERHEAD = 400
 
 class VersionMemo:
     """Values that many answers of a study share (its record, its trial counts), computed
-    once per study version (thread-safe; called from the builds' worker threads)."""
+    once per study version (thread-safe; called from the builds' worker threads). Threads
+    that want the same key at the same version while it is being computed wait for that
+    computation instead of repeating it (after a write, every page build in flight wants
+    the new counts at once)."""
 
     def __init__(self, size: int = 1024) -> None:
         self.size = size
         self._data: OrderedDict[Hashable, tuple[Hashable, Any]] = OrderedDict()
+        self._inflight: dict[tuple[Hashable, Hashable], threading.Event] = {}
         self._lock = threading.Lock()
+        self.computed = 0  # compute() calls (for tests and benchmarks)
 
     def get(self, key: Hashable, version: Hashable, compute: Callable[[], T]) -> T:
-        """``compute()``'s value for ``key`` at ``version`` (None: computed, not kept)."""
-        if version is not None:
+        """``compute()``'s value for ``key`` at ``version`` (None: computed, not kept).
+
+        A failed ``compute()`` is not kept: the threads that waited for it try again (one
+        of them computes)."""
+        if version is None:
+            self.computed += 1
+            return compute()
+        while True:
             with self._lock:
                 hit = self._data.get(key)
                 if hit is not None and hit[0] == version:
                     self._data.move_to_end(key)
                     return cast(T, hit[1])
-        value = compute()
-        if version is not None:
+                flight = self._inflight.get((key, version))
+                if flight is None:
+                    flight = self._inflight[(key, version)] = threading.Event()
+                    break
+            flight.wait()  # then it is kept (or failed, or was dropped: look again)
+        try:
+            self.computed += 1
+            value = compute()
+        except BaseException:
             with self._lock:
-                self._data[key] = (version, value)
-                self._data.move_to_end(key)
-                while len(self._data) > self.size:
-                    self._data.popitem(last=False)
+                del self._inflight[(key, version)]
+            flight.set()
+            raise
+        with self._lock:
+            del self._inflight[(key, version)]
+            self._data[key] = (version, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        flight.set()
         return value
 
 

@@ -68,7 +68,8 @@ async def get_best(
             raise HTTPException(status_code=409, detail=f"the stored space no longer loads: {e}")
         return (text if text.endswith("\n") else text + "\n").encode()
 
-    body = await reads.study(name, ("best", name, fmt), build)
+    # only writes that can change the best rebuild it (not a controller's claims and starts)
+    body = await reads.study(name, ("best", name, fmt), build, best=True)
     if fmt == "json":
         return Response(body, media_type="application/json")
     return PlainTextResponse(body)
@@ -174,7 +175,8 @@ async def query_best(storage: StorageDep, reads: ReadsDep, query: BestQuery) -> 
 
 
 async def _cross(storage: Storage, reads: Reads, query: BestQuery) -> Response:
-    """The best across studies, reused until a study is added, removed or changed."""
+    """The best across studies, reused until a study is added or removed or a study's best
+    can have changed."""
     if not query.model and not query.semantics and not query.hardware:
         raise HTTPException(
             status_code=422,
@@ -184,5 +186,5 @@ async def _cross(storage: Storage, reads: Reads, query: BestQuery) -> Response:
     def build() -> bytes:
         return json_bytes(cross_best(storage, query).model_dump(mode="json"))
 
-    body = await reads.every_study(("cross-best", query.model_dump_json()), build)
+    body = await reads.every_study(("cross-best", query.model_dump_json()), build, best=True)
     return Response(body, media_type="application/json")
