@@ -18,7 +18,7 @@ from dse.exceptions import SpaceError
 from dse.records import BestFormat, Metric, StudyRecord
 from dse.storage import Storage
 
-__all__ = ["router"]
+__all__ = ["router", "best_answer"]
 
 router = APIRouter(tags=["best"])
 
@@ -57,6 +57,20 @@ async def get_best(
     ``nemo`` answer exactly what ``dse best --format ...`` prints, as text/plain. 404 while
     the study has no complete trial. (Answers are reused until the study changes.)
     """
+    body = await best_answer(reads, storage, name, fmt)
+    if fmt == "json":
+        return Response(body, media_type="application/json")
+    return PlainTextResponse(body)
+
+
+async def best_answer(reads: Reads, storage: Storage, name: str, fmt: BestFormat) -> bytes:
+    """The body of ``GET /studies/{name}/best`` (also answered by :mod:`dse.api.fastreads`).
+
+    Raises:
+        StudyNotFoundError, NoCompleteTrialError: no such study, no best yet (404).
+        HTTPException: 409, the stored space no longer loads.
+        StorageError: the database cannot be read (503).
+    """
 
     def build(study_of: Callable[[], StudyRecord]) -> bytes:
         study = study_of()
@@ -69,10 +83,7 @@ async def get_best(
         return (text if text.endswith("\n") else text + "\n").encode()
 
     # only writes that can change the best rebuild it (not a controller's claims and starts)
-    body = await reads.study(name, ("best", name, fmt), build, best=True)
-    if fmt == "json":
-        return Response(body, media_type="application/json")
-    return PlainTextResponse(body)
+    return await reads.study(name, ("best", name, fmt), build, best=True)
 
 
 @router.get(
