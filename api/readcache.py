@@ -24,9 +24,9 @@ the last committed write, on SQLite and PostgreSQL, across processes:
 Several server processes (``dse serve --workers N``) each keep their own answers; as the
 versions are read from the database for every request, each answers as fresh as the others.
 
-Database work runs in worker threads through two capacity limiters, never on the event
-loop: builds share ``builders`` threads (more wait on the event loop, not in threads), and
-the version reads have a thread of their own, so a slow build never delays them (nor
+Database work runs in worker threads of two thread pools, never on the event loop: builds
+share ``builders`` threads (more wait in the pool's queue, not in threads), and the version
+reads have a thread of their own, so a slow build never delays them (nor
 ``/health``, which is answered by one). Errors are not kept.
 """
 
@@ -36,9 +36,8 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
-
-from anyio import CapacityLimiter, to_thread
 
 __all__ = ["ReadCache", "RowFragments", "StudyVersions", "VersionMemo", "Versions"]
 
@@ -57,7 +56,7 @@ class StudyVersions:
 
     def __init__(self, read: Callable[[], Versions]) -> None:
         self._read = read
-        self._limiter = CapacityLimiter(1)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dse-versions")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: asyncio.Future[Versions] | None = None  # the next query's callers
         self._running = False
@@ -92,7 +91,7 @@ class StudyVersions:
     async def _query(self, future: asyncio.Future[Versions]) -> None:
         try:
             self.reads += 1
-            versions = await to_thread.run_sync(self._read, limiter=self._limiter)
+            versions = await asyncio.get_running_loop().run_in_executor(self._pool, self._read)
         except Exception as e:  # noqa: BLE001 - handed to every caller of this query
             future.set_exception(e)
         except BaseException:
@@ -120,7 +119,9 @@ class ReadCache:
         self._bytes = 0
         self._inflight: dict[tuple[Hashable, Hashable], asyncio.Future[bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.limiter = CapacityLimiter(builders)
+        # a plain thread pool: builds beyond ``builders`` wait in its queue, not in threads
+        # (anyio's to_thread cost several times more CPU per hand-over under load)
+        self._pool = ThreadPoolExecutor(builders, thread_name_prefix="dse-reads")
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.builds = 0  # answers built (for tests and benchmarks)
@@ -131,9 +132,9 @@ class ReadCache:
 
         ``version`` None: nothing to compare with (e.g. no such study yet): built, not kept.
         """
-        if version is None:
-            return await to_thread.run_sync(build, limiter=self.limiter)
         loop = asyncio.get_running_loop()
+        if version is None:
+            return await loop.run_in_executor(self._pool, build)
         if self._loop is not loop:
             self._loop, self._inflight = loop, {}
         with self._lock:
@@ -161,7 +162,7 @@ class ReadCache:
     ) -> None:
         # a task of its own: a client that goes away does not cancel the others' answer
         try:
-            body = await to_thread.run_sync(build, limiter=self.limiter)
+            body = await asyncio.get_running_loop().run_in_executor(self._pool, build)
         except Exception as e:  # noqa: BLE001 - handed to every request waiting for it
             future.set_exception(e)
             return
