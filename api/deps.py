@@ -157,7 +157,7 @@ class Reads:
         versions = await self.versions.get()
         counters = versions.get(name)
         version = None if counters is None else (counters[0], counters[1])
-        answer = version
+        answer: Hashable = version
         if best and counters is not None:
             answer = (counters[0], "best", counters[2])
 
