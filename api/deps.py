@@ -133,29 +133,40 @@ class Reads:
 
     def __init__(self, holder: StorageHolder, *, threads: int, cache_mib: int) -> None:
         self._holder = holder
-        self.versions = StudyVersions(lambda: holder.get().study_versions())
+        self.versions = StudyVersions(lambda: holder.get().study_change_counters())
         self.shared = VersionMemo()
         self.answers = ReadCache(builders=threads, max_bytes=cache_mib * 1024 * 1024)
         self.fragments = RowFragments(max_bytes=cache_mib * 1024 * 1024)
 
     async def study(
-        self, name: str, key: Hashable, build: Callable[[Callable[[], StudyRecord]], bytes]
+        self,
+        name: str,
+        key: Hashable,
+        build: Callable[[Callable[[], StudyRecord]], bytes],
+        *,
+        best: bool = False,
     ) -> bytes:
         """An answer about study ``name``, reused while its version does not move (built,
-        and not kept, when there is no such study: the build raises the 404).
+        and not kept, when there is no such study: the build raises the 404). ``best``: an
+        answer that only the study's best can change (its best trial and figures), reused
+        while ``best_version`` does not move (writes that queue or start trials leave it).
 
         ``build(study)`` gets a function that returns the study's record (shared by the
         builds of one version; raises the 404).
         """
         versions = await self.versions.get()
-        version = versions.get(name)
+        counters = versions.get(name)
+        version = None if counters is None else (counters[0], counters[1])
+        answer: Hashable = version
+        if best and counters is not None:
+            answer = (counters[0], "best", counters[2])
 
         def study() -> StudyRecord:
             return self.shared.get(
                 ("study", name), version, lambda: get_study(self._holder.get(), name)
             )
 
-        return await self.answers.get(key, version, lambda: build(study))
+        return await self.answers.get(key, answer, lambda: build(study))
 
     def counts(self, study: StudyRecord) -> dict[str, int]:
         """The study's trial counts per state (shared by the pages of one version)."""
@@ -164,15 +175,19 @@ class Reads:
             ("counts", study.id), study.version, lambda: storage.count_trials(study.id)
         )
 
-    async def every_study(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+    async def every_study(
+        self, key: Hashable, build: Callable[[], bytes], *, best: bool = False
+    ) -> bytes:
         """An answer about every study (the list, the best across studies), reused while no
-        study is added, removed or changed."""
+        study is added, removed or changed (``best``: while no study is added or removed
+        and no study's best can have changed, see :meth:`study`)."""
         versions = await self.versions.get()
-        return await self.answers.get(key, _snapshot(versions), build)
+        return await self.answers.get(key, _snapshot(versions, best), build)
 
 
-def _snapshot(versions: Versions) -> tuple[tuple[str, tuple[int, int]], ...]:
-    return tuple(sorted(versions.items()))
+def _snapshot(versions: Versions, best: bool) -> tuple[tuple[str, int, int], ...]:
+    """Every study's name, id and version (``best``: its best_version)."""
+    return tuple(sorted((name, c[0], c[2] if best else c[1]) for name, c in versions.items()))
 
 
 async def get_reads(request: Request) -> Reads:

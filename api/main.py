@@ -15,6 +15,7 @@ from dse import version
 from dse.api.config import Settings
 from dse.api.deps import Reads, SpaceChecker, StorageHolder
 from dse.api.errors import install_error_handlers
+from dse.api.fastreads import FastReads
 from dse.api.launch import SubprocessLauncher
 from dse.api.routes import api_router
 from dse.exceptions import StorageError
@@ -76,6 +77,8 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
         settings.validate_timeout_s, settings.validate_memory_mib
     )
     install_error_handlers(app)
+    # outermost: the plain polls of a best or a trial page skip FastAPI's routing
+    app.add_middleware(FastReads, owner=app, prefix=API_PREFIX)
     app.include_router(api_router, prefix=API_PREFIX)
 
     @app.get("/", include_in_schema=False)

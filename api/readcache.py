@@ -24,9 +24,9 @@ the last committed write, on SQLite and PostgreSQL, across processes:
 Several server processes (``dse serve --workers N``) each keep their own answers; as the
 versions are read from the database for every request, each answers as fresh as the others.
 
-Database work runs in worker threads through two capacity limiters, never on the event
-loop: builds share ``builders`` threads (more wait on the event loop, not in threads), and
-the version reads have a thread of their own, so a slow build never delays them (nor
+Database work runs in worker threads of two thread pools, never on the event loop: builds
+share ``builders`` threads (more wait in the pool's queue, not in threads), and the version
+reads have a thread of their own, so a slow build never delays them (nor
 ``/health``, which is answered by one). Errors are not kept.
 """
 
@@ -36,16 +36,16 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
-
-from anyio import CapacityLimiter, to_thread
 
 __all__ = ["ReadCache", "RowFragments", "StudyVersions", "VersionMemo", "Versions"]
 
 T = TypeVar("T")
 
-#: Every study's ``(id, version)`` by name.
-Versions = Mapping[str, tuple[int, int]]
+#: Every study's id and change counters by name: ``(id, version, best_version)``
+#: (:meth:`dse.storage.Storage.study_change_counters`).
+Versions = Mapping[str, tuple[int, ...]]
 
 
 class StudyVersions:
@@ -56,7 +56,7 @@ class StudyVersions:
 
     def __init__(self, read: Callable[[], Versions]) -> None:
         self._read = read
-        self._limiter = CapacityLimiter(1)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dse-versions")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: asyncio.Future[Versions] | None = None  # the next query's callers
         self._running = False
@@ -91,7 +91,7 @@ class StudyVersions:
     async def _query(self, future: asyncio.Future[Versions]) -> None:
         try:
             self.reads += 1
-            versions = await to_thread.run_sync(self._read, limiter=self._limiter)
+            versions = await asyncio.get_running_loop().run_in_executor(self._pool, self._read)
         except Exception as e:  # noqa: BLE001 - handed to every caller of this query
             future.set_exception(e)
         except BaseException:
@@ -119,7 +119,9 @@ class ReadCache:
         self._bytes = 0
         self._inflight: dict[tuple[Hashable, Hashable], asyncio.Future[bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.limiter = CapacityLimiter(builders)
+        # a plain thread pool: builds beyond ``builders`` wait in its queue, not in threads
+        # (anyio's to_thread cost several times more CPU per hand-over under load)
+        self._pool = ThreadPoolExecutor(builders, thread_name_prefix="dse-reads")
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.builds = 0  # answers built (for tests and benchmarks)
@@ -130,9 +132,9 @@ class ReadCache:
 
         ``version`` None: nothing to compare with (e.g. no such study yet): built, not kept.
         """
-        if version is None:
-            return await to_thread.run_sync(build, limiter=self.limiter)
         loop = asyncio.get_running_loop()
+        if version is None:
+            return await loop.run_in_executor(self._pool, build)
         if self._loop is not loop:
             self._loop, self._inflight = loop, {}
         with self._lock:
@@ -160,7 +162,7 @@ class ReadCache:
     ) -> None:
         # a task of its own: a client that goes away does not cancel the others' answer
         try:
-            body = await to_thread.run_sync(build, limiter=self.limiter)
+            body = await asyncio.get_running_loop().run_in_executor(self._pool, build)
         except Exception as e:  # noqa: BLE001 - handed to every request waiting for it
             future.set_exception(e)
             return
@@ -272,28 +274,52 @@ _ROW_OVERHEAD = 400
 
 class VersionMemo:
     """Values that many answers of a study share (its record, its trial counts), computed
-    once per study version (thread-safe; called from the builds' worker threads)."""
+    once per study version (thread-safe; called from the builds' worker threads). Threads
+    that want the same key at the same version while it is being computed wait for that
+    computation instead of repeating it (after a write, every page build in flight wants
+    the new counts at once)."""
 
     def __init__(self, size: int = 1024) -> None:
         self.size = size
         self._data: OrderedDict[Hashable, tuple[Hashable, Any]] = OrderedDict()
+        self._inflight: dict[tuple[Hashable, Hashable], threading.Event] = {}
         self._lock = threading.Lock()
+        self.computed = 0  # compute() calls (for tests and benchmarks)
 
     def get(self, key: Hashable, version: Hashable, compute: Callable[[], T]) -> T:
-        """``compute()``'s value for ``key`` at ``version`` (None: computed, not kept)."""
-        if version is not None:
+        """``compute()``'s value for ``key`` at ``version`` (None: computed, not kept).
+
+        A failed ``compute()`` is not kept: the threads that waited for it try again (one
+        of them computes)."""
+        if version is None:
+            self.computed += 1
+            return compute()
+        while True:
             with self._lock:
                 hit = self._data.get(key)
                 if hit is not None and hit[0] == version:
                     self._data.move_to_end(key)
                     return cast(T, hit[1])
-        value = compute()
-        if version is not None:
+                flight = self._inflight.get((key, version))
+                if flight is None:
+                    flight = self._inflight[(key, version)] = threading.Event()
+                    break
+            flight.wait()  # then it is kept (or failed, or was dropped: look again)
+        try:
+            self.computed += 1
+            value = compute()
+        except BaseException:
             with self._lock:
-                self._data[key] = (version, value)
-                self._data.move_to_end(key)
-                while len(self._data) > self.size:
-                    self._data.popitem(last=False)
+                del self._inflight[(key, version)]
+            flight.set()
+            raise
+        with self._lock:
+            del self._inflight[(key, version)]
+            self._data[key] = (version, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        flight.set()
         return value
 
 

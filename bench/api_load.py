@@ -4,7 +4,9 @@ What it does:
 
 1. Builds a study database (SQLite in a temporary folder, or a new PostgreSQL database on
    127.0.0.1:5432 that is dropped at the end) with ``--trials`` trials, by the bulk insert of
-   ``bench/api_latency.py`` (the rows ``claim_trial``/``start_trial``/``finish_trial`` write).
+   ``bench/api_latency.py`` (the rows ``claim_trial``/``start_trial``/``finish_trial`` write);
+   on PostgreSQL then ``VACUUM ANALYZE`` (what autovacuum does to such a table within a
+   minute or two).
 2. Starts the real server, ``dse serve --storage URL --port P`` (uvicorn, loopback only).
 3. ``load`` (default): a writer process adds trials through the storage API as a controller
    does (``claim_trial``, ``start_trial``, ``finish_trial``: three transactions per trial) at
@@ -14,13 +16,23 @@ What it does:
    ``idle``: ``--requests`` sequential ``/best`` requests on one keep-alive connection, nothing
    else running.
 4. Prints p50 / p95 / p99 / max per endpoint, HTTP errors, connection resets (a request that
-   got no response), the writes done, and the load average before and after.
+   got no response), the writes done, the load average before and after, and CPU seconds:
+   the load generator's and the writer's, the server's (its processes) and on PostgreSQL
+   its backends' (the server's connections), each also per read.
+
+The readers' client (``--client``): ``raw`` (the default) keeps one HTTP/1.1 connection per
+reader on an asyncio protocol (uvloop when installed), writes pre-built request bytes and
+reads the response by its status line and ``Content-Length`` (or chunks); a response counts
+when its status is 200 and its whole body arrived (anything else is an error), its latency
+from the request's write to the body's last byte. About 0.05 ms of CPU per read, against
+0.8 ms for ``httpx`` (one ``httpx.AsyncClient`` per reader, the client of the earlier
+figures), which took most of a core of a 2-core machine at 600 reads/s.
 
 Bounded: at most 300 s of load, 200 readers, 200,000 trials; it talks to 127.0.0.1 only.
 
 Run:  python bench/api_load.py [--backend sqlite|postgresql] [--mode load|idle]
           [--trials 10000] [--readers 50] [--duration 60] [--write-rate 10] [--requests 300]
-          [--pin-server 0 --pin-load 1] [--workers 2]
+          [--pin-server 0 --pin-load 1] [--workers 2] [--client raw|httpx]
 
 Every client and its connection are made before the clock starts, and the longest stall of
 the readers' own event loop is printed: on a loaded machine the load generator is starved
@@ -43,8 +55,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -53,6 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from api_latency import STUDY, build_database, pct, start_server  # noqa: E402
 
 from tests.api.live import free_port  # noqa: E402
+
+T = TypeVar("T")
 
 TARGET_LOAD_MS = 200.0
 TARGET_IDLE_MS = 50.0
@@ -66,6 +81,18 @@ def _pg_admin(sql: str) -> None:
     from sqlalchemy import create_engine, text
 
     engine = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(sql))
+    finally:
+        engine.dispose()
+
+
+def _pg_admin_db(url: str, sql: str) -> None:
+    """``sql`` outside a transaction on the database at ``url`` (e.g. ``VACUUM``)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
             conn.execute(text(sql))
@@ -215,6 +242,238 @@ async def _loop_stall(longest: list[float]) -> None:
         longest[0] = max(longest[0], time.perf_counter() - t0 - 0.01)
 
 
+# --- the readers: a lean HTTP/1.1 client (the default) --------------------------------------
+
+
+class _Response(Exception):
+    """A response that is not a complete 200 (or a connection that ended without one)."""
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection, one request at a time: the request's bytes are
+    written whole; the response is parsed from its status line and ``Content-Length`` (or
+    ``Transfer-Encoding: chunked``) and complete when its last body byte has arrived.
+    ``on_done(status, error, t_end)`` is called then (``error``: why it is not a complete
+    response, else None; ``t_end``: ``perf_counter()`` at its last byte)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.on_done: Any = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._buf = bytearray()
+        self._busy = False
+        self._head_end = -1  # end of the header block, -1 while it has not arrived
+        self._length = -1  # Content-Length, -1 for chunked
+        self._status = 0
+        self._chunk_pos = 0  # chunked: where the next chunk's size line starts
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, request: bytes) -> None:
+        assert self.transport is not None and not self._busy
+        self._busy = True
+        self._buf.clear()
+        self._head_end = -1
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._busy:  # bytes nobody asked for
+            self._finish("bytes after the response")
+            return
+        buf = self._buf
+        buf += data
+        if self._head_end < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self._head_end = end + 4
+            error = self._head(bytes(buf[:end]))
+            if error:
+                self._finish(error)
+                return
+        if self._length >= 0:
+            have = len(buf) - self._head_end
+            if have > self._length:
+                self._finish("more bytes than Content-Length")
+            elif have == self._length:
+                self._finish(None)
+        else:
+            self._chunked()
+
+    def _head(self, head: bytes) -> str | None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            return f"bad status line {lines[0][:40]!r}"
+        try:
+            self._status = int(parts[1])
+        except ValueError:
+            return f"bad status line {lines[0][:40]!r}"
+        self._length = -2
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                self._length = int(value.strip())
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                self._length = -1
+                self._chunk_pos = self._head_end
+        if self._length == -2:
+            return "no Content-Length and not chunked"
+        return None
+
+    def _chunked(self) -> None:
+        buf = self._buf
+        while True:
+            eol = buf.find(b"\r\n", self._chunk_pos)
+            if eol < 0:
+                return
+            size = int(bytes(buf[self._chunk_pos : eol]).split(b";")[0], 16)
+            if size == 0:  # the last chunk, then (no trailers) an empty line
+                if len(buf) >= eol + 4:
+                    self._finish(None if len(buf) == eol + 4 else "bytes after the response")
+                return
+            end = eol + 2 + size + 2
+            if len(buf) < end:
+                return
+            self._chunk_pos = end
+
+    def _finish(self, error: str | None) -> None:
+        t_end = time.perf_counter()
+        self._busy = False
+        if error is None and self._status != 200:
+            error = f"HTTP {self._status}"
+        if error is not None and self.transport is not None:
+            self.transport.close()  # its state is unknown: the next request gets a new one
+        if self.on_done is not None:
+            self.on_done(self._status, error, t_end)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._busy:
+            self._finish(f"reset ({type(exc).__name__ if exc else 'closed'})")
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+class _RawReader:
+    """A reader on a :class:`_Conn`: the request mix of :func:`_reader` (``/best`` and a
+    100-trial page at a random offset and order, alternately), each written as soon as the
+    previous response ends, with no coroutine per request."""
+
+    def __init__(
+        self, host: str, port: int, seed: int, n_trials: int,
+        out: dict[str, list[float]], errors: dict[str, int],
+    ) -> None:  # fmt: skip
+        self.host, self.port = host, port
+        self.rng = random.Random(seed)
+        self.i = seed
+        self.n_trials = n_trials
+        self.out, self.errors = out, errors
+        self.stop_at = 0.0
+        self.conn: _Conn | None = None
+        self.finished: asyncio.Future[None] | None = None
+        api = f"/api/v1/studies/{STUDY}"
+        self._best = _request(host, port, f"{api}/best")
+        self._page = [
+            (f"GET {api}/trials?limit=100&offset=".encode(), f"&order={o} HTTP/1.1\r\n".encode())
+            for o in _ORDERS
+        ]
+        self._tail = f"Host: {host}:{port}\r\nAccept: */*\r\n\r\n".encode()
+        self._name = ""
+        self._t0 = 0.0
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        _, self.conn = await loop.create_connection(_Conn, self.host, self.port)
+        self.conn.on_done = self._done
+
+    async def warm(self) -> None:
+        """One ``/health`` on the connection (before the clock starts)."""
+        assert self.conn is not None
+        loop = asyncio.get_running_loop()
+        got: asyncio.Future[str | None] = loop.create_future()
+        self.conn.on_done = lambda status, error, t_end: got.set_result(error)
+        self.conn.send(_request(self.host, self.port, "/api/v1/health"))
+        error = await got
+        if error:
+            raise RuntimeError(f"/health on a new connection: {error}")
+        self.conn.on_done = self._done
+
+    def run(self, stop_at: float) -> asyncio.Future[None]:
+        self.stop_at = stop_at
+        self.finished = asyncio.get_running_loop().create_future()
+        self._next()
+        return self.finished
+
+    def _next(self) -> None:
+        assert self.conn is not None
+        self.i += 1
+        if self.i % 2:
+            self._name, request = "best", self._best
+        else:
+            head, order = self._page[self.rng.randrange(4)]
+            off = self.rng.randrange(0, max(1, self.n_trials - 100))
+            self._name, request = "trials_page", head + str(off).encode() + order + self._tail
+        self._t0 = time.perf_counter()
+        self.conn.send(request)
+
+    def _done(self, status: int, error: str | None, t_end: float) -> None:
+        if error is None:
+            self.out[self._name].append((t_end - self._t0) * 1000)
+        else:
+            self.errors[error] = self.errors.get(error, 0) + 1
+        assert self.finished is not None
+        if time.perf_counter() >= self.stop_at:
+            if not self.finished.done():
+                self.finished.set_result(None)
+        elif error is None:
+            self._next()
+        else:  # a new connection (the old one is closed), then go on
+            asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        try:
+            await self.connect()
+        except OSError as e:
+            key = f"connect ({type(e).__name__})"
+            self.errors[key] = self.errors.get(key, 0) + 1
+            await asyncio.sleep(0.1)
+            asyncio.ensure_future(self._reconnect())
+            return
+        self._next()
+
+
+_ORDERS = ("number", "-number", "value", "-value")
+
+
+def _request(host: str, port: int, path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: */*\r\n\r\n".encode()
+
+
+async def _raw_readers(
+    host: str, port: int, n: int, duration: float, n_trials: int
+) -> tuple[dict[str, list[float]], dict[str, int], float]:
+    """:func:`_readers` on :class:`_RawReader` connections."""
+    out: dict[str, list[float]] = {"best": [], "trials_page": []}
+    errors: dict[str, int] = {}
+    readers = [_RawReader(host, port, k, n_trials, out, errors) for k in range(n)]
+    try:
+        for r in readers:
+            await r.connect()
+        await asyncio.gather(*(r.warm() for r in readers))
+        stall = [0.0]
+        monitor = asyncio.ensure_future(_loop_stall(stall))
+        stop_at = time.perf_counter() + duration
+        await asyncio.gather(*(r.run(stop_at) for r in readers))
+        monitor.cancel()
+    finally:
+        for r in readers:
+            if r.conn is not None and r.conn.transport is not None:
+                r.conn.transport.close()
+    return out, errors, stall[0]
+
+
 def _idle(base: str, n: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"best": []}
     with httpx.Client(base_url=base, timeout=30) as client:
@@ -225,6 +484,32 @@ def _idle(base: str, n: int) -> dict[str, list[float]]:
             r = client.get(f"/api/v1/studies/{STUDY}/best")
             out["best"].append((time.perf_counter() - t0) * 1000)
             r.raise_for_status()
+    return out
+
+
+async def _raw_idle(host: str, port: int, n: int) -> dict[str, list[float]]:
+    """:func:`_idle` on a :class:`_RawReader`'s connection."""
+    out: dict[str, list[float]] = {"best": []}
+    errors: dict[str, int] = {}
+    reader = _RawReader(host, port, 1, 1, {"best": [], "trials_page": []}, errors)
+    await reader.connect()
+    assert reader.conn is not None
+    loop = asyncio.get_running_loop()
+    request = _request(host, port, f"/api/v1/studies/{STUDY}/best")
+    try:
+        for k in range(10 + n):
+            got: asyncio.Future[tuple[str | None, float]] = loop.create_future()
+            reader.conn.on_done = lambda s, e, t, got=got: got.set_result((e, t))
+            t0 = time.perf_counter()
+            reader.conn.send(request)
+            error, t_end = await got
+            if error:
+                raise RuntimeError(f"/best: {error}")
+            if k >= 10:
+                out["best"].append((t_end - t0) * 1000)
+    finally:
+        assert reader.conn.transport is not None
+        reader.conn.transport.close()
     return out
 
 
@@ -248,6 +533,48 @@ def _cmdline(pid: int) -> str:
 
 
 # --- main ----------------------------------------------------------------------------------
+
+
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, on uvloop when it is installed (the raw client)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def _loop_name(client: str) -> str:
+    if client == "httpx":
+        return "httpx, asyncio's event loop"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "raw HTTP/1.1, asyncio's event loop"
+    return "raw HTTP/1.1, uvloop"
+
+
+def _pg_backends_cpu(db: str) -> tuple[int, float]:
+    """How many PostgreSQL backends serve database ``db`` now, and the CPU seconds they
+    have used since they started (the server's pool: it opens with the load)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(PG_ADMIN)
+    try:
+        with engine.connect() as conn:
+            pids = list(
+                conn.execute(
+                    text("SELECT pid FROM pg_stat_activity WHERE datname = :d"), {"d": db}
+                ).scalars()
+            )
+    finally:
+        engine.dispose()
+    total = 0.0
+    for p in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return len(pids), total
 
 
 def _cpu_s(pid: int) -> float:
@@ -297,6 +624,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--workers", type=int, default=1, help="server processes (dse serve --workers N)"
     )
+    ap.add_argument(
+        "--client", choices=["raw", "httpx"], default="raw",
+        help="the readers' HTTP client: raw (keep-alive HTTP/1.1 on asyncio protocols, uvloop "
+        "when installed; the default) or httpx (one AsyncClient per reader, as before)",
+    )  # fmt: skip
     ap.add_argument("--pin-server", metavar="CPUS", help="run the server on these CPUs (e.g. 0)")
     ap.add_argument(
         "--pin-load", metavar="CPUS", help="run the readers and the writer on these (e.g. 1)"
@@ -321,6 +653,10 @@ def main(argv: list[str] | None = None) -> int:
         info = build_database(url, args.trials)
         if pg_name:
             _fix_pg_sequences(url)
+            # what autovacuum does to a table that grew like this one within a minute or
+            # two: planner statistics and the visibility map (index-only scans). Without
+            # them the plans of the first minute sort every trial of the study per page.
+            _pg_admin_db(url, "VACUUM ANALYZE")
         took = time.perf_counter() - t0
         print(f"database ({args.backend}): {info['trials']} trials, {info['steps']} step rows, "
               f"{info['rejections']} rejections; built in {took:.1f} s")  # fmt: skip
@@ -339,7 +675,10 @@ def main(argv: list[str] | None = None) -> int:
         writes = 0
         errors: dict[str, int] = {}
         if args.mode == "idle":
-            results = _idle(base, args.requests)
+            if args.client == "raw":
+                results = _run(_raw_idle("127.0.0.1", port, args.requests))
+            else:
+                results = _idle(base, args.requests)
             target = TARGET_IDLE_MS
             what = f"idle, {args.requests} sequential requests, one keep-alive connection"
         else:
@@ -353,9 +692,14 @@ def main(argv: list[str] | None = None) -> int:
             if not ready.wait(timeout=120):
                 raise RuntimeError("the writer did not start in 120 s")
             readers_cpu = time.process_time()
-            results, errors, stall = asyncio.run(
-                _readers(base, args.readers, args.duration, args.trials)
-            )
+            if args.client == "raw":
+                results, errors, stall = _run(
+                    _raw_readers("127.0.0.1", port, args.readers, args.duration, args.trials)
+                )
+            else:
+                results, errors, stall = asyncio.run(
+                    _readers(base, args.readers, args.duration, args.trials)
+                )
             readers_cpu = time.process_time() - readers_cpu
             stop.set()
             writer.join(timeout=60)
@@ -365,6 +709,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"trials/s for {args.duration:g} s")  # fmt: skip
         load_after = os.getloadavg()
         server_cpu_s = _cpu_s(server.pid) - cpu_before
+        pg_cpu = _pg_backends_cpu(pg_name) if pg_name else None
     finally:
         if server is not None:
             server.terminate()
@@ -374,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.cleanup()
 
     print(f"\n{args.backend}, {args.trials} trials at start; {what}")
+    print(f"client: {_loop_name(args.client)}")
     print(f"{'endpoint':<12} {'n':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     ok = True
     for name, xs in results.items():
@@ -396,6 +742,12 @@ def main(argv: list[str] | None = None) -> int:
     # CPU time is what a loaded machine does not inflate as much as wall-clock latency
     print(f"server CPU: {server_cpu_s:.1f} s, {server_cpu_s * 1000 / max(total, 1):.2f} ms per "
           "read")  # fmt: skip
+    if pg_cpu is not None:
+        print(
+            f"PostgreSQL backends of the database: {pg_cpu[0]}, {pg_cpu[1]:.1f} s of CPU "
+            f"({pg_cpu[1] * 1000 / max(total, 1):.2f} ms per read; the server's connections: "
+            "the writer's has closed)"
+        )
     print(f"p99 target <= {target:.0f} ms: {'ok' if ok else 'MISSED'}")
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"on {os.cpu_count()} CPUs")  # fmt: skip

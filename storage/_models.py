@@ -146,6 +146,10 @@ class StudyModel(Base):
     #: Bumped by every write of the study's trials, rejections, state or attributes (not by
     #: heartbeats), in the same transaction (0003): the key of cached answers.
     version: Mapped[int] = mapped_column(Integer, server_default=text("0"), default=0)
+    #: Bumped with ``version`` by every write that can change the study's best: all of them
+    #: but those that only queue, acquire, start or re-queue unfinished trials (0005). The
+    #: key of the cached best, which a controller's claims and starts then leave in place.
+    best_version: Mapped[int] = mapped_column(Integer, server_default=text("0"), default=0)
 
 
 class StudyAttrModel(Base):
@@ -168,8 +172,11 @@ class TrialModel(Base):
         UniqueConstraint("study_id", "number"),
         # covering: trial counts per state and GPU-seconds read only the index (0002)
         Index("ix_trials_study_id_state_gpu_seconds", "study_id", "state", "gpu_seconds"),
-        # ordered pages by value (ties by number) and the best trial walk the index (0002)
-        Index("ix_trials_study_id_value_number", "study_id", "value", "number"),
+        # ordered pages by value (ties by number) and the best trial walk the index, pages
+        # by number this one; the page's ids from the index alone (0005: PostgreSQL's
+        # indexes do not carry the primary key as SQLite's do)
+        Index("ix_trials_study_id_value_number_id", "study_id", "value", "number", "id"),
+        Index("ix_trials_study_id_number_id", "study_id", "number", "id"),
         # duplicates of a configuration, and the noise-aware best's aggregates per
         # configuration from the index alone (0003)
         Index(
@@ -213,13 +220,15 @@ class TrialModel(Base):
     remeasure_of: Mapped[int | None] = mapped_column(Integer)
 
 
-# Pages by -value (best first, ties by number, no value last) walk this one (0003); on SQLite
-# the migration leaves out NULLS LAST (a descending index has them last; it refuses the words).
+# Pages by -value (best first, ties by number, no value last) walk this one (0003, with the id
+# since 0005); on SQLite the migration leaves out NULLS LAST (a descending index has them
+# last; it refuses the words).
 Index(
-    "ix_trials_study_id_value_desc_number",
+    "ix_trials_study_id_value_desc_number_id",
     TrialModel.study_id,
     TrialModel.value.desc().nulls_last(),
     TrialModel.number,
+    TrialModel.id,
 )
 
 

@@ -34,7 +34,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -316,10 +316,19 @@ class Storage:
         """Every study's ``(id, version)`` by name: one narrow query (the key of answers
         that are reused while a study's version does not move; see :attr:`StudyRecord.version`
         for what moves it)."""
-        q = select(StudyModel.name, StudyModel.id, StudyModel.version)
+        return {name: (v.id, v.version) for name, v in self.study_change_counters().items()}
 
-        def fn(conn: Connection) -> dict[str, tuple[int, int]]:
-            return {name: (sid, version or 0) for name, sid, version in conn.execute(q)}
+    def study_change_counters(self) -> dict[str, StudyCounters]:
+        """Every study's id and change counters by name, in one narrow query: ``version``
+        (moved by every write of the study's trials, rejections, state or attributes) and
+        ``best_version`` (by those of them that can change its best: not queuing, acquiring,
+        starting or re-queuing a trial that has not finished)."""
+
+        def fn(conn: Connection) -> dict[str, StudyCounters]:
+            return {
+                name: StudyCounters(sid, version or 0, best or 0)
+                for name, sid, version, best in conn.execute(_COUNTERS)
+            }
 
         return self._db.read(fn, what="read study versions")
 
@@ -470,7 +479,7 @@ class Storage:
             s.add(row)
             s.flush()
             s.add_all(TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in pairs)
-            _bump(s, study_id)
+            _bump(s, study_id, best=False)  # a queued trial
             return trial_record(row)
 
         return self._db.run(fn, write=True, retry_integrity=True, what="claim a trial")
@@ -504,7 +513,7 @@ class Storage:
                 return None
             row.runner = runner
             row.heartbeat_at = time.time()
-            _bump(s, study_id)
+            _bump(s, study_id, best=False)  # still queued
             return trial_record(row)
 
         return self._db.run(fn, write=True, what="acquire a queued trial")
@@ -539,7 +548,7 @@ class Storage:
             row.metrics_path = metrics_path
             row.started_at = now
             row.heartbeat_at = now
-            _bump(s, row.study_id)
+            _bump(s, row.study_id, best=False)  # not finished (checked above)
             return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"start trial {trial_id}")
@@ -636,7 +645,7 @@ class Storage:
             if row.state in FINISHED_STATES:
                 return trial_record(row, steps_of(s, [row.id]).get(row.id, ()))
             _requeue_row(row, reason)
-            _bump(s, row.study_id)
+            _bump(s, row.study_id, best=False)  # not finished (checked above)
             return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"requeue trial {trial_id}")
@@ -669,6 +678,7 @@ class Storage:
                     metrics["numerics"] = dict(verdict)
                 row.metrics = metrics
                 row.numerics = numerics_status(metrics)
+                _bump(s, row.study_id)
             return trial_record(row)
 
         return self._db.run(fn, write=True, what=f"set the numerics of trial {trial_id}")
@@ -932,7 +942,8 @@ class Storage:
 
         def fn(s: Session) -> dict[str, int]:
             rows = s.execute(
-                select(TrialModel.state, func.count(TrialModel.id))
+                # count(*), not count(id): PostgreSQL then counts from the index alone
+                select(TrialModel.state, func.count())
                 .where(TrialModel.study_id == study_id)
                 .group_by(TrialModel.state)
             ).all()
@@ -1467,16 +1478,35 @@ def _insert_study(
     return row
 
 
-def _bump(s: Session, study_id: int) -> None:
-    """Move the study's change counter (``studies.version``) in this transaction.
+class StudyCounters(NamedTuple):
+    """A study's id and change counters (:meth:`Storage.study_change_counters`)."""
+
+    id: int
+    version: int
+    best_version: int
+
+
+_COUNTERS = select(StudyModel.name, StudyModel.id, StudyModel.version, StudyModel.best_version)
+
+
+def _bump(s: Session, study_id: int, *, best: bool = True) -> None:
+    """Move the study's change counters in this transaction: ``studies.version``, and with
+    ``best`` (every write that can change the study's best) ``studies.best_version`` too.
+
+    ``best=False`` is only for writes to trials that are not finished and stay so (queue,
+    acquire, start, re-queue): the best is chosen among complete trials alone
+    (:meth:`Storage.best_configurations`, :func:`dse.noise.study_best`).
 
     Called last in a write (after its trial row locks): PostgreSQL then locks the study row
     only until the commit, in the same order (trial, then study) as every other writer.
     """
+    values: dict[str, Any] = {"version": StudyModel.version + 1}
+    if best:
+        values["best_version"] = StudyModel.best_version + 1
     s.execute(
         update(StudyModel)
         .where(StudyModel.id == study_id)
-        .values(version=StudyModel.version + 1)
+        .values(values)
         .execution_options(synchronize_session=False)
     )
 
@@ -1543,7 +1573,7 @@ def _ordered(q: _Sel, order: str) -> _Sel:
     if order == "-number":
         return q.order_by(TrialModel.number.desc())
     # NULLS LAST (SQLite >= 3.30, PostgreSQL) rather than a CASE key: the planner can then
-    # walk ix_trials_study_id_value_number (value) or ix_trials_study_id_value_desc_number
+    # walk ix_trials_study_id_value_number_id (value) or ix_trials_study_id_value_desc_number_id
     # (-value) instead of sorting every row of the study.
     value = TrialModel.value.asc() if order == "value" else TrialModel.value.desc()
     return q.order_by(value.nulls_last(), TrialModel.number)

@@ -19,7 +19,7 @@ from dse.exceptions import SpaceError
 from dse.records import BestFormat, Metric, StudyRecord
 from dse.storage import Storage
 
-__all__ = ["router"]
+__all__ = ["router", "best_answer"]
 
 router = APIRouter(tags=["best"])
 
@@ -60,6 +60,20 @@ async def get_best(
     ``nemo`` answer exactly what ``dse best --format ...`` prints, as text/plain. 404 while
     the study has no complete trial. (Answers are reused until the study changes.)
     """
+    body = await best_answer(reads, storage, name, fmt)
+    if fmt == "json":
+        return Response(body, media_type="application/json")
+    return PlainTextResponse(body)
+
+
+async def best_answer(reads: Reads, storage: Storage, name: str, fmt: BestFormat) -> bytes:
+    """The body of ``GET /studies/{name}/best`` (also answered by :mod:`dse.api.fastreads`).
+
+    Raises:
+        StudyNotFoundError, NoCompleteTrialError: no such study, no best yet (404).
+        HTTPException: 409, the stored space no longer loads.
+        StorageError: the database cannot be read (503).
+    """
 
     def build(study_of: Callable[[], StudyRecord]) -> bytes:
         study = study_of()
@@ -71,10 +85,8 @@ async def get_best(
             raise HTTPException(status_code=409, detail=f"the stored space no longer loads: {e}")
         return (text if text.endswith("\n") else text + "\n").encode()
 
-    body = await reads.study(name, ("best", name, fmt), build)
-    if fmt == "json":
-        return Response(body, media_type="application/json")
-    return PlainTextResponse(body)
+    # only writes that can change the best rebuild it (not a controller's claims and starts)
+    return await reads.study(name, ("best", name, fmt), build, best=True)
 
 
 @router.get(
@@ -193,7 +205,8 @@ async def query_best(storage: StorageDep, reads: ReadsDep, query: BestQuery) -> 
 
 
 async def _cross(storage: Storage, reads: Reads, query: BestQuery) -> Response:
-    """The best across studies, reused until a study is added, removed or changed."""
+    """The best across studies, reused until a study is added or removed or a study's best
+    can have changed."""
     if not query.model and not query.semantics and not query.hardware:
         raise HTTPException(
             status_code=422,
@@ -203,5 +216,5 @@ async def _cross(storage: Storage, reads: Reads, query: BestQuery) -> Response:
     def build() -> bytes:
         return json_bytes(cross_best(storage, query).model_dump(mode="json"))
 
-    body = await reads.every_study(("cross-best", query.model_dump_json()), build)
+    body = await reads.every_study(("cross-best", query.model_dump_json()), build, best=True)
     return Response(body, media_type="application/json")

@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep
+from dse.api.deps import Reads, ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep
 from dse.api.errors import error_responses
 from dse.api.schemas import (
     TrialDetailPublic,
@@ -19,9 +19,9 @@ from dse.api.schemas import (
 )
 from dse.api.views import json_bytes, page_bytes, trial_detail, trial_row
 from dse.records import StudyRecord, TrialState
-from dse.storage import StoredTrialRow, trial_from_stored
+from dse.storage import Storage, StoredTrialRow, trial_from_stored
 
-__all__ = ["router"]
+__all__ = ["router", "trial_page_answer"]
 
 router = APIRouter(tags=["trials"])
 
@@ -75,6 +75,31 @@ async def list_trials(
 ) -> Response:
     """A page of a study's trials (``count``: how many match in all pages). Pages are
     reused until the study changes (every trial write moves its version)."""
+    body = await trial_page_answer(
+        reads, storage, name, state=state, limit=limit, offset=offset, order=order,
+        trusted=trusted,
+    )  # fmt: skip
+    return Response(body, media_type="application/json")
+
+
+async def trial_page_answer(
+    reads: Reads,
+    storage: Storage,
+    name: str,
+    *,
+    state: str | None,
+    limit: int,
+    offset: int,
+    order: str,
+    trusted: bool,
+) -> bytes:
+    """The body of ``GET /studies/{name}/trials`` for validated parameters (also answered by
+    :mod:`dse.api.fastreads`).
+
+    Raises:
+        StudyNotFoundError: no such study (404).
+        StorageError: the database cannot be read (503).
+    """
 
     def build(study_of: Callable[[], StudyRecord]) -> bytes:
         study = study_of()
@@ -87,7 +112,7 @@ async def list_trials(
         return page_bytes(rows, count)
 
     key = ("trials", name, state, limit, offset, order, trusted)
-    return Response(await reads.study(name, key, build), media_type="application/json")
+    return await reads.study(name, key, build)
 
 
 @router.get(

@@ -16,10 +16,12 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dse.api import Settings, create_app
-from dse.api.readcache import StudyVersions
+from dse.api.readcache import StudyVersions, VersionMemo
 from dse.api.schemas import TrialPublic
-from dse.api.views import json_bytes, trial_row
+from dse.api.views import best_public, json_bytes, trial_row
+from dse.exceptions import NoCompleteTrialError
 from dse.records import Outcome
+from dse.run_settings import RUN_SETTINGS_ATTR, effective_space, run_settings
 from dse.space import params_key
 from dse.storage import Storage, open_storage
 from tests.api.conftest import BACKENDS, TOKEN, TestClient, new_url
@@ -447,3 +449,162 @@ def test_health_answers_while_reads_are_stuck(pg_url: str) -> None:
             t.join(timeout=60)
     admin.dispose()
     assert results == [200] * 40
+
+
+# --- the best's own counter: claims and starts keep the best, and nothing else may -------------
+
+
+def _fresh_best(storage: Storage) -> bytes | None:
+    """The study's best as ``GET .../best`` answers it, built from scratch (None: 404)."""
+    try:
+        study = storage.get_study("s")
+        return json_bytes(best_public(storage, study).model_dump(mode="json"))
+    except NoCompleteTrialError:
+        return None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_best_is_kept_only_across_writes_that_cannot_change_it(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Every kind of write, in turn; after each, ``best_version`` moved unless the best cannot
+    have changed (then the best built from scratch is the same bytes as before), and
+    ``GET .../best``, kept warm in the cache before every write, answers the fresh best at
+    once. A write that changes the best without moving ``best_version`` fails here: the
+    sequence changes the best by finishing a trial, by its loss-parity verdict, by the
+    study's attributes (the verdict allowed), and keeps it across a controller's claims,
+    acquisitions, starts and re-queues (those rebuild nothing)."""
+    url = new_url(backend, request, tmp_path)
+    storage = open_storage(url)
+    sid = create_study(storage, "s")
+    app = create_app(settings=Settings(storage=url))
+    answers = app.state.reads.answers
+    seen: list[tuple[str, int, int, bytes | None]] = []
+
+    def counters() -> tuple[int, int]:
+        c = storage.study_change_counters()["s"]
+        return c.version, c.best_version
+
+    with TestClient(app) as client:
+
+        def best_answer() -> bytes | None:
+            r = client.get(f"{V1}/studies/s/best")
+            assert r.status_code in (200, 404), r.text
+            return r.content if r.status_code == 200 else None
+
+        def step(what: str, write: Any, *, best_moves: bool, best_changes: bool) -> Any:
+            before = best_answer()  # warm: kept at the current best_version
+            builds = answers.builds
+            version, best_version = counters()
+            out = write()
+            v, bv = counters()
+            fresh = _fresh_best(storage)
+            assert v > version, f"{what} did not move the version"
+            if best_moves:
+                assert bv > best_version, f"{what} did not move best_version"
+            else:
+                assert bv == best_version, f"{what} moved best_version"
+                # the promise best_version keeps: nothing it does not count changes the best
+                assert fresh == before, f"{what} changed the best without moving best_version"
+            assert (fresh != before) == best_changes, what
+            assert best_answer() == fresh, f"GET .../best after {what}"
+            if not best_moves and before is not None:
+                assert answers.builds == builds, f"{what} rebuilt the best"
+            seen.append((what, v, bv, fresh))
+            return out
+
+        def claim(mbs: int) -> Any:
+            params = {"tensor_model_parallel_size": 1, "micro_batch_size": mbs,
+                      "use_distributed_optimizer": False}  # fmt: skip
+            return storage.claim_trial(
+                study_id=sid, params=params, params_key=params_key(params), budget=100,
+                allow_repeat=True, runner="t:1:x",
+            )  # fmt: skip
+
+        def start(tid: int) -> Any:
+            return storage.start_trial(tid, runner="t:1:x", host="h", log_path=None,
+                                       metrics_path=None)  # fmt: skip
+
+        t1 = step("claim_trial", lambda: claim(1), best_moves=False, best_changes=False)
+        step("start_trial", lambda: start(t1.id), best_moves=False, best_changes=False)
+        step("finish_trial (a first best)",
+             lambda: storage.finish_trial(t1.id, ok(300.0, 50.0), value=300.0),
+             best_moves=True, best_changes=True)  # fmt: skip
+        t2 = step("claim_trial", lambda: claim(2), best_moves=False, best_changes=False)
+        step("start_trial", lambda: start(t2.id), best_moves=False, best_changes=False)
+        step("requeue_trial", lambda: storage.requeue_trial(t2.id, reason="node lost"),
+             best_moves=False, best_changes=False)  # fmt: skip
+        step("acquire_queued_trial",
+             lambda: storage.acquire_queued_trial(sid, runner="t:2:y"),
+             best_moves=False, best_changes=False)  # fmt: skip
+        step("start_trial", lambda: start(t2.id), best_moves=False, best_changes=False)
+        step("finish_trial (a better one)",
+             lambda: storage.finish_trial(t2.id, ok(400.0, 50.0), value=400.0),
+             best_moves=True, best_changes=True)  # fmt: skip
+        step("set_trial_numerics (the best's loss changed: left out)",
+             lambda: storage.set_trial_numerics(t2.id, {"status": "changed"}),
+             best_moves=True, best_changes=True)  # fmt: skip
+        step("set_study_attr (changed numerics allowed in the best)",
+             lambda: storage.set_study_attr(sid, RUN_SETTINGS_ATTR, _allow_changed(storage)),
+             best_moves=True, best_changes=True)  # fmt: skip
+        step("add_rejection",
+             lambda: storage.add_rejection(
+                 study_id=sid, params={"micro_batch_size": 99}, params_key="r", kind="invalid",
+                 rule="r", reason="why", values={},
+             ), best_moves=True, best_changes=False)  # fmt: skip
+        step("set_study_state", lambda: storage.set_study_state("s", "running"),
+             best_moves=True, best_changes=False)  # fmt: skip
+        t3 = step("claim_trial", lambda: claim(3), best_moves=False, best_changes=False)
+        step("start_trial", lambda: start(t3.id), best_moves=False, best_changes=False)
+        step("finish_trial (failed)",
+             lambda: storage.finish_trial(t3.id, Outcome("failed", {}, failure_class="crash",
+                                                          reason="OOM"), value=None),
+             best_moves=True, best_changes=False)  # fmt: skip
+    storage.close()
+    assert [s[3] is None for s in seen[:2]] == [True, True]
+
+
+def _allow_changed(storage: Storage) -> dict[str, Any]:
+    """The study's run settings with numerics-changed trials allowed in the best."""
+    study = storage.get_study("s")
+    space = effective_space(study.space_yaml, "s", storage.get_study_attrs(study.id))
+    settings = run_settings(space)
+    settings["loss_parity"] = {**settings["loss_parity"], "allow_changed_in_best": True}
+    return settings
+
+
+# --- values shared per version: computed once, however many builds want them ----------------
+
+
+def test_a_shared_value_is_computed_once_by_concurrent_builds() -> None:
+    """Eight threads want the counts of one version while they are being computed: one
+    computation, eight equal values; a failed one is not kept (the next caller computes)."""
+    memo = VersionMemo()
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def compute() -> dict[str, int]:
+        calls.append(1)
+        gate.wait(10)
+        return {"total": 7}
+
+    got: list[dict[str, int]] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(memo.get("counts", (1, 5), compute)))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert len(calls) == 1 and got == [{"total": 7}] * 8
+    assert memo.get("counts", (1, 5), compute) == {"total": 7} and len(calls) == 1
+
+    def fail() -> dict[str, int]:
+        raise RuntimeError("database gone")
+
+    with pytest.raises(RuntimeError):
+        memo.get("counts", (1, 6), fail)
+    assert memo.get("counts", (1, 6), lambda: {"total": 8}) == {"total": 8}

@@ -57,13 +57,18 @@ def test_every_visible_write_moves_the_version(storage: Storage) -> None:
     moved("finish_trial")
     storage.finish_trial(t.id, Outcome("ok", {"tflops_per_gpu": 1.0}), value=1.0)
     kept("finish_trial of a complete trial (returned unchanged)")
+    storage.set_trial_numerics(t.id, {"status": "changed"})
+    moved("set_trial_numerics")
     storage.add_rejection(
         study_id=study.id, params={"tp": 3}, params_key="k", kind="invalid", rule="r",
         reason="why", values={},
     )  # fmt: skip
     moved("add_rejection")
     assert _version(storage, "other") == 0
-    assert seen == list(range(9))  # one step per write
+    assert seen == list(range(10))  # one step per write
+    # best_version: all of them but claim, start, requeue and acquire (unfinished trials)
+    assert storage.study_change_counters()["s"].best_version == 9 - 4
+    assert storage.study_change_counters()["other"] == (other.id, 0, 0)
 
 
 @pytest.mark.parametrize("backend", FILE_BACKENDS)
@@ -142,6 +147,7 @@ def test_upgrade_from_0002_starts_studies_at_version_0(
         assert storage.get_study("old").version == 0
         storage.set_study_state("old", "running")
         assert storage.study_versions()["old"][1] == 1
+        assert storage.study_change_counters()["old"].best_version == 1
 
 
 def _url(backend: str, request: pytest.FixtureRequest, tmp: pytest.TempPathFactory) -> str:
