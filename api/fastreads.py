@@ -18,20 +18,20 @@ error is never kept, so the app builds it again).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dse.api.deps import Reads, StorageHolder
 from dse.api.routes.best import best_answer
-from dse.api.routes.trials import trial_page_answer
+from dse.api.routes.trials import MAX_INT, PAGE_LIMIT_MAX, trial_page_answer
+from dse.api.schemas import TrialOrder
 from dse.records import TRIAL_STATES
 
 __all__ = ["FastReads"]
 
-_ORDERS = frozenset({"number", "-number", "value", "-value"})
+_ORDERS = frozenset(get_args(TrialOrder))
 _STATES = frozenset(TRIAL_STATES)
-_MAX_INT = 2**31 - 1
 _JSON_HEADERS = b"application/json"
 
 
@@ -117,7 +117,7 @@ def _page_params(query: bytes) -> dict[str, Any] | None:
             if not value.isdigit() or not value.isascii() or len(value) > 10:
                 return None
             n = int(value)
-            if not (1 <= n <= 1000 if key == "limit" else n <= _MAX_INT):
+            if not (1 <= n <= PAGE_LIMIT_MAX if key == "limit" else n <= MAX_INT):
                 return None
             out[key] = n
         elif key == "order" and value in _ORDERS:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 
 from dse.api.deps import ReadsDep, StorageDep, StudyDep, StudyName, TrustedDep
 from dse.api.errors import error_responses
+from dse.api.routes.trials import MAX_INT
 from dse.api.schemas import ComparablePublic, LossCurvesPublic, TimelinePublic
 from dse.api.views import json_bytes
 from dse.records import StudyRecord
@@ -21,7 +22,6 @@ __all__ = ["router"]
 router = APIRouter(prefix="/studies", tags=["studies"])
 
 #: Trial numbers are 32-bit integers in every backend.
-_MAX_INT = 2**31 - 1
 
 
 @router.get("/{name}/insights", responses=error_responses(404, 422, 503))
@@ -103,8 +103,8 @@ def get_losses(
     ``baseline: true``). A number with no trial is a 422 naming it."""
     from dse.studyplots import loss_curves
 
-    if any(n < 0 or n > _MAX_INT for n in trials):
-        raise HTTPException(422, detail=f"query.trials: trial numbers are 0..{_MAX_INT}")
+    if any(n < 0 or n > MAX_INT for n in trials):
+        raise HTTPException(422, detail=f"query.trials: trial numbers are 0..{MAX_INT}")
     try:
         data = loss_curves(storage, study, trials)
     except ValueError as e:

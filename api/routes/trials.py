@@ -26,7 +26,9 @@ __all__ = ["router", "trial_page_answer"]
 router = APIRouter(tags=["trials"])
 
 #: Ids and numbers are 32-bit integers in every backend.
-_MAX_INT = 2**31 - 1
+MAX_INT = 2**31 - 1
+#: The largest trial page (``limit``); the fast path of :mod:`dse.api.fastreads` keeps to it.
+PAGE_LIMIT_MAX = 1000
 #: Where a trial ran: shown only to readers with the token (docs/SECURITY.md).
 _WHERE = ("host", "runner", "log_path", "metrics_path")
 #: Metrics that say where a trial ran (the GPU slots name the host): hidden likewise.
@@ -66,8 +68,8 @@ async def list_trials(
     trusted: TrustedDep,
     name: StudyName,
     state: Annotated[TrialState | None, Query(description="Only this state.")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
-    offset: Annotated[int, Query(ge=0, le=_MAX_INT, description="Trials to skip.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT_MAX, description="Page size.")] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Trials to skip.")] = 0,
     order: Annotated[
         TrialOrder,
         Query(description="number, -number, value or -value (no value last)."),
@@ -124,7 +126,7 @@ def get_trial_by_number(
     storage: StorageDep,
     study: StudyDep,
     trusted: TrustedDep,
-    number: Annotated[int, Path(ge=0, le=_MAX_INT, description="Trial number in the study.")],
+    number: Annotated[int, Path(ge=0, le=MAX_INT, description="Trial number in the study.")],
 ) -> TrialDetailPublic:
     """One trial of a study by its number, with per-step metrics and failure reason."""
     detail = trial_detail(storage.get_trial_by_number(study.id, number), study)
@@ -139,7 +141,7 @@ def get_trial_by_number(
 def get_trial(
     storage: StorageDep,
     trusted: TrustedDep,
-    trial_id: Annotated[int, Path(ge=1, le=_MAX_INT, description="Trial id.")],
+    trial_id: Annotated[int, Path(ge=1, le=MAX_INT, description="Trial id.")],
 ) -> TrialDetailPublic:
     """One trial by id: configuration, state, metrics, per-step curves (loss, step time,
     TFLOP/s, memory), failure class and reason, where it ran."""
