@@ -457,6 +457,11 @@ def _finish(args: argparse.Namespace, space: SearchSpace, rows: list[dict[str, A
     return 0
 
 
+#: What a saved run was measured on: taken from the file by a replay, and the same in every
+#: file of one replay.
+_RUN_KEYS = ("space", "set", "fixed_steps", "adaptive", "rebuild")
+
+
 def _offline(args: argparse.Namespace) -> int:
     """``--from-json``: the adaptive rule of this checkout on a saved run's series."""
     saved_args: dict[str, Any] = {}
@@ -468,7 +473,7 @@ def _offline(args: argparse.Namespace) -> int:
             f_args, f_rows = saved["args"], list(saved["rows"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"--from-json {path}: not a JSON file of this bench ({e})") from e
-        for key in ("space", "set", "fixed_steps", "adaptive", "rebuild", "seed"):
+        for key in (*_RUN_KEYS, "seed"):
             if saved_args and f_args.get(key) != saved_args.get(key):
                 raise SystemExit(
                     f"--from-json {path}: {key} is {f_args.get(key)!r}, not "
@@ -478,7 +483,7 @@ def _offline(args: argparse.Namespace) -> int:
         saved_rows += f_rows
     path = Path(" + ".join(args.from_json))
     _precision(args, saved_args)
-    for key in ("space", "set", "fixed_steps", "adaptive", "rebuild"):
+    for key in _RUN_KEYS:
         if key == "space" and args.space:
             continue
         setattr(args, key, saved_args.get(key, getattr(args, key)))

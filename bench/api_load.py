@@ -77,19 +77,9 @@ PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 # --- databases -----------------------------------------------------------------------------
 
 
-def _pg_admin(sql: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(sql))
-    finally:
-        engine.dispose()
-
-
-def _pg_admin_db(url: str, sql: str) -> None:
-    """``sql`` outside a transaction on the database at ``url`` (e.g. ``VACUUM``)."""
+def _pg_admin(sql: str, url: str = PG_ADMIN) -> None:
+    """``sql`` outside a transaction on the database at ``url`` (``CREATE DATABASE``,
+    ``VACUUM``)."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
@@ -656,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
             # what autovacuum does to a table that grew like this one within a minute or
             # two: planner statistics and the visibility map (index-only scans). Without
             # them the plans of the first minute sort every trial of the study per page.
-            _pg_admin_db(url, "VACUUM ANALYZE")
+            _pg_admin("VACUUM ANALYZE", url)
         took = time.perf_counter() - t0
         print(f"database ({args.backend}): {info['trials']} trials, {info['steps']} step rows, "
               f"{info['rejections']} rejections; built in {took:.1f} s")  # fmt: skip
