@@ -12,7 +12,14 @@ over time is not read as an effect of a condition:
 * ``default``: the trainer as a trial runs it;
 * ``manual_gc``: Python's cyclic garbage collector frozen and disabled during the window
   (what Megatron-LM's ``--manual-gc`` does between its collections);
-* ``pinned``: ``manual_gc``, and the training thread bound to one CPU core.
+* ``pinned``: ``manual_gc``, and the training thread bound to one CPU core;
+* ``legacy_loss``: the trainer's loss function as it was before it kept the token count on
+  the device (``torch.tensor(n, device=...)``: a copy from host memory, which on a GPU waits
+  for the stream to drain at every micro-batch).
+
+``--count-syncs`` (CUDA) then runs 5 more steps per condition under
+``torch.cuda.set_sync_debug_mode("warn")`` and records how many operations synchronized the
+host with the GPU per step.
 
 Per step it records the wall time of the step loop's iteration, the training thread's own CPU
 time in it (``time.thread_time``: near the wall time when the host, not the GPU, sets the
@@ -26,6 +33,7 @@ build on, not a result of dse.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -33,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +53,18 @@ import adaptive_window as aw  # noqa: E402  (a sibling bench script)
 
 from dse.measure import MeasurementSpec  # noqa: E402
 
-CONDITIONS = ("default", "manual_gc", "pinned")
+CONDITIONS = ("default", "manual_gc", "pinned", "legacy_loss")
+
+
+def _legacy_loss_func(output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """The trainer's loss function before it kept the token count on the device."""
+    import torch
+
+    losses = output_tensor.float()
+    loss_sum = losses.sum()
+    num_tokens = torch.tensor(losses.numel(), dtype=torch.int, device=losses.device)
+    report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
+    return loss_sum, num_tokens, {"lm loss": report}
 
 
 def _proc_stat() -> tuple[int, int]:
@@ -91,7 +111,10 @@ def _window(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition: str, co
     probe = _StepProbe()
     gc.callbacks.append(probe.gc_callback)
     old_affinity = os.sched_getaffinity(0)
+    loss_func = tr.trainer._loss_func
     try:
+        if condition == "legacy_loss":
+            tr.trainer._loss_func = _legacy_loss_func
         if condition in ("manual_gc", "pinned"):
             gc.collect()
             gc.freeze()
@@ -101,11 +124,36 @@ def _window(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition: str, co
         probe._last = (time.perf_counter(), time.thread_time(), *_proc_stat())
         tr.trainer._train(plan, built, tr.device, tr.dist, probe)
     finally:
+        tr.trainer._loss_func = loss_func
         os.sched_setaffinity(0, old_affinity)
         gc.enable()
         gc.unfreeze()
         gc.callbacks.remove(probe.gc_callback)
     return probe.rows
+
+
+def _syncs_per_step(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition: str) -> float:
+    """Host-device synchronizations per step under ``condition`` (5 steps, CUDA only)."""
+    import torch
+
+    steps = 5
+    short = spec.model_copy(update={"measurement": MeasurementSpec(
+        mode="adaptive", min_steps=steps, max_steps=steps).model_dump(mode="json")})  # fmt: skip
+    loss_func = tr.trainer._loss_func
+    if condition == "legacy_loss":
+        tr.trainer._loss_func = _legacy_loss_func
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                tr.trainer._train(dataclasses.replace(plan, spec=short), built, tr.device,
+                                  tr.dist, None)  # fmt: skip
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        tr.trainer._loss_func = loss_func
+    return sum("synchroniz" in str(w.message) for w in caught) / steps
 
 
 def _summary(rows: list[dict[str, float]], warmup: int) -> dict[str, float]:
@@ -151,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the core of 'pinned' (default: the highest this process may use)",
     )
+    ap.add_argument(
+        "--count-syncs",
+        action="store_true",
+        help="CUDA: count host-device synchronizations per step and condition",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)  # fmt: skip
     conditions = [c.strip() for c in args.conditions.split(",")]
@@ -183,8 +236,14 @@ def main(argv: list[str] | None = None) -> int:
                           f"cv {s['cv']:.2%}  max/min {s['max_over_min']:.3f}  "
                           f"cpu/wall {s['cpu_over_wall']:.2f}  steal {s['steal_share']:.2%}  "
                           f"gc {s['gc_s']:.3f} s", flush=True)  # fmt: skip
+            syncs = {}
+            if args.count_syncs and tr.device.type == "cuda":
+                for cond in conditions:
+                    syncs[cond] = _syncs_per_step(tr, plan, built, spec, cond)
+                print(f"{text:50s} host-device syncs per step: {syncs}", flush=True)
             tr.release(built)
-            out["configs"].append({"config": params, "build_s": build_s, "windows": windows})
+            out["configs"].append({"config": params, "build_s": build_s, "windows": windows,
+                                   "syncs_per_step": syncs})  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -503,3 +503,24 @@ def test_fixed_window_records_its_interval(trials: dict[str, Any]) -> None:
                     "stop_reason": "fixed"}  # fmt: skip
     lo, hi = out.metrics["step_time_ci_s"]
     assert lo <= out.metrics["step_time_s"] <= hi
+
+
+@needs_megatron
+def test_loss_function_builds_nothing_from_host_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-micro-batch loss stays on the device: a tensor made from host data there is a
+    blocking copy on a GPU, once per micro-batch (what made micro-batch-1 trials slow and
+    noisy on the H200, bench/host_jitter.py)."""
+    import torch
+
+    from dse.workloads.megatron import trainer
+
+    def no_host_tensor(*a: Any, **k: Any) -> Any:
+        raise AssertionError(f"torch.tensor{a} in the loss function: a copy from host memory")
+
+    losses = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    monkeypatch.setattr(torch, "tensor", no_host_tensor)
+    loss_sum, num_tokens, report = trainer._loss_func(losses)
+    monkeypatch.undo()
+    assert float(loss_sum) == 15.0
+    assert num_tokens.dtype == torch.int and int(num_tokens) == 6
+    assert report["lm loss"].tolist() == [15.0, 6.0]

@@ -401,12 +401,17 @@ def build(plan: TrialPlan, device: Any) -> _Built:
 
 
 def _loss_func(output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
-    """Sum of per-token losses, token count, and a detached copy for reporting."""
+    """Sum of per-token losses, token count, and a detached copy for reporting.
+
+    Everything stays on the device: a count made with ``torch.tensor(n, device=...)`` is a
+    copy from host memory, which waits for the GPU to drain at every micro-batch and makes
+    configurations of many micro-batches slow and noisy (``bench/host_jitter.py``).
+    """
     import torch
 
     losses = output_tensor.float()
     loss_sum = losses.sum()
-    num_tokens = torch.tensor(losses.numel(), dtype=torch.int, device=losses.device)
+    num_tokens = torch.full((), losses.numel(), dtype=torch.int, device=losses.device)
     report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
     return loss_sum, num_tokens, {"lm loss": report}
 
