@@ -1,0 +1,60 @@
+"""bench/host_jitter.py: the conditions run interleaved on a real (CPU, tiny) Megatron-Core
+model in a process of its own, each window's steps are recorded, and bad arguments are
+refused naming what is wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HAVE_MEGATRON = all(importlib.util.find_spec(m) for m in ("torch", "megatron"))
+
+
+def _bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / "host_jitter.py"),
+         "--space", str(REPO / "examples" / "tiny_gpt_cpu.yaml"), *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not HAVE_MEGATRON, reason="torch/megatron-core missing")
+def test_conditions_are_interleaved_and_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "jitter.json"
+    r = _bench("--config", "micro_batch_size=2", "--steps", "5", "--repeats", "2", "--conditions",
+               "default,legacy_loss", "--json", str(out), tmp_path=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    (cfg,) = data["configs"]
+    assert cfg["config"] == {"micro_batch_size": 2}
+    order = [(w["condition"], w["repeat"]) for w in cfg["windows"]]
+    assert order == [("default", 0), ("legacy_loss", 0), ("default", 1), ("legacy_loss", 1)]
+    for w in cfg["windows"]:
+        assert len(w["steps"]) == 5
+        assert all(s["step_time_s"] > 0 and s["thread_cpu_s"] >= 0 for s in w["steps"])
+        assert w["summary"]["median_step_s"] > 0
+    assert cfg["syncs_per_step"] == {}  # counted on CUDA only
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--config", "micro_batch_size=1", "--conditions", "default,fast"],
+            "'fast' is not one of",
+        ),
+        (["--config", "micro_batch_size"], "is not KNOB=VALUE"),
+    ],
+)
+def test_bad_arguments_are_named(tmp_path: Path, args: list[str], message: str) -> None:
+    r = _bench(*args, tmp_path=tmp_path)
+    assert r.returncode != 0
+    assert message in r.stderr
