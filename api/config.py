@@ -7,10 +7,16 @@ import ipaddress
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dse.storage import backend_name
+
 __all__ = ["Settings", "is_loopback", "bind_warnings", "MAX_SERVE_WORKERS"]
 
 #: The most server processes ``dse serve --workers`` starts.
 MAX_SERVE_WORKERS = 64
+#: Read threads when ``DSE_READ_THREADS`` is unset, on SQLite and on a database server
+#: (docs/BENCHMARKS.md, section 20).
+SQLITE_READ_THREADS = 1
+SERVER_READ_THREADS = 8
 
 
 class Settings(BaseSettings):
@@ -50,12 +56,15 @@ class Settings(BaseSettings):
         "(DSE_READ_CACHE_MIB; every write moves the study's version, so a kept answer is "
         "never older than the last write; 0: none kept).",
     )
-    read_threads: int = Field(
-        8,
+    read_threads: int | None = Field(
+        None,
         ge=1,
         le=64,
         description="Worker threads that build read answers at once (DSE_READ_THREADS; more "
-        "requests wait on the event loop, not in threads).",
+        "requests wait on the event loop, not in threads). Unset: "
+        f"{SQLITE_READ_THREADS} on SQLite, whose reads are CPU work in the server's own "
+        "process (more threads only pass the interpreter lock between cores), "
+        f"{SERVER_READ_THREADS} on a database server, whose reads wait on it.",
     )
     serve_workers: int = Field(
         1,
@@ -84,6 +93,15 @@ class Settings(BaseSettings):
     def writes_enabled(self) -> bool:
         """Whether the write endpoints accept requests (a non-empty token is configured)."""
         return self.api_token is not None and bool(self.api_token.get_secret_value())
+
+    @property
+    def effective_read_threads(self) -> int:
+        """``read_threads``, or where unset the default of the storage's database kind."""
+        if self.read_threads is not None:
+            return self.read_threads
+        return (
+            SQLITE_READ_THREADS if backend_name(self.storage) == "sqlite" else SERVER_READ_THREADS
+        )
 
 
 #: The shortest API token ``dse serve`` accepts off the loopback interface (a guessable token

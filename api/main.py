@@ -43,7 +43,7 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     if storage_url:
         settings = settings.model_copy(update={"storage": storage_url})
     # a connection per read thread, the version reads' and a few for the other routes
-    holder = StorageHolder(settings.storage, pool_size=settings.read_threads + 4)
+    holder = StorageHolder(settings.storage, pool_size=settings.effective_read_threads + 4)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,7 +71,7 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     app.state.storage = holder
     app.state.launcher = SubprocessLauncher()
     app.state.reads = Reads(
-        holder, threads=settings.read_threads, cache_mib=settings.read_cache_mib
+        holder, threads=settings.effective_read_threads, cache_mib=settings.read_cache_mib
     )
     app.state.space_checker = SpaceChecker(
         settings.validate_timeout_s, settings.validate_memory_mib

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 from dse.storage._engine import (
+    backend_name,
     has_password,
     head_revision,
     is_ephemeral,
@@ -46,6 +47,7 @@ __all__ = [
     "is_ephemeral",
     "has_password",
     "sqlite_file",
+    "backend_name",
     "FORMAT",
     "FORMAT_VERSION",
     "StudyExport",

@@ -97,6 +97,15 @@ def is_ephemeral(url: str) -> bool:
     return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
 
 
+def backend_name(url: str) -> str | None:
+    """The database kind of ``url`` (``sqlite``, ``postgresql``, ...), None for a malformed
+    URL (it fails when a storage opens it)."""
+    try:
+        return str(make_url(url).get_backend_name())
+    except Exception:  # noqa: BLE001 - a malformed URL fails when the storage opens
+        return None
+
+
 def sqlite_file(url: str) -> str | None:
     """The file of a SQLite URL that names one (not in memory, not a ``file:`` URI), else
     None (another backend, or a malformed URL: it fails when a storage opens it)."""

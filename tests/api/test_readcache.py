@@ -608,3 +608,29 @@ def test_a_shared_value_is_computed_once_by_concurrent_builds() -> None:
     with pytest.raises(RuntimeError):
         memo.get("counts", (1, 6), fail)
     assert memo.get("counts", (1, 6), lambda: {"total": 8}) == {"total": 8}
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "threads"),
+    [
+        ("sqlite:///dse.db", None, 1),
+        ("postgresql+psycopg://dse@127.0.0.1:5432/dse", None, 8),
+        ("sqlite:///dse.db", "4", 4),
+        ("postgresql+psycopg://dse@127.0.0.1:5432/dse", "2", 2),
+    ],
+)
+def test_read_threads_follow_the_database_kind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str, env: str | None, threads: int
+) -> None:
+    """Unset, SQLite gets one read thread (its reads are CPU work in the server's process:
+    more threads pass the interpreter lock between cores) and a database server eight
+    (BENCHMARKS 20); DSE_READ_THREADS wins either way."""
+    monkeypatch.chdir(tmp_path)
+    if env is None:
+        monkeypatch.delenv("DSE_READ_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("DSE_READ_THREADS", env)
+    settings = Settings(storage=url)
+    assert settings.effective_read_threads == threads
+    app = create_app(settings=settings)  # opens no database until the first request
+    assert app.state.reads.answers._pool._max_workers == threads
