@@ -15,7 +15,7 @@ __all__ = ["Settings", "is_loopback", "bind_warnings", "MAX_SERVE_WORKERS"]
 MAX_SERVE_WORKERS = 64
 #: Read threads when ``DSE_READ_THREADS`` is unset, on SQLite and on a database server
 #: (docs/BENCHMARKS.md, section 20).
-SQLITE_READ_THREADS = 1
+SQLITE_READ_THREADS = 2
 SERVER_READ_THREADS = 8
 
 

@@ -613,7 +613,7 @@ def test_a_shared_value_is_computed_once_by_concurrent_builds() -> None:
 @pytest.mark.parametrize(
     ("url", "env", "threads"),
     [
-        ("sqlite:///dse.db", None, 1),
+        ("sqlite:///dse.db", None, 2),
         ("postgresql+psycopg://dse@127.0.0.1:5432/dse", None, 8),
         ("sqlite:///dse.db", "4", 4),
         ("postgresql+psycopg://dse@127.0.0.1:5432/dse", "2", 2),
@@ -622,9 +622,9 @@ def test_a_shared_value_is_computed_once_by_concurrent_builds() -> None:
 def test_read_threads_follow_the_database_kind(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str, env: str | None, threads: int
 ) -> None:
-    """Unset, SQLite gets one read thread (its reads are CPU work in the server's process:
-    more threads pass the interpreter lock between cores) and a database server eight
-    (BENCHMARKS 20); DSE_READ_THREADS wins either way."""
+    """Unset, SQLite gets two read threads (its reads are CPU work in the server's process:
+    more pass the interpreter lock between cores; one would queue every build behind a
+    heavy one) and a database server eight (BENCHMARKS 20); DSE_READ_THREADS wins."""
     monkeypatch.chdir(tmp_path)
     if env is None:
         monkeypatch.delenv("DSE_READ_THREADS", raising=False)
