@@ -221,9 +221,12 @@ def study_gpu_usage(
     }
 
 
-def study_gpu_usage_of(storage: Any, study: Any) -> dict[str, Any]:
-    """:func:`study_gpu_usage` of a stored study (its trials, attributes and grid)."""
+def study_gpu_usage_of(
+    storage: Any, study: Any, records: Sequence[Any] | None = None
+) -> dict[str, Any]:
+    """:func:`study_gpu_usage` of a stored study (its trials, attributes and grid;
+    ``records``: its trials where the caller has listed them already)."""
     attrs = storage.get_study_attrs(study.id)
-    trials = storage.list_trials(study.id)
+    trials = storage.list_trials(study.id) if records is None else records
     device = str((study.hardware or {}).get("device") or "cpu")
     return study_gpu_usage(trials, attrs, device=device, grid=grid_of_study(study, attrs))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from dse.exceptions import DSEError
@@ -74,8 +75,11 @@ def export_to_optuna(storage: Any, study: Any, url: str, name: str | None = None
     return len(trials)
 
 
-def frozen_trials(storage: Any, study: Any) -> tuple[dict[str, Any], list[Any]]:
-    """The knob distributions of a study and its finished trials as Optuna trials."""
+def frozen_trials(
+    storage: Any, study: Any, records: Sequence[Any] | None = None
+) -> tuple[dict[str, Any], list[Any]]:
+    """The knob distributions of a study and its finished trials as Optuna trials
+    (``records``: the study's trials where the caller has listed them already)."""
     import optuna
 
     from dse.export import _stored_space
@@ -83,7 +87,7 @@ def frozen_trials(storage: Any, study: Any) -> tuple[dict[str, Any], list[Any]]:
     space = _stored_space(study.space_yaml, study.name)
     dists = distributions(space)
     trials = []
-    for t in storage.list_trials(study.id):
+    for t in storage.list_trials(study.id) if records is None else records:
         state = _STATES.get(t.state)
         if state is None:
             continue

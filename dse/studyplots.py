@@ -79,22 +79,25 @@ def slice_label(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
-def knob_importance(storage: Any, study: Any) -> tuple[dict[str, float] | None, str]:
+def knob_importance(
+    storage: Any, study: Any, records: Sequence[Any] | None = None
+) -> tuple[dict[str, float] | None, str]:
     """Optuna's PED-ANOVA importance of each knob on the study's complete trials, and how it
-    was computed (or why it could not be)."""
+    was computed (or why it could not be). ``records``: the study's trials where the caller
+    has listed them already."""
     import warnings
 
     import optuna
 
     from dse.optuna_export import frozen_trials
 
-    _, trials = frozen_trials(storage, study)
+    _, trials = frozen_trials(storage, study, records)
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     if len(done) < 3:
         return None, f"needs 3 complete trials ({len(done)} so far)"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ost = optuna.create_study(direction=study.direction)
-    ost.add_trials(trials)
+    ost.add_trials(done)  # PED-ANOVA reads the complete trials only
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -176,7 +179,7 @@ def study_plot_data(
     # computed where status and the API compute them (dse.gpu_usage)
     from dse.gpu_usage import study_gpu_usage_of
 
-    usage = study_gpu_usage_of(storage, study)
+    usage = study_gpu_usage_of(storage, study, trials)
     gpu = {
         **usage,
         "spent_gpu_hours": usage["gpu_hours"],
@@ -232,7 +235,7 @@ def study_plot_data(
         if cost_per_gpu_hour is not None:
             proj["cost_saved"] = proj["baseline"]["cost"] - proj["best"]["cost"]
 
-    importance, how = knob_importance(storage, study)
+    importance, how = knob_importance(storage, study, trials)
     best_n = None if best is None else best["trial"]
     ranked = sorted(
         (t for t in trials if t.state == "complete" and t.value is not None),

@@ -264,3 +264,31 @@ def test_the_report_data_carries_the_views(views: tuple[TestClient, ViewSeed]) -
         "gpt-h200", "gpt-h100", "gpt-bridge-h200",
     ]  # fmt: skip
     assert data["projection"]["baseline_trial"] == 0
+
+
+def test_the_report_data_lists_the_trials_once(
+    views: tuple[TestClient, ViewSeed], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Insights are the heaviest read answer (seconds at 10,000 trials, BENCHMARKS 20): the
+    study's trials are read once for all of their parts, and the importance from that one
+    list is the one computed on its own."""
+    from dse.studyplots import knob_importance, study_plot_data
+
+    _, seeded = views
+    storage = open_storage(seeded.url)
+    try:
+        study = storage.get_study("gpt-h200")
+        alone = knob_importance(storage, study)
+        calls: list[int] = []
+        listing = storage.list_trials
+
+        def counted(*a: Any, **k: Any) -> Any:
+            calls.append(1)
+            return listing(*a, **k)
+
+        monkeypatch.setattr(storage, "list_trials", counted)
+        data = study_plot_data(storage, study)
+    finally:
+        storage.close()
+    assert len(calls) == 1
+    assert (data["importance"], data["importance_how"]) == alone
