@@ -524,3 +524,36 @@ def test_loss_function_builds_nothing_from_host_memory(monkeypatch: pytest.Monke
     assert float(loss_sum) == 15.0
     assert num_tokens.dtype == torch.int and int(num_tokens) == 6
     assert report["lm loss"].tolist() == [15.0, 6.0]
+
+
+_L2_CHECK = """
+import json, torch
+from dse.workloads.megatron import _cpu_shims
+_cpu_shims.install()
+from megatron.core import utils
+from dse.workloads.megatron import _compat
+g = torch.Generator().manual_seed(0)
+lists = [[torch.randn(37, 5, generator=g), torch.randn(11, generator=g) * 1e3,
+          torch.randn(3, 3, generator=g).bfloat16()]]  # as clip_grads passes them: one list
+ref, _ = utils.local_multi_tensor_l2_norm(2048, None, lists, False)
+got, _ = _compat.l2_norm_on_device(2048, None, lists, False)
+first, again = _compat.apply(), _compat.apply()
+from megatron.core.optimizer import clip_grads
+print(json.dumps({"ref": ref.tolist(), "got": got.tolist(), "dtype": str(got.dtype),
+                  "first": first, "again": again,
+                  "bound": clip_grads.l2_norm_impl is _compat.l2_norm_on_device}))
+"""
+
+
+@needs_megatron
+def test_gradient_norm_without_apex_stays_on_the_device() -> None:
+    """Megatron-Core's own fallback (a host copy per parameter tensor) and dse's on-device
+    one give the same norm; apply() binds it once, where Megatron fell back."""
+    r = subprocess.run([sys.executable, "-c", _L2_CHECK], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["dtype"] == "torch.float32" and len(out["got"]) == 1
+    assert out["got"][0] == pytest.approx(out["ref"][0], rel=1e-6)
+    assert "clip_grads.l2_norm_impl=l2_norm_on_device" in out["first"]
+    assert not any("clip_grads" in x for x in out["again"]) and out["bound"]
