@@ -15,7 +15,10 @@ over time is not read as an effect of a condition:
 * ``pinned``: ``manual_gc``, and the training thread bound to one CPU core;
 * ``legacy_loss``: the trainer's loss function as it was before it kept the token count on
   the device (``torch.tensor(n, device=...)``: a copy from host memory, which on a GPU waits
-  for the stream to drain at every micro-batch).
+  for the stream to drain at every micro-batch);
+* ``legacy_norm``: Megatron-Core's own ``local_multi_tensor_l2_norm`` for the gradient norm
+  again, where dse's trainer bound its on-device norm (``workloads/megatron/_compat.py``):
+  one copy to the host per parameter tensor and step.
 
 ``--count-syncs`` (CUDA) then runs 5 more steps per condition under
 ``torch.cuda.set_sync_debug_mode("warn")`` and records how many operations synchronized the
@@ -33,6 +36,7 @@ build on, not a result of dse.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -42,6 +46,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +58,7 @@ import adaptive_window as aw  # noqa: E402  (a sibling bench script)
 
 from dse.measure import MeasurementSpec  # noqa: E402
 
-CONDITIONS = ("default", "manual_gc", "pinned", "legacy_loss")
+CONDITIONS = ("default", "manual_gc", "pinned", "legacy_loss", "legacy_norm")
 
 
 def _legacy_loss_func(output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -65,6 +70,28 @@ def _legacy_loss_func(output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
     num_tokens = torch.tensor(losses.numel(), dtype=torch.int, device=losses.device)
     report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
     return loss_sum, num_tokens, {"lm loss": report}
+
+
+@contextlib.contextmanager
+def _legacy_parts(tr: aw.Trainer, condition: str) -> Iterator[None]:
+    """Within: the trainer's loss function or Megatron-Core's gradient norm as they were,
+    per ``condition``; both restored on the way out."""
+    loss_func = tr.trainer._loss_func
+    clip_grads = norm = None
+    if condition == "legacy_norm":
+        from megatron.core import utils
+        from megatron.core.optimizer import clip_grads
+
+        norm = clip_grads.l2_norm_impl
+        clip_grads.l2_norm_impl = utils.local_multi_tensor_l2_norm
+    if condition == "legacy_loss":
+        tr.trainer._loss_func = _legacy_loss_func
+    try:
+        yield
+    finally:
+        tr.trainer._loss_func = loss_func
+        if clip_grads is not None:
+            clip_grads.l2_norm_impl = norm
 
 
 def _proc_stat() -> tuple[int, int]:
@@ -111,10 +138,7 @@ def _window(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition: str, co
     probe = _StepProbe()
     gc.callbacks.append(probe.gc_callback)
     old_affinity = os.sched_getaffinity(0)
-    loss_func = tr.trainer._loss_func
     try:
-        if condition == "legacy_loss":
-            tr.trainer._loss_func = _legacy_loss_func
         if condition in ("manual_gc", "pinned"):
             gc.collect()
             gc.freeze()
@@ -122,9 +146,9 @@ def _window(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition: str, co
         if condition == "pinned":
             os.sched_setaffinity(0, {core})  # pid 0: this (the training) thread only
         probe._last = (time.perf_counter(), time.thread_time(), *_proc_stat())
-        tr.trainer._train(plan, built, tr.device, tr.dist, probe)
+        with _legacy_parts(tr, condition):
+            tr.trainer._train(plan, built, tr.device, tr.dist, probe)
     finally:
-        tr.trainer._loss_func = loss_func
         os.sched_setaffinity(0, old_affinity)
         gc.enable()
         gc.unfreeze()
@@ -139,20 +163,15 @@ def _syncs_per_step(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition:
     steps = 5
     short = spec.model_copy(update={"measurement": MeasurementSpec(
         mode="adaptive", min_steps=steps, max_steps=steps).model_dump(mode="json")})  # fmt: skip
-    loss_func = tr.trainer._loss_func
-    if condition == "legacy_loss":
-        tr.trainer._loss_func = _legacy_loss_func
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                tr.trainer._train(dataclasses.replace(plan, spec=short), built, tr.device,
-                                  tr.dist, None)  # fmt: skip
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        tr.trainer._loss_func = loss_func
+    with _legacy_parts(tr, condition), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            tr.trainer._train(
+                dataclasses.replace(plan, spec=short), built, tr.device, tr.dist, None
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message) for w in caught) / steps
 
 
