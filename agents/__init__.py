@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from dse.agents._base import BaseAgent, Feedback, MemoryHint, Proposal
+from dse.agents._base import BaseAgent, Feedback, MemoryHint, Proposal, SpeedHint
 from dse.agents._common import Observation, SpaceAgent
 from dse.agents._factory import AGENTS, agent_class, create_agent
 from dse.agents._simple import GridAgent, RandomAgent
@@ -35,6 +35,7 @@ __all__ = [
     "Proposal",
     "RandomAgent",
     "SpaceAgent",
+    "SpeedHint",
     "TPEAgent",
     "agent_class",
     "create_agent",

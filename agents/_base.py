@@ -17,7 +17,7 @@ from typing import Any
 from dse.records import MEASURED_STATES, FailureClass, FinishedState
 from dse.space import SearchSpace
 
-__all__ = ["BaseAgent", "Proposal", "Feedback", "MemoryHint", "Validity"]
+__all__ = ["BaseAgent", "Proposal", "Feedback", "MemoryHint", "SpeedHint", "Validity"]
 
 #: ``valid(params) -> bool``: whether a configuration (its knob values) passes the validity
 #: rules. The proposer hands one to the agent (:meth:`BaseAgent.set_validity`).
@@ -29,6 +29,13 @@ Validity = Callable[[Mapping[str, Any]], bool]
 #: judge whether an unmeasured configuration fits in memory. It is an estimate, never a
 #: measurement, and never a reason to skip a configuration on its own.
 MemoryHint = Callable[[Mapping[str, Any]], "tuple[float, float] | None"]
+
+#: ``hint(params) -> estimated value of the study's first objective`` (in its own unit, e.g.
+#: TFLOP/s per GPU or step seconds) of a configuration, or None when it cannot say. The
+#: study loop builds one from the cost model's speed estimate; the model-based agents
+#: without the knob-semantics prior order their start-up trials by it. An estimate, never a
+#: measurement.
+SpeedHint = Callable[[Mapping[str, Any]], "float | None"]
 
 
 @dataclass(frozen=True)

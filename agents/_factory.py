@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from dse.agents._base import MemoryHint
+from dse.agents._base import MemoryHint, SpeedHint
 from dse.agents._common import SpaceAgent
 from dse.records import AgentName
 from dse.space import SearchSpace
@@ -60,10 +60,16 @@ class _Agents(Mapping[str, type[SpaceAgent]]):
 AGENTS: Mapping[str, type[SpaceAgent]] = _Agents()
 
 
-def create_agent(space: SearchSpace, memory_hint: MemoryHint | None = None) -> SpaceAgent:
+def create_agent(
+    space: SearchSpace,
+    memory_hint: MemoryHint | None = None,
+    speed_hint: SpeedHint | None = None,
+) -> SpaceAgent:
     """The agent ``space.agent.name`` names, seeded with ``space.agent.seed``.
 
-    ``memory_hint`` (see :data:`MemoryHint`) goes to the model-based agents' structured start.
+    ``memory_hint`` (see :data:`MemoryHint`) goes to the model-based agents' structured start
+    and fit check; ``speed_hint`` (see :data:`SpeedHint`) to their start without the prior
+    (``agent.prior: false``), when ``agent.estimate`` is on.
     """
     name = space.agent.name
     try:
@@ -72,6 +78,10 @@ def create_agent(space: SearchSpace, memory_hint: MemoryHint | None = None) -> S
         raise ValueError(e.args[0]) from None
     if _REGISTRY[name][2]:
         return cls(  # type: ignore[call-arg]
-            space, seed=space.agent.seed, prior=space.agent.prior, memory_hint=memory_hint
+            space,
+            seed=space.agent.seed,
+            prior=space.agent.prior,
+            memory_hint=memory_hint,
+            speed_hint=speed_hint if space.agent.estimate else None,
         )
     return cls(space, seed=space.agent.seed)  # type: ignore[call-arg]

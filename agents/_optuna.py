@@ -54,8 +54,9 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from dse.agents._base import Feedback, MemoryHint
+from dse.agents._base import Feedback, MemoryHint, SpeedHint
 from dse.agents._common import ENUMERATE_LIMIT, SpaceAgent, canonical
+from dse.agents._estimate import EstimateGuide
 from dse.agents._prior import PriorGuide
 from dse.exceptions import DSEError
 from dse.records import MEASURED_STATES, OOM_CLASSES, REJECTION_KINDS, finite
@@ -103,6 +104,8 @@ class OptunaAgent(SpaceAgent):
         prior: use the knob-semantics structured start before the sampler.
         memory_hint: predicted memory of a configuration, for the structured start and the
             sampler's fit check (see :data:`dse.agents.MemoryHint`).
+        speed_hint: estimated objective of a configuration; without the prior, the start-up
+            trials follow it (:mod:`dse.agents._estimate`) instead of random samples.
         max_retries: samples drawn again when the sampler repeats a known configuration or
             draws one that cannot fit (default: the class's ``default_retries``).
     """
@@ -118,6 +121,7 @@ class OptunaAgent(SpaceAgent):
         prior: bool = True,
         max_retries: int | None = None,
         memory_hint: MemoryHint | None = None,
+        speed_hint: SpeedHint | None = None,
     ) -> None:
         super().__init__(space, seed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -136,7 +140,11 @@ class OptunaAgent(SpaceAgent):
         self._worst: list[float | None] = [None] * len(self._directions)
         guide = PriorGuide(space, self._rng, memory_hint)
         #: the structured start (knob-semantics prior), when on
-        self._guide = guide if prior and guide.enabled else None
+        self._guide: PriorGuide | EstimateGuide | None = guide if prior and guide.enabled else None
+        if self._guide is None and not prior:
+            # without the prior: the cost model's speed estimate, where there is one
+            estimate = EstimateGuide(space, speed_hint, guide)
+            self._guide = estimate if estimate.enabled else None
         #: the memory reasoning of the sampler's fit check, with or without the start
         self._memory = guide
         self._n_prior = space.agent.n_startup_trials
@@ -303,8 +311,8 @@ class OptunaAgent(SpaceAgent):
         if every is not None:
             yield from every
             return
-        # a large space: the ideal configuration, moves of one or two knobs from the best
-        # so far and from the ideal, and random configurations
+        # a large space: moves of one or two knobs from the best so far (and, with the
+        # prior, the ideal configuration and moves from it), and random configurations
         assert self._guide is not None
         done = [ob for ob in self._observations if ob.feedback.measured]
         sign = 1.0 if self.space.objective.direction == "maximize" else -1.0
@@ -313,11 +321,14 @@ class OptunaAgent(SpaceAgent):
             if done
             else self.space.baseline()
         )
-        ideal = self._guide.ideal(inc)
-        yield ideal
-        for root in (inc, ideal):
+        roots = [inc]
+        if isinstance(self._guide, PriorGuide):
+            ideal = self._guide.ideal(inc)
+            yield ideal
+            roots.append(ideal)
+        for root in roots:
             yield from self._moves(root, depth=2)
-        for _ in range(512):
+        for _ in range(512 * (3 - len(roots))):  # the estimate looks wider without an ideal
             yield self._random_config()
 
     def _moves(self, root: Mapping[str, Any], depth: int) -> Iterator[dict[str, Any]]:

@@ -96,6 +96,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="tpe/gp/nsga2 without the knob-semantics start (random start-up trials)",
     )
     p.add_argument(
+        "--no-estimate",
+        action="store_true",
+        help="with --no-prior: random start-up trials, not the cost model's speed estimate",
+    )
+    p.add_argument(
         "--no-memory-hint",
         action="store_true",
         help="tpe/gp/nsga2 start without the cost model's memory predictions",
@@ -131,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             prior=not getattr(args, "no_prior", False),
             full_budget=getattr(args, "full_budget", False),
             memory_hint=not getattr(args, "no_memory_hint", False),
+            estimate=not getattr(args, "no_estimate", False),
         )
     except DSEError as e:
         return _fail(str(e))
@@ -158,6 +164,7 @@ def bench(
     prior: bool = True,
     full_budget: bool = False,
     memory_hint: bool = True,
+    estimate: bool = True,
 ) -> dict[str, Any]:
     """The benchmark as a dict (the ``--json`` object)."""
     from dse.rules import check
@@ -212,6 +219,7 @@ def bench(
                     full_budget,
                     memory_hint,
                     storage,
+                    estimate,
                 )
                 for seed in range(seeds)
             ]
@@ -244,6 +252,7 @@ def bench(
         "prior": prior,
         "full_budget": full_budget,
         "memory_hint": memory_hint,
+        "estimate": estimate,
         "agents": per_agent,
     }
 
@@ -274,19 +283,20 @@ def run_one(
     full_budget: bool = False,
     memory_hint: bool = False,
     storage: Any = None,
+    estimate: bool = False,
 ) -> RunStats:
     """One agent, one seed: the study loop (:class:`dse.study.StudyRunner`) on an in-process
     runner that answers each trial from the table, with in-memory storage, until the target
     is measured (or, with ``full_budget``, until ``budget`` trials ran) or the agent is spent.
     """
     from dse.agents import create_agent
-    from dse.proposer import cost_model_memory_hint
+    from dse.proposer import cost_model_memory_hint, cost_model_speed_hint
     from dse.storage import open_storage
     from dse.study import Progress, StudyRunner
     from dse.workloads.runners import InProcessRunner
 
     t0 = time.perf_counter()
-    upd: dict[str, Any] = {"name": agent_name, "seed": seed, "prior": prior}
+    upd: dict[str, Any] = {"name": agent_name, "seed": seed, "prior": prior, "estimate": estimate}
     if n_startup_trials is not None:
         upd["n_startup_trials"] = n_startup_trials
     sp = space.model_copy(
@@ -299,10 +309,15 @@ def run_one(
     )
     features = set(sp.resources.features) if isinstance(sp.resources.features, list) else None
     cm = None
-    if prescreen or memory_hint:
+    if prescreen or memory_hint or (estimate and not prior):
         cm = _cost_model_class()(sp.model, sp.semantics, sp.resources)
-    # as in a study: the agent may weigh the calibrated cost model's memory predictions
-    agent = create_agent(sp, cost_model_memory_hint(sp, cm) if memory_hint else None)
+    # as in a study: the agent may weigh the calibrated cost model's memory predictions (and,
+    # without the prior, order its start by the speed estimate)
+    agent = create_agent(
+        sp,
+        cost_model_memory_hint(sp, cm) if memory_hint else None,
+        cost_model_speed_hint(sp, cm) if estimate else None,
+    )
     own = storage is None
     st = open_storage("sqlite://") if own else storage
     hit: list[int] = []
@@ -373,7 +388,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['best_value']:g}, target {arrow} {report['target_value']:.4g} "
         f"(gap {report['target_gap']:.1%}), {report['seeds']} seeds, budget "
         f"{report['budget']} trials, prescreen {'on' if report['prescreen'] else 'off'}, "
-        f"prior {'on' if report.get('prior', True) else 'off'}, "
+        f"prior {'on' if report.get('prior', True) else 'off'}"
+        + (
+            ""
+            if report.get("prior", True)
+            else f" (speed estimate {'on' if report.get('estimate', True) else 'off'})"
+        )
+        + ", "
         f"memory hint {'on' if report.get('memory_hint', True) else 'off'}"
         + (", full budget" if report.get("full_budget") else ""),
         "",

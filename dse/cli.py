@@ -127,7 +127,7 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     import time
 
     from dse.agents import create_agent
-    from dse.proposer import cost_model_memory_hint
+    from dse.proposer import cost_model_memory_hint, cost_model_speed_hint
     from dse.reconcile import Owner
     from dse.storage import open_storage
     from dse.study import StudyRunner, detect_trial_features
@@ -145,7 +145,11 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
         try:
             features = detect_trial_features(space, space.runner.python)
             cost_model = _make_cost_model(space)
-            agent = create_agent(space, cost_model_memory_hint(space, cost_model))
+            agent = create_agent(
+                space,
+                cost_model_memory_hint(space, cost_model),
+                cost_model_speed_hint(space, cost_model),
+            )
         except BaseException:
             runner.close()
             raise

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from dse.agents import BaseAgent, Feedback, MemoryHint, Proposal
+from dse.agents import BaseAgent, Feedback, MemoryHint, Proposal, SpeedHint
 from dse.records import OOM_CLASSES, FinishedState, Outcome, RejectionKind, finite
 from dse.rules import check
 from dse.space import SearchSpace, params_key
@@ -34,6 +34,7 @@ __all__ = [
     "feedback_from_outcome",
     "cost_model_prescreen",
     "cost_model_memory_hint",
+    "cost_model_speed_hint",
     "UNCALIBRATED_SD",
 ]
 
@@ -212,6 +213,28 @@ def cost_model_memory_hint(space: SearchSpace, cost_model: Any) -> MemoryHint | 
         err = cost_model.peak_error
         sd = UNCALIBRATED_SD if err is None else max(0.03, 1.5 * float(err))
         return pred, sd
+
+    return hint
+
+
+def cost_model_speed_hint(space: SearchSpace, cost_model: Any) -> SpeedHint | None:
+    """The speed hint (:data:`dse.agents.SpeedHint`) of a cost model: its estimate of the
+    study's first objective (TFLOP/s per GPU, tokens/s per GPU or step time) for a
+    configuration. None without a cost model or for an objective it does not estimate."""
+    metric = space.objective.metric
+    if cost_model is None or metric not in (
+        "tflops_per_gpu",
+        "step_time_s",
+        "tokens_per_s_per_gpu",
+    ):
+        return None
+
+    def hint(params: Any) -> float | None:
+        try:
+            est = cost_model.estimate_throughput(space.full_params(params))
+        except (KeyError, ValueError, ArithmeticError):
+            return None
+        return _metric(space, est, metric)
 
     return hint
 

@@ -80,7 +80,12 @@ def cmd_parse_log(args: argparse.Namespace) -> int:
 def dry_run(space: Any, n: int) -> str:
     """The first ``n`` trials the agent would launch, as text (nothing runs)."""
     from dse.agents import create_agent
-    from dse.proposer import Proposer, cost_model_memory_hint, cost_model_prescreen
+    from dse.proposer import (
+        Proposer,
+        cost_model_memory_hint,
+        cost_model_prescreen,
+        cost_model_speed_hint,
+    )
     from dse.study import trial_launch
     from dse.workloads import trial_command
 
@@ -92,7 +97,11 @@ def dry_run(space: Any, n: int) -> str:
     except ImportError:
         pass
     feats = space.resources.features
-    agent = create_agent(space, cost_model_memory_hint(space, cost_model))
+    agent = create_agent(
+        space,
+        cost_model_memory_hint(space, cost_model),
+        cost_model_speed_hint(space, cost_model),
+    )
     proposer = Proposer(
         space,
         agent,

@@ -587,6 +587,12 @@ class AgentSpec(_Strict):
         "(fused kernels, no recompute, larger micro-batches, smaller model-parallel sizes "
         "first, within the memory seen) instead of random samples.",
     )
+    estimate: bool = Field(
+        True,
+        description="tpe/gp/nsga2 with prior: false: fill the start-up trials from the cost "
+        "model's speed estimate of the objective, corrected by the trials measured, instead "
+        "of random samples (where the cost model estimates the objective).",
+    )
     warm_start: list[dict[Annotated[str, Field(max_length=B.MAX_NAME_CHARS)], Scalar]] = Field(
         default_factory=list,
         max_length=B.MAX_LIST_ITEMS,
