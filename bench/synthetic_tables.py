@@ -14,7 +14,8 @@ They are no training result, only a terrain on which to run ``dse bench``; the p
 stays off.
 
 Run:  python bench/synthetic_tables.py [--seeds 20] [--agents tpe,random] [--sigma 0.01]
-          [--model-error 0.1] [--no-memory-hint] [--no-prior] [--keep DIR] [--check]
+          [--model-error 0.1] [--no-memory-hint] [--no-prior] [--no-estimate] [--keep DIR]
+          [--check]
 
 Prints, per scenario, the table's size and, per agent, the median trials to within 2% of the
 table's best (baseline included); ``--check`` exits 1 when the best model-based agent misses
@@ -187,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-memory-hint", action="store_true", help="agents without the hint")
     ap.add_argument("--no-prior", action="store_true", help="agents without the structured start")
+    ap.add_argument(
+        "--no-estimate",
+        action="store_true",
+        help="with --no-prior: random start-up trials, not the cost model's speed estimate (the "
+        "tables are made from that estimate: with it, the start is judged against itself)",
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--keep", help="folder to keep the tables in (default: a temporary one)")
     ap.add_argument("--check", action="store_true")
@@ -205,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 seeds=args.seeds,
                 memory_hint=not args.no_memory_hint,
                 prior=not args.no_prior,
+                estimate=not args.no_estimate,
             )
             n_valid = rep["n_valid"]
             print(f"{name}: {sum(counts.values())} rows ({counts['ok']} ok, {counts['oom']} oom, "

@@ -7,10 +7,11 @@ that ran out of memory or has no row returned as a failed trial. A repeated conf
 is answered from the first measurement and is not counted (as in ``dse bench``, where
 duplicates are never run). Prints, per seed, the trials (baseline included) until one within
 ``--target-gap`` of the table's best, and the median. Also runs ``dse bench``'s agents on
-the same table with ``--no-prior`` for the side-by-side figure.
+the same table with ``--no-prior --no-estimate`` (the samplers alone; ``--estimate``: with
+the cost model's speed estimate as their start) for the side-by-side figure.
 
     python bench/vanilla_tpe.py --table ../shared/data/h200_llama1b_unfused_1gpu.jsonl
-        [--seeds 20] [--agents tpe,gp,random] [--startup 10] [--multivariate]
+        [--seeds 20] [--agents tpe,gp,random] [--startup 10] [--multivariate] [--estimate]
 """
 
 from __future__ import annotations
@@ -72,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup", type=int, default=10, help="TPESampler n_startup_trials")
     ap.add_argument("--multivariate", action="store_true")
     ap.add_argument("--target-gap", type=float, default=0.02)
+    ap.add_argument("--estimate", action="store_true", help="dse's agents with the speed estimate")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    rep = bench(args.table, args.agents.split(","), seeds=args.seeds, prior=False)
+    rep = bench(
+        args.table, args.agents.split(","), seeds=args.seeds, prior=False, estimate=args.estimate
+    )
     table = ReplayTable.load(args.table)
     target = rep["best_value"] * (1 - args.target_gap)
     ttt = [
@@ -92,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{args.table}: {rep['n_valid']} valid configurations, {args.seeds} seeds, no prior")
+    how = "speed estimate" if args.estimate else "no speed estimate"
+    print(
+        f"{args.table}: {rep['n_valid']} valid configurations, {args.seeds} seeds, no prior, {how}"
+    )
     for a, r in rep["agents"].items():
         per = " ".join("-" if t is None else str(t) for t in r["trials_to_target"])
         print(f"  dse {a:8s} median {r['median_trials_to_target']!s:>5}   {per}")
