@@ -14,10 +14,16 @@ The start then proposes, among the unseen configurations that pass the rules and
 *corrected* estimate: the estimate times the ratio measured / estimated of the trials that
 ran, averaged with weights :data:`DECAY` ** (number of knobs in which the two differ). After
 the baseline alone the correction is one number, so the first choice is the estimate's best;
-where the estimate was wrong, the configurations near the wrong one inherit its error. The
-start hands over to the sampler after ``n_startup_trials`` launched trials, or as soon as no
-candidate's corrected estimate beats the best measured value. Every figure here is an
-estimate used to order candidates; nothing is recorded as a result.
+where the estimate was wrong, the configurations near the wrong one inherit its error.
+
+It goes on only while the estimate is right: once one of its picks measured no better than
+the best measured before it (or ran out of memory or failed), or no candidate's corrected
+estimate beats the best measured value, the picks end, and the rest of the
+``n_startup_trials`` start-up trials are random samples, as without the estimate; then the
+sampler takes over. The start is as long as without the estimate: its picks take the place
+of random start-up trials. (The picks are counted in memory: after a restart the start may
+pick again from the corrected estimate.) Every figure here is an estimate used to
+order candidates; nothing is recorded as a result.
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ class EstimateGuide:
         self.enabled = speed_hint is not None and SPEED_METRICS.get(obj.metric) == obj.direction
         self._sign = 1.0 if obj.direction == "maximize" else -1.0
         self._log_est: dict[str, float | None] = {}
+        #: (configuration key, best log value measured when it was picked) of each pick
+        self._picks: list[tuple[str, float]] = []
+        self._over = False
+        self.max_picks = space.agent.n_startup_trials
 
     def log_estimate(self, params: Mapping[str, Any]) -> float | None:
         """log of the hint's estimate of ``params`` (None where it gives none)."""
@@ -94,13 +104,13 @@ class EstimateGuide:
         valid: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> dict[str, Any] | None:
         """The unseen candidate with the largest expected gain ``P(fits) * (corrected
-        estimate - best measured)`` on the log scale, or None when none promises a gain."""
+        estimate - best measured)`` on the log scale; None when none promises a gain or the
+        picks are over (see the module docstring)."""
+        if self._over or self._lost(observations) or len(self._picks) >= self.max_picks:
+            self._over = True
+            return None
         corr = self.corrections(observations)
-        ref = -math.inf
-        for ob in observations:
-            fb = ob.feedback
-            if fb.measured and fb.values and float(fb.values[0]) > 0:
-                ref = max(ref, self._sign * math.log(float(fb.values[0])))
+        ref = self._best(observations)
         fits, ooms, cap = self._memory.memory_evidence(observations)
         best, choice = 0.0, None
         for c in candidates:
@@ -118,7 +128,38 @@ class EstimateGuide:
             gain *= self._memory.p_fits(c, fits, ooms, cap)
             if gain > best + 1e-12:
                 best, choice = gain, dict(c)
+        if choice is None:
+            self._over = True
+        else:
+            self._picks.append((params_key(choice), ref))
         return choice
+
+    @property
+    def n_picks(self) -> int:
+        """The configurations picked so far."""
+        return len(self._picks)
+
+    def _best(self, observations: Sequence[Observation]) -> float:
+        """The best measured value, signed log (-inf before any)."""
+        ref = -math.inf
+        for ob in observations:
+            fb = ob.feedback
+            if fb.measured and fb.values and float(fb.values[0]) > 0:
+                ref = max(ref, self._sign * math.log(float(fb.values[0])))
+        return ref
+
+    def _lost(self, observations: Sequence[Observation]) -> bool:
+        """Whether a pick that finished measured no better than the best before it."""
+        done = {params_key(ob.params): ob.feedback for ob in observations}
+        for key, ref in self._picks:
+            fb = done.get(key)
+            if fb is None:
+                continue  # still running
+            if not (fb.measured and fb.values and float(fb.values[0]) > 0):
+                return True
+            if self._sign * math.log(float(fb.values[0])) <= ref + 1e-12:
+                return True
+        return False
 
 
 def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:

@@ -150,6 +150,8 @@ class OptunaAgent(SpaceAgent):
         self._n_prior = space.agent.n_startup_trials
         self._prior_pending: set[str] = set()
         self._start_count = 1 + len(space.agent.warm_start)
+        #: random start-up trials proposed after the estimate's picks (estimate start only)
+        self._random_starts = 0
 
     # --- sampler ---------------------------------------------------------------------------
     def _make_sampler(self) -> optuna.samplers.BaseSampler:  # pragma: no cover - abstract
@@ -161,9 +163,15 @@ class OptunaAgent(SpaceAgent):
     # --- hooks -----------------------------------------------------------------------------
     def _suggest(self) -> tuple[dict[str, Any], Any] | None:
         if self._prior_active():
-            c = self._guide.propose(  # type: ignore[union-attr]
+            assert self._guide is not None
+            c = self._guide.propose(
                 self._observations, self._prior_candidates(), self._seen, self.valid
             )
+            if c is None and isinstance(self._guide, EstimateGuide):
+                # the estimate's picks are over: the rest of the start-up trials are random
+                # samples, as without the estimate
+                c = self._random_unseen(accept=self._fit_check())
+                self._random_starts += c is not None
             if c is not None:
                 trial = self._fixed(c)
                 self._prior_pending.add(params_key(c))
@@ -301,6 +309,9 @@ class OptunaAgent(SpaceAgent):
     def _prior_active(self) -> bool:
         if self._guide is None:
             return False
+        if isinstance(self._guide, EstimateGuide):
+            # its picks, then random start-up trials: n_startup_trials in all
+            return self._random_starts + self._guide.n_picks < self._n_prior
         launched = sum(
             1 for ob in self._observations if ob.feedback.failure_class not in REJECTION_KINDS
         )

@@ -16,7 +16,7 @@ from dse.bench import bench
 from dse.costmodel import CostModel
 from dse.proposer import cost_model_speed_hint
 from dse.rules import check
-from dse.space import SearchSpace, load_space, parse_space
+from dse.space import SearchSpace, load_space, params_key, parse_space
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,15 +160,79 @@ def test_rules_are_respected_by_the_start() -> None:
     }
 
 
-def test_the_start_hands_over_when_nothing_promises_a_gain() -> None:
-    """The baseline measures far above every estimate: no candidate's corrected estimate
-    beats it, so the sampler proposes from the first call on (not the estimate's order)."""
-    sp = _space({"n_startup_trials": 10})
-    without = create_agent(sp)
-    flat = create_agent(sp, speed_hint=lambda p: 50.0)  # the same estimate everywhere
-    b = _run(flat, lambda p: _measured(_estimate(p)), 4)
-    c = _run(without, lambda p: _measured(_estimate(p)), 4)
-    assert b == c  # nothing promised a gain: the sampler's own (seeded) proposals
+def _guide(sp: SearchSpace, hint: Any) -> Any:
+    from dse.agents._estimate import EstimateGuide
+    from dse.agents._prior import PriorGuide
+
+    return EstimateGuide(sp, hint, PriorGuide(sp, random.Random(0), _fits))
+
+
+def _ob(p: dict[str, Any], fb: Feedback) -> Any:
+    from dse.agents import Observation
+
+    return Observation(dict(p), fb)
+
+
+def test_the_picks_end_when_one_loses_and_random_starts_follow() -> None:
+    """The estimate's best measures below the baseline: no more picks, even if a later
+    measurement makes the estimate look right again; the rest of the n_startup_trials
+    start-up trials are random samples, then the sampler's model takes over."""
+    sp = _space({"n_startup_trials": 3})
+    configs = list(sp.iter_configs())
+    guide = _guide(sp, _estimate)
+    base = sp.baseline()
+    obs = [_ob(base, _measured(_estimate(base)))]
+    first = guide.propose(obs, configs, {params_key(base)})
+    assert first == {"micro_batch_size": 8, "recompute": "none", "cross_entropy_loss_fusion": True}
+    obs.append(_ob(first, _measured(10.0)))  # far below the baseline's 77
+    seen = {params_key(base), params_key(first)}
+    assert guide.propose(obs, configs, seen) is None
+    obs.append(_ob(configs[0], _measured(1000.0)))
+    assert guide.propose(obs, configs, seen | {params_key(configs[0])}) is None
+
+    def truth(p: dict[str, Any]) -> Feedback:
+        return _measured(10.0 if p == first else _estimate(p))
+
+    agent = create_agent(sp, memory_hint=_fits, speed_hint=_estimate)
+    got = _run(agent, truth, 2 + 3 + 2)
+    assert got[1] == first
+    assert agent._random_starts == 2  # 1 pick + 2 random = n_startup_trials, then the sampler
+    assert len({params_key(p) for p in got}) == len(got)
+
+
+def test_the_picks_end_when_nothing_promises_a_gain() -> None:
+    """The same estimate everywhere: after the baseline nothing is estimated faster than it
+    measured, so the guide picks nothing."""
+    sp = _space({})
+    guide = _guide(sp, lambda p: 50.0)
+    base = sp.baseline()
+    obs = [_ob(base, _measured(77.0))]
+    assert guide.propose(obs, list(sp.iter_configs()), {params_key(base)}) is None
+
+
+def test_a_winning_pick_lets_the_estimate_pick_again() -> None:
+    """Full recompute measures at twice its estimate (the baseline among them), the rest at
+    theirs: the first pick (MBS 8, none) still beats the baseline, so the estimate picks
+    again, now corrected: not its own second best (MBS 8, none, no fusion: one knob from the
+    pick, which measured as estimated), but MBS 8 with selective recompute, two knobs from
+    both measurements, which inherits half of the baseline's error."""
+    sp = _space({"n_startup_trials": 3})
+    agent = create_agent(sp, memory_hint=_fits, speed_hint=_estimate)
+    truth = lambda p: _measured(  # noqa: E731
+        _estimate(p) * (2.0 if p["recompute"] == "full" else 1.0)
+    )
+    got = _run(agent, truth, 3)
+    assert got[1] == {
+        "micro_batch_size": 8,
+        "recompute": "none",
+        "cross_entropy_loss_fusion": True,
+    }
+    assert got[2] == {
+        "micro_batch_size": 8,
+        "recompute": "selective",
+        "cross_entropy_loss_fusion": False,
+    }
+    assert agent._random_starts == 0
 
 
 def test_estimate_false_or_prior_on_ignores_the_speed_hint() -> None:
