@@ -7,6 +7,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -43,6 +44,32 @@ def shared_table() -> Path:
     """The measured H200 table (examples/tables/); a missing file is an error, not a skip."""
     assert SHARED_TABLE.exists(), f"measured table missing: {SHARED_TABLE}"
     return SHARED_TABLE
+
+
+#: A small dense model for the agent and proposer tests (no training: shapes only).
+SMALL_MODEL: dict[str, Any] = {
+    "num_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "ffn_hidden_size": 512,
+    "vocab_size": 1024,
+}
+
+
+def small_space(study: str, knobs: dict[str, Any], world_size: int = 1, **extra: Any) -> Any:
+    """A parsed space over :data:`SMALL_MODEL` (GBS 8, sequence 128, 80 GiB GPUs), ``extra``
+    replacing top-level fields."""
+    from dse.space import parse_space
+
+    data: dict[str, Any] = {
+        "study": study,
+        "model": dict(SMALL_MODEL),
+        "semantics": {"global_batch_size": 8, "seq_length": 128},
+        "resources": {"world_size": world_size, "gpu_memory_gib": 80.0, "features": []},
+        "knobs": knobs,
+    }
+    data.update(extra)
+    return parse_space(data)
 
 
 @pytest.fixture

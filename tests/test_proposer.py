@@ -19,27 +19,16 @@ from dse.proposer import (
 from dse.records import Outcome
 from dse.rules import check
 from dse.space import SearchSpace, params_key, parse_space
+from tests.conftest import small_space
 
 
 def _space(**extra: Any) -> SearchSpace:
-    data: dict[str, Any] = {
-        "study": "proposer",
-        "model": {
-            "num_layers": 4,
-            "hidden_size": 256,
-            "num_attention_heads": 4,
-            "ffn_hidden_size": 512,
-            "vocab_size": 1024,
-        },
-        "semantics": {"global_batch_size": 8, "seq_length": 128},
-        "resources": {"world_size": 2, "gpu_memory_gib": 80.0, "features": []},
-        "knobs": {
-            "tensor_model_parallel_size": {"values": [1, 2, 4]},
-            "micro_batch_size": {"values": [1, 2, 4, 8]},
-        },
+    knobs = {
+        "tensor_model_parallel_size": {"values": [1, 2, 4]},
+        "micro_batch_size": {"values": [1, 2, 4, 8]},
     }
-    data.update(extra)
-    return parse_space(data)
+    space: SearchSpace = small_space("proposer", knobs, world_size=2, **extra)
+    return space
 
 
 class Scripted(BaseAgent):

@@ -9,27 +9,15 @@ import pytest
 
 from dse.agents import AGENTS, BaseAgent, Feedback, create_agent
 from dse.agents._prior import PriorGuide
-from dse.space import SearchSpace, params_key, parse_space
+from dse.space import SearchSpace, params_key
+from tests.conftest import small_space
 
 NAMES = sorted(AGENTS)
 
 
 def _space(knobs: dict[str, Any], **extra: Any) -> SearchSpace:
-    data: dict[str, Any] = {
-        "study": "contract",
-        "model": {
-            "num_layers": 4,
-            "hidden_size": 256,
-            "num_attention_heads": 4,
-            "ffn_hidden_size": 512,
-            "vocab_size": 1024,
-        },
-        "semantics": {"global_batch_size": 8, "seq_length": 128},
-        "resources": {"world_size": 1, "gpu_memory_gib": 80.0, "features": []},
-        "knobs": knobs,
-    }
-    data.update(extra)
-    return parse_space(data)
+    space: SearchSpace = small_space("contract", knobs, **extra)
+    return space
 
 
 #: 3 x 3 x (1 + 2) = 27 canonical configurations; the fusion implementation is conditional.

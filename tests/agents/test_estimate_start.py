@@ -16,7 +16,8 @@ from dse.bench import bench
 from dse.costmodel import CostModel
 from dse.proposer import cost_model_speed_hint
 from dse.rules import check
-from dse.space import SearchSpace, load_space, params_key, parse_space
+from dse.space import SearchSpace, load_space, params_key
+from tests.conftest import small_space
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,22 +30,9 @@ REC = {"none": 1.0, "selective": 0.9, "full": 0.7}
 
 
 def _space(agent: dict[str, Any], **extra: Any) -> SearchSpace:
-    data: dict[str, Any] = {
-        "study": "estimate",
-        "model": {
-            "num_layers": 4,
-            "hidden_size": 256,
-            "num_attention_heads": 4,
-            "ffn_hidden_size": 512,
-            "vocab_size": 1024,
-        },
-        "semantics": {"global_batch_size": 8, "seq_length": 128},
-        "resources": {"world_size": 1, "gpu_memory_gib": 80.0, "features": []},
-        "knobs": KNOBS,
-        "agent": {"name": "tpe", "seed": 0, "prior": False, **agent},
-    }
-    data.update(extra)
-    return parse_space(data)
+    agent = {"name": "tpe", "seed": 0, "prior": False, **agent}
+    space: SearchSpace = small_space("estimate", KNOBS, agent=agent, **extra)
+    return space
 
 
 def _estimate(p: dict[str, Any]) -> float:
