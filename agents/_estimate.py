@@ -111,6 +111,10 @@ class EstimateGuide:
             return None
         corr = self.corrections(observations)
         ref = self._best(observations)
+        if not math.isfinite(ref):
+            # nothing measured yet (trials in parallel): against the baseline's estimate
+            base = self.predict(self.space.baseline(), corr)
+            ref = self._sign * base if base is not None else -math.inf
         fits, ooms, cap = self._memory.memory_evidence(observations)
         best, choice = 0.0, None
         for c in candidates:

@@ -77,6 +77,18 @@ def test_the_first_choice_after_the_baseline_is_the_best_estimated(name: str) ->
     assert seen[2] != seen[1]
 
 
+def test_parallel_picks_before_any_measurement_follow_the_estimate() -> None:
+    """Three proposals at once, nothing measured yet: the baseline, then the estimate's two
+    best (not whatever candidate comes first)."""
+    agent = create_agent(_space({}), memory_hint=_fits, speed_hint=_estimate)
+    got = [p.params for p in agent.ask(3)]
+    assert got[0]["recompute"] == "full" and got[0]["micro_batch_size"] == 1
+    by_estimate = sorted(
+        (c for c in _space({}).iter_configs() if c != got[0]), key=_estimate, reverse=True
+    )
+    assert got[1:] == by_estimate[:2]
+
+
 def test_a_wrong_estimate_is_corrected_near_where_it_was_wrong() -> None:
     """MBS 8 without recompute measures at half its estimate, the baseline at its estimate:
     a configuration one knob from the wrong one inherits most of the error, one knob from

@@ -13,7 +13,8 @@ before the model is built:
   the GPU, per parameter tensor and step (105 a step for the 0.9B example on the H200,
   ``bench/host_jitter.py --count-syncs``). The fused kernels of Apex and Transformer Engine
   stay on the device; :func:`l2_norm_on_device` does the same sum in float32 on the
-  gradients' device, so the trainer's step time is not the host's round trips.
+  gradients' device (on the H200: 5 syncs per step instead of 105; the step time did not
+  move beyond its spread, docs/BENCHMARKS.md section 17).
 """
 
 from __future__ import annotations
