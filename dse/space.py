@@ -1188,6 +1188,8 @@ class SearchSpace(_Strict):
             exclude["loss_parity"] = True
         if self.budget.remeasure == Budget.model_fields["remeasure"].default:
             exclude["budget"] = {"remeasure"}
+        if self.agent.estimate == AgentSpec.model_fields["estimate"].default:
+            exclude["agent"] = {"estimate"}
         text = self.model_dump_json(exclude=exclude or None)
         return hashlib.sha256(text.encode()).hexdigest()
 

@@ -151,6 +151,9 @@ def test_digest_of_a_gpt_space_is_unchanged_by_the_new_fields(tiny_space_dict):
     d = copy.deepcopy(tiny_space_dict)
     d["model"]["mamba_head_dim"] = 32
     assert parse_space(d, "t.yaml").digest() != space.digest()
+    d = copy.deepcopy(tiny_space_dict)
+    d["agent"] = {"estimate": False}  # a later agent setting: counted only when set
+    assert parse_space(d, "t.yaml").digest() != space.digest()
 
 
 # --- knobs -------------------------------------------------------------------------------------
