@@ -34,7 +34,8 @@ from typing import Any
 
 from dse.agents._base import SpeedHint
 from dse.agents._common import Observation
-from dse.agents._prior import SPEED_METRICS, PriorGuide
+from dse.agents._prior import PriorGuide
+from dse.records import SPEED_METRICS
 from dse.space import SearchSpace, params_key
 
 __all__ = ["DECAY", "EstimateGuide"]

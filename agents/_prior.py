@@ -47,15 +47,11 @@ from typing import Any, Literal
 
 from dse.agents._base import MemoryHint
 from dse.agents._common import Observation
-from dse.records import METRIC_DIRECTION, OOM_CLASSES, Direction, Metric, finite
+from dse.records import OOM_CLASSES, SPEED_METRICS, finite
 from dse.space import SearchSpace, params_key
 
-__all__ = ["KnobPrior", "PRIORS", "PriorGuide", "SPEED_METRICS"]
+__all__ = ["KnobPrior", "PRIORS", "PriorGuide"]
 
-#: Objectives the throughput prior speaks about (metric -> the direction that is "faster").
-SPEED_METRICS: dict[Metric, Direction] = {
-    m: d for m, d in METRIC_DIRECTION.items() if m != "peak_mem_gib"
-}
 
 #: Probability that an unbounded memory increase (one knob) still fits.
 P_UNKNOWN = 0.5

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from dse.agents import BaseAgent, Feedback, MemoryHint, Proposal, SpeedHint
-from dse.records import OOM_CLASSES, FinishedState, Outcome, RejectionKind, finite
+from dse.records import (
+    OOM_CLASSES,
+    SPEED_METRICS,
+    FinishedState,
+    Outcome,
+    RejectionKind,
+    finite,
+)
 from dse.rules import check
 from dse.space import SearchSpace, params_key
 
@@ -222,11 +229,7 @@ def cost_model_speed_hint(space: SearchSpace, cost_model: Any) -> SpeedHint | No
     study's first objective (TFLOP/s per GPU, tokens/s per GPU or step time) for a
     configuration. None without a cost model or for an objective it does not estimate."""
     metric = space.objective.metric
-    if cost_model is None or metric not in (
-        "tflops_per_gpu",
-        "step_time_s",
-        "tokens_per_s_per_gpu",
-    ):
+    if cost_model is None or metric not in SPEED_METRICS:
         return None
 
     def hint(params: Any) -> float | None:

@@ -50,6 +50,7 @@ __all__ = [
     "METRICS",
     "DIRECTIONS",
     "METRIC_DIRECTION",
+    "SPEED_METRICS",
     "BestFormat",
     "BEST_FORMATS",
     "AgentName",
@@ -162,6 +163,11 @@ METRIC_DIRECTION: dict[Metric, Direction] = {
     "tokens_per_s_per_gpu": "maximize",
     "step_time_s": "minimize",
     "peak_mem_gib": "minimize",
+}
+#: The speed metrics (metric -> the direction that is "faster"): what the knob-semantics
+#: prior and the cost model's speed estimate speak about.
+SPEED_METRICS: dict[Metric, Direction] = {
+    m: d for m, d in METRIC_DIRECTION.items() if m != "peak_mem_gib"
 }
 
 #: Formats of the best configuration (``dse best --format``, ``GET .../best?format=``).
