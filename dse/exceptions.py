@@ -12,6 +12,7 @@ __all__ = [
     "UnknownKnobError",
     "ConstraintEvalError",
     "StorageError",
+    "StorageURLError",
     "StudyNotFoundError",
     "NoCompleteTrialError",
     "DuplicatedStudyError",
@@ -50,6 +51,11 @@ class ConstraintEvalError(SpaceError):
 
 class StorageError(DSEError):
     """A database operation failed (translated from the driver's error)."""
+
+
+class StorageURLError(StorageError, ValueError):
+    """A storage URL that is malformed or names a database driver that is not installed
+    (bad input: the message names the URL)."""
 
 
 class StudyNotFoundError(StorageError, LookupError):

@@ -1320,6 +1320,26 @@ def _loc(loc: tuple[Any, ...]) -> str:
 _NAMES_A_FIELD = re.compile(r"^[a-z_]+(\.[a-z_]+|\[\d+\])*[.:\[ ]")
 
 
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """`` (did you mean 'budget'?)`` for a misspelt field at ``loc`` (a close match among the
+    fields of the section it is in), else ``""``."""
+    import difflib
+    import typing
+
+    cls: Any = SearchSpace
+    for part in loc[:-1]:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return ""
+        types = (field.annotation, *typing.get_args(field.annotation))
+        cls = next((t for t in types if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if cls is None:
+            return ""
+    known = [f.alias or k for k, f in cls.model_fields.items()]
+    near = difflib.get_close_matches(str(loc[-1]), known, n=1) if loc else []
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
     """Validate a mapping as a space; errors name ``source`` and the field path."""
     if not isinstance(data, Mapping):
@@ -1330,6 +1350,8 @@ def parse_space(data: Any, source: str = "<space>") -> SearchSpace:
         lines = []
         for err in e.errors()[:20]:
             msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg += _did_you_mean(err["loc"])
             where = _loc(err["loc"])
             if where == "(top level)" and _NAMES_A_FIELD.match(msg):
                 line = f"{source}: {msg}"  # a cross-field check that names its field itself

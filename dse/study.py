@@ -531,16 +531,17 @@ class StudyRunner:
         nb = study_best(self.storage, study, self.space)
         if nb is None:
             return 0, 0
+        plan = remeasure_plan(nb, left)
+        if plan:  # said before the trials it launches say they started
+            self.progress(
+                f"{nb.message}: re-measuring {len(plan)} of them (budget.remeasure "
+                f"{self.space.budget.remeasure}) before naming a best"
+            )
         n = 0
-        for c in remeasure_plan(nb, left):
+        for c in plan:
             if not self._claim_remeasure(study_id, c, counts):
                 break
             n += 1
-        if n:
-            self.progress(
-                f"{nb.message}: re-measuring {n} of them (budget.remeasure "
-                f"{self.space.budget.remeasure}) before naming a best"
-            )
         return n, 0
 
     def _release(self, reason: str) -> int:

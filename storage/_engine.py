@@ -34,7 +34,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from dse.exceptions import SchemaVersionError, StorageError
+from dse.exceptions import SchemaVersionError, StorageError, StorageURLError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -148,7 +148,7 @@ def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
     thread instead of opening a connection per request.
 
     Raises:
-        StorageError: the URL is malformed or names a driver that is not installed.
+        StorageURLError: the URL is malformed or names a driver that is not installed.
     """
     pool: dict[str, Any] = {} if pool_size is None else {"pool_size": pool_size}
     try:
@@ -178,7 +178,9 @@ def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
         else:
             engine = create_engine(url, pool_pre_ping=True)
     except (SQLAlchemyError, ImportError, ValueError) as e:
-        raise StorageError(f"cannot create a database engine for {safe_url(url)}: {e}") from e
+        raise StorageURLError(
+            f"cannot create a database engine for {safe_url(url)}: {e}"
+        ) from e
     return engine
 
 
