@@ -21,7 +21,8 @@ def test_a_misspelt_top_level_field_names_the_one_it_resembles() -> None:
     d["budjet"] = d.pop("budget")
     with pytest.raises(SpaceError) as e:
         parse_space(d, "s.yaml")
-    assert "s.yaml: budjet: Extra inputs are not permitted (did you mean 'budget'?)" in str(e.value)
+    want = "s.yaml: budjet: Extra inputs are not permitted (did you mean 'budget'?)"
+    assert want in str(e.value)
 
 
 def test_a_misspelt_nested_field_names_its_sibling() -> None:
