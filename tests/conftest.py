@@ -1,13 +1,17 @@
-"""Shared fixtures: paths of the repository and of the measured table it ships."""
+"""Shared fixtures: paths of the repository and of the measured table it ships, and the rule
+for the real parts the README promises (PostgreSQL, Slurm, Ray, Chromium, Megatron-Core on
+CPU): a test that needs a missing one is skipped, naming it, except under ``CI``, where it
+fails naming it (:func:`require_part`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import settings
@@ -28,8 +32,57 @@ REPLAY_TABLE = EXAMPLES / "tables" / "h200_llama1b_unfused_1gpu.jsonl"
 LOGS = REPO / "tests" / "fixtures" / "logs"
 #: The measured H200 table (shipped in examples/tables/, so the tests never skip for it).
 SHARED_TABLE = REPLAY_TABLE
-PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+#: The test server and role (scripts/pg_up.sh creates the role with this password; a stock
+#: server refuses a passwordless ``postgres`` login over TCP). ``DSE_TEST_PG`` overrides it.
+PG_SERVER = os.environ.get("DSE_TEST_PG", "postgresql+psycopg://dse_test:dse_test@127.0.0.1:5432")
 PG_ADMIN_DB = "postgres"
+
+
+def ci_required() -> bool:
+    """Whether ``CI`` is set (to anything but empty, 0, false or no): every real part the
+    README promises must then be present."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_part(part: str, problem: str) -> NoReturn:
+    """A real part a test needs is missing (``problem`` says why and how to get it): skip
+    the test naming the part, or, under ``CI``, fail it naming the part."""
+    msg = f"{part} is not available: {problem}"
+    if ci_required():
+        pytest.fail(f"{msg} (CI is set: the {part} tests must run)", pytrace=False)
+    pytest.skip(msg)
+
+
+def megatron_problem() -> str | None:
+    """Why Megatron-Core on CPU cannot run here (None: it can)."""
+    missing = [m for m in ("torch", "megatron.core") if _find_spec(m) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (pip install -e '.[megatron]')"
+    return None
+
+
+def _find_spec(module: str) -> Any:
+    try:
+        return importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # the parent package is missing
+        return None
+
+
+def require_megatron() -> None:
+    """Skip (fail under ``CI``) unless Megatron-Core and torch are installed."""
+    problem = megatron_problem()
+    if problem is not None:
+        require_part("Megatron-Core", problem)
+
+
+@pytest.fixture
+def megatron_core() -> None:
+    """Megatron-Core on CPU is installed (skip without it; fail under ``CI``)."""
+    require_megatron()
+
+
+#: Marks a test that trains with Megatron-Core (skipped without it; a failure under ``CI``).
+needs_megatron = pytest.mark.usefixtures("megatron_core")
 
 
 def free_port() -> int:
@@ -111,12 +164,21 @@ def pg_admin() -> Iterator[Engine]:
             conn.execute(text("SELECT 1"))
     except SQLAlchemyError as e:
         engine.dispose()
-        msg = f"PostgreSQL is not reachable at {PG_SERVER}: {str(e).splitlines()[0]}"
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"{msg} (CI is set: the PostgreSQL tests must run)")
-        pytest.skip(msg)
+        require_part(
+            "PostgreSQL",
+            f"not reachable at {_shown(PG_SERVER)}: {str(e).splitlines()[0]} "
+            "(scripts/pg_up.sh installs and starts it and creates the test role; "
+            "DSE_TEST_PG names another server)",
+        )
     yield engine
     engine.dispose()
+
+
+def _shown(url: str) -> str:
+    """``url`` with its password masked."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 class PgDatabases:

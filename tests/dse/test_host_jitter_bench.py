@@ -4,7 +4,6 @@ refused naming what is wrong."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import needs_megatron
+
 REPO = Path(__file__).resolve().parents[2]
-HAVE_MEGATRON = all(importlib.util.find_spec(m) for m in ("torch", "megatron"))
 
 
 def _bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -26,7 +26,7 @@ def _bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.skipif(not HAVE_MEGATRON, reason="torch/megatron-core missing")
+@needs_megatron
 def test_conditions_are_interleaved_and_recorded(tmp_path: Path) -> None:
     out = tmp_path / "jitter.json"
     conditions = "default,legacy_loss,legacy_norm"
@@ -89,7 +89,7 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.skipif(not HAVE_MEGATRON, reason="torch/megatron-core missing")
+@needs_megatron
 def test_legacy_conditions_swap_one_part_each_and_restore_it() -> None:
     r = subprocess.run([sys.executable, "-c", _SWAP_PROBE, str(REPO / "bench")],
                        capture_output=True, text=True, timeout=120)  # fmt: skip

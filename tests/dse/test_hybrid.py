@@ -15,6 +15,7 @@ from dse.costmodel._params import total_params
 from dse.exceptions import SpaceError
 from dse.knobs import KNOBS, assignments, to_bridge_overrides, to_megatron_args
 from dse.space import ModelSpec, load_space, parse_space
+from tests.conftest import require_megatron
 
 ROOT = Path(__file__).resolve().parents[2]
 OMNI = ROOT / "examples" / "nemotron_omni.yaml"
@@ -204,7 +205,7 @@ def test_tuned_recipe_settings_map_to_their_bridge_fields():
 def test_knob_fields_exist_in_megatron_core_or_are_sourced():
     """Every field a knob sets is a field of the installed Megatron-Core's config classes,
     or the catalog says where it is defined (a newer Megatron-Core or Megatron-Bridge)."""
-    pytest.importorskip("megatron.core")
+    require_megatron()
     import dataclasses
 
     from megatron.core.distributed import DistributedDataParallelConfig

@@ -21,7 +21,6 @@ data-seed case uses the synthetic stream. All configurations run in one torchrun
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -35,11 +34,8 @@ from dse.numerics import floor_of, judge, losses_of, tolerance_of
 from dse.records import Outcome, TrialRecord, TrialSpec, read_metrics
 from dse.space import params_key, parse_space
 from dse.storage import open_storage
+from tests.conftest import require_megatron
 
-HAVE_MEGATRON = (
-    importlib.util.find_spec("torch") is not None
-    and importlib.util.find_spec("megatron") is not None
-)
 HERE = Path(__file__).resolve().parent
 MODEL = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
          "ffn_hidden_size": 128, "vocab_size": 1024}  # fmt: skip
@@ -64,8 +60,7 @@ EXECUTION = ("mbs2", "tp2", "full_recompute")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     """Every configuration of CONFIGS, trained once (one torchrun job, 2 ranks)."""
-    if not HAVE_MEGATRON:
-        pytest.skip("torch/megatron-core missing")
+    require_megatron()
     import numpy as np
 
     tmp = tmp_path_factory.mktemp("parity")

@@ -7,7 +7,6 @@ GPT and compare loss curves across layouts; each torchrun costs ~10 s here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,12 +18,7 @@ import pytest
 
 from dse.records import Outcome, TrialSpec, read_metrics
 from dse.workloads.megatron._plan import TrialFailure, make_plan
-
-HAVE_MEGATRON = (
-    importlib.util.find_spec("torch") is not None
-    and importlib.util.find_spec("megatron") is not None
-)
-needs_megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="torch/megatron-core missing")
+from tests.conftest import needs_megatron, require_megatron
 
 TINY_MODEL = {
     "num_layers": 4,
@@ -278,8 +272,7 @@ CONFIGS: dict[str, tuple[dict[str, Any], int, dict[str, Any]]] = {
 @pytest.fixture(scope="module")
 def trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Outcome]]:
     """Every configuration of CONFIGS, trained once for the module."""
-    if not HAVE_MEGATRON:
-        pytest.skip("torch/megatron-core missing")
+    require_megatron()
     tmp = tmp_path_factory.mktemp("megatron_trials")
     out = {}
     for name, (params, world, sem) in CONFIGS.items():
