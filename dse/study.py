@@ -523,9 +523,15 @@ class StudyRunner:
         self, study_id: int, free: int, counts: dict[str, int]
     ) -> tuple[int, int]:
         """Re-measure the configurations tied within noise with the best (one more trial
-        each, fewest trials first), within ``budget.remeasure``; (launched, 0)."""
-        left = min(free, self._remeasure_cap() - counts["remeasure"])
-        if left <= 0 or self.space.budget.remeasure <= 0:
+        each, fewest trials first), within ``budget.remeasure`` re-measures after the last
+        proposed trial (a study whose budget grows re-measures a new tie); (launched, 0)."""
+        if free <= 0 or self.space.budget.remeasure <= 0:
+            return 0, 0
+        trials = self.storage.list_trials(study_id)
+        last = max((t.number for t in trials if t.remeasure_of is None), default=-1)
+        spent = sum(1 for t in trials if t.remeasure_of is not None and t.number > last)
+        left = min(free, self.space.budget.remeasure - spent)
+        if left <= 0:
             return 0, 0
         study = self.storage.get_study_by_id(study_id)
         nb = study_best(self.storage, study, self.space)
