@@ -18,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from dse.bounds import MAX_EXPORT_BYTES, printable
+from dse.cli_storage import DEFAULT_STORAGE
+from dse.cli_storage import open_existing as _open_existing
+from dse.cli_storage import storage_url as _storage_url
 from dse.exceptions import (
     DSEError,
     DuplicatedStudyError,
     NoCompleteTrialError,
     SpaceError,
     StorageError,
+    StorageURLError,
     StudyFormatError,
     StudyNotFoundError,
 )
@@ -33,8 +37,6 @@ from dse.records import AGENT_NAMES, BEST_FORMATS, RUNNER_NAMES
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
-DEFAULT_STORAGE = "sqlite:///dse.db"
-
 
 def _out(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -43,26 +45,6 @@ def _out(text: str) -> None:
 def _err(text: str) -> None:
     # a message may quote its input: never send its control characters to the terminal
     sys.stderr.write(f"dse: {printable(text)}\n")
-
-
-def _storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
-    if getattr(args, "storage", None):
-        return str(args.storage)
-    if os.environ.get("DSE_STORAGE"):
-        return os.environ["DSE_STORAGE"]
-    return space_url or DEFAULT_STORAGE
-
-
-def _open_existing(args: argparse.Namespace) -> Any:
-    """The storage of a read-only command; a SQLite file that does not exist is an error
-    (exit 2), never created."""
-    from dse.storage import open_storage, sqlite_file
-
-    url = _storage_url(args)
-    db = sqlite_file(url)
-    if db is not None and not Path(db).is_file():
-        raise StudyNotFoundError(f"no study database at {db} (storage {url}); check --storage")
-    return open_storage(url)
 
 
 # --- validate -----------------------------------------------------------------------------
@@ -219,7 +201,25 @@ def cmd_start(args: argparse.Namespace) -> int:
             "workload sim: trials run on the cost model; every figure is an estimate, "
             "not a measurement\n"
         )
-    return _run_study(space, Path(args.space).read_text(), args)
+    return _run_study(space, _stored_text(args), args)
+
+
+def _stored_text(args: argparse.Namespace) -> str:
+    """The space file's text as the study stores it: with ``--workload`` the trial kind is
+    part of the study's identity, so the stored text says it (``dse resume`` and a second
+    ``dse start --workload`` read it back), with the file's other fields as written."""
+    import yaml
+
+    from dse.safeyaml import safe_load
+
+    text = Path(args.space).read_text()
+    if not getattr(args, "workload", None):
+        return text
+    data = safe_load(text)
+    workload = {k: v for k, v in (data.get("workload") or {}).items() if k != "launcher"}
+    data["workload"] = {**workload, "name": args.workload}
+    head = f"# {Path(args.space).name} as run with --workload {args.workload} (dse start)\n"
+    return head + yaml.safe_dump(data, sort_keys=False)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -262,9 +262,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 # --- status / best ------------------------------------------------------------------------
+#: Study names listed when ``--study`` names none of the stored ones.
+STUDIES_SHOWN = 20
+
+
 def _pick_study(storage: Any, name: str | None) -> Any:
     if name:
-        return storage.get_study(name)
+        try:
+            return storage.get_study(name)
+        except StudyNotFoundError as e:
+            names = [display_name(s.name) for s in storage.list_studies()]
+            if not names:
+                raise StudyNotFoundError(f"{e}: {storage.display_url} holds no study") from None
+            more = f" and {len(names) - STUDIES_SHOWN} more" if len(names) > STUDIES_SHOWN else ""
+            raise StudyNotFoundError(
+                f"{e} in {storage.display_url}; its studies: "
+                f"{', '.join(names[:STUDIES_SHOWN])}{more}"
+            ) from None
     studies = storage.list_studies()
     if not studies:
         raise StudyNotFoundError(f"no study in {storage.url}")
@@ -481,7 +495,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     _out(render_best(payload, args.format, st.model.get("num_layers")))
     noise = payload.get("noise") or {}
     if noise.get("message") and args.format not in ("json", "yaml"):
-        _err(f"dse: {noise['message']} (dse best --format json shows their intervals)")
+        _err(f"{noise['message']} (dse best --format json shows their intervals)")
     return 0
 
 
@@ -491,10 +505,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         st = _pick_study(storage, args.study)
         if args.format == "optuna":
-            from dse.optuna_export import export_to_optuna
+            from dse.optuna_export import export_to_optuna, follow_study
 
             if not args.storage_out:
                 raise SpaceError("--format optuna needs --storage-out URL (an Optuna storage)")
+            if args.follow:  # keep the Optuna storage in step until the study is done
+                _err(f"following study {st.name!r} into the Optuna storage {args.storage_out}")
+                n = follow_study(storage, st.name, args.storage_out, interval_s=args.interval)
+                _err(f"study {st.name!r} done: {n} trials written to {args.storage_out}")
+                return 0
             n = export_to_optuna(storage, st, args.storage_out)
             _err(
                 f"exported study {st.name!r} ({n} trials) to the Optuna storage {args.storage_out}"
@@ -840,6 +859,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", help="file (default: stdout)")
     sp.add_argument("--format", choices=["json", "optuna"], default="json")
     sp.add_argument("--storage-out", help="--format optuna: the Optuna RDB storage URL to write")
+    sp.add_argument(
+        "--follow",
+        action="store_true",
+        help="--format optuna: keep the Optuna storage in step with the running study (each "
+        "trial added as it finishes) until the study is done",
+    )
+    sp.add_argument(
+        "--interval", type=float, default=2.0, help="--follow: seconds between reads (2)"
+    )
     storage_arg(sp)
     sp.set_defaults(fn=cmd_export)
 
@@ -898,6 +926,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (SpaceError, StudyNotFoundError, StudyFormatError) as e:
         _err(str(e))
+        return 2
+    except StorageURLError as e:  # a malformed --storage / $DSE_STORAGE: bad input
+        _err(f"storage: {e}")
         return 2
     except NoCompleteTrialError as e:
         _err(str(e))

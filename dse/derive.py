@@ -47,18 +47,33 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dse.knobs import KNOBS
 from dse.layout import Layout
 
-if TYPE_CHECKING:
-    from dse.space import SearchSpace
-
 __all__ = ["Derivation", "DERIVATIONS", "INERT", "derive", "forced", "inert", "canonical"]
 
 
-def _sizes(space: SearchSpace, p: Mapping[str, Any]) -> Layout:
+class SpaceView(Protocol):
+    """What the derivations read of a space (:class:`dse.space.SearchSpace`, which calls
+    them: this module does not import it)."""
+
+    @property
+    def model(self) -> Any: ...
+    @property
+    def semantics(self) -> Any: ...
+    @property
+    def resources(self) -> Any: ...
+    @property
+    def knobs(self) -> Mapping[str, Any]: ...
+    @property
+    def fixed(self) -> Mapping[str, Any]: ...
+    @property
+    def derived(self) -> Mapping[str, str]: ...
+
+
+def _sizes(space: SpaceView, p: Mapping[str, Any]) -> Layout:
     """The parallel layout the configuration asks for (:class:`dse.layout.Layout`)."""
     return Layout.resolve(space.model, space.semantics, space.resources, p)
 
@@ -144,7 +159,7 @@ DERIVATIONS: dict[str, dict[str, Derivation]] = {
 }
 
 
-def derive(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
+def derive(space: SpaceView, params: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` (every setting: fixed and knob values) with the space's derivations
     applied, in :data:`DERIVATIONS` order."""
     out = dict(params)
@@ -161,7 +176,7 @@ def derive(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def forced(space: SearchSpace, knob: str, params: Mapping[str, Any]) -> bool:
+def forced(space: SpaceView, knob: str, params: Mapping[str, Any]) -> bool:
     """Whether the space's derivation of ``knob`` sets it in this configuration (``params``:
     fixed and knob values, before derivation)."""
     name = space.derived.get(knob)
@@ -180,14 +195,14 @@ def forced(space: SearchSpace, knob: str, params: Mapping[str, Any]) -> bool:
     return False  # pragma: no cover - every derivable knob is in DERIVATIONS
 
 
-def _distopt_inert(space: SearchSpace, p: Mapping[str, Any], s: Layout) -> bool:
+def _distopt_inert(space: SpaceView, p: Mapping[str, Any], s: Layout) -> bool:
     if s.dp * s.cp != 1 or p.get("overlap_param_gather") or p.get("use_precision_aware_optimizer"):
         return False
     return space.model.num_moe_experts is None or s.edp == 1  # experts: expert-DP too
 
 
 #: knob -> ``inert(space, effective params, layout)``: Megatron-Core ignores the knob there.
-INERT: dict[str, Callable[[SearchSpace, Mapping[str, Any], Layout], bool]] = {
+INERT: dict[str, Callable[[SpaceView, Mapping[str, Any], Layout], bool]] = {
     "use_distributed_optimizer": _distopt_inert,
     "moe_flex_dispatcher_backend": lambda sp, p, s: (
         _given(p, "moe_token_dispatcher_type") != "flex"
@@ -197,7 +212,7 @@ INERT: dict[str, Callable[[SearchSpace, Mapping[str, Any], Layout], bool]] = {
 }
 
 
-def inert(space: SearchSpace, knob: str, params: Mapping[str, Any]) -> bool:
+def inert(space: SpaceView, knob: str, params: Mapping[str, Any]) -> bool:
     """Whether Megatron-Core ignores ``knob`` in this configuration (see :data:`INERT`)."""
     fn = INERT.get(knob)
     if fn is None:
@@ -207,7 +222,7 @@ def inert(space: SearchSpace, knob: str, params: Mapping[str, Any]) -> bool:
 
 
 def canonical(
-    space: SearchSpace, params: Mapping[str, Any], inactive: Callable[[str], Any]
+    space: SpaceView, params: Mapping[str, Any], inactive: Callable[[str], Any]
 ) -> dict[str, Any]:
     """``params`` (every knob) with each knob that a derivation sets here at the derived
     value (its ``inactive`` value when that is outside its domain) and each inert knob at its

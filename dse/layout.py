@@ -20,14 +20,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dse.knobs import knob_value
 
-if TYPE_CHECKING:
-    from dse.space import ModelSpec, Resources, Semantics
-
 __all__ = ["Layout"]
+
+
+class _Batch(Protocol):
+    """What the layout reads of a space's semantics (:class:`dse.space.Semantics`)."""
+
+    @property
+    def global_batch_size(self) -> int: ...
+
+
+class _World(Protocol):
+    """What the layout reads of a space's resources (:class:`dse.space.Resources`)."""
+
+    @property
+    def world_size(self) -> int: ...
 
 
 def _int(params: Mapping[str, Any], name: str, fallback: int) -> int:
@@ -76,9 +87,9 @@ class Layout:
     @classmethod
     def resolve(
         cls,
-        model: ModelSpec,
-        semantics: Semantics,
-        resources: Resources | int,
+        model: object,
+        semantics: _Batch,
+        resources: _World | int,
         params: Mapping[str, Any],
     ) -> Layout:
         """The layout of ``params`` (every knob the trial sets: explored and fixed).

@@ -14,11 +14,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dse.knobs import check_env_var
+from dse.registry import REGISTRY
 
 __all__ = ["LAUNCHERS", "LauncherSpec", "EnvSpec", "NODE_STEPS"]
 
-#: Workload names that launch a user's recipe (dse.workloads.launchers).
-LAUNCHERS = ("bridge", "nemo", "megatron_lm")
+#: Workload names that launch a user's recipe (the registry's launchers).
+LAUNCHERS: tuple[str, ...] = REGISTRY.names("launcher")
 
 #: Pre-trial node steps: name -> the command it runs once per node before a trial
 #: (CloudAI's ENABLE_VBOOST runs the same command under sudo).
@@ -75,6 +76,12 @@ class LauncherSpec(_Strict):
     )
     log_format: Literal["auto", "megatron", "bridge", "nemo"] = Field(
         "auto", description="Format of the recipe's log (auto: the launcher's own)."
+    )
+    check_resolved: bool = Field(
+        True,
+        description="Read back the configuration the recipe resolved (Megatron-LM's argument "
+        "table, the Bridge entry script's resolved.json) and fail the trial as invalid where "
+        "a field dse set resolved to another value.",
     )
 
     @model_validator(mode="after")

@@ -417,7 +417,8 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dse.cli import _open_existing, _pick_study
+    from dse.cli_storage import open_existing as _open_existing
+    from dse.cli_storage import pick_study as _pick_study
     from dse.studyplots import study_plot_data
 
     storage = _open_existing(args)  # read-only: a mistyped --storage creates nothing

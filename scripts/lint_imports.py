@@ -3,7 +3,8 @@
 dse/ with agents/, workloads/, storage/, api/ mapped to dse.agents, dse.workloads,
 dse.storage, dse.api (as pyproject's package-dir does) through the tree of symbolic links
 that scripts/typecheck.py builds, then import-linter on it. Exit status 0 when every
-contract is kept. ``--root DIR`` checks another checkout (the tests use a copy).
+contract is kept and no two dse modules import each other in a cycle
+(``scripts/import_cycles.py``). ``--root DIR`` checks another checkout (the tests use a copy).
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         "from importlinter.cli import lint_imports;"
         f"sys.exit(lint_imports(config_filename={config!r}, no_cache=True, no_logo=True))"
     )
-    return subprocess.call([sys.executable, "-c", code], cwd=tree)
+    contracts = subprocess.call([sys.executable, "-c", code], cwd=tree)
+    here = str(Path(__file__).resolve().parent)
+    cycles_code = (
+        f"import sys; sys.path[:0] = ['.', {here!r}];"
+        "from import_cycles import main; sys.exit(main(['dse']))"
+    )
+    cycles = subprocess.call([sys.executable, "-c", cycles_code], cwd=tree)
+    return contracts or cycles
 
 
 if __name__ == "__main__":

@@ -61,3 +61,37 @@ def test_an_upward_import_breaks_a_contract(
     # a contract with ignored imports reads "... BROKEN (1 ignored import)"
     broken = [x for x in out.stdout.splitlines() if " BROKEN" in x]
     assert any(contract in x for x in broken), out.stdout
+
+
+def test_no_two_dse_modules_import_each_other() -> None:
+    out = lint(REPO)
+    assert "0 import cycle(s) between the modules of dse" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "cycle"),
+    [
+        # the layout reaching back into the space that imports it (a type-only import counts)
+        (
+            "dse/layout.py",
+            "import typing\nif typing.TYPE_CHECKING:\n    import dse.space  # injected",
+            "dse.layout <-> dse.space",
+        ),
+        # a runner base importing a runner (inside a function: still a cycle)
+        (
+            "workloads/runners/_base.py",
+            "def _injected() -> None:\n    import dse.workloads.runners.local  # injected",
+            "dse.workloads.runners._base <-> dse.workloads.runners.local",
+        ),
+    ],
+)
+def test_an_import_cycle_fails_the_check(
+    tmp_path: Path, module: str, line: str, cycle: str
+) -> None:
+    root = copy_checkout(tmp_path / "checkout")
+    target = root / module
+    target.write_text(target.read_text() + "\n" + line + "\n")
+    out = lint(root)
+    assert out.returncode != 0, out.stdout
+    found = [x for x in out.stdout.splitlines() if x.startswith("import cycle: ")]
+    assert any(cycle in x for x in found), out.stdout

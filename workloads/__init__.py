@@ -9,30 +9,24 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["trial_command"]
+from dse.registry import REGISTRY
 
-_MODULES = {
-    "megatron": "dse.workloads.megatron.trainer",
-    "replay": "dse.workloads.replay",
-    "sim": "dse.workloads.sim",
-    # a user's recipe: the trial process runs the command the launcher rendered
-    "bridge": "dse.workloads.launchers.run",
-    "nemo": "dse.workloads.launchers.run",
-    "megatron_lm": "dse.workloads.launchers.run",
-}
+__all__ = ["trial_command"]
 
 
 def trial_command(
     workload: str, spec_path: str, *, world_size: int, python: str | None = None
 ) -> list[str]:
-    """The command line of a trial process for ``workload``.
+    """The command line of a trial process for ``workload`` (its registry entry's module,
+    :data:`dse.registry.REGISTRY`).
 
-    Megatron trials run under ``torchrun`` with one process per GPU (or CPU rank); the
-    replay and sim workloads are a single process.
+    Built-in Megatron trials run under ``torchrun`` with one process per GPU (or CPU rank);
+    the replay and sim workloads and a recipe launcher's trial process are a single process.
     """
     py = python or sys.executable
-    module = _MODULES[workload]
-    if workload == "megatron":
+    plugin = REGISTRY.get("workload", workload, "workload.name")
+    module = plugin.module
+    if "torchrun" in plugin.traits:
         return [
             py, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={world_size}", "-m", module, "--spec", spec_path,

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from dse.agents import AGENTS, SpaceAgent, agent_class
+from dse.exceptions import SpaceError
 from dse.records import AGENT_NAMES
 
 
@@ -19,7 +20,8 @@ def test_every_agent_name_has_a_class() -> None:
 
 def test_an_unknown_name_says_which_ones_exist() -> None:
     assert "tpee" not in AGENTS
-    with pytest.raises(KeyError, match=r"unknown agent 'tpee'; known agents: \['gp', "):
+    # a space-file error (exit 2 in the CLI), not a KeyError
+    with pytest.raises(SpaceError, match=r"unknown agent 'tpee'; known agents: \['gp', "):
         agent_class("tpee")
 
 

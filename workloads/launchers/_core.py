@@ -9,6 +9,7 @@ raises :class:`NotTaken` (``dse validate`` reports it and exits 2). Environment 
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ __all__ = [
     "Launcher",
     "NotTaken",
     "RenderedTrial",
+    "shell_word",
     "check_launcher",
     "run_node_steps",
     "launcher_for",
@@ -42,6 +44,22 @@ class NotTaken(Exception):
         self.knob = knob
         self.value = value
         self.why = why
+
+
+#: The placeholders a recipe's command may hold for its rendezvous (written by
+#: :meth:`Launcher.torchrun`): a shell expands them; everything else is quoted as it is.
+RDZV_PLACEHOLDER = re.compile(r"(\$\{(?:MASTER_ADDR|MASTER_PORT)\})")
+
+
+def shell_word(arg: str) -> str:
+    """``arg`` as one shell word: quoted, with the rendezvous placeholders left for the
+    shell to expand (``--rdzv-endpoint="${MASTER_ADDR}":"${MASTER_PORT}"``). Any other
+    ``$``, backquote or quote of an override stays literal text."""
+    parts = RDZV_PLACEHOLDER.split(arg)
+    return (
+        "".join(f'"{p}"' if RDZV_PLACEHOLDER.fullmatch(p) else shlex.quote(p) for p in parts if p)
+        or "''"
+    )
 
 
 @dataclass(frozen=True)
@@ -73,7 +91,7 @@ class RenderedTrial:
             lines.append(f"# pre-trial node step (skipped with a note if not permitted): "
                          f"{shlex.join(step)}")  # fmt: skip
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        q = [a if "${" in a else shlex.quote(a) for a in self.argv]
+        q = [shell_word(a) for a in self.argv]
         parts: list[str] = []
         for a in q:  # a flag and its value on one line
             prev = parts[-1] if parts else ""
@@ -245,22 +263,18 @@ def run_node_steps(steps: list[str]) -> list[str]:
     return notes
 
 
-def _classes() -> dict[str, type[Launcher]]:
-    from dse.workloads.launchers.bridge import BridgeLauncher
-    from dse.workloads.launchers.megatron_lm import MegatronLMLauncher
-    from dse.workloads.launchers.nemo import NemoLauncher
-
-    return {c.name: c for c in (BridgeLauncher, NemoLauncher, MegatronLMLauncher)}
-
-
 def launcher_for(space: SearchSpace) -> Launcher:
-    """The launcher of a space whose workload is ``bridge``, ``nemo`` or ``megatron_lm``."""
-    classes = _classes()
-    if space.workload.name not in classes:
+    """The launcher of a space whose workload is a recipe launcher (the ``launcher`` entries
+    of :data:`dse.registry.REGISTRY`: ``bridge``, ``nemo``, ``megatron_lm``)."""
+    from dse.registry import REGISTRY
+
+    names = REGISTRY.names("launcher")
+    if space.workload.name not in names:
         raise SpaceError(
-            f"workload {space.workload.name!r} is not a recipe launcher ({sorted(classes)})"
+            f"workload {space.workload.name!r} is not a recipe launcher ({sorted(names)})"
         )
-    return classes[space.workload.name](space)
+    cls: type[Launcher] = REGISTRY.get("launcher", space.workload.name).load()
+    return cls(space)
 
 
 def dse_only(name: str, value: Any) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dse.records import Outcome, TrialSpec
 from dse.workloads.logs import LOG_PATTERNS, classify_log
+from dse.workloads.runners._procgroup import OWNER_ENV, kill_owned_group
 
 __all__ = [
     "TRIAL_ENV_DROP",
@@ -27,11 +28,6 @@ __all__ = [
     "OWNER_ENV",
     "log_tail",
 ]
-
-#: Environment variable that carries a trial's ownership token (its controller's owner string)
-#: into the trial process; also written to ``<trial_dir>/pgid`` and checked before a leftover
-#: process group is signalled.
-OWNER_ENV = "DSE_TRIAL_OWNER"
 
 
 #: Variables of the controller's environment that trial processes never inherit, whatever
@@ -126,8 +122,6 @@ class BaseRunner(ABC):
         """End what a dead controller's trial left running: by default its process group,
         only if this installation started it for ``owner`` (the trial row's owner). Returns
         whether something was signalled."""
-        from dse.workloads.runners.local import kill_owned_group
-
         return kill_owned_group(trial_dir, owner)
 
     @property

@@ -1,30 +1,32 @@
-"""The runners ``runner.name`` may name: one entry per runner.
+"""The runners ``runner.name`` may name: the ``runner`` entries of the plugin registry
+(:data:`dse.registry.REGISTRY`), each a factory ``space -> BaseRunner``.
 
-``dse validate`` and ``dse start`` both ask this registry, so a space that validates is one
-that starts. To add a runner, add its factory here (``space -> BaseRunner``).
+``dse validate`` and ``dse start`` both ask the registry, so a space that validates is one
+that starts. To add a runner, register its factory there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from dse.exceptions import SpaceError
+from dse.registry import REGISTRY
 from dse.workloads.runners._base import BaseRunner
 from dse.workloads.runners.warm import WarmSettings
 
 if TYPE_CHECKING:
     from dse.space import SearchSpace
 
-__all__ = ["RUNNERS", "make_runner", "check_runner", "warm_settings"]
+__all__ = ["RUNNERS", "make_runner", "check_runner", "local_runner", "warm_settings"]
 
 
-def _local(space: SearchSpace) -> BaseRunner:
-    from dse.recipe_spec import LAUNCHERS
+def local_runner(space: SearchSpace) -> BaseRunner:
+    """The local process pool of a space (``runner: local``)."""
     from dse.workloads.runners.local import LocalRunner
 
     # replay and sim trials are plain CPU processes whatever the space's device is
-    trains = space.workload.name in ("megatron", *LAUNCHERS)
+    trains = "trains" in REGISTRY.get("workload", space.workload.name).traits
     device = space.resources.device if trains else "cpu"
     return LocalRunner(
         device=device,
@@ -66,24 +68,24 @@ def warm_settings(space: SearchSpace) -> WarmSettings | None:
     )
 
 
-def _slurm(space: SearchSpace) -> BaseRunner:
-    from dse.workloads.runners.slurm_runner import make_runner as make
+class _Runners(Mapping[str, Callable[["SearchSpace"], BaseRunner]]):
+    """Read-only ``name -> factory``; a factory's module is imported when it is looked up."""
 
-    return make(space)
+    def __getitem__(self, name: str) -> Callable[[SearchSpace], BaseRunner]:
+        if ("runner", name) not in REGISTRY:
+            raise KeyError(name)
+        factory: Callable[[SearchSpace], BaseRunner] = REGISTRY.get("runner", name).load()
+        return factory
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRY.names("runner"))
 
-def _ray(space: SearchSpace) -> BaseRunner:
-    from dse.workloads.runners.ray_runner import make_runner as make
-
-    return make(space)
+    def __len__(self) -> int:
+        return len(REGISTRY.names("runner"))
 
 
 #: runner name -> factory. The names a space may use.
-RUNNERS: dict[str, Callable[[SearchSpace], BaseRunner]] = {
-    "local": _local,
-    "slurm": _slurm,
-    "ray": _ray,
-}
+RUNNERS: Mapping[str, Callable[[SearchSpace], BaseRunner]] = _Runners()
 
 
 def check_runner(space: SearchSpace, source: str = "space") -> None:
