@@ -27,7 +27,6 @@ from dse.exceptions import (
     NoCompleteTrialError,
     SpaceError,
     StorageError,
-    StorageURLError,
     StudyFormatError,
     StudyNotFoundError,
 )
@@ -201,25 +200,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             "workload sim: trials run on the cost model; every figure is an estimate, "
             "not a measurement\n"
         )
-    return _run_study(space, _stored_text(args), args)
-
-
-def _stored_text(args: argparse.Namespace) -> str:
-    """The space file's text as the study stores it: with ``--workload`` the trial kind is
-    part of the study's identity, so the stored text says it (``dse resume`` and a second
-    ``dse start --workload`` read it back), with the file's other fields as written."""
-    import yaml
-
-    from dse.safeyaml import safe_load
-
-    text = Path(args.space).read_text()
-    if not getattr(args, "workload", None):
-        return text
-    data = safe_load(text)
-    workload = {k: v for k, v in (data.get("workload") or {}).items() if k != "launcher"}
-    data["workload"] = {**workload, "name": args.workload}
-    head = f"# {Path(args.space).name} as run with --workload {args.workload} (dse start)\n"
-    return head + yaml.safe_dump(data, sort_keys=False)
+    return _run_study(space, Path(args.space).read_text(), args)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -262,23 +243,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 # --- status / best ------------------------------------------------------------------------
-#: Study names listed when ``--study`` names none of the stored ones.
-STUDIES_SHOWN = 20
-
-
 def _pick_study(storage: Any, name: str | None) -> Any:
     if name:
-        try:
-            return storage.get_study(name)
-        except StudyNotFoundError as e:
-            names = [display_name(s.name) for s in storage.list_studies()]
-            if not names:
-                raise StudyNotFoundError(f"{e}: {storage.display_url} holds no study") from None
-            more = f" and {len(names) - STUDIES_SHOWN} more" if len(names) > STUDIES_SHOWN else ""
-            raise StudyNotFoundError(
-                f"{e} in {storage.display_url}; its studies: "
-                f"{', '.join(names[:STUDIES_SHOWN])}{more}"
-            ) from None
+        return storage.get_study(name)
     studies = storage.list_studies()
     if not studies:
         raise StudyNotFoundError(f"no study in {storage.url}")
@@ -495,7 +462,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     _out(render_best(payload, args.format, st.model.get("num_layers")))
     noise = payload.get("noise") or {}
     if noise.get("message") and args.format not in ("json", "yaml"):
-        _err(f"{noise['message']} (dse best --format json shows their intervals)")
+        _err(f"dse: {noise['message']} (dse best --format json shows their intervals)")
     return 0
 
 
@@ -505,15 +472,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         st = _pick_study(storage, args.study)
         if args.format == "optuna":
-            from dse.optuna_export import export_to_optuna, follow_study
+            from dse.optuna_export import export_to_optuna
 
             if not args.storage_out:
                 raise SpaceError("--format optuna needs --storage-out URL (an Optuna storage)")
-            if args.follow:  # keep the Optuna storage in step until the study is done
-                _err(f"following study {st.name!r} into the Optuna storage {args.storage_out}")
-                n = follow_study(storage, st.name, args.storage_out, interval_s=args.interval)
-                _err(f"study {st.name!r} done: {n} trials written to {args.storage_out}")
-                return 0
             n = export_to_optuna(storage, st, args.storage_out)
             _err(
                 f"exported study {st.name!r} ({n} trials) to the Optuna storage {args.storage_out}"
@@ -859,15 +821,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", help="file (default: stdout)")
     sp.add_argument("--format", choices=["json", "optuna"], default="json")
     sp.add_argument("--storage-out", help="--format optuna: the Optuna RDB storage URL to write")
-    sp.add_argument(
-        "--follow",
-        action="store_true",
-        help="--format optuna: keep the Optuna storage in step with the running study (each "
-        "trial added as it finishes) until the study is done",
-    )
-    sp.add_argument(
-        "--interval", type=float, default=2.0, help="--follow: seconds between reads (2)"
-    )
     storage_arg(sp)
     sp.set_defaults(fn=cmd_export)
 
@@ -926,9 +879,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (SpaceError, StudyNotFoundError, StudyFormatError) as e:
         _err(str(e))
-        return 2
-    except StorageURLError as e:  # a malformed --storage / $DSE_STORAGE: bad input
-        _err(f"storage: {e}")
         return 2
     except NoCompleteTrialError as e:
         _err(str(e))
