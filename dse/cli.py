@@ -472,10 +472,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         st = _pick_study(storage, args.study)
         if args.format == "optuna":
-            from dse.optuna_export import export_to_optuna
+            from dse.optuna_export import export_to_optuna, follow_study
 
             if not args.storage_out:
                 raise SpaceError("--format optuna needs --storage-out URL (an Optuna storage)")
+            if args.follow:  # keep the Optuna storage in step until the study is done
+                _err(f"following study {st.name!r} into the Optuna storage {args.storage_out}")
+                n = follow_study(storage, st.name, args.storage_out, interval_s=args.interval)
+                _err(f"study {st.name!r} done: {n} trials written to {args.storage_out}")
+                return 0
             n = export_to_optuna(storage, st, args.storage_out)
             _err(
                 f"exported study {st.name!r} ({n} trials) to the Optuna storage {args.storage_out}"
@@ -821,6 +826,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", help="file (default: stdout)")
     sp.add_argument("--format", choices=["json", "optuna"], default="json")
     sp.add_argument("--storage-out", help="--format optuna: the Optuna RDB storage URL to write")
+    sp.add_argument(
+        "--follow",
+        action="store_true",
+        help="--format optuna: keep the Optuna storage in step with the running study (each "
+        "trial added as it finishes) until the study is done",
+    )
+    sp.add_argument(
+        "--interval", type=float, default=2.0, help="--follow: seconds between reads (2)"
+    )
     storage_arg(sp)
     sp.set_defaults(fn=cmd_export)
 

@@ -8,18 +8,28 @@ or the memory could not run) -> FAIL with ``failure_class``; pruned (stopped ear
 -> PRUNED with its value as the intermediate value of its last step. Queued and
 running trials are left out (they have no outcome yet). optuna-dashboard and Optuna's
 analysis (``optuna.importance``, ``optuna.visualization``) open the result.
+
+:func:`follow_study` keeps an Optuna storage in step with a *running* study (``dse export
+--format optuna --follow``): a follower that reads the dse database every few seconds and
+adds each trial as it finishes (:func:`sync_to_optuna`, keyed by the dse trial number, so a
+restarted follower adds nothing twice), until the study is done. A user's own
+optuna-dashboard on that storage shows the trials as they complete. The study loop is not
+touched: the follower only reads, so it runs beside any controller, on any machine that
+reaches the database.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from dse.exceptions import DSEError
 
-__all__ = ["export_to_optuna", "distributions", "frozen_trials"]
+__all__ = ["export_to_optuna", "distributions", "frozen_trials", "sync_to_optuna", "follow_study"]
 
 _STATES = {"complete": "COMPLETE", "failed": "FAIL", "infeasible": "FAIL", "pruned": "PRUNED"}
 _ATTRS = ("tflops_per_gpu", "peak_mem_gib", "peak_reserved_gib", "step_time_s", "loss")
@@ -53,24 +63,12 @@ def export_to_optuna(storage: Any, study: Any, url: str, name: str | None = None
         DSEError: Optuna is not installed, or the Optuna study exists already.
     """
     try:
-        import optuna
+        import optuna  # noqa: F401
     except ImportError as e:  # pragma: no cover - optuna is a core dependency
         raise DSEError(f"the optuna export needs optuna: {e}") from e
-    from optuna.exceptions import DuplicatedStudyError
 
     _, trials = frozen_trials(storage, study)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        ost = optuna.create_study(
-            storage=url, study_name=name or study.name, direction=study.direction
-        )
-    except DuplicatedStudyError as e:
-        raise DSEError(f"{url}: an Optuna study named {name or study.name!r} exists") from e
-    with warnings.catch_warnings():  # set_metric_names is marked experimental
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        ost.set_metric_names([study.metric])
-    ost.set_user_attr("dse_study", study.name)
-    ost.set_user_attr("dse_objective", {"metric": study.metric, "direction": study.direction})
+    ost = _open_optuna_study(study, url, name, create=True)
     ost.add_trials(trials)
     return len(trials)
 
@@ -129,3 +127,95 @@ def frozen_trials(
         ft.datetime_complete = _time(t.finished_at)
         trials.append(ft)
     return dists, trials
+
+
+def _open_optuna_study(study: Any, url: str, name: str | None, *, create: bool) -> Any:
+    import optuna
+    from optuna.exceptions import DuplicatedStudyError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    oname = name or study.name
+    try:
+        if not create:
+            return optuna.load_study(study_name=oname, storage=url)
+        ost = optuna.create_study(storage=url, study_name=oname, direction=study.direction)
+    except DuplicatedStudyError as e:
+        raise DSEError(f"{url}: an Optuna study named {oname!r} exists") from e
+    with warnings.catch_warnings():  # set_metric_names is marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        ost.set_metric_names([study.metric])
+    ost.set_user_attr("dse_study", study.name)
+    ost.set_user_attr("dse_objective", {"metric": study.metric, "direction": study.direction})
+    return ost
+
+
+def sync_to_optuna(storage: Any, study: Any, url: str, name: str | None = None) -> int:
+    """Add the finished trials of ``study`` that the Optuna study at ``url`` does not hold
+    yet (created on the first call, keyed by the ``dse_number`` user attribute); returns the
+    trials added.
+
+    Raises:
+        DSEError: the Optuna study exists but was not written for this dse study.
+    """
+    import optuna
+
+    try:
+        ost = _open_optuna_study(study, url, name, create=False)
+    except KeyError:  # optuna.load_study: no such study yet
+        ost = _open_optuna_study(study, url, name, create=True)
+    owner = ost.user_attrs.get("dse_study")
+    if owner != study.name:
+        raise DSEError(
+            f"{url}: the Optuna study {name or study.name!r} was not written for dse study "
+            f"{study.name!r} (dse_study={owner!r})"
+        )
+    have = {
+        t.user_attrs.get("dse_number")
+        for t in ost.get_trials(deepcopy=False)
+        if t.state != optuna.trial.TrialState.RUNNING
+    }
+    _, trials = frozen_trials(storage, study)
+    new = [t for t in trials if t.user_attrs.get("dse_number") not in have]
+    ost.add_trials(new)
+    return len(new)
+
+
+#: States of a study after which its controller writes nothing more to it.
+_DONE = ("complete", "stopped", "interrupted")
+
+
+def follow_study(
+    storage: Any,
+    study_name: str,
+    url: str,
+    *,
+    name: str | None = None,
+    interval_s: float = 2.0,
+    stop: threading.Event | None = None,
+    timeout_s: float | None = None,
+    on_sync: Any = None,
+) -> int:
+    """Keep the Optuna storage at ``url`` in step with the dse study ``study_name`` until it
+    is done (its state complete, stopped or interrupted, and no trial queued or running), ``stop``
+    is set, or ``timeout_s`` passes; returns the trials added. ``on_sync(added)`` is called
+    after each pass.
+
+    Raises:
+        StudyNotFoundError: no such dse study.
+        DSEError: an Optuna study of that name written for another dse study.
+    """
+    start = time.monotonic()
+    added = 0
+    wait = stop or threading.Event()
+    while True:
+        study = storage.get_study(study_name)  # StudyNotFoundError names it
+        busy = any(t.state in ("queued", "running") for t in storage.list_trials(study.id))
+        n = sync_to_optuna(storage, study, url, name)
+        added += n
+        if on_sync is not None:
+            on_sync(n)
+        if (study.state in _DONE and not busy) or wait.is_set():
+            return added
+        if timeout_s is not None and time.monotonic() - start >= timeout_s:
+            return added
+        wait.wait(interval_s)

@@ -85,6 +85,7 @@ _LATER_MODEL_FIELDS = (
     "mamba_head_dim",
     "mamba_state_dim",
     "mamba_num_groups",
+    "mamba_chunk_size",
     "frozen_params",
 )
 
@@ -161,6 +162,12 @@ class ModelSpec(_Strict):
     mamba_head_dim: int = Field(64, ge=1, description="Mamba head dim.")
     mamba_state_dim: int = Field(128, ge=1, description="Mamba SSM state size.")
     mamba_num_groups: int = Field(8, ge=1, description="Mamba groups (B/C projections).")
+    mamba_chunk_size: int = Field(
+        128,
+        ge=1,
+        le=B.MAX_MODEL_INT,
+        description="Chunk length of the Mamba SSD scan (MambaMixer chunk_size).",
+    )
     frozen_params: int = Field(
         0,
         ge=0,

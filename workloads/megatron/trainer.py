@@ -216,6 +216,7 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
             moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
             moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
         )
+    kw.update(_hybrid_and_routing_kwargs(plan))
     kw.update(plan.fields["model"])
     if plan.layout.vpp is not None:
         # Interleaved schedules send to the previous and the next stage in one exchange;
@@ -232,6 +233,19 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
         kw["transformer_impl"] = "transformer_engine"
         name = "auto" if plan.attention_backend == "te" else plan.attention_backend
         kw["attention_backend"] = AttnBackend[name]
+    return kw
+
+
+def _hybrid_and_routing_kwargs(plan: TrialPlan) -> dict[str, Any]:
+    """TransformerConfig fields of a hybrid model's Mamba mixer and of the MoE routing held
+    fixed (``semantics.moe_routing``)."""
+    from dse.workloads.megatron import mamba
+
+    kw: dict[str, Any] = {}
+    if plan.hybrid:
+        kw.update(mamba.mamba_config_kwargs(plan.model), is_hybrid_model=True)
+    if plan.model.num_moe_experts is not None:
+        kw.update(mamba.moe_routing_kwargs(plan.semantics.moe_routing))
     return kw
 
 
@@ -267,6 +281,47 @@ def layer_spec(plan: TrialPlan) -> Any:
         spec = copy.deepcopy(spec)
         spec.submodules.self_attention.submodules.core_attention = SDPAttention
     return spec
+
+
+def _hybrid_model(plan: TrialPlan, config: Any, vocab: int) -> Any:
+    """The MambaModel of a hybrid plan on this pipeline stage (dse's local spec)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    from dse.workloads.megatron.mamba import build_mamba_model
+
+    model = build_mamba_model(
+        plan,
+        config,
+        vocab,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+    )
+    for p in model.parameters():
+        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
+    return model
+
+
+def prepare_mamba_kernels(plan: TrialPlan) -> dict[str, str] | None:
+    """Before anything imports megatron's Mamba mixer: the CPU torch reference (CPU trials)
+    or the labelled causal-conv1d stand-in (GPU trials without the compiled extension);
+    returns the kernel path the trial's Mamba layers run (None without Mamba layers).
+    Raises TrialFailure when the memory-efficient path has no convolution to run."""
+    if not plan.model.layer_counts()["mamba"]:
+        return None
+    from dse.workloads.megatron import _mamba_kernels as mk
+
+    if plan.spec.device == "cpu":
+        mk.install_cpu_reference()
+    else:
+        mk.install_conv1d_stand_in()
+    path = mk.kernel_path(plan.mamba_mem_eff_path)
+    if path["conv1d"] == "absent":
+        raise TrialFailure(
+            "invalid",
+            "use_mamba_mem_eff_path=True needs causal-conv1d (the compiled extension, or its "
+            "Python package for dse's torch stand-in), which is not installed here",
+        )
+    return path
 
 
 @dataclasses.dataclass
@@ -325,6 +380,9 @@ def build(plan: TrialPlan, device: Any) -> _Built:
     n_chunks = plan.layout.vpp or 1
     for vp in range(n_chunks):
         vp_stage = vp if plan.layout.vpp is not None else None
+        if plan.hybrid:
+            chunks.append(_hybrid_model(plan, config, vocab))
+            continue
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
@@ -592,6 +650,7 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     from dse.workloads.megatron import _compat
 
     _compat.apply()
+    mamba_kernels = prepare_mamba_kernels(plan)
     try:
         built = build(plan, device)
     except (AssertionError, ValueError, NotImplementedError) as e:
@@ -626,6 +685,8 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         megatron_core=getattr(megatron.core, "__version__", "unknown"),
         torch=torch.__version__,
     )
+    if mamba_kernels is not None:
+        summary["mamba_kernels"] = mamba_kernels
     if notes:
         summary["notes"] = notes
     return summary
