@@ -20,6 +20,7 @@ from typing import Any
 from dse.bounds import MAX_EXPORT_BYTES, printable
 from dse.cli_storage import DEFAULT_STORAGE
 from dse.cli_storage import open_existing as _open_existing
+from dse.cli_storage import pick_study as _pick_study
 from dse.cli_storage import storage_url as _storage_url
 from dse.exceptions import (
     DSEError,
@@ -27,6 +28,7 @@ from dse.exceptions import (
     NoCompleteTrialError,
     SpaceError,
     StorageError,
+    StorageURLError,
     StudyFormatError,
     StudyNotFoundError,
 )
@@ -200,7 +202,25 @@ def cmd_start(args: argparse.Namespace) -> int:
             "workload sim: trials run on the cost model; every figure is an estimate, "
             "not a measurement\n"
         )
-    return _run_study(space, Path(args.space).read_text(), args)
+    return _run_study(space, _stored_text(args), args)
+
+
+def _stored_text(args: argparse.Namespace) -> str:
+    """The space file's text as the study stores it: with ``--workload`` the trial kind is
+    part of the study's identity, so the stored text says it (``dse resume`` and a second
+    ``dse start --workload`` read it back), with the file's other fields as written."""
+    import yaml
+
+    from dse.safeyaml import safe_load
+
+    text = Path(args.space).read_text()
+    if not getattr(args, "workload", None):
+        return text
+    data = safe_load(text)
+    workload = {k: v for k, v in (data.get("workload") or {}).items() if k != "launcher"}
+    data["workload"] = {**workload, "name": args.workload}
+    head = f"# {Path(args.space).name} as run with --workload {args.workload} (dse start)\n"
+    return head + yaml.safe_dump(data, sort_keys=False)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -462,7 +482,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     _out(render_best(payload, args.format, st.model.get("num_layers")))
     noise = payload.get("noise") or {}
     if noise.get("message") and args.format not in ("json", "yaml"):
-        _err(f"dse: {noise['message']} (dse best --format json shows their intervals)")
+        _err(f"{noise['message']} (dse best --format json shows their intervals)")
     return 0
 
 
@@ -893,6 +913,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (SpaceError, StudyNotFoundError, StudyFormatError) as e:
         _err(str(e))
+        return 2
+    except StorageURLError as e:  # a malformed --storage / $DSE_STORAGE: bad input
+        _err(f"storage: {e}")
         return 2
     except NoCompleteTrialError as e:
         _err(str(e))

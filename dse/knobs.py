@@ -327,6 +327,16 @@ def _knobs() -> dict[str, Knob]:
             requires=_te_if(True),
         ),
         Knob(
+            "use_mamba_mem_eff_path",
+            "bool",
+            True,
+            "Mamba layers' memory-efficient path (MambaMixer: conv1d, SSD scan and gate in "
+            "mamba_split_conv1d_scan_combined, the conv recomputed in backward); False: conv1d "
+            "then mamba_chunk_scan_combined. Hybrid models only (Megatron-LM: "
+            "--disable-mamba-mem-eff-path).",
+            _one("model", "use_mamba_mem_eff_path"),
+        ),
+        Knob(
             "moe_shared_expert_overlap",
             "bool",
             False,
@@ -755,6 +765,7 @@ _MLM_ARG = {
     "apply_rope_fusion": "--no-rope-fusion",
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
     "virtual_pipeline_model_parallel_size": "--num-layers-per-virtual-pipeline-stage",
+    "use_mamba_mem_eff_path": "--disable-mamba-mem-eff-path",
 }
 # Fusions that Megatron-LM turns ON by default and exposes only as --no-... flags.
 _MLM_DEFAULT_ON = {
@@ -763,6 +774,7 @@ _MLM_DEFAULT_ON = {
     "bias_dropout_fusion",
     "apply_rope_fusion",
     "gradient_accumulation_fusion",
+    "use_mamba_mem_eff_path",
 }
 
 
