@@ -263,18 +263,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 # --- status / best ------------------------------------------------------------------------
-def _pick_study(storage: Any, name: str | None) -> Any:
-    if name:
-        return storage.get_study(name)
-    studies = storage.list_studies()
-    if not studies:
-        raise StudyNotFoundError(f"no study in {storage.url}")
-    if len(studies) > 1:
-        names = ", ".join(display_name(s.name) for s in studies)
-        raise StudyNotFoundError(f"several studies in {storage.url} ({names}): give --study")
-    return studies[0]
-
-
 def _trial_json(t: Any) -> dict[str, Any]:
     return {
         "number": t.number,
