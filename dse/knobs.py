@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dse.envpolicy import env_var_problem
 from dse.exceptions import UnknownKnobError
 
 __all__ = [
@@ -653,16 +654,12 @@ ENV_VAR_PREFIXES: tuple[str, ...] = ("NCCL_", "NVTE_", "TORCH_NCCL_")
 
 
 def check_env_var(var: str) -> str | None:
-    """Why ``var`` is not an environment variable a space may set, or None when it is."""
-    if var in ENV_VARS or (
-        var.startswith(ENV_VAR_PREFIXES) and var.rstrip("_") not in ("NCCL", "NVTE", "TORCH_NCCL")
-    ):
-        if var.replace("_", "").isalnum() and var.upper() == var:
-            return None
-    return (
-        f"{var!r} is not an environment variable dse may set; known: {sorted(ENV_VARS)} and "
-        f"the families {', '.join(p + '*' for p in ENV_VAR_PREFIXES)}"
-    )
+    """Why ``var`` is not an environment variable a space may set, or None when it may (the
+    one environment policy, :func:`dse.envpolicy.env_var_problem`: loader and interpreter
+    paths, code NCCL or CUDA loads, what dse, torchrun or Slurm set are refused; the rest of
+    a recipe's environment is kept). :data:`ENV_VARS` and :data:`ENV_VAR_PREFIXES` document
+    the variables dse knows, they do not limit the others."""
+    return env_var_problem(var)
 
 
 def _env_knob(name: str) -> Knob:

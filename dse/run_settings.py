@@ -33,6 +33,8 @@ __all__ = [
     "identity_changes",
     "strip_imported",
     "effective_space",
+    "IMPORT_SAFE_OPTIONS",
+    "unconfirmed_options",
 ]
 
 #: Study attribute holding the effective run settings of the last run.
@@ -173,17 +175,43 @@ def check_same_identity(stored: SearchSpace, given: SearchSpace) -> None:
         )
 
 
-#: Runner options that name code, paths or where trials run (a container image, mounts,
-#: scheduler flags, environment variables, a Ray cluster's address): from an export they are
-#: never used unconfirmed.
-_CODE_OPTIONS = (
-    "address",
-    "container_image",
-    "container_mounts",
-    "sbatch_args",
-    "srun_args",
-    "env",
-)
+#: Runner options an imported study may keep unconfirmed, per runner: an allow-list of
+#: options that only size or pace the trials (counts, seconds, a placement strategy). Every
+#: other option (a new one included until it is added here) says what runs or where (a
+#: container image or mounts, scheduler flags, a partition, account or QOS, a time limit
+#: written into the batch script, environment variables, a Ray cluster's address) and is
+#: never used from an export unconfirmed.
+IMPORT_SAFE_OPTIONS: dict[str, frozenset[str]] = {
+    "local": frozenset(
+        {"warm_workers", "warm_spare", "warm_max_trials", "warm_memory_slack_mib"}
+    ),
+    "ray": frozenset(
+        {"gpus_per_node", "cpus_per_trial", "num_cpus", "num_gpus", "strategy", "queue_timeout_s"}
+    ),
+    "slurm": frozenset(
+        {"gpus_per_node", "nodes", "cpus_per_task", "exclusive", "poll_interval_s",
+         "queue_timeout_s"}
+    ),
+}  # fmt: skip
+
+
+def unconfirmed_options(space: SearchSpace) -> dict[str, Any]:
+    """The runner options of ``space`` an import may not use unconfirmed: those set to
+    anything but their default and not in :data:`IMPORT_SAFE_OPTIONS`."""
+    from dse.space import RUNNER_OPTIONS
+
+    opts = space.runner.options
+    model = RUNNER_OPTIONS[space.runner.name]
+    safe = IMPORT_SAFE_OPTIONS.get(space.runner.name, frozenset())
+    out: dict[str, Any] = {}
+    for name, f in model.model_fields.items():
+        if name == "runner" or name in safe:
+            continue
+        value = getattr(opts, name)
+        default = f.get_default(call_default_factory=True)
+        if value != default:
+            out[name] = value
+    return out
 
 
 def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchSpace:
@@ -192,9 +220,10 @@ def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchS
 
     Raises:
         SpaceError: its workload reads a table or runs a recipe the export names, its
-            environment is set by the export, or its runner options name a container,
-            mounts, scheduler flags, variables or a Ray cluster; a local space file
-            (``dse start --space``) or ``--trust-imported`` must confirm it.
+            environment is set by the export, or it sets a runner option not on the
+            allow-list :data:`IMPORT_SAFE_OPTIONS` (a container, mounts, scheduler flags,
+            a partition, variables, a Ray cluster); a local space file (``dse start
+            --space``) or ``--trust-imported`` must confirm it.
     """
     data = space.model_dump(mode="json")
     named = {
@@ -203,10 +232,8 @@ def strip_imported(space: SearchSpace, ov: RunOverrides, source: str) -> SearchS
         "env.fixed": (data.get("env") or {}).get("fixed") or None,
         "env.node_steps": (data.get("env") or {}).get("node_steps") or None,
     }
-    options = data["runner"].get("options") or {}
-    for key in _CODE_OPTIONS:
-        if options.get(key):
-            named[f"runner.options.{key}"] = options[key]
+    for key, value in unconfirmed_options(space).items():
+        named[f"runner.options.{key}"] = value
     code = [k for k, v in named.items() if v is not None]
     if code:
         raise SpaceError(

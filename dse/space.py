@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,6 +29,7 @@ from pydantic import (
 )
 
 from dse import bounds as B
+from dse.envpolicy import check_env
 from dse.exceptions import ConstraintEvalError, SpaceError
 from dse.expr import ConstraintError, check_expr, eval_expr
 from dse.knobs import ENV_PREFIX, FEATURES, get_knob
@@ -671,11 +673,111 @@ def _names(description: str) -> Any:
     )
 
 
-_Arg = Annotated[str, Field(max_length=B.MAX_PATH_CHARS)]
+# --- what a runner option may hold ----------------------------------------------------
+# The Slurm runner writes its options into a bash batch script (#SBATCH lines, srun's command
+# line); every value has a strict character set that sbatch accepts and no shell reads as
+# code (docs/SECURITY.md). The Ray runner hands its options to Ray and its environment to
+# the trial's processes. Environment variables follow the one policy, dse.envpolicy.
+def _no_controls(v: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError(f"must not contain control characters (newline, tab, NUL): {v!r}")
+    return v
+
+
+_Arg = Annotated[str, Field(max_length=B.MAX_PATH_CHARS), AfterValidator(_no_controls)]
+
+
+def _env_map(v: dict[str, str]) -> dict[str, str]:
+    check_env(dict(v), "env")
+    return v
+
+
 _EnvMap = Annotated[
     dict[Annotated[str, Field(max_length=B.MAX_NAME_CHARS)], _Arg],
     Field(max_length=B.MAX_LIST_ITEMS),
+    AfterValidator(_env_map),
 ]
+
+#: A Slurm partition, account or QOS name (letters, digits, ``_ . + -``); partitions and
+#: QOS may be a comma-separated list (sbatch tries each).
+SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+#: sbatch's --time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+#: days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED / INFINITE.
+SLURM_TIME = re.compile(
+    r"\d{1,7}(?::\d{1,2}){0,2}|\d{1,5}-\d{1,2}(?::\d{1,2}){0,2}|UNLIMITED|INFINITE"
+)
+#: An sbatch or srun option as dse writes it: ``--name`` or ``--name=value``; the value of
+#: letters, digits and ``_ . , : @ % + / = [ ] -`` (no quote, space, ``$``, backquote, ``;``,
+#: ``&``, ``|``, ``<``, ``>``, ``\``, ``#``, ``*``, ``?``, ``~``, ``!``, newline).
+SLURM_OPTION = re.compile(r"--([A-Za-z][A-Za-z0-9-]*)(?:=[A-Za-z0-9_.,:@%+/=\[\]-]*)?")
+#: Options that run a program, set the job's environment (past dse.envpolicy) or move the
+#: files dse reads (its log, its working directory): refused, and so is any abbreviation of
+#: them (sbatch and srun take an unambiguous prefix of a long option).
+SLURM_REFUSED_OPTIONS: dict[str, str] = {
+    "wrap": "it replaces the batch script with a command",
+    "export": "it sets the job's environment past the environment policy",
+    "export-file": "it sets the job's environment past the environment policy",
+    "get-user-env": "it sets the job's environment past the environment policy",
+    "prolog": "it runs a program",
+    "epilog": "it runs a program",
+    "task-prolog": "it runs a program",
+    "task-epilog": "it runs a program",
+    "bcast": "it copies a program to the nodes",
+    "chdir": "dse sets the trial's working directory",
+    "output": "dse sets the trial's log file",
+    "error": "dse sets the trial's log file",
+    "input": "it feeds a file to the job",
+}
+
+
+def slurm_option_problem(arg: str) -> str | None:
+    """Why ``arg`` cannot be an sbatch or srun option of a trial's job (None: it can)."""
+    m = SLURM_OPTION.fullmatch(arg)
+    if m is None:
+        return (
+            f"{arg!r} is not an option dse writes into a batch script: give '--name' or "
+            "'--name=value', the value of letters, digits and _ . , : @ % + / = [ ] - "
+            "(no spaces, quotes or shell characters such as ; $ ` | & newline)"
+        )
+    name = m.group(1)
+    for refused, why in SLURM_REFUSED_OPTIONS.items():
+        if refused.startswith(name):
+            return f"{arg!r}: the option --{refused} is refused ({why})"
+    return None
+
+
+def _slurm_option(v: str) -> str:
+    why = slurm_option_problem(v)
+    if why:
+        raise ValueError(why)
+    return v
+
+
+def _slurm_names(v: str | None, *, many: bool) -> str | None:
+    if v is None:
+        return v
+    parts = v.split(",") if many else [v]
+    if not all(SLURM_NAME.fullmatch(p) for p in parts):
+        what = "a comma-separated list of Slurm names" if many else "a Slurm name"
+        raise ValueError(
+            f"{v!r} is not {what} (letters, digits and _ . + -; no spaces, quotes or shell "
+            "characters)"
+        )
+    return v
+
+
+_SlurmOption = Annotated[str, Field(max_length=B.MAX_PATH_CHARS), AfterValidator(_slurm_option)]
+
+
+def _mount(v: str) -> str:
+    if "," in v:
+        raise ValueError(f"a mount must not contain ',' (it would add another mount): {v!r}")
+    return v
+
+
+_Mount = Annotated[_Arg, AfterValidator(_mount)]
+#: A Ray cluster address: 'auto', 'local', host:port or ray://host:port.
+RAY_ADDRESS = re.compile(r"auto|local|(?:ray://)?[A-Za-z0-9_.\[\]:-]+")
 
 
 class RayOptions(_Strict):
@@ -688,6 +790,16 @@ class RayOptions(_Strict):
         description="Cluster address for ray.init ('auto', 'ray://head:10001'); "
         "None starts a local Ray.",
     )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not RAY_ADDRESS.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a Ray address ('auto', 'local', HOST:PORT or ray://HOST:PORT)"
+            )
+        return v
+
     gpus_per_node: int | None = Field(
         None,
         ge=1,
@@ -746,14 +858,17 @@ class SlurmOptions(_Strict):
     exclusive: bool | None = Field(
         None, description="sbatch --exclusive (default: on for GPU trials, off on CPU)."
     )
-    container_image: str | None = Field(
+    container_image: _Arg | None = Field(
         None, max_length=B.MAX_PATH_CHARS, description="pyxis --container-image."
     )
-    container_mounts: list[_Arg] = _names(
+    container_mounts: list[_Mount] = _names(
         "pyxis --container-mounts (src:dst); the workdir is always mounted."
     )
-    sbatch_args: list[_Arg] = _names("More #SBATCH lines, e.g. ['--reservation=r1'].")
-    srun_args: list[_Arg] = _names("More srun options.")
+    sbatch_args: list[_SlurmOption] = _names(
+        "More #SBATCH lines, e.g. ['--reservation=r1'] ('--name' or '--name=value', no "
+        "shell characters; options that run programs or set the environment are refused)."
+    )
+    srun_args: list[_SlurmOption] = _names("More srun options (as sbatch_args).")
     env: _EnvMap = Field(
         default_factory=dict, description="Variables exported in every batch script."
     )
@@ -766,6 +881,26 @@ class SlurmOptions(_Strict):
         "recorded with Slurm's pending reason (default: no limit; a job Slurm holds for a "
         "reason that never clears, e.g. PartitionNodeLimit, is cancelled at once).",
     )
+
+    @field_validator("partition", "qos")
+    @classmethod
+    def _name_list(cls, v: str | None) -> str | None:
+        return _slurm_names(v, many=True)
+
+    @field_validator("account")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return _slurm_names(v, many=False)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_TIME.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a Slurm time limit (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                "D-HH:MM:SS, UNLIMITED)"
+            )
+        return v
 
 
 RunnerOptions = Annotated[LocalOptions | RayOptions | SlurmOptions, Field(discriminator="runner")]
@@ -787,13 +922,13 @@ class RunnerSpec(_Strict):
     gpus: list[Annotated[int, Field(ge=0, le=1 << 16)]] | None = Field(
         None, max_length=B.MAX_LIST_ITEMS, description="GPU ids the local runner may use."
     )
-    workdir: str = Field(
+    workdir: _Arg = Field(
         "dse_runs",
         min_length=1,
         max_length=B.MAX_PATH_CHARS,
         description="Folder for trial specs, metrics and logs.",
     )
-    python: str | None = Field(
+    python: _Arg | None = Field(
         None, max_length=B.MAX_PATH_CHARS, description="Python interpreter for trial processes."
     )
     options: RunnerOptions = Field(

@@ -47,15 +47,7 @@ CASES = {
     ),
     "megatron_bridge_qwen_30b.toml": (
         {"tensor_model_parallel_size", "micro_batch_size"},
-        {
-            "cmd_args.compute_dtype",
-            "cmd_args.hf_token",
-            "cmd_args.cuda_graph_impl",
-            "cmd_args.cuda_graph_scope",
-            "cmd_args.recompute_modules",
-            "extra_container_mounts",
-        }
-        - {"extra_container_mounts"},  # an empty list: nothing to map
+        {"cmd_args.hf_token"},  # compute_dtype, CUDA graphs and recompute are knobs now
     ),
     "test/dse_nemo_run_llama3_8b_fp8.toml": (
         {"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"},
@@ -82,7 +74,8 @@ def test_dse_scenario_maps_lists_scalars_resources_and_launcher() -> None:
     space = parse_space(import_scenario(FIX / "dse_nemo_run_llama3_8b.toml").space, "t")
     assert space.knobs["tensor_model_parallel_size"].values() == [1, 2, 4]
     assert space.knobs["context_parallel_size"].values() == [1, 2]
-    assert space.fixed == {"micro_batch_size": 1}  # [1]: a one-value list is fixed
+    # [1]: a one-value list is fixed; the recipes' TE attention is declared
+    assert space.fixed == {"micro_batch_size": 1, "attention_backend": "te"}
     assert space.semantics.global_batch_size == 128 and space.semantics.steps == 100
     assert space.resources.world_size == 8
     assert space.workload.name == "nemo"
@@ -120,11 +113,32 @@ def test_env_vars_become_env_section_or_are_listed(tmp_path: Path) -> None:
     assert space.env.fixed["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert space.fixed["sequence_parallel"] is True
     assert space.resources.world_size == 16
-    assert {u.key for u in got.unmapped} == {
-        "extra_env_vars.TORCHX_MAX_RETRIES",
-        "extra_env_vars.TRANSFORMERS_OFFLINE",
-        "extra_env_vars.NEMO_LOG_MEMORY_USAGE",
-    }
+    # a CloudAI scenario keeps its environment (dse.envpolicy refuses only what loads code)
+    assert not got.unmapped
+    for var, value in (("TORCHX_MAX_RETRIES", "0"), ("TRANSFORMERS_OFFLINE", "1"),
+                       ("NEMO_LOG_MEMORY_USAGE", "1")):  # fmt: skip
+        assert space.env.fixed[var] == value
+
+
+def test_env_vars_the_policy_refuses_are_listed_with_the_reason(tmp_path: Path) -> None:
+    model = tmp_path / "nemotron.yaml"
+    model.write_text(yaml.safe_dump(NEMOTRON_15B))
+    src = (TESTS / "nemo_run_nemotron_15b_bf16_2_node.toml").read_text()
+    p = tmp_path / "t.toml"
+    p.write_text(
+        src.replace(
+            "[extra_env_vars]\n",
+            '[extra_env_vars]\nLD_PRELOAD = "/x.so"\n'
+            'NCCL_NET_PLUGIN = "evil"\nENABLE_NUMA_CONTROL = "1"\n',
+        )
+    )
+    got = import_scenario(p, model_from=model)
+    space = parse_space(got.space, "t")
+    assert space.env.fixed["ENABLE_NUMA_CONTROL"] == "1"
+    why = {u.key: u.why for u in got.unmapped}
+    assert set(why) == {"extra_env_vars.LD_PRELOAD", "extra_env_vars.NCCL_NET_PLUGIN"}
+    assert "dynamic loader" in why["extra_env_vars.LD_PRELOAD"]
+    assert "NCCL loads" in why["extra_env_vars.NCCL_NET_PLUGIN"]
 
 
 def test_list_valued_env_var_becomes_an_env_knob(tmp_path: Path) -> None:
@@ -158,8 +172,12 @@ def test_cli_import_writes_a_space_that_validates(
                str(TESTS), "-o", str(out)])  # fmt: skip
     assert rc == 0
     err = capsys.readouterr().err
-    assert "not mapped: cmd_args.compute_dtype = 'fp8'" in err
-    assert main(["validate", str(out)]) == 0
+    assert "compute_dtype" not in err  # the older compute_dtype = "fp8" is dse's FP8 knobs
+    space = parse_space_text(out.read_text(), "s")
+    assert space.fixed["fp8"] == "hybrid" and space.fixed["fp8_recipe"] == "delayed"
+    # mlp recompute on a model with no dense layer: dse's rule names it at validate
+    assert main(["validate", str(out)]) == 2
+    assert "mlp recompute needs dense MLP layers" in capsys.readouterr().err
 
 
 def test_export_best_as_cloudai_test(tmp_path: Path) -> None:
@@ -224,8 +242,18 @@ def test_recipe_without_example_needs_model_from(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     src = TESTS / "dse_nemo_run_llama_70b_fp8.toml"
-    assert main(["cloudai", "import", str(src)]) == 2
-    assert "no example space for the recipe 'llama3_70b'" in capsys.readouterr().err
+    unknown = tmp_path / "t.toml"
+    unknown.write_text(src.read_text().replace("llama3_70b", "llama9_1t"))
+    assert main(["cloudai", "import", str(unknown)]) == 2
+    assert "no example space or catalog model for the recipe 'llama9_1t'" in (
+        capsys.readouterr().err
+    )
+    # Llama 3 70B is a catalog model; the test leaves the sequence length to the recipe
+    with pytest.raises(SpaceError, match="leaves seq_length"):
+        import_scenario(src)
+    got = import_scenario(src, seq_length=8192)
+    space = parse_space(got.space, "t")
+    assert got.space["model"] == "llama3_70b" and space.model.num_layers == 80
     model = tmp_path / "m.yaml"
     model.write_text(yaml.safe_dump(LLAMA3_70B))
     got = import_scenario(src, model_from=model)
@@ -236,8 +264,7 @@ def test_recipe_without_example_needs_model_from(
     assert space.knobs["tensor_model_parallel_size"].values() == [4]
     assert space.resources.world_size == 64
     assert any("sweeps nothing" in n for n in got.notes)
-    launcher = space.workload.launcher
-    assert launcher is not None and launcher.overrides["trainer.plugins.fp8"] == "hybrid"
+    assert space.fixed["fp8"] == "hybrid"  # trainer.plugins.fp8: dse's FP8 knob
 
 
 def test_export_bridge_best_as_cloudai_test(tmp_path: Path) -> None:
@@ -264,8 +291,9 @@ def test_export_bridge_best_as_cloudai_test(tmp_path: Path) -> None:
     assert test["test_template_name"] == "MegatronBridge"
     args = test["cmd_args"]
     assert args["mb"] == 4 and args["tp"] == 1 and args["ep"] == 8 and args["gb"] == 512
-    assert args["num_gpus"] == 8 and args["gpus_per_node"] == 4
-    assert args["model_name"] == "qwen3" and args["model_size"] == "30b_a3b"
+    assert args["num_gpus"] == 8 and "gpus_per_node" not in args  # the system's, today
+    assert args["model_family_name"] == "qwen" and args["model_recipe_name"] == "qwen3_30b_a3b"
+    assert "model_name" not in args and "model_size" not in args
 
 
 def test_scenario_cmd_args_override_the_named_test(tmp_path: Path) -> None:

@@ -353,11 +353,16 @@ def test_an_import_running_elsewhere_is_released(tmp_path: Path, host: str) -> N
     [
         ("slurm", "container_image", "docker://registry.example/their-image"),
         ("slurm", "container_mounts", ["/:/host"]),
-        ("slurm", "sbatch_args", ["--output=/somewhere/else"]),
-        ("slurm", "srun_args", ["--export=ALL"]),
-        ("slurm", "env", {"LD_PRELOAD": "/tmp/theirs.so"}),
+        ("slurm", "sbatch_args", ["--reservation=theirs"]),
+        ("slurm", "srun_args", ["--mpi=pmix"]),
+        ("slurm", "env", {"NCCL_DEBUG": "INFO"}),
+        # written into the batch script: not on the import's allow-list either
+        ("slurm", "partition", "theirs"),
+        ("slurm", "account", "theirs"),
+        ("slurm", "qos", "theirs"),
+        ("slurm", "time_limit", "00:10:00"),
         ("ray", "address", "ray://their-head:10001"),
-        ("ray", "env", {"PYTHONPATH": "/tmp/theirs"}),
+        ("ray", "env", {"NCCL_DEBUG": "INFO"}),
     ],
 )
 def test_resuming_an_import_does_not_use_its_runner_options(

@@ -152,7 +152,7 @@ def test_env_section_and_env_knobs() -> None:
     assert trial_env({"env.NCCL_ALGO": "Ring", "env.USE_MNNVL": False}, {"NVTE_X": 1}) == {
         "NVTE_X": "1", "NCCL_ALGO": "Ring", "USE_MNNVL": "0",
     }  # fmt: skip
-    with pytest.raises(SpaceError, match="'LD_PRELOAD' is not an environment variable"):
+    with pytest.raises(SpaceError, match="'LD_PRELOAD' may not be set in a trial's environment"):
         _space("qwen3_30b_a3b.yaml", lambda d: d["env"]["fixed"].update(LD_PRELOAD="x"))
     with pytest.raises(SpaceError, match="unknown knob 'env.HOME'"):
         _space("qwen3_30b_a3b.yaml", lambda d: d["env"]["knobs"].update(HOME={"values": ["/"]}))

@@ -9,6 +9,7 @@ raises :class:`NotTaken` (``dse validate`` reports it and exits 2). Environment 
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ __all__ = [
     "Launcher",
     "NotTaken",
     "RenderedTrial",
+    "shell_word",
     "check_launcher",
     "run_node_steps",
     "launcher_for",
@@ -42,6 +44,22 @@ class NotTaken(Exception):
         self.knob = knob
         self.value = value
         self.why = why
+
+
+#: The placeholders a recipe's command may hold for its rendezvous (written by
+#: :meth:`Launcher.torchrun`): a shell expands them; everything else is quoted as it is.
+RDZV_PLACEHOLDER = re.compile(r"(\$\{(?:MASTER_ADDR|MASTER_PORT)\})")
+
+
+def shell_word(arg: str) -> str:
+    """``arg`` as one shell word: quoted, with the rendezvous placeholders left for the
+    shell to expand (``--rdzv-endpoint="${MASTER_ADDR}":"${MASTER_PORT}"``). Any other
+    ``$``, backquote or quote of an override stays literal text."""
+    parts = RDZV_PLACEHOLDER.split(arg)
+    return (
+        "".join(f'"{p}"' if RDZV_PLACEHOLDER.fullmatch(p) else shlex.quote(p) for p in parts if p)
+        or "''"
+    )
 
 
 @dataclass(frozen=True)
@@ -73,7 +91,7 @@ class RenderedTrial:
             lines.append(f"# pre-trial node step (skipped with a note if not permitted): "
                          f"{shlex.join(step)}")  # fmt: skip
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
-        q = [a if "${" in a else shlex.quote(a) for a in self.argv]
+        q = [shell_word(a) for a in self.argv]
         parts: list[str] = []
         for a in q:  # a flag and its value on one line
             prev = parts[-1] if parts else ""

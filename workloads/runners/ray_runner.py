@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dse.envpolicy import check_env
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
 from dse.space import RayOptions
@@ -140,6 +141,10 @@ class RayRunner(BaseRunner):
         except ImportError as e:
             raise TrialLaunchError("the ray runner needs Ray: pip install ray") from e
         self._ray = ray
+        try:  # the options model checks them on input; options built without it, here
+            check_env(dict(options.env), "runner.options.env")
+        except ValueError as e:
+            raise TrialLaunchError(str(e)) from e
         self.opts = options
         try:
             self.shape: TrialShape = trial_shape(

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dse.envpolicy import IDENTIFIER
 from dse.exceptions import TrialLaunchError
 from dse.records import FailureClass, Outcome, read_metrics
-from dse.space import SlurmOptions
+from dse.space import SLURM_NAME, SLURM_TIME, SlurmOptions, slurm_option_problem
 from dse.workloads.runners._base import BaseRunner, Finished, Launch, trial_environ
 from dse.workloads.runners._cluster import (
     PLACEMENT_FILE,
@@ -170,21 +171,53 @@ def _recipe(launch: Launch) -> dict[str, Any] | None:
     return r if isinstance(r, dict) and r.get("argv") else None
 
 
-#: The placeholders a recipe's command may hold for its rendezvous (the launchers write them):
-#: the batch shell expands them; everything else is quoted as it is.
-_RDZV = re.compile(r"(\$\{(?:MASTER_ADDR|MASTER_PORT)\})")
-
-
 def _shell_words(argv: list[str]) -> str:
     """``argv`` as shell words, quoted, with the rendezvous placeholders left for the batch
-    shell to expand (``--rdzv-endpoint="${MASTER_ADDR}":"${MASTER_PORT}"``)."""
-    words = []
-    for a in argv:
-        parts = _RDZV.split(a)
-        words.append(
-            "".join(f'"{p}"' if _RDZV.fullmatch(p) else shlex.quote(p) for p in parts if p) or "''"
-        )
-    return " ".join(words)
+    shell to expand (:func:`~dse.workloads.launchers._core.shell_word`)."""
+    from dse.workloads.launchers._core import shell_word
+
+    return " ".join(shell_word(a) for a in argv)
+
+
+#: What an #SBATCH value may hold unquoted (anything else is double-quoted for sbatch).
+_SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_.,:@%+/=\[\]-]*")
+
+
+def _sbatch_value(value: str, what: str) -> str:
+    """``value`` as one word of an ``#SBATCH`` line. sbatch reads the line itself (bash
+    skips it as a comment): a value with a space or a quote is double-quoted with ``\\``
+    escapes, as sbatch's parser takes them; a line break would end the comment and start a
+    shell command, so a value with a control character is refused.
+
+    Raises:
+        TrialLaunchError: ``value`` holds a control character (names ``what``).
+    """
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise TrialLaunchError(f"{what} must not contain control characters: {value!r}")
+    if _SBATCH_PLAIN.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _checked(opts: SlurmOptions, env: dict[str, str]) -> None:
+    """Check again what goes into the script as shell text (the options model checks it on
+    input; this catches options built without validation and the launch's own variables)."""
+    problems = [
+        f"runner.options.{k}: {why}"
+        for k, vals in (("sbatch_args", opts.sbatch_args), ("srun_args", opts.srun_args))
+        for v in vals
+        if (why := slurm_option_problem(v))
+    ]
+    for k, v in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos)):
+        if v is not None and not all(SLURM_NAME.fullmatch(p) for p in v.split(",")):
+            problems.append(f"runner.options.{k}: {v!r} is not a Slurm name")
+    if opts.time_limit is not None and not SLURM_TIME.fullmatch(opts.time_limit):
+        problems.append(f"runner.options.time_limit: {opts.time_limit!r} is not a time limit")
+    problems += [
+        f"environment: {k!r} is not a variable name" for k in env if not IDENTIFIER.fullmatch(k)
+    ]
+    if problems:
+        raise TrialLaunchError("; ".join(problems))
 
 
 def render_batch_script(
@@ -207,8 +240,10 @@ def render_batch_script(
     """
     q = shlex.quote
     recipe = _recipe(launch)
+    env = {**opts.env, **launch.env}
+    _checked(opts, env)
     sb: list[str] = [
-        f"--job-name={job_name}",
+        f"--job-name={_sbatch_value(job_name, 'the job name')}",
         f"--nodes={shape.nodes}",
         "--ntasks-per-node=1",
     ]
@@ -223,10 +258,10 @@ def render_batch_script(
         if val:
             sb.append(f"--{flag}={val}")
     sb += [
-        f"--output={launch.log_path}",
+        f"--output={_sbatch_value(str(launch.log_path), 'the trial log path')}",
         "--open-mode=append",
         "--no-requeue",
-        f"--chdir={launch.trial_dir}",
+        f"--chdir={_sbatch_value(str(launch.trial_dir), 'the trial folder')}",
     ]
     sb += opts.sbatch_args
     lines = ["#!/bin/bash", *(f"#SBATCH {a}" for a in sb), ""]
@@ -235,7 +270,6 @@ def render_batch_script(
         f"# dse trial {launch.number}{what}: {shape.nodes} node(s) x {shape.per_node} rank(s)"
     )
     lines.append("set -uo pipefail")
-    env = {**opts.env, **launch.env}
     lines += [f"export {k}={q(v)}" for k, v in env.items()]
     lines += [
         'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
