@@ -1,19 +1,36 @@
-"""CloudAI test scenarios in and out.
+"""CloudAI test scenarios in and out, against CloudAI's current schema.
 
 :func:`import_scenario` turns a CloudAI test scenario (or one test definition) of the NeMoRun
-or MegatronBridge workloads into a dse space: list-valued ``cmd_args`` (CloudAI's implicit DSE
-dimensions) become knobs under their Megatron names, scalar ones fixed; ``extra_env_vars``
-become the ``env`` section (lists become env knobs); ``num_nodes`` and the GPUs per node the
-resources; the recipe and the container the launcher settings; the model comes from the
-example space of the same recipe. Whatever has no dse equivalent is returned in
-:attr:`CloudAIImport.unmapped` with what was done about it, never dropped silently.
+or MegatronBridge workloads into a dse space. The fields are read as CloudAI's current
+``NeMoRunCmdArgs`` / ``MegatronBridgeCmdArgs`` name them (older names still read:
+:data:`BRIDGE_RENAMED`); every field dse has a knob for becomes that knob (list values:
+explored, CloudAI's implicit DSE dimensions; scalars: ``fixed``), ``compute_dtype`` and the
+FP8 plugin fields become dse's FP8 knobs (so FLOPs and the cost model see FP8), ``agent``
+maps to the dse agent of the same meaning (:data:`AGENTS`). ``extra_env_vars`` become the
+``env`` section, ``num_nodes`` / ``num_gpus`` and the system's GPUs per node the resources, the
+recipe and container the launcher settings, and an optional CloudAI system TOML
+(:func:`read_system`) the GPUs per node, partition, account, container mounts and Slurm
+options. The model comes from dse's model catalog or the example space of the recipe.
+Whatever has no dse equivalent is returned in :attr:`CloudAIImport.unmapped` with what was
+done about it, never dropped silently; what the import assumed is in
+:attr:`CloudAIImport.notes`.
 
-:func:`export_test` writes a configuration back as a CloudAI test TOML with scalar fields.
+:func:`export_test` writes a configuration back as a CloudAI test TOML with scalar fields in
+the current names (the full recipe in ``model_family_name`` / ``model_recipe_name`` and
+``task``); knobs CloudAI names no field for travel as the recipe's own overrides
+(``extra_cmd_args`` for MegatronBridge, dotted ``cmd_args`` for NeMoRun) through the recipe
+launcher's table, and what the target cannot take is named.
+
+The mapping tables below are the one place the CloudAI field names live.
 """
 
 from __future__ import annotations
 
+import ast
+import re
+import shlex
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,14 +42,24 @@ from dse.knobs import check_env_var, get_knob
 
 __all__ = [
     "CloudAIImport",
+    "CloudAISystem",
     "Unmapped",
     "import_scenario",
+    "read_system",
     "export_test",
+    "dump_toml",
     "NEMO_RUN_KNOBS",
     "BRIDGE_KNOBS",
+    "BRIDGE_RENAMED",
+    "COMPUTE_DTYPES",
+    "AGENTS",
+    "bridge_recipe_parts",
 ]
 
-#: NeMoRun ``cmd_args`` paths that are dse knobs (Megatron names; NeMo-Run override paths).
+# --- the mapping tables (CloudAI field -> dse) -------------------------------------------
+
+#: NeMoRun ``cmd_args`` paths that set one dse knob, value for value (CloudAI's
+#: ``NeMoRunCmdArgs``: trainer.strategy, trainer.plugins, data, optim.config).
 NEMO_RUN_KNOBS: dict[str, str] = {
     "trainer.strategy.tensor_model_parallel_size": "tensor_model_parallel_size",
     "trainer.strategy.pipeline_model_parallel_size": "pipeline_model_parallel_size",
@@ -45,11 +72,15 @@ NEMO_RUN_KNOBS: dict[str, str] = {
     "trainer.strategy.sequence_parallel": "sequence_parallel",
     "data.micro_batch_size": "micro_batch_size",
     "trainer.plugins.grad_reduce_in_fp32": "grad_reduce_in_fp32",
+    "trainer.plugins.fp8": "fp8",
+    "trainer.plugins.fp8_recipe": "fp8_recipe",
+    "trainer.plugins.fp8_params": "fp8_param",
     "optim.config.use_precision_aware_optimizer": "use_precision_aware_optimizer",
     "optim.config.use_distributed_optimizer": "use_distributed_optimizer",
 }
 
-#: MegatronBridge ``cmd_args`` (CloudAI's short names) that are dse knobs.
+#: MegatronBridge ``cmd_args`` (CloudAI's ``MegatronBridgeCmdArgs``) that set one dse knob,
+#: value for value (Megatron-Bridge's perf launcher flags -tp ... --moe_a2a_overlap).
 BRIDGE_KNOBS: dict[str, str] = {
     "tp": "tensor_model_parallel_size",
     "pp": "pipeline_model_parallel_size",
@@ -58,6 +89,78 @@ BRIDGE_KNOBS: dict[str, str] = {
     "ep": "expert_model_parallel_size",
     "et": "expert_tensor_parallel_size",
     "mb": "micro_batch_size",
+    # Bridge's _set_moe_a2a_overlap_overrides: comm_overlap.overlap_moe_expert_parallel_comm
+    "moe_a2a_overlap": "overlap_moe_expert_parallel_comm",
+    "cuda_graph_impl": "cuda_graph_impl",
+}
+
+#: MegatronBridge fields renamed by CloudAI (December 2025), still read on import: old ->
+#: current. The old ``model_name`` + ``model_size`` together name the recipe
+#: (``qwen3`` + ``30b_a3b`` -> ``qwen3_30b_a3b``).
+BRIDGE_RENAMED: dict[str, str] = {
+    "model_name": "model_family_name",
+    "model_size": "model_recipe_name",
+}
+
+#: MegatronBridge ``compute_dtype`` -> dse's FP8 knobs (fp8, fp8_recipe), as Megatron-Bridge's
+#: perf scripts' get_precision_config picks the MixedPrecisionConfig preset:
+#: fp8_cs bf16_with_fp8_current_scaling_mixed, fp8_mx bf16_with_mxfp8_mixed, fp8_sc
+#: bf16_with_fp8_subchannel_scaling_mixed, fp8_ds (older ``fp8`` + ``fp8_recipe = "ds"``)
+#: bf16_with_fp8_delayed_scaling_mixed.
+COMPUTE_DTYPES: dict[str, tuple[str | None, str | None]] = {
+    "bf16": (None, None),
+    "fp8_cs": ("hybrid", "tensorwise"),
+    "fp8_mx": ("e4m3", "mxfp8"),
+    "fp8_sc": ("hybrid", "blockwise"),
+    "fp8_ds": ("hybrid", "delayed"),
+}
+#: Older MegatronBridge ``compute_dtype = "fp8"`` with ``fp8_recipe`` (ds/cs/mx/ss).
+_OLD_FP8_RECIPES = {"ds": "fp8_ds", "cs": "fp8_cs", "mx": "fp8_mx", "ss": "fp8_sc"}
+#: Megatron-Bridge mixed_precision preset names (a launcher override) -> compute_dtype.
+_MIXED_PRECISION = {
+    "bf16_mixed": "bf16",
+    "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
+    "bf16_with_mxfp8_mixed": "fp8_mx",
+    "bf16_with_fp8_subchannel_scaling_mixed": "fp8_sc",
+    "bf16_with_fp8_delayed_scaling_mixed": "fp8_ds",
+    "bf16_with_fp8_mixed": "fp8_ds",
+}
+
+#: Training semantics (never knobs): CloudAI field -> ``semantics`` field.
+_SEMANTICS = {
+    "nemo": {
+        "data.global_batch_size": "global_batch_size",
+        "data.seq_length": "seq_length",
+        "trainer.max_steps": "steps",
+    },
+    "bridge": {"gb": "global_batch_size", "seq_length": "seq_length", "max_steps": "steps"},
+}
+
+#: MegatronBridge fields that are CloudAI's or the launcher's bookkeeping, not part of what a
+#: trial trains (listed as not mapped when set, with this reason).
+_BRIDGE_BOOKKEEPING = {
+    "log_dir", "dryrun", "enable_nsys", "save_config_filepath", "max_retries", "nemo_home",
+    "wandb_key", "wandb_project_name", "wandb_entity_name", "wandb_experiment_name",
+    "wandb_save_dir", "pytorch_profiler", "profiling_start_step", "profiling_stop_step",
+    "record_memory_history", "profiling_gpu_metrics", "profiling_ranks", "nsys_trace",
+    "nsys_extra_args", "list_config_variants", "config_variant", "use_recipes",
+    "venv_path", "megatron_bridge_dir", "pretrained_checkpoint", "save_dir", "load_dir",
+    "save_interval", "most_recent_k",
+}  # fmt: skip
+
+#: CloudAI agents -> dse agents by meaning (CloudAI's own registry ships grid_search; the
+#: others are the plug-in agents' names: bo_gp a Bayesian optimisation with a Gaussian
+#: process, ga a genetic algorithm).
+AGENTS: dict[str, str] = {
+    "grid_search": "grid",
+    "bo_gp": "gp",
+    "bo": "gp",
+    "bayesian_optimization": "gp",
+    "random": "random",
+    "random_search": "random",
+    "ga": "nsga2",
+    "genetic_algorithm": "nsga2",
+    "tpe": "tpe",
 }
 
 #: CloudAI ``gpu_type`` -> the GPU name dse's cost model knows.
@@ -77,6 +180,43 @@ _METRICS = {
 }
 
 _WORKLOADS = {"NeMoRun": "nemo", "MegatronBridge": "bridge"}
+_TEMPLATES = {v: k for k, v in _WORKLOADS.items()}
+
+#: Recipe names (CloudAI's / Bridge's) -> dse catalog entries where the names differ.
+_CATALOG_ALIASES = {
+    "llama31_405b": "llama3_405b",
+    "llama3_1_405b": "llama3_405b",
+    "nemotron_15b": "nemotron4_15b",
+    "nemotron_340b": "nemotron4_340b",
+    "nemotron_3_nano": "nemotron_3_nano_30b_a3b",
+    "nemotron3_nano": "nemotron_3_nano_30b_a3b",
+    "deepseekv3": "deepseek_v3",
+    "qwen3_30b": "qwen3_30b_a3b",
+}
+
+#: Megatron-Bridge recipe families (``recipes/<family>/``, the perf launcher's
+#: --model_family_name), by the recipe's first words, most specific first.
+_FAMILIES = (
+    ("nemotron_omni", "nemotron_omni"),
+    ("nemotron_3_nano", "nemotronh"),
+    ("nemotron_nano", "nemotronh"),
+    ("nemotronh", "nemotronh"),
+    ("nemotron", "nemotron"),
+    ("llama", "llama"),
+    ("qwen", "qwen"),
+    ("deepseek", "deepseek"),
+    ("gpt_oss", "gpt_oss"),
+    ("kimi", "kimi"),
+    ("mixtral", "mixtral"),
+    ("gemma", "gemma"),
+)
+
+#: A Bridge recipe function name: <recipe>_<task>[_<N>gpu][_<gpu>][_<dtype>]_config.
+_RECIPE_RE = re.compile(
+    r"^(?P<stem>.+?)_(?P<task>pretrain|sft|finetune|peft|lora)"
+    r"(?:_(?P<gpus>\d+)gpu)?(?:_(?P<gpu>[hb]\d+|gb\d+|vr\d+))?"
+    r"(?:_(?P<dtype>bf16|fp8_cs|fp8_mx|fp8_sc|fp8_ds|nvfp4|fp8))?_config$"
+)
 
 
 @dataclass(frozen=True)
@@ -90,7 +230,7 @@ class Unmapped:
 
 @dataclass
 class CloudAIImport:
-    """The space a CloudAI scenario became, and what could not be mapped."""
+    """The space a CloudAI scenario became, what could not be mapped, what was assumed."""
 
     space: dict[str, Any]
     unmapped: list[Unmapped] = field(default_factory=list)
@@ -108,11 +248,27 @@ class CloudAIImport:
         return "\n".join(head) + "\n" + yaml.safe_dump(self.space, sort_keys=False)
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+@dataclass(frozen=True)
+class CloudAISystem:
+    """What dse takes from a CloudAI system TOML (``SlurmSystem`` fields)."""
+
+    name: str
+    scheduler: str
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    srun_args: tuple[str, ...] = ()
+    container_mount_home: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    gpu_type: str | None = None
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict):
+        if isinstance(v, Mapping):
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
@@ -129,6 +285,55 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise SpaceError(f"{path}: not valid TOML: {e}") from e
 
 
+def read_system(path: str | Path) -> CloudAISystem:
+    """The parts of a CloudAI system TOML a dse space uses.
+
+    Raises:
+        SpaceError: unreadable TOML or a field of the wrong type, naming the file and field.
+    """
+    src = Path(path)
+    data = _read_toml(src)
+    where = str(src)
+    if "scheduler" not in data:
+        raise SpaceError(f"{where}: not a CloudAI system TOML (no scheduler field)")
+
+    def opt_int(key: str) -> int | None:
+        v = data.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpaceError(f"{where}: {key} must be a positive integer, got {v!r}")
+        return v
+
+    def opt_str(key: str) -> str | None:
+        v = data.get(key)
+        if v is None or v == "":
+            return None
+        if not isinstance(v, str):
+            raise SpaceError(f"{where}: {key} must be a string, got {v!r}")
+        return v
+
+    sbatch = data.get("extra_sbatch_args") or []
+    if not isinstance(sbatch, list) or not all(isinstance(x, str) for x in sbatch):
+        raise SpaceError(f"{where}: extra_sbatch_args must be a list of strings")
+    srun = opt_str("extra_srun_args")
+    env = data.get("global_env_vars") or {}
+    if not isinstance(env, Mapping):
+        raise SpaceError(f"{where}: global_env_vars must be a table")
+    return CloudAISystem(
+        name=str(data.get("name") or src.stem),
+        scheduler=str(data["scheduler"]),
+        gpus_per_node=opt_int("gpus_per_node"),
+        partition=opt_str("default_partition"),
+        account=opt_str("account"),
+        sbatch_args=tuple(sbatch),
+        srun_args=tuple(shlex.split(srun)) if srun else (),
+        container_mount_home=bool(data.get("container_mount_home", False)),
+        env=tuple((str(k), str(v)) for k, v in env.items()),
+        gpu_type=opt_str("gpu_type"),
+    )
+
+
 def _find_test(name: str, tests_dir: Path | None, where: str) -> dict[str, Any]:
     if tests_dir is None:
         raise SpaceError(
@@ -142,11 +347,11 @@ def _find_test(name: str, tests_dir: Path | None, where: str) -> dict[str, Any]:
     raise SpaceError(f"{where}: no test named {name!r} in {tests_dir}")
 
 
-def _catalog_space(recipe: str, catalog: Path | None) -> dict[str, Any] | None:
+def _example_space(recipe: str, examples: Path | None) -> dict[str, Any] | None:
     """The example space of ``recipe`` (matched by file name or launcher recipe), if any."""
-    if catalog is None or not catalog.is_dir():
+    if examples is None or not examples.is_dir():
         return None
-    for p in sorted(catalog.glob("*.yaml")):
+    for p in sorted(examples.glob("*.yaml")):
         data = yaml.safe_load(p.read_text())
         if not isinstance(data, dict):
             continue
@@ -161,16 +366,189 @@ def default_catalog() -> Path:
     return Path(__file__).resolve().parents[1] / "examples"
 
 
+def _catalog_entry(key: str) -> str | None:
+    from dse.catalog import catalog
+
+    name = _CATALOG_ALIASES.get(key, key)
+    return name if name in catalog() else None
+
+
 def _recipe_key(recipe: str) -> str:
-    # CloudAI's own factories are cloudai_<model>_recipe (cloudai_nemorun.py)
+    # CloudAI's own NeMo-Run factories are cloudai_<model>_recipe (cloudai_nemorun.py)
     return recipe.removeprefix("cloudai_").removesuffix("_recipe")
 
 
+def bridge_recipe_parts(recipe: str) -> dict[str, str | None]:
+    """A Bridge recipe function name as CloudAI's fields: ``model_recipe_name`` (the stem),
+    ``task``, ``model_family_name`` (the recipe family) and what the name pins (GPUs, GPU,
+    dtype). A name that does not follow ``<stem>_<task>[_<N>gpu][_<gpu>][_<dtype>]_config``
+    is kept whole as the stem with task ``pretrain``."""
+    m = _RECIPE_RE.match(recipe)
+    stem = m.group("stem") if m else recipe.removesuffix("_config")
+    return {
+        "model_recipe_name": stem,
+        "task": m.group("task") if m else "pretrain",
+        "model_family_name": recipe_family(stem),
+        "num_gpus": m.group("gpus") if m else None,
+        "gpu": m.group("gpu") if m else None,
+        "dtype": m.group("dtype") if m else None,
+    }
+
+
+def recipe_family(stem: str) -> str:
+    """The Megatron-Bridge recipe family of a recipe stem (``qwen3_30b_a3b`` -> ``qwen``)."""
+    for prefix, fam in _FAMILIES:
+        if stem.startswith(prefix):
+            return fam
+    head = stem.split("_", 1)[0]
+    return re.sub(r"\d.*$", "", head) or head
+
+
 def _as_int(v: Any, key: str, where: str) -> int:
+    if isinstance(v, bool):
+        raise SpaceError(f"{where}: {key} must be an integer, got {v!r}")
     try:
         return int(v)
     except (TypeError, ValueError):
         raise SpaceError(f"{where}: {key} must be an integer, got {v!r}") from None
+
+
+def _module_list(v: Any) -> str | None:
+    """CloudAI's list-in-a-string (``"[mlp, moe_act]"``, ``"attn,moe"``) as dse's
+    comma-separated form; None for an empty list."""
+    s = str(v).strip().strip("\"'")
+    if s.startswith("[") and s.endswith("]"):
+        s = s[1:-1]
+    parts = [p.strip().strip("\"'").lower() for p in s.split(",") if p.strip().strip("\"'")]
+    return ",".join(parts) or None
+
+
+def _as_list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, list) else [v]
+
+
+class _Builder:
+    """Collects the knobs, fixed values and unmapped fields of one import."""
+
+    def __init__(self, excluded: list[str]) -> None:
+        self.knobs: dict[str, dict[str, Any]] = {}
+        self.fixed: dict[str, Any] = {}
+        self.constraints: list[str] = []
+        self.unmapped: list[Unmapped] = []
+        self.notes: list[str] = []
+        self.excluded = excluded
+
+    def swept(self, key: str, v: Any) -> bool:
+        return isinstance(v, list) and not any(key.startswith(e) for e in self.excluded)
+
+    def add(self, ck: str, knob: str, raw: Any, vals: list[Any], *, swept: bool) -> None:
+        """Knob ``knob`` from CloudAI field ``ck`` (``raw`` as written) with dse values
+        ``vals``: values the knob cannot take are listed and dropped."""
+        kb = get_knob(knob)
+        good, bad = [], []
+        for x in vals:
+            (bad if x is not None and kb.check_value(x) else good).append(x)
+        for x in bad:
+            self.unmapped.append(
+                Unmapped(ck, raw, f"not a value of the knob {knob}: {kb.check_value(x)}")
+            )
+        uniq: list[Any] = []
+        for x in good:
+            if x not in uniq:
+                uniq.append(x)
+        if not uniq:
+            return
+        if swept and len(uniq) > 1:
+            self.knobs[knob] = {"values": uniq, "baseline": uniq[0]}
+        elif uniq[0] is not None:
+            self.fixed[knob] = uniq[0]
+        elif knob in self.fixed:
+            del self.fixed[knob]
+
+
+def _compute_dtype(b: _Builder, ck: str, raw: Any, old_recipe: Any, swept: bool) -> None:
+    """compute_dtype (and the older compute_dtype = "fp8" + fp8_recipe) as dse's FP8 knobs."""
+    names = []
+    for v in _as_list(raw):
+        name = str(v).strip().lower()
+        if name == "fp8":
+            name = _OLD_FP8_RECIPES.get(str(old_recipe or "ds").lower(), "")
+        if name not in COMPUTE_DTYPES:
+            b.unmapped.append(
+                Unmapped(
+                    ck, v, f"no dse precision knob value for it (known: {sorted(COMPUTE_DTYPES)})"
+                )
+            )
+            continue
+        if name not in names:
+            names.append(name)
+    if not names:
+        return
+    pairs = [COMPUTE_DTYPES[n] for n in names]
+    if len(pairs) == 1 or not swept:
+        fp8, recipe = pairs[0]
+        b.fixed["fp8"] = fp8
+        if fp8 is None:
+            b.fixed.pop("fp8")
+        else:
+            b.fixed["fp8_recipe"] = recipe
+        return
+    fp8s = list(dict.fromkeys(p[0] for p in pairs))
+    recipes = list(dict.fromkeys(p[1] for p in pairs if p[1] is not None))
+    b.knobs["fp8"] = {"values": fp8s, "baseline": fp8s[0]}
+    if len(recipes) == 1:
+        b.fixed["fp8_recipe"] = recipes[0]
+    else:
+        b.knobs["fp8_recipe"] = {
+            "values": recipes,
+            "baseline": recipes[0],
+            "when": {"fp8": [f for f in fp8s if f is not None]},
+        }
+        allowed = ", ".join(f"({f!r}, {r!r})" for f, r in pairs if f is not None)
+        b.constraints.append(f"fp8 == None or (fp8, fp8_recipe) in [{allowed}]")
+    b.notes.append(
+        f"compute_dtype {names} explored as the knobs fp8 / fp8_recipe "
+        "(Megatron-Bridge's precision presets)"
+    )
+
+
+def _recompute_modules(b: _Builder, ck: str, raw: Any, swept: bool) -> None:
+    """recompute_modules ("[mlp, moe_act]", "[]") as recompute: selective + recompute_modules;
+    an empty list is no recompute."""
+    sets = []
+    for v in _as_list(raw):
+        mods = _module_list(v)
+        if mods is not None:
+            why = get_knob("recompute_modules").check_value(mods)
+            if why:
+                b.unmapped.append(Unmapped(ck, v, f"not a value of recompute_modules: {why}"))
+                continue
+        if mods not in sets:
+            sets.append(mods)
+    if not sets:
+        return
+    modes = list(dict.fromkeys("none" if m is None else "selective" for m in sets))
+    mods_only = [m for m in sets if m is not None]
+    many = swept and len(sets) > 1
+    if many and len(modes) > 1:
+        b.knobs["recompute"] = {"values": modes, "baseline": modes[0]}
+    else:
+        b.fixed["recompute"] = modes[0]
+    if many and len(mods_only) > 1:
+        spec: dict[str, Any] = {"values": mods_only, "baseline": mods_only[0]}
+        if "recompute" in b.knobs:
+            spec["when"] = {"recompute": "selective"}
+        b.knobs["recompute_modules"] = spec
+    elif mods_only:
+        b.fixed["recompute_modules"] = mods_only[0]
+
+
+def _cuda_graph_scope(b: _Builder, ck: str, raw: Any, swept: bool) -> None:
+    vals = [_module_list(v) for v in _as_list(raw)]
+    b.add(ck, "cuda_graph_scope", raw, vals, swept=swept)
+    spec = b.knobs.get("cuda_graph_scope")
+    if spec is not None and "cuda_graph_impl" in b.knobs:
+        spec["when"] = {"cuda_graph_impl": ["local", "transformer_engine"]}
 
 
 def import_scenario(
@@ -181,8 +559,16 @@ def import_scenario(
     gpus_per_node: int | None = None,
     model_from: str | Path | None = None,
     catalog: str | Path | None = None,
+    system: str | Path | CloudAISystem | None = None,
+    gpu_type: str | None = None,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
 ) -> CloudAIImport:
     """A CloudAI scenario (or test definition) TOML as a dse space mapping.
+
+    ``system``: a CloudAI system TOML (or one read with :func:`read_system`) for the GPUs per
+    node, partition, account and Slurm options; ``gpu_type`` overrides the test's GPU type;
+    ``seq_length`` / ``global_batch_size`` stand in for what the test leaves to the recipe.
 
     Raises:
         SpaceError: unreadable TOML, a workload dse cannot launch, a missing test
@@ -194,7 +580,7 @@ def import_scenario(
     unmapped: list[Unmapped] = []
     notes: list[str] = []
     run: dict[str, Any] = {}
-    if "test_template_name" in top:  # a test definition on its own
+    if "test_template_name" in top and "Tests" not in top:  # a test definition on its own
         test = top
     else:
         tests = top.get("Tests")
@@ -223,7 +609,7 @@ def import_scenario(
             test = _find_test(run["test_name"], Path(tests_dir) if tests_dir else None, where)
         else:
             test = run
-        for k in ("cmd_args", "extra_env_vars"):  # scenario-level overrides of the test
+        for k in ("cmd_args", "extra_env_vars", "extra_cmd_args"):  # scenario overrides
             if isinstance(run.get(k), dict) and run is not test:
                 merged = _flatten(test.get(k, {}))
                 merged.update(_flatten(run[k]))
@@ -236,19 +622,14 @@ def import_scenario(
             "tests (Megatron training recipes) only"
         )
     args = _flatten(test.get("cmd_args") or {})
+    if workload == "bridge":
+        for old, new in BRIDGE_RENAMED.items():
+            if old in args and new not in args:
+                notes.append(f"cmd_args.{old} is CloudAI's older name of {new}")
     excluded = [str(x).removeprefix("cmd_args.") for x in run.get("dse_excluded_args") or []]
     excluded += [str(x).removeprefix("cmd_args.") for x in test.get("dse_excluded_args") or []]
-
-    knobs: dict[str, Any] = {}
-    fixed: dict[str, Any] = {}
-    overrides: dict[str, Any] = {}
-    env_fixed: dict[str, Any] = {}
-    env_knobs: dict[str, Any] = {}
-    launcher: dict[str, Any] = {}
-    knob_map = NEMO_RUN_KNOBS if workload == "nemo" else BRIDGE_KNOBS
-
-    def swept(key: str, v: Any) -> bool:
-        return isinstance(v, list) and not any(key.startswith(e) for e in excluded)
+    b = _Builder(excluded)
+    b.unmapped, b.notes = unmapped, notes
 
     def first(key: str, v: Any, why: str) -> Any:
         if isinstance(v, list):
@@ -257,126 +638,273 @@ def import_scenario(
             return v[0] if v else None
         return v
 
+    sys_info = read_system(system) if isinstance(system, (str, Path)) else system
+
     # --- the recipe, the model and the semantics ------------------------------------------
+    env_in = _flatten(test.get("extra_env_vars") or {})
+    launcher: dict[str, Any] = {}
     if workload == "nemo":
         recipe = args.pop("recipe_name", None)
         image = args.pop("docker_image_url", None)
-        task = args.pop("task", "pretrain")
+        task = str(args.pop("task", "pretrain"))
+        family = None
     else:
-        name, size = args.pop("model_name", None), args.pop("model_size", None)
-        recipe = f"{name}_{size}" if name and size else None
+        family = args.pop("model_family_name", None)
+        recipe = args.pop("model_recipe_name", None)
+        old_name, old_size = args.pop("model_name", None), args.pop("model_size", None)
+        if not recipe and old_name and old_size:
+            recipe = f"{old_name}_{old_size}"
+        family = family or (recipe_family(str(recipe)) if recipe else None)
         image = args.pop("container_image", None)
-        task = args.pop("task", "pretrain")
-        args.pop("domain", None)
-    if task != "pretrain":
-        unmapped.append(Unmapped("cmd_args.task", task, "dse tunes pre-training recipes"))
+        task = str(args.pop("task", "pretrain"))
+        domain = args.pop("domain", None)
+        if domain not in (None, "llm"):
+            raise SpaceError(
+                f"{where}: cmd_args.domain {domain!r}: dse tunes language-model recipes "
+                "(domain llm) only"
+            )
+    if task not in ("pretrain", "sft", "finetune", "peft", "lora"):
+        unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
     if not recipe:
-        raise SpaceError(f"{where}: cmd_args names no recipe (recipe_name / model_name)")
+        names = "recipe_name" if workload == "nemo" else "model_recipe_name / model_family_name"
+        raise SpaceError(f"{where}: cmd_args names no recipe ({names})")
     key = _recipe_key(str(recipe))
-    base: dict[str, Any] | None
+    if family and family != recipe_family(key):
+        notes.append(
+            f"model_family_name {family!r} differs from the family dse reads from the recipe "
+            f"({recipe_family(key)!r}); the export writes dse's"
+        )
+    base: dict[str, Any] | None = None
+    model: Any = None
     if model_from is not None:
         base = yaml.safe_load(Path(model_from).read_text())
         notes.append(f"model and sequence length from {Path(model_from).name}")
     else:
-        base = _catalog_space(key, Path(catalog) if catalog else default_catalog())
+        base = _example_space(key, Path(catalog) if catalog else default_catalog())
         if base is not None:
             notes.append(f"model and sequence length from the example space of {key!r}")
-    if not base or "model" not in base:
-        raise SpaceError(
-            f"{where}: no example space for the recipe {key!r} gives the model; "
-            "give a space file with its model section with --model-from"
-        )
-    model = dict(base["model"])
-    base_sem = dict(base.get("semantics") or {})
+        else:
+            entry = _catalog_entry(key)
+            if entry is not None:
+                model = entry
+                notes.append(f"model from dse's model catalog entry {entry!r}")
+    if model is None:
+        if not base or "model" not in base:
+            raise SpaceError(
+                f"{where}: no example space or catalog model for the recipe {key!r}; give a "
+                "space file with its model section with --model-from"
+            )
+        model = base["model"]
+    base_sem = dict((base or {}).get("semantics") or {})
     if workload == "nemo":
         launcher["recipe"] = key
     else:
-        blaunch = (base.get("workload") or {}).get("launcher") or {}
-        launcher["recipe"] = blaunch.get("recipe") or f"{key}_pretrain_config"
+        blaunch = ((base or {}).get("workload") or {}).get("launcher") or {}
+        launcher["recipe"] = blaunch.get("recipe") or f"{key}_{task}_config"
     if image:
         launcher["container_image"] = str(image).removeprefix("http://").removeprefix("https://")
 
-    gbs_key = "data.global_batch_size" if workload == "nemo" else "gb"
-    gbs = first(
-        f"cmd_args.{gbs_key}",
-        args.pop(gbs_key, base_sem.get("global_batch_size")),
-        "the global batch size is a training semantic in dse (one study per value)",
-    )
-    seq_key = "data.seq_length" if workload == "nemo" else "seq_length"
-    seq = first(f"cmd_args.{seq_key}", args.pop(seq_key, base_sem.get("seq_length")), "semantic")
-    steps_key = "trainer.max_steps" if workload == "nemo" else "max_steps"
-    steps = first(f"cmd_args.{steps_key}", args.pop(steps_key, base_sem.get("steps", 30)), "")
-    if gbs is None or seq is None:
-        raise SpaceError(f"{where}: no global batch size or sequence length in the test or model")
-    steps = _as_int(steps, steps_key, where)
+    sem_map = _SEMANTICS[workload]
+    sem_vals: dict[str, Any] = {}
+    for ck, name in sem_map.items():
+        v = args.pop(ck, None)
+        why = f"{name} is a training semantic in dse (one study per value)"
+        sem_vals[name] = first(f"cmd_args.{ck}", v, why) if v is not None else None
+    gbs = sem_vals["global_batch_size"] or global_batch_size or base_sem.get("global_batch_size")
+    seq = sem_vals["seq_length"] or seq_length or base_sem.get("seq_length")
+    if seq is None and isinstance(model, dict) and model.get("seq_length"):
+        seq = model["seq_length"]
+    steps = sem_vals["steps"] or base_sem.get("steps", 30)
+    missing = [
+        f"{n} (cmd_args.{ck}, or --{n.replace('_', '-')})"
+        for n, ck, v in (
+            ("global_batch_size", "data.global_batch_size" if workload == "nemo" else "gb", gbs),
+            ("seq_length", "data.seq_length" if workload == "nemo" else "seq_length", seq),
+        )
+        if v is None
+    ]
+    if missing:
+        raise SpaceError(
+            f"{where}: the test leaves {' and '.join(missing)} to the recipe, whose value dse "
+            "does not know; give it"
+        )
+    steps = _as_int(steps, "max_steps", where)
     # CloudAI's NeMoRun metric averages steps 80-100: time the last 20 steps
     warmup = max(steps - 20, 1) if steps > 21 else max(steps // 2, 1)
-    layers = args.pop("num_layers", None)
-    if layers is not None and int(first("cmd_args.num_layers", layers, "")) != model.get(
-        "num_layers"
-    ):
-        model["num_layers"] = int(first("cmd_args.num_layers", layers, ""))
-        notes.append("num_layers taken from the test (it differs from the example model)")
+    model_over: dict[str, Any] = {}
+    for mk in ("num_layers", "hidden_size"):
+        v = args.pop(mk, None)
+        if v is None:
+            continue
+        v = _as_int(first(f"cmd_args.{mk}", v, "a model field"), mk, where)
+        current = model.get(mk) if isinstance(model, dict) else None
+        if isinstance(model, str):
+            from dse.catalog import get_entry
+
+            current = get_entry(model).model.get(mk)
+        if v != current:
+            model_over[mk] = v
+            notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
+    if model_over:
+        model = (
+            {"catalog": model, **model_over} if isinstance(model, str) else {**model, **model_over}
+        )
     semantics = {
-        "global_batch_size": int(gbs),
-        "seq_length": int(seq),
+        "global_batch_size": _as_int(gbs, "global_batch_size", where),
+        "seq_length": _as_int(seq, "seq_length", where),
         "steps": steps,
         "warmup_steps": warmup,
         "precision": base_sem.get("precision", "bf16"),
     }
 
-    # --- resources --------------------------------------------------------------------------
+    # --- resources and where trials run -----------------------------------------------------
     nodes_v = run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
     args.pop("trainer.num_nodes", None)
     nodes = _as_int(
         first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
     )
-    gpn = args.pop("gpus_per_node", None) if workload == "bridge" else None
+    old_gpn = args.pop("gpus_per_node", None) if workload == "bridge" else None
     num_gpus = args.pop("num_gpus", None) if workload == "bridge" else None
-    gpn = int(gpus_per_node or gpn or 8)
-    if gpus_per_node is None and workload == "nemo":
-        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); set --gpus-per-node")
-    world = int(num_gpus) if num_gpus else nodes * gpn
+    if gpus_per_node is not None:
+        gpn = gpus_per_node
+    elif old_gpn:  # the older MegatronBridge schema named it in the test
+        gpn = _as_int(old_gpn, "gpus_per_node", where)
+        if sys_info is not None and sys_info.gpus_per_node not in (None, gpn):
+            notes.append(
+                f"cmd_args.gpus_per_node {gpn} used; the system {sys_info.name!r} says "
+                f"{sys_info.gpus_per_node}"
+            )
+    elif sys_info is not None and sys_info.gpus_per_node:
+        gpn = sys_info.gpus_per_node
+        notes.append(f"{gpn} GPUs per node from the system {sys_info.name!r}")
+    elif num_gpus and nodes:
+        gpn = max(1, _as_int(num_gpus, "num_gpus", where) // nodes)
+        notes.append(f"{gpn} GPUs per node assumed (num_gpus / num_nodes); give --system")
+    else:
+        gpn = 8
+        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
+    world = _as_int(num_gpus, "num_gpus", where) if num_gpus else nodes * gpn
+    if num_gpus and nodes * gpn != world:
+        notes.append(
+            f"num_gpus {world} is not num_nodes x GPUs per node ({nodes} x {gpn}); "
+            "the world size is num_gpus"
+        )
     resources: dict[str, Any] = {"world_size": world, "gpus_per_node": min(gpn, world)}
-    gpu_type = args.pop("gpu_type", None)
-    if gpu_type:
-        resources["gpu"] = _GPU_NAMES.get(str(gpu_type).lower(), str(gpu_type))
+    gtype = gpu_type or args.pop("gpu_type", None) or env_in.get("CLOUDAI_GPU_TYPE")
+    args.pop("gpu_type", None)
+    if not gtype and sys_info is not None:
+        gtype = sys_info.gpu_type
+    if gtype:
+        from dse.costmodel.throughput import DEFAULT_GPU, gpu_spec
+
+        gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
+        resources["gpu"] = gname
+        spec = gpu_spec(gname)
+        if spec is not DEFAULT_GPU:
+            resources["gpu_memory_gib"] = spec.memory_gib
+            notes.append(
+                f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
+                "memory pre-screen (an estimate)"
+            )
+        else:
+            notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
+    else:
+        notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
     resources["device"] = "cuda"
-    resources["features"] = "detect"
+    # The NeMo Framework container the recipes run in ships Transformer Engine and Apex;
+    # declared, so the space validates the same on any machine (edit for another image).
+    feats = ["transformer_engine", "apex"]
+    if _model_fields(model).get("hybrid_layer_pattern"):
+        feats.append("mamba_ssm")
+    resources["features"] = feats
+    notes.append(f"features {feats} declared (the NeMo container's); edit if the image differs")
 
     # --- knobs, fixed knobs and recipe overrides ------------------------------------------
+    overrides: dict[str, Any] = {}
+    knob_map = NEMO_RUN_KNOBS if workload == "nemo" else BRIDGE_KNOBS
+    old_fp8_recipe = args.pop("fp8_recipe", None) if workload == "bridge" else None
+    node_steps: list[str] = []
+    slurm_old: dict[str, Any] = {}
     for k, v in args.items():
         ck = f"cmd_args.{k}"
-        knob = knob_map.get(k)
+        sw = b.swept(k, v)
         if k == "hf_token":
-            unmapped.append(Unmapped(ck, "<not copied>", "a secret: give it in the environment"))
+            if v:
+                unmapped.append(Unmapped(ck, "<not copied>", "a secret: give it as HF_TOKEN"))
             continue
+        if workload == "bridge" and k == "compute_dtype":
+            _compute_dtype(b, ck, v, old_fp8_recipe, sw)
+            continue
+        if workload == "bridge" and k == "recompute_modules":
+            _recompute_modules(b, ck, v, sw)
+            continue
+        if workload == "bridge" and k == "cuda_graph_scope":
+            _cuda_graph_scope(b, ck, v, sw)
+            continue
+        if workload == "bridge" and k == "use_megatron_fsdp":
+            if any(bool(x) for x in _as_list(v)):
+                unmapped.append(
+                    Unmapped(ck, v, "dse has no knob for Megatron FSDP (ddp.use_megatron_fsdp)")
+                )
+            continue  # false is Megatron-Core's default
+        if workload == "bridge" and k == "enable_vboost":
+            if any(bool(x) for x in _as_list(v)):
+                node_steps.append("vboost")
+            continue
+        if workload == "bridge" and k in ("account", "partition"):
+            slurm_old[k] = v
+            continue
+        if workload == "bridge" and k in _BRIDGE_BOOKKEEPING:
+            if v not in (None, "", False):
+                unmapped.append(Unmapped(ck, v, "a CloudAI launcher setting, not part of a trial"))
+            continue
+        knob = knob_map.get(k)
         if knob is None:
-            if swept(k, v):
+            if sw:
                 unmapped.append(Unmapped(ck, v, "a list over a field dse has no knob for"))
             elif workload == "nemo":
                 overrides[k] = v  # the recipe's own override syntax (NeMo-Run dotted paths)
             else:
                 unmapped.append(
-                    Unmapped(ck, v, "a MegatronBridge script argument dse has no knob for")
+                    Unmapped(ck, v, "a MegatronBridge launcher argument dse has no knob for")
                 )
             continue
-        vals = v if isinstance(v, list) else [v]
+        vals = _as_list(v)
         if knob == "virtual_pipeline_model_parallel_size":
-            vals = [None if x in (None, 1) else x for x in vals]
-        kb = get_knob(knob)
-        bad = [x for x in vals if x is not None and kb.check_value(x)]
-        if bad:
-            unmapped.append(
-                Unmapped(ck, v, f"not a value of the knob {knob}: {kb.check_value(bad[0])}")
-            )
-            continue
-        if swept(k, v) and len(set(map(str, vals))) > 1:
-            knobs[knob] = {"values": vals, "baseline": vals[0]}
-        elif vals[0] is not None:
-            fixed[knob] = vals[0]
+            vals = [None if x in (None, 1, "None", "none") else x for x in vals]
+        if knob == "cuda_graph_impl":
+            vals = ["none" if x in (None, "", "null", "None") else str(x).lower() for x in vals]
+        b.add(ck, knob, v, vals, swept=sw)
+    if workload == "bridge":
+        for hk, hv in (test.get("extra_cmd_args") or {}).items():
+            if hk == "mixed_precision" and str(hv) in _MIXED_PRECISION:
+                _compute_dtype(b, f"extra_cmd_args.{hk}", _MIXED_PRECISION[str(hv)], None, False)
+            else:
+                overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
+    knobs, fixed = b.knobs, b.fixed
+    is_moe = _is_moe(model)
+    derived: dict[str, str] = {}
+    if workload == "bridge":
+        # Megatron-Bridge finalizes SP off at TP 1 and ETP 1 where EP > 1 (dse.derive)
+        fixed.setdefault("sequence_parallel", True)
+        derived["sequence_parallel"] = "bridge"
+        if is_moe:
+            derived["expert_tensor_parallel_size"] = "bridge"
+            fixed.setdefault("moe_grouped_gemm", True)
+            notes.append("moe_grouped_gemm on: Megatron-Bridge's MoE model providers' default")
+    elif is_moe:
+        derived["sequence_parallel"] = "tp_gt_1"  # MoE with TP > 1 needs SP
+    if "attention_backend" not in fixed and "attention_backend" not in knobs:
+        fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
+        notes.append("attention_backend te: the recipe's Transformer Engine attention")
 
-    for var, v in _flatten(test.get("extra_env_vars") or {}).items():
+    env_fixed: dict[str, Any] = {}
+    env_knobs: dict[str, Any] = {}
+    for var, v in env_in.items():
+        if var == "ENABLE_VBOOST":  # CloudAI's generic Slurm vboost step
+            if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
+                node_steps.append("vboost")
+            continue
         why = check_env_var(var)
         if why:
             unmapped.append(Unmapped(f"extra_env_vars.{var}", v, why))
@@ -395,10 +923,28 @@ def import_scenario(
             knobs["micro_batch_size"] = {"values": [1]}
 
     # --- agent, objective, budget ---------------------------------------------------------
-    agent_name = run.get("agent", test.get("agent", "grid_search"))
-    agent = {"name": "grid"} if agent_name == "grid_search" else {"name": "tpe"}
-    if agent_name != "grid_search":
-        unmapped.append(Unmapped("agent", agent_name, "not a CloudAI agent dse has; tpe used"))
+    agent_name = str(run.get("agent") or test.get("agent") or "grid_search")
+    dse_agent = AGENTS.get(agent_name)
+    agent: dict[str, Any] = {"name": dse_agent or "tpe"}
+    if dse_agent is None:
+        unmapped.append(
+            Unmapped(
+                "agent",
+                agent_name,
+                f"no dse agent of that meaning (known: {sorted(AGENTS)}); tpe used",
+            )
+        )
+    elif dse_agent != "grid":
+        notes.append(f"agent {agent_name!r} is dse's {dse_agent!r}")
+    agent_cfg = run.get("agent_config") or test.get("agent_config") or {}
+    if isinstance(agent_cfg, Mapping):
+        for ak, av in agent_cfg.items():
+            if ak == "random_seed" and isinstance(av, int):
+                agent["seed"] = av
+            elif ak == "sobol_num_trials" and isinstance(av, int) and dse_agent == "gp":
+                agent["n_startup_trials"] = av
+            else:
+                unmapped.append(Unmapped(f"agent_config.{ak}", av, "no dse agent setting"))
     metrics = run.get("agent_metrics", test.get("agent_metrics", ["default"]))
     metric = str(metrics[0]) if metrics else "default"
     if metric == "default":
@@ -417,6 +963,13 @@ def import_scenario(
         h, m, s = (int(x) for x in tl.split(":"))
         budget["trial_timeout_s"] = float(h * 3600 + m * 60 + s)
 
+    mounts: list[str] = []
+    for holder in (test, run):
+        mounts += [str(x) for x in holder.get("extra_container_mounts") or [] if str(x).strip()]
+    runner = _runner(
+        sys_info, slurm_old, mounts, launcher.get("container_image"), gpn, unmapped, notes
+    )
+
     space: dict[str, Any] = {
         "version": 1,
         "study": str(run.get("id") or test.get("name") or src.stem).replace(".", "-"),
@@ -427,10 +980,16 @@ def import_scenario(
         "knobs": knobs,
         "fixed": fixed,
     }
-    if env_fixed or env_knobs:
+    if derived:
+        space["derived"] = derived
+    if b.constraints:
+        space["constraints"] = b.constraints
+    if env_fixed or env_knobs or node_steps:
         space["env"] = {"fixed": env_fixed} if env_fixed else {}
         if env_knobs:
             space["env"]["knobs"] = env_knobs
+        if node_steps:
+            space["env"]["node_steps"] = sorted(set(node_steps))
     if overrides:
         launcher["overrides"] = overrides
     space.update(
@@ -438,19 +997,160 @@ def import_scenario(
             "objective": {"metric": obj[0], "direction": obj[1]},
             "budget": budget,
             "agent": agent,
+            "runner": runner,
             "workload": {"name": workload, "launcher": launcher},
-            "prescreen": {"enabled": False},
+            "prescreen": {"enabled": "gpu_memory_gib" in resources},
         }
     )
-    for k in ("extra_container_mounts", "git_repos", "nsys", "env_params"):
+    for k in ("git_repos", "nsys", "env_params"):
         for holder in (test, run):
             if holder.get(k):
                 unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
+    _valid_baseline(space, where, notes)
     return CloudAIImport(space, unmapped, notes)
 
 
+#: Knob combinations looked at for a valid baseline (CloudAI has no baseline; its first
+#: values may break a rule).
+_BASELINE_SEARCH = 100_000
+
+
+def _valid_baseline(space: dict[str, Any], where: str, notes: list[str]) -> None:
+    """CloudAI's first values as the baseline; where they break a dse rule, the first
+    configuration (in the grid's order) that passes every rule, with a note."""
+    from dse.rules import check
+    from dse.space import parse_space
+
+    try:
+        parsed = parse_space(space, where)
+    except SpaceError:
+        return  # the caller's validation names the problem
+    feats = parsed.resources.features if isinstance(parsed.resources.features, list) else None
+    broken = check(parsed, parsed.baseline(), feats)
+    if not broken:
+        return
+    for cfg in parsed.iter_configs(max_combinations=_BASELINE_SEARCH):
+        if not check(parsed, cfg, feats):
+            for name, spec in space["knobs"].items():
+                if name in cfg:
+                    spec["baseline"] = cfg[name]
+            notes.append(
+                f"CloudAI's first values break a dse rule ({broken[0]}); the baseline is the "
+                f"first valid configuration {cfg}"
+            )
+            return
+    notes.append(f"no configuration looked at passes dse's rules (first: {broken[0]})")
+
+
+def _model_fields(model: Any) -> dict[str, Any]:
+    """A space's ``model`` value (a catalog reference or fields) as its fields."""
+    from dse.catalog import expand_model
+
+    out = expand_model(model)
+    return dict(out) if isinstance(out, Mapping) else {}
+
+
+def _is_moe(model: Any) -> bool:
+    return bool(_model_fields(model).get("num_moe_experts"))
+
+
+def _runner(
+    sysi: CloudAISystem | None,
+    old: dict[str, Any],
+    mounts: list[str],
+    image: str | None,
+    gpn: int,
+    unmapped: list[Unmapped],
+    notes: list[str],
+) -> dict[str, Any]:
+    """The runner section: the Slurm runner with the system's options, else the local one."""
+    if sysi is None or sysi.scheduler != "slurm":
+        if sysi is not None:
+            notes.append(f"system scheduler {sysi.scheduler!r}: trials run on the local runner")
+        else:
+            notes.append(
+                "no --system: trials run on the local runner (give the CloudAI system TOML "
+                "for Slurm)"
+            )
+        for k, v in old.items():
+            if v:
+                unmapped.append(Unmapped(f"cmd_args.{k}", v, "a Slurm option; give --system"))
+        if mounts:
+            unmapped.append(
+                Unmapped("extra_container_mounts", mounts, "Slurm container mounts; give --system")
+            )
+        return {"name": "local"}
+    opts: dict[str, Any] = {}
+    partition = sysi.partition or old.get("partition") or None
+    account = sysi.account or old.get("account") or None
+    if partition:
+        opts["partition"] = partition
+    if account:
+        opts["account"] = account
+    opts["gpus_per_node"] = gpn
+    if image:
+        opts["container_image"] = image
+    if mounts:
+        opts["container_mounts"] = mounts
+    if sysi.sbatch_args:
+        opts["sbatch_args"] = list(sysi.sbatch_args)
+    srun = list(sysi.srun_args)
+    if sysi.container_mount_home:
+        srun.append("--container-mount-home")
+    if srun:
+        opts["srun_args"] = srun
+    env: dict[str, str] = {}
+    for var, val in sysi.env:
+        why = check_env_var(var)
+        if why:
+            unmapped.append(Unmapped(f"system.global_env_vars.{var}", val, why))
+        else:
+            env[var] = val
+    if env:
+        opts["env"] = env
+    notes.append(f"Slurm runner options from the system {sysi.name!r}")
+    return {"name": "slurm", "options": opts}
+
+
+# --- export -------------------------------------------------------------------------------
+
+
+@dataclass
+class CloudAIExport:
+    """A CloudAI test and what of the configuration it could not carry."""
+
+    test: dict[str, Any]
+    not_taken: list[tuple[str, Any, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _cloudai_list(mods: Any) -> str:
+    return "[" + ", ".join(m for m in str(mods or "").split(",") if m) + "]"
+
+
+def _launcher_overrides(space: Any, params: Mapping[str, Any], out: CloudAIExport) -> list[str]:
+    """The recipe launcher's own overrides for ``params`` (knobs it cannot take are named
+    and left out)."""
+    from dse.workloads.launchers._core import NotTaken, launcher_for
+
+    launcher = launcher_for(space)
+    rest = dict(params)
+    for _ in range(len(rest) + 1):
+        try:
+            return launcher.knob_overrides(rest)
+        except NotTaken as e:
+            out.not_taken.append((e.knob, e.value, e.why))
+            rest.pop(e.knob, None)
+    return []
+
+
 def export_test(space: Any, params: dict[str, Any], name: str) -> dict[str, Any]:
-    """A CloudAI test definition (scalar fields) that runs ``params`` of a launcher space.
+    """A CloudAI test definition (scalar fields) that runs ``params`` of a launcher space."""
+    return export_test_full(space, params, name).test
+
+
+def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudAIExport:
+    """:func:`export_test` with the knobs the target could not take, and notes.
 
     Raises:
         SpaceError: the space's workload has no CloudAI test template.
@@ -463,33 +1163,45 @@ def export_test(space: Any, params: dict[str, Any], name: str) -> dict[str, Any]
             f"study {space.study!r}: workload {wl.name!r} has no CloudAI test template "
             "(nemo -> NeMoRun, bridge -> MegatronBridge)"
         )
+    out = CloudAIExport({})
     full = space.full_params(params)
-    knob_params = {k: v for k, v in full.items() if not k.startswith("env.")}
+    set_names = set(space.knobs) | set(space.fixed) | set(space.derived)
+    knob_params = {k: v for k, v in full.items() if not k.startswith("env.") and k in set_names}
     res, sem = space.resources, space.semantics
     nodes = max(1, res.world_size // (res.gpus_per_node or res.world_size))
     cmd: dict[str, Any] = {}
+    test: dict[str, Any] = {
+        "name": name,
+        "description": f"best configuration of dse study {space.study}",
+        "test_template_name": _TEMPLATES[wl.name],
+    }
     if wl.name == "nemo":
-        template = "NeMoRun"
         cmd["docker_image_url"] = wl.launcher.container_image or ""
         cmd["task"] = "pretrain"
         cmd["recipe_name"] = wl.launcher.recipe or ""
         cmd["num_layers"] = space.model.num_layers
         inv = {v: k for k, v in NEMO_RUN_KNOBS.items()}
         flat: dict[str, Any] = {
-            "data.micro_batch_size": None,
             "data.global_batch_size": sem.global_batch_size,
             "data.seq_length": sem.seq_length,
             "trainer.max_steps": sem.steps,
             "trainer.num_nodes": nodes,
         }
+        rest: dict[str, Any] = {}
         for k, v in knob_params.items():
-            if k in inv and v is not None:
-                flat[inv[k]] = v
+            if k in inv:
+                if v is not None:
+                    flat[inv[k]] = v
+            else:
+                rest[k] = v
+        for item in _launcher_overrides(space, rest, out):
+            key, _, text = item.partition("=")
+            flat.setdefault(key, _literal(text))
         for k, v in wl.launcher.overrides.items():
-            if v is not None and k not in flat:
-                flat[k] = v
+            flat.setdefault(k, v)
         for k, v in flat.items():
             if v is None:
+                out.notes.append(f"{k}: None (the recipe's default) left out; TOML has no null")
                 continue
             node = cmd
             *parts, leaf = k.split(".")
@@ -497,33 +1209,129 @@ def export_test(space: Any, params: dict[str, Any], name: str) -> dict[str, Any]
                 node = node.setdefault(p, {})
             node[leaf] = v
     else:
-        template = "MegatronBridge"
+        recipe = wl.launcher.recipe or ""
+        parts_ = bridge_recipe_parts(recipe)
         cmd["container_image"] = wl.launcher.container_image or ""
-        model_name, _, size = (wl.launcher.recipe or "").partition("_")
-        cmd["model_name"] = model_name
-        cmd["model_size"] = size.split("_pretrain")[0]  # qwen3_30b_a3b_pretrain_..._config
-        cmd["task"] = "pretrain"
+        cmd["model_family_name"] = parts_["model_family_name"]
+        cmd["model_recipe_name"] = parts_["model_recipe_name"]
+        cmd["task"] = parts_["task"]
+        gpu = _gpu_type(res.gpu)
+        if gpu:
+            cmd["gpu_type"] = gpu
         cmd["num_gpus"] = res.world_size
-        cmd["gpus_per_node"] = res.gpus_per_node or res.world_size
+        cmd["domain"] = "llm"
+        cmd["hf_token"] = ""  # CloudAI reads HF_TOKEN from the environment when empty
         cmd["gb"] = sem.global_batch_size
+        cmd["seq_length"] = sem.seq_length
+        cmd["max_steps"] = sem.steps
+        test["description"] += f" (Megatron-Bridge recipe {recipe})"
+        handled: set[str] = set()
         inv = {v: k for k, v in BRIDGE_KNOBS.items()}
         for k, v in knob_params.items():
             if k in inv:
-                cmd[inv[k]] = 1 if v is None and k == "virtual_pipeline_model_parallel_size" else v
-    out: dict[str, Any] = {
-        "name": name,
-        "description": f"best configuration of dse study {space.study}",
-        "test_template_name": template,
-        "cmd_args": cmd,
-    }
+                if k == "virtual_pipeline_model_parallel_size" and v is None:
+                    v = 1
+                if v is not None:
+                    cmd[inv[k]] = v
+                    handled.add(k)
+        scope = knob_params.get("cuda_graph_scope")
+        if "cuda_graph_scope" in knob_params:
+            handled.add("cuda_graph_scope")
+            if scope is not None:
+                cmd["cuda_graph_scope"] = _cloudai_list(scope)
+        rec = knob_params.get("recompute")
+        if rec in ("none", "selective"):
+            cmd["recompute_modules"] = (
+                _cloudai_list(knob_params.get("recompute_modules") or "core_attn")
+                if rec == "selective"
+                else "[]"
+            )
+            handled |= {"recompute", "recompute_modules"}
+        fp8 = (
+            knob_params.get("fp8"),
+            knob_params.get("fp8_recipe") if knob_params.get("fp8") else None,
+        )
+        mp = wl.launcher.overrides.get("mixed_precision")
+        dtype = next((d for d, pair in COMPUTE_DTYPES.items() if pair == fp8), None)
+        if fp8 == (None, None) and isinstance(mp, str) and mp in _MIXED_PRECISION:
+            dtype = _MIXED_PRECISION[mp]
+        if dtype is not None and dtype != "fp8_ds":
+            cmd["compute_dtype"] = dtype
+            handled |= {"fp8", "fp8_recipe"}
+        elif dtype == "fp8_ds" or fp8[0] is not None:
+            out.not_taken.append(
+                (
+                    "fp8",
+                    fp8,
+                    "no CloudAI compute_dtype is this FP8 recipe (bf16, fp8_cs, fp8_mx, fp8_sc)",
+                )
+            )
+            handled |= {"fp8", "fp8_recipe"}
+        extra: dict[str, str] = {}
+        rest = {k: v for k, v in knob_params.items() if k not in handled}
+        for item in _launcher_overrides(space, rest, out):
+            key, _, text = item.partition("=")
+            extra[key] = text
+        for k, v in wl.launcher.overrides.items():
+            if k == "mixed_precision" and "compute_dtype" in cmd:
+                continue
+            if v is not None:
+                extra.setdefault(k, v if isinstance(v, str) else _hydra(v))
+        if extra:
+            test["extra_cmd_args"] = extra
+        test["git_repos"] = [
+            {"url": "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git", "commit": "main"}
+        ]
+        out.notes.append(
+            "git_repos: CloudAI's MegatronBridge needs the Megatron-Bridge repository; pin the "
+            "commit the study ran"
+        )
+    test["cmd_args"] = cmd
     env = trial_env(full, space.env.fixed)
+    if "vboost" in space.env.node_steps:
+        if wl.name == "bridge":
+            cmd["enable_vboost"] = True
+        else:
+            env["ENABLE_VBOOST"] = "1"
     if env:
-        out["extra_env_vars"] = env
+        test["extra_env_vars"] = env
+    out.test = test
     return out
 
 
+def _hydra(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, list):
+        return "[" + ",".join(_hydra(x) for x in v) + "]"
+    return str(v)
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _gpu_type(gpu: str | None) -> str | None:
+    if not gpu:
+        return None
+    for short, full in _GPU_NAMES.items():
+        if gpu == full:
+            return short
+    up = gpu.upper()
+    for short in sorted(_GPU_NAMES, key=len, reverse=True):
+        if short.upper() in up:
+            return short
+    return None
+
+
 def dump_toml(data: dict[str, Any]) -> str:
-    """TOML text of a CloudAI test (tables after scalars; strings, numbers, booleans)."""
+    """TOML text of a CloudAI test (tables after scalars, lists of tables as ``[[...]]``;
+    strings, numbers, booleans)."""
     import json
 
     def scalar(v: Any) -> str:
@@ -535,18 +1343,41 @@ def dump_toml(data: dict[str, Any]) -> str:
             return "[" + ", ".join(scalar(x) for x in v) + "]"
         return json.dumps(str(v))
 
+    def key(k: str) -> str:
+        return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+    def is_tables(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
     lines: list[str] = []
 
     def table(d: dict[str, Any], path: str) -> None:
         for k, v in d.items():
-            if not isinstance(v, dict):
-                lines.append(f"{k} = {scalar(v)}")
+            if not isinstance(v, dict) and not is_tables(v):
+                lines.append(f"{key(k)} = {scalar(v)}")
         for k, v in d.items():
+            sub = f"{path}.{key(k)}" if path else key(k)
             if isinstance(v, dict):
-                sub = f"{path}.{k}" if path else k
                 lines.append("")
                 lines.append(f"[{sub}]")
                 table(v, sub)
+            elif is_tables(v):
+                for item in v:
+                    lines.append("")
+                    lines.append(f"[[{sub}]]")
+                    table(item, sub)
 
     table(data, "")
     return "\n".join(lines) + "\n"
+
+
+def figure_label(payload: Mapping[str, Any]) -> str:
+    """The best figure of a ``dse best`` payload with where it comes from: measured, a
+    replayed measurement, or an estimate (the cost model or the sim workload)."""
+    value = payload["objective"]["value"]
+    source = payload.get("source")
+    if source == "measured":
+        return f"{value} (measured)"
+    if source == "replay":
+        return f"{value} (replayed from a measured table)"
+    return f"{value} (estimate: {source or 'unknown source'}, not measured)"

@@ -32,6 +32,10 @@ def cmd_cloudai_import(args: argparse.Namespace) -> int:
         test_id=args.test_id,
         gpus_per_node=args.gpus_per_node,
         model_from=args.model_from,
+        system=args.system,
+        gpu_type=args.gpu_type,
+        seq_length=args.seq_length,
+        global_batch_size=args.global_batch_size,
     )
     text = got.to_yaml(Path(args.scenario).name)
     space = parse_space_text(text, f"{args.scenario} (imported)")  # the result validates
@@ -39,6 +43,8 @@ def cmd_cloudai_import(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         Path(args.output).write_text(text)
+    for n in got.notes:
+        sys.stderr.write(f"dse: note: {n}\n")
     for u in got.unmapped:
         sys.stderr.write(f"dse: not mapped: {u.key} = {u.value!r}: {u.why}\n")
     sys.stderr.write(
@@ -50,7 +56,7 @@ def cmd_cloudai_import(args: argparse.Namespace) -> int:
 
 def cmd_cloudai_export(args: argparse.Namespace) -> int:
     from dse.cli_storage import pick_study as _pick_study
-    from dse.cloudai import dump_toml, export_test
+    from dse.cloudai import dump_toml, export_test_full, figure_label
     from dse.export import _stored_space, best_payload
 
     storage = _storage(args)
@@ -60,11 +66,16 @@ def cmd_cloudai_export(args: argparse.Namespace) -> int:
     finally:
         storage.close()
     space = _stored_space(st.space_yaml, st.name)
-    test = export_test(space, payload["params"], args.name or f"{st.name}_best")
-    text = (
+    got = export_test_full(space, payload["params"], args.name or f"{st.name}_best")
+    head = [
         f"# Best configuration of dse study {st.name!r}: trial {payload['trial']}, "
-        f"{payload['objective']['metric']} = {payload['objective']['value']}\n" + dump_toml(test)
-    )
+        f"{payload['objective']['metric']} = {figure_label(payload)}"
+    ]
+    head += [f"# note: {n}" for n in got.notes]
+    for knob, value, why in got.not_taken:
+        head.append(f"# not exported: {knob} = {value!r}: {why}")
+        sys.stderr.write(f"dse: not exported: {knob} = {value!r}: {why}\n")
+    text = "\n".join(head) + "\n" + dump_toml(got.test)
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
@@ -84,6 +95,14 @@ def register(sub: Any) -> None:
     sp.add_argument("--test-id", help="which [[Tests]] entry (default: the first)")
     sp.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
     sp.add_argument("--model-from", help="a space file whose model section to use")
+    sp.add_argument(
+        "--system", help="CloudAI system TOML (GPUs per node, partition, account, Slurm options)"
+    )
+    sp.add_argument("--gpu-type", help="GPU type (h100, h200, b200, gb200, gb300)")
+    sp.add_argument("--seq-length", type=int, help="sequence length the test leaves to the recipe")
+    sp.add_argument(
+        "--global-batch-size", type=int, help="global batch size the test leaves to the recipe"
+    )
     sp.add_argument("-o", "--output", help="space file to write (default: stdout)")
     sp.set_defaults(fn=cmd_cloudai_import)
 
