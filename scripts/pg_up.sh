@@ -8,13 +8,14 @@
 # The tests log in as that role with its password over TCP (tests/conftest.py PG_SERVER), so
 # they run on a stock Debian server (scram-sha-256 on 127.0.0.1) as on one that trusts every
 # local login; they never log in as `postgres`. Role and password: DSE_TEST_PG_ROLE and
-# DSE_TEST_PG_PASSWORD (default dse_test / dse_test: a throwaway role for test databases).
+# DSE_TEST_PG_PASSWORD (default dse_test / dse_test: a throwaway role for test databases); the
+# port: DSE_TEST_PG_PORT (default 5432).
 # Idempotent: a second call finds the server answering and the role there.
 set -euo pipefail
 ROLE=${DSE_TEST_PG_ROLE:-dse_test}
 PASSWORD=${DSE_TEST_PG_PASSWORD:-dse_test}
 HOST=127.0.0.1
-PORT=5432
+PORT=${DSE_TEST_PG_PORT:-5432}
 
 case "${1:-up}" in
   env) echo "export DSE_TEST_PG=postgresql+psycopg://$ROLE:$PASSWORD@$HOST:$PORT"; exit 0 ;;

@@ -1,30 +1,59 @@
 #!/usr/bin/env bash
 # Installs dse with every extra into .venv and runs the checks CI runs: ruff, mypy,
-# import-linter (the layer contracts of pyproject.toml), pytest.
+# import-linter (the layer contracts of pyproject.toml), pytest with line and branch coverage
+# (printed at the end; DSE_COVERAGE=0 runs without it). Arguments go to pytest.
+#
+# On a fresh Debian machine as root it first installs and starts what the tests use:
+# python3-venv, PostgreSQL with a test role of its own (scripts/pg_up.sh; the tests never log
+# in as `postgres`), Debian's Chromium for the dashboard tests, a one-node Slurm
+# (scripts/slurm_up.sh, stopped when the checks end). Without root these must be there
+# already: a test that needs a missing one is skipped naming it, and fails under CI=true.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+ROOT=0
+[ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ROOT=1
+
+# --- system packages (root with apt-get: one update, one install) ----------------------------
+need=()
+if [ ! -x .venv/bin/python ] && ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
+  need+=(python3-venv)
+fi
+command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$ROOT" = 1 ]; then
+    echo "scripts/test.sh: installing ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "warning: missing ${need[*]} (installing them needs root and apt-get)" >&2
+  fi
+fi
+
+# --- the virtual environment -----------------------------------------------------------------
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q "torch==2.13.0"
 .venv/bin/pip install -q -e ".[megatron,postgres,api,dev]"
-# Debian's Chromium for the dashboard browser tests (Playwright drives it; no browser download)
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: chromium not installed"
+
+# --- PostgreSQL on 127.0.0.1:5432 and the tests' role (DSE_TEST_PG names another server) ------
+if [ -z "${DSE_TEST_PG:-}" ]; then
+  scripts/pg_up.sh || echo "warning: PostgreSQL is not ready; the PostgreSQL tests will not run" >&2
+  eval "$(scripts/pg_up.sh env)"
 fi
-# PostgreSQL on 127.0.0.1:5432 for the storage and API tests
-if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
-  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
-fi
-# A one-node Slurm (munge, slurmctld, slurmd; private config) for the Slurm runner's tests;
-# stopped when the checks end
+
+# --- a one-node Slurm (munge, slurmctld, slurmd; private config) for the Slurm runner's tests --
 if [ "$(id -u)" = 0 ]; then
-  scripts/slurm_up.sh || echo "warning: Slurm did not start; the slurm tests will fail"
+  scripts/slurm_up.sh || echo "warning: Slurm did not start; the slurm tests will not run" >&2
   eval "$(scripts/slurm_up.sh env)"
   trap 'scripts/slurm_up.sh stop' EXIT
 fi
+
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python scripts/typecheck.py
 .venv/bin/python scripts/lint_imports.py
-.venv/bin/python -m pytest -q "$@"
+cov=(--cov --cov-report=term)
+[ "${DSE_COVERAGE:-1}" = 0 ] && cov=()
+.venv/bin/python -m pytest -q "${cov[@]}" "$@"
