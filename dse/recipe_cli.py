@@ -64,6 +64,12 @@ def cmd_parse_log(args: argparse.Namespace) -> int:
         f"format:         {out['format']}",
         f"tflops_per_gpu: {num(out['tflops_per_gpu'], '.6g')}"
         + (f" ({out['tflops_source']})" if out["tflops_source"] else ""),
+        f"tflops_log:     {num(out['tflops_per_gpu_log'], '.6g')}"
+        + (
+            f" ({out['tflops_log_source']}; the recipe's own count, not the objective)"
+            if out["tflops_log_source"]
+            else ""
+        ),  # fmt: skip
         f"step_time_s:    {num(out['step_time_s'], '.6g')} (median after "
         f"{out['warmup_steps']} warm-up iteration(s))",
         f"loss:           {out['loss']}",

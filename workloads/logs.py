@@ -32,6 +32,7 @@ from dse.records import FailureClass
 __all__ = [
     "LOG_FORMATS",
     "LOG_PATTERNS",
+    "TFLOPS_LOG_FIELD",
     "LogStep",
     "ParsedLog",
     "LogParser",
@@ -42,6 +43,13 @@ __all__ = [
 ]
 
 LOG_FORMATS = ("megatron", "bridge", "nemo")
+
+#: Where each format prints its own TFLOP/s (the origin of ``tflops_per_gpu_log``).
+TFLOPS_LOG_FIELD = {
+    "megatron": "Megatron-LM iteration line 'throughput per GPU (TFLOP/s/GPU)' (--log-throughput)",
+    "bridge": "Megatron-Bridge 'Step Time : ...s GPU utilization: ...MODEL_TFLOP/s/GPU' line",
+    "nemo": "NeMo FLOPsMeasurementCallback 'TFLOPS_per_GPU'",
+}
 
 _GIB = float(2**30)
 
@@ -215,10 +223,13 @@ class ParsedLog:
     ) -> dict[str, Any]:
         """What a trial records from this log.
 
-        ``step_time_s`` and ``tflops_per_gpu`` are medians over the logged iterations after
-        ``warmup_steps`` (all of them when none is left). When the log has no TFLOP/s and
-        ``flops_per_step`` and ``world_size`` are given, TFLOP/s is computed from the step
-        time (model FLOPs, :mod:`dse.flops`) and ``tflops_source`` says so.
+        ``step_time_s`` is the median over the logged iterations after ``warmup_steps`` (all
+        of them when none is left). ``tflops_per_gpu`` is dse's one FLOP definition: the
+        model FLOPs of a step (``flops_per_step``, :mod:`dse.flops`) over that step time
+        (None without ``flops_per_step`` and ``world_size``). The log's own figure, where it
+        prints one, is ``tflops_per_gpu_log`` with its origin in ``tflops_log_source``; it is
+        never the objective (recipes count FLOPs differently: NeMo without the causal
+        halving, Bridge 0 for hybrid models, a VLM card with its vision tower).
         """
         notes = list(self.notes)
         timed = [s for s in self.steps if s.step_time_s is not None]
@@ -227,19 +238,14 @@ class ParsedLog:
         logged_tf = [s.tflops_per_gpu for s in steady if s.tflops_per_gpu is not None]
         tflops: float | None = None
         source: str | None = None
-        if logged_tf:
-            tflops, source = statistics.median(logged_tf), "log"
-        elif step_time and flops_per_step and world_size:
+        if step_time and flops_per_step and world_size:
             from dse.flops import tflops_per_gpu
 
             tflops = tflops_per_gpu(flops_per_step, step_time, world_size)
             source = "computed"
-            notes.append(
-                "the log has no TFLOP/s; computed from the median step time with dse's "
-                "model-FLOPs formula (dse.flops)"
-            )
         elif step_time:
-            notes.append("the log has no TFLOP/s; give the space file to compute it")
+            notes.append("TFLOP/s needs the model: give the space file to compute it")
+        log_tf = statistics.median(logged_tf) if logged_tf else None
         # a NaN/inf loss is None here (JSON has no NaN); the failure says "nan"
         losses = [
             s.loss if math.isfinite(s.loss) else None for s in self.steps if s.loss is not None
@@ -248,6 +254,8 @@ class ParsedLog:
             "format": self.format,
             "tflops_per_gpu": tflops,
             "tflops_source": source,
+            "tflops_per_gpu_log": log_tf,
+            "tflops_log_source": TFLOPS_LOG_FIELD.get(self.format) if log_tf is not None else None,
             "step_time_s": step_time,
             "loss": losses,
             "peak_mem_gib": self.peak_mem_gib,

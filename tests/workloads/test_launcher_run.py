@@ -40,10 +40,19 @@ def test_figures_of_a_real_log_become_the_metrics_contract(tmp_path: Path) -> No
     o = read_metrics(spec.metrics_path)
     assert o is not None and o.ok
     assert [s.loss for s in o.steps] == [1.818812, 1.820313, 1.798953]
-    assert [s.tflops_per_gpu for s in o.steps] == [243.6, 238.7, 224.0]
-    assert o.metrics["tflops_per_gpu"] == pytest.approx(238.7)
+    # one FLOP definition: dse's model FLOPs over the logged step time; the log's own
+    # TFLOP/s only beside it
+    flops = o.metrics["model_flops_per_step"]
+    times = [5.3616, 5.4707, 5.8299]
+    assert [s.tflops_per_gpu for s in o.steps] == pytest.approx(
+        [flops / (t * 16e12) for t in times]
+    )
     assert o.metrics["step_time_s"] == pytest.approx(5.4707)
-    assert o.metrics["tflops_source"] == "log" and o.metrics["env"] == {"DSE_TEST_RANK": "0"}
+    assert o.metrics["tflops_per_gpu"] == pytest.approx(flops / (5.4707 * 16e12))
+    assert o.metrics["tflops_per_gpu_log"] == pytest.approx(238.7)
+    assert "throughput per GPU" in o.metrics["tflops_log_source"]
+    assert o.metrics["step_time_s_log"] == pytest.approx(5.4707)
+    assert o.metrics["tflops_source"] == "computed" and o.metrics["env"] == {"DSE_TEST_RANK": "0"}
     assert o.metrics["tokens_per_s_per_gpu"] == pytest.approx(128 * 4096 / (5.4707 * 16))
 
 
@@ -56,7 +65,7 @@ def test_no_tflops_in_the_log_computed_and_said_so(tmp_path: Path) -> None:
     assert o.metrics["tflops_per_gpu"] == pytest.approx(
         flops / (o.metrics["step_time_s"] * 16 * 1e12)
     )
-    assert any("dse.flops" in n for n in o.metrics["notes"])
+    assert "tflops_per_gpu_log" not in o.metrics  # the log prints none
 
 
 @pytest.mark.parametrize(
@@ -102,7 +111,10 @@ def test_module_runs_as_the_trial_command(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     o = read_metrics(spec.metrics_path)
     assert o is not None and o.ok and o.metrics["log_format"] == "bridge"
-    assert o.metrics["tflops_per_gpu"] == pytest.approx(24.7)
+    assert o.metrics["tflops_per_gpu_log"] == pytest.approx(24.7)
+    assert o.metrics["tflops_per_gpu"] == pytest.approx(
+        o.metrics["model_flops_per_step"] / (7.0373 * 16e12)
+    )
     assert o.metrics["peak_mem_gib"] == pytest.approx(13.367e9 / 2**30)
 
 
@@ -173,7 +185,8 @@ def test_adaptive_stops_the_recipe_once_converged(tmp_path: Path) -> None:
     assert o.metrics["step_time_s"] == pytest.approx(0.1, rel=0.02)  # the steady state
     tlo, thi = o.metrics["tflops_per_gpu_ci"]
     assert tlo <= o.metrics["tflops_per_gpu"] <= thi
-    assert o.metrics["tflops_per_gpu"] == pytest.approx(200.0, rel=0.02)
+    flops = o.metrics["model_flops_per_step"]
+    assert o.metrics["tflops_per_gpu"] == pytest.approx(flops / (t * 1e12), rel=1e-6)
     # the whole process group of the recipe is gone, its child included
     assert _gone(int((tmp_path / "child.pid").read_text()))
 
@@ -191,8 +204,12 @@ def test_noisy_recipe_is_stopped_at_max_steps(tmp_path: Path) -> None:
 
 def test_a_dominated_recipe_is_stopped_and_recorded_pruned(tmp_path: Path) -> None:
     m = {"mode": "adaptive", "min_steps": 10, "max_steps": 250, "prune": True}
-    best = {"metric": "tflops_per_gpu", "direction": "maximize", "best": 300.0, "bound": 290.0,
-            "margin": 0.05, "best_trial": 4}  # fmt: skip
+    from dse.flops import model_flops_per_step
+
+    # the fake recipe's steady 0.1 s step, in dse's TFLOP/s; the study's best is 1.5x that
+    tf = model_flops_per_step(MODEL, {"global_batch_size": 8, "seq_length": 4096}) / 0.1e12
+    best = {"metric": "tflops_per_gpu", "direction": "maximize", "best": 1.5 * tf,
+            "bound": 1.45 * tf, "margin": 0.05, "best_trial": 4}  # fmt: skip
     spec = _fake_spec(tmp_path, measurement=m, prune=best, cv=0.05)
     out = io.StringIO()
     assert run_rendered(spec, MetricsWriter(spec.metrics_path), out) == 0
@@ -200,7 +217,7 @@ def test_a_dominated_recipe_is_stopped_and_recorded_pruned(tmp_path: Path) -> No
     o = read_metrics(spec.metrics_path)
     assert o is not None and o.ok and o.pruned
     assert o.metrics["measurement"]["dominated_by"]["trial"] == 4
-    assert 10 <= len(o.steps) < 40 and o.metrics["tflops_per_gpu_ci"][1] < 290 * 0.95
+    assert 10 <= len(o.steps) < 40 and o.metrics["tflops_per_gpu_ci"][1] < 1.45 * tf * 0.95
     assert _gone(int((tmp_path / "child.pid").read_text()))
 
 

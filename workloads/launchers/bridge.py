@@ -15,7 +15,7 @@ from typing import Any
 from dse.exceptions import SpaceError
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
 
-__all__ = ["BridgeLauncher", "hydra_value"]
+__all__ = ["BridgeLauncher", "hydra_value", "resolved_expectations"]
 
 #: The launcher script of Megatron-Bridge (scripts/training/run_recipe.py).
 RUN_RECIPE = "scripts/training/run_recipe.py"
@@ -80,3 +80,24 @@ class BridgeLauncher(Launcher):
 
     def fixed_overrides(self) -> list[str]:
         return [f"{k}={hydra_value(v)}" for k, v in self.spec.overrides.items()]
+
+
+def resolved_expectations(argv: list[str]) -> dict[str, Any]:
+    """The ``ConfigContainer`` fields a Bridge command sets: dotted key -> value, from its
+    ``key=value`` overrides (Hydra syntax, read back as Hydra reads it). What dse's entry
+    script's ``resolved.json`` must show after ``runtime_config_update``."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for tok in argv:
+        if tok.startswith("-") or "=" not in tok or tok.startswith("~"):
+            continue
+        key, _, raw = tok.partition("=")
+        key = key.lstrip("+")
+        if "." not in key or not key.replace(".", "").replace("_", "").isalnum():
+            continue
+        try:
+            out[key] = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError:
+            out[key] = raw
+    return out

@@ -28,6 +28,7 @@ __all__ = [
     "knob_flags",
     "model_flags",
     "parse_megatron_args",
+    "resolved_expectations",
 ]
 
 #: Field -> Megatron-LM flag for fields given as ``--flag VALUE``.
@@ -235,6 +236,69 @@ class MegatronLMLauncher(Launcher):
 
     def _is_key(self, item: str) -> bool:
         return item.startswith("--")
+
+
+# --- the resolved-configuration check ------------------------------------------------
+
+#: Catalog fields whose Megatron-LM argument (its ``args`` attribute, as the argument table
+#: prints it) has another name.
+_DEST_OF_FIELD: dict[str, str] = {
+    "grad_reduce_in_fp32": "accumulate_allreduce_grads_in_fp32",
+}
+#: Flags of the model and semantics sections (:func:`model_flags`) whose value the argument
+#: table must show as given: flag -> argument name. Switches are True when given.
+_MODEL_VALUE_FLAGS = (
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+    "--seq-length", "--max-position-embeddings", "--normalization", "--position-embedding-type",
+    "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk",
+    "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--global-batch-size",
+    "--train-iters", "--lr", "--seed", "--vocab-size",
+)  # fmt: skip
+_MODEL_SWITCHES = {
+    "--group-query-attention": ("group_query_attention", True),
+    "--swiglu": ("swiglu", True),
+    "--squared-relu": ("squared_relu", True),
+    "--disable-bias-linear": ("add_bias_linear", False),
+    "--untie-embeddings-and-output-weights": ("untie_embeddings_and_output_weights", True),
+    "--bf16": ("bf16", True),
+    "--fp16": ("fp16", True),
+    "--mock-data": ("mock_data", True),
+}
+
+
+def resolved_expectations(
+    params: Mapping[str, Any], model: ModelSpec, argv: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What Megatron-LM's argument table must show for a trial: argument name -> the value
+    dse asked, for every field its knob values set (also the ones left at Megatron-LM's
+    default, which render no flag) and every model/semantics flag of ``argv`` (the rendered
+    command). Compared with :func:`dse.workloads.launchers.resolved.compare`."""
+    out: dict[str, Any] = {}
+    flex = params.get("moe_token_dispatcher_type") == "flex"
+    for _name, _value, a in Launcher.assignments_of(params):
+        f, v = a.field, a.value
+        if f == "bias_activation_fusion":
+            dest = "bias_swiglu_fusion" if model.activation == "swiglu" else "bias_gelu_fusion"
+            out[dest] = v
+        elif f == "virtual_pipeline_model_parallel_size":
+            out[f] = None if v in (None, 1) else v  # validate_args keeps None for one stage
+        elif f == "moe_flex_dispatcher_backend":
+            if flex:
+                out["moe_enable_deepep"] = v == "deepep"
+        elif f == "recompute_modules" and params.get("recompute") != "selective":
+            continue  # Megatron-LM reads the list only with selective recompute
+        elif f in ("recompute_method", "recompute_num_layers") and v is None:
+            continue
+        else:
+            out[_DEST_OF_FIELD.get(f, f)] = v
+    args = list(argv)
+    for i, tok in enumerate(args):
+        if tok in _MODEL_VALUE_FLAGS and i + 1 < len(args):
+            out[_dest(tok)] = args[i + 1]
+        elif tok in _MODEL_SWITCHES:
+            dest, val = _MODEL_SWITCHES[tok]
+            out[dest] = val
+    return out
 
 
 # --- reading a Megatron-LM command line back --------------------------------------------

@@ -32,6 +32,7 @@ from dse.flops import model_flops_per_step
 from dse.measure import series_for
 from dse.records import MetricsWriter, StopReason, TrialSpec
 from dse.workloads.launchers._core import run_node_steps
+from dse.workloads.launchers.resolved import RESOLVED_ENV, check_for
 from dse.workloads.logs import LogParser, LogStep
 from dse.workloads.runners.local import kill_process_group
 
@@ -39,11 +40,11 @@ __all__ = ["main", "run_rendered"]
 
 
 def _step_record(s: LogStep, parser: LogParser, flops: float, world: int) -> dict[str, Any] | None:
+    """A step line: dse's TFLOP/s (model FLOPs over the logged step time, the one definition);
+    the log's own figure only beside it (``tflops_per_gpu_log``)."""
     if s.step_time_s is None or s.loss is None or not math.isfinite(s.loss):
         return None
-    tf = s.tflops_per_gpu
-    if tf is None:
-        tf = flops / (s.step_time_s * world * 1e12)
+    tf = flops / (s.step_time_s * world * 1e12)
     peak = parser.result.peak_mem_gib or 0.0
     return {
         "step": s.step - 1,
@@ -53,6 +54,7 @@ def _step_record(s: LogStep, parser: LogParser, flops: float, world: int) -> dic
         "peak_reserved_gib": parser.result.peak_reserved_gib or peak,
         "loss": s.loss,
         "grad_norm": s.grad_norm,
+        "tflops_per_gpu_log": s.tflops_per_gpu,
     }
 
 
@@ -117,7 +119,13 @@ def run_rendered(
     sem = spec.semantics
     tokens = sem["global_batch_size"] * sem["seq_length"]
     series = series_for(spec, tokens_per_step_per_gpu=tokens / world)
+    trial_dir = os.path.dirname(os.path.abspath(spec.metrics_path))
+    check = check_for(spec, argv, trial_dir)
+    if check is not None and check.file is not None:
+        env[RESOLVED_ENV] = str(check.file)
     may_stop = series.adaptive or series.prune is not None
+    own_group = may_stop or check is not None
+    refused: str | None = None  # the check's reason: the recipe resolved other values
     timed: set[int] = set()  # logged iterations already fed to the series
     stopped: StopReason | None = None
     pending: LogStep | None = None
@@ -132,18 +140,25 @@ def run_rendered(
     try:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-            bufsize=1, errors="replace", process_group=0 if may_stop else None,
+            bufsize=1, errors="replace", process_group=0 if own_group else None,
         )  # fmt: skip
     except OSError as e:
         writer.failure("error", f"cannot start the recipe ({argv[0]}): {e}")
         return 3
-    with proc, _group_guard(proc if may_stop else None):
+    with proc, _group_guard(proc if own_group else None):
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
             out.flush()
-            if stopped is not None:
+            if stopped is not None or refused is not None:
                 continue  # what the recipe printed while it was being stopped is not measured
+            if check is not None:
+                refused = check.feed(line)
+                if refused is not None:
+                    out.write(f"dse: stopping the recipe: {refused}\n")
+                    out.flush()
+                    kill_process_group(proc, grace_s=5.0)
+                    continue
             new = parser.feed(line)
             if new is not None:
                 if pending is not None:
@@ -165,11 +180,16 @@ def run_rendered(
         if rec:
             writer.step(rec)
         feed(pending)
+    if refused is None and check is not None:
+        refused = check.finish()
+    if refused is not None:
+        writer.failure("invalid", refused)
+        return 3
     parsed = parser.finish()
     summary = parsed.summary(
         spec.semantics.get("warmup_steps", 1), flops_per_step=flops, world_size=world
     )
-    summary["notes"] = notes + summary["notes"]
+    summary["notes"] = notes + summary["notes"] + ([check.note] if check and check.note else [])
     metrics = {k: summary[k] for k in ("peak_mem_gib", "peak_reserved_gib") if summary[k]}
     # a recipe dse stopped exits non-zero (the signal): that is not its failure
     if parsed.failure and ((rc != 0 and stopped is None) or parsed.failure[0] == "nan"):
@@ -206,6 +226,14 @@ def run_rendered(
             "tflops_per_gpu": measured.get("tflops_per_gpu", summary["tflops_per_gpu"]),
             **{k: v for k, v in measured.items() if k not in ("step_time_s", "tflops_per_gpu")},
             "tflops_source": summary["tflops_source"],
+            # the recipe's own figures beside dse's, never the objective (one FLOP definition)
+            **{
+                k: summary[k]
+                for k in ("tflops_per_gpu_log", "tflops_log_source")
+                if summary[k] is not None
+            },  # fmt: skip
+            "step_time_s_log": summary["step_time_s"],
+            "resolved_check": None if check is None else check.note,
             "peak_mem_gib": peak,
             "peak_reserved_gib": summary["peak_reserved_gib"] or peak,
             "loss": [x for x in summary["loss"] if x is not None][-1],
