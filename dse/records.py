@@ -101,7 +101,9 @@ FailureClass = Literal[
     # runner's queue_timeout_s while the cluster was busy (the job could have started later)
     "hang",  # no step for hang_timeout_s
     "nan",  # loss became NaN/inf
-    "interrupted",  # the controller died while it ran
+    # the trial process was stopped by SIGTERM or SIGINT before it ended (a runner's stop,
+    # Ctrl-C; a scheduler's preemption or time limit is recorded as the scheduler says)
+    "interrupted",
     "node_fail",  # a node of the trial failed (cluster runners)
     "preempted",  # the cluster's scheduler preempted the trial's job
     "cancelled",  # the trial's job was cancelled from outside (e.g. scancel)

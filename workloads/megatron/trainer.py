@@ -30,6 +30,7 @@ import dataclasses
 import datetime
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -624,6 +625,23 @@ def _invalid_from(exc: BaseException) -> TrialFailure:
     return TrialFailure("invalid", reason)
 
 
+class TrialInterrupted(BaseException):
+    """The trial process was told to stop before its final line: SIGTERM (the runner's stop,
+    a cluster scheduler's preemption, cancellation or time limit) or SIGINT (Ctrl-C). Like
+    KeyboardInterrupt it passes ``except Exception``; :func:`run_spec` turns it into an
+    ``interrupted`` failure line."""
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGINT raise :class:`TrialInterrupted` in this (the main) thread."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise TrialInterrupted(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+
+
 def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, Any]:
     """Run one trial; return the summary record (rank 0 writes it). Raises TrialFailure."""
     if dist.world_size != spec.world_size:
@@ -654,6 +672,8 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     try:
         built = build(plan, device)
     except (AssertionError, ValueError, NotImplementedError) as e:
+        if not _raised_in_megatron(e):
+            raise  # dse's own build code failed: a bug (``error``), not an infeasible region
         raise _invalid_from(e) from e
     steps, series = _train(plan, built, device, dist, writer if dist.rank == 0 else None)
 
@@ -774,6 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_known_warnings()
     with open(args.spec) as f:
         spec = TrialSpec.model_validate_json(f.read())
+    stop_on_signals()
     return _exit(run_spec(spec, _Dist()))
 
 
@@ -784,6 +805,14 @@ def run_spec(spec: TrialSpec, dist: _Dist) -> int:
     writer = MetricsWriter(spec.metrics_path)
     try:
         summary = run_trial(spec, dist, writer)
+    except (TrialInterrupted, KeyboardInterrupt) as e:
+        signame = str(e) if isinstance(e, TrialInterrupted) else "SIGINT"
+        writer.failure(
+            "interrupted",
+            f"stopped by {signame} before the trial ended (a runner's stop, a scheduler's "
+            "preemption or time limit, or Ctrl-C); the steps before it are kept",
+        )
+        return EXIT_FAILURE
     except TrialFailure as e:
         metrics = {
             **_failure_metrics(spec.device if e.failure_class == "oom" else None),

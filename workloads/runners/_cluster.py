@@ -160,8 +160,14 @@ def last_lines(text: str, n: int = 3, width: int = 400) -> str:
 
 def outcome_after_exit(launch: Launch, failure_class: FailureClass | None, what: str) -> Outcome:
     """The outcome of a trial whose process or job ended: its metrics file when it wrote a
-    result, else ``failure_class`` (or the class its log suggests) with the log's last lines."""
+    result, else ``failure_class`` (or the class its log suggests) with the log's last lines.
+    A trial that only says it was stopped (``interrupted``: it got SIGTERM) takes the
+    scheduler's ``failure_class`` when there is one (preempted, cancelled, timeout, ...)."""
     out = read_metrics(launch.metrics_path)
+    if out is not None and out.failure_class == "interrupted" and failure_class is not None:
+        return Outcome.failure(
+            failure_class, f"{what}; the trial: {out.reason}", metrics=out.metrics, steps=out.steps
+        )
     if out is not None:
         return out
     tail = log_tail(launch.log_path)
