@@ -107,6 +107,10 @@ def model_flops_per_step(
     return float(fwd_bwd * fma * tokens * (mlp + projections + core_attention + logits))
 
 
+#: MambaMixer's causal convolution width (``d_conv``, fixed at 4 in Megatron-Core's specs).
+_MAMBA_CONV_WIDTH = 4
+
+
 def _hybrid_flops(
     m: Mapping[str, Any],
     h: int,
@@ -119,7 +123,16 @@ def _hybrid_flops(
     vocab: int,
 ) -> float:
     """Model FLOPs of a hybrid (Mamba) model, per layer kind as Megatron-LM's
-    ``hybrid_flops`` counts them (forward x 3; causal attention halved)."""
+    ``hybrid_flops`` counts them (forward x 3; causal attention halved; the router left out),
+    with two differences, both of the Mamba mixer: its inner width is ``heads x head_dim``
+    (Megatron-LM's ``mamba_layer_flops`` takes ``2 x hidden`` even when ``mamba_num_heads``
+    sets another width), and its depthwise causal convolution is counted (``2 x (d_inner +
+    2 groups state) x d_conv`` per token; Megatron-LM leaves it out, under 1% of a layer).
+
+    Per token and forward: Mamba ``in_proj`` ``2 h (2 d_in + 2 g N + H)``, conv as above,
+    SSD scan ``7 d_in N`` (Megatron-LM's count), ``out_proj`` ``2 d_in h``; attention
+    ``4 h q (1 + groups/heads) + 2 s q``; MLP ``4 h ffn`` (x1.5 gated); MoE
+    ``4 h (topk moe_ffn + shared)`` (x1.5 gated); logits ``2 h vocab``."""
     pattern = str(m["hybrid_layer_pattern"])
     n_attn, n_mamba = pattern.count("*"), pattern.count("M")
     n_mlp, n_moe = pattern.count("-"), pattern.count("E")
@@ -133,6 +146,7 @@ def _hybrid_flops(
     t = tokens
     attn = 4 * t * h * q * (1 + groups / heads) + 2 * t * seq * q  # 2·T·s·q: causal half
     mamba = 2 * t * h * (2 * d_in + 2 * mgroups * state + mheads)
+    mamba += 2 * t * (d_in + 2 * mgroups * state) * _MAMBA_CONV_WIDTH  # depthwise conv1d
     mamba += 7 * t * d_in * state + 2 * t * d_in * h
     mlp = 4 * t * h * ffn * gated
     moe_ffn = int(m.get("moe_ffn_hidden_size") or ffn)

@@ -553,16 +553,44 @@ def r_mamba_cp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violat
 
 @_rule
 def r_mamba_kernels(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
-    """Mamba layers run the mamba-ssm and causal-conv1d CUDA kernels
-    (megatron/core/ssm/mamba_mixer.py); there is no substitute."""
-    if f is None or not _mamba(s) or "mamba_ssm" in f:
+    """Mamba layers run mamba-ssm's Triton SSD kernels (megatron/core/ssm/mamba_mixer.py);
+    on a GPU there is no substitute. A CPU trial of the built-in trainer runs them on a
+    labelled torch reference (Triton needs a GPU), so the rule is for GPU trials."""
+    if f is None or not _mamba(s) or "mamba_ssm" in f or s.resources.device == "cpu":
         return None
     return _v(
         "missing_feature",
-        "Mamba layers need the mamba-ssm CUDA kernels (mamba_ssm, causal_conv1d), which the "
-        "trial environment lacks",
+        "Mamba layers need the mamba-ssm kernels (its Triton SSD scan, "
+        "mamba_ssm.ops.triton), which the trial environment lacks",
         mamba_layers=s.model.layer_counts()["mamba"],
         available=sorted(f),
+    )
+
+
+@_rule
+def r_hybrid_recompute(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """A hybrid model's layers are a MambaStack, which has no full-recompute path
+    (megatron/core/ssm/mamba_block.py): recompute_granularity=full would recompute nothing."""
+    if not s.model.is_hybrid or s.full_params(p).get("recompute") != "full":
+        return None
+    return _v(
+        "hybrid_full_recompute",
+        "full recompute is not implemented for hybrid (MambaStack) models; use selective "
+        "recompute with recompute_modules",
+        recompute="full",
+    )
+
+
+@_rule
+def r_hybrid_vpp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """MambaStack asserts virtual_pipeline_model_parallel_size is None
+    (megatron/core/ssm/mamba_block.py _select_layers_for_pipeline_parallel)."""
+    if not s.model.is_hybrid or L.vpp is None:
+        return None
+    return _v(
+        "hybrid_vpp",
+        "virtual (interleaved) pipeline stages are not supported for hybrid (MambaStack) models",
+        vpp=L.vpp,
     )
 
 

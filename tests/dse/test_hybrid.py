@@ -304,7 +304,7 @@ class _Ctx:
 def test_mamba_needs_its_kernels(omni):
     feats = [f for f in omni.resources.features if f != "mamba_ssm"]
     names = [v for v in rules.check(omni, omni.baseline(), feats) if v.rule == "missing_feature"]
-    assert names and "mamba-ssm CUDA kernels" in str(names[0])
+    assert names and "mamba-ssm kernels" in str(names[0])
 
 
 def test_shared_expert_grouped_gemm_is_fine_with_swiglu(omni):

@@ -393,25 +393,6 @@ def test_dropout_comes_from_the_model_spec(tmp_path: Path) -> None:
     assert (on["hidden_dropout"], on["attention_dropout"]) == (0.1, 0.05)
 
 
-def test_hybrid_model_is_refused_without_the_mamba_kernels(tmp_path: Path) -> None:
-    """No mamba-ssm here: the trainer refuses a Mamba model with that reason, whatever the
-    spec declares (never a silent substitute)."""
-    from dse.workloads.megatron.features import has_feature
-
-    if has_feature("mamba_ssm"):
-        pytest.skip("mamba-ssm is installed here")
-    hybrid = {"num_layers": 3, "hybrid_layer_pattern": "M*-", "mamba_num_heads": 4,
-              "mamba_head_dim": 32, "mamba_num_groups": 2}  # fmt: skip
-    with pytest.raises(TrialFailure, match="mamba-ssm CUDA kernels") as err:
-        make_plan(make_spec(tmp_path, "h", {}, model=hybrid), ["mamba_ssm"])
-    assert err.value.failure_class == "invalid"
-    # the pre-launch rule says the same where the features are known
-    with pytest.raises(TrialFailure, match="missing_feature: Mamba layers need"):
-        make_plan(make_spec(tmp_path, "h", {}, model=hybrid), [])
-    # a hybrid model without Mamba layers is refused as a model kind the trainer lacks
-    with pytest.raises(TrialFailure, match="builds GPT models"):
-        make_plan(make_spec(tmp_path, "h", {}, model={**hybrid, "hybrid_layer_pattern": "*-*"}))
-
 
 def test_fields_newer_than_the_trainers_megatron_core_are_refused(tmp_path: Path) -> None:
     """Knobs whose field Megatron-Core 0.16.1 lacks are refused by name at a non-default

@@ -80,27 +80,44 @@ class TrialPlan:
         return self.attention_backend in LOCAL_ATTENTION
 
     @property
+    def hybrid(self) -> bool:
+        """True for a hybrid (``hybrid_layer_pattern``) model: a ``MambaModel`` of
+        :mod:`.mamba`'s local spec instead of a ``GPTModel``."""
+        return self.model.is_hybrid
+
+    @property
+    def mamba_mem_eff_path(self) -> bool:
+        """Megatron's ``use_mamba_mem_eff_path`` of this trial (its default: True)."""
+        return bool(self.fields["model"].get("use_mamba_mem_eff_path", True))
+
+    @property
     def sequence_parallel(self) -> bool:
         return bool(self.fields["model"].get("sequence_parallel", False))
 
 
-def _refuse_hybrid(model: ModelSpec) -> None:
-    """The built-in trainer builds GPT models only. A hybrid model is refused with the
-    reason; Mamba layers first of all need the mamba-ssm CUDA kernels where the trial runs
-    (probed here, never substituted)."""
-    from dse.workloads.megatron.features import has_feature
-
-    if model.layer_counts()["mamba"] and not has_feature("mamba_ssm"):
+def _hybrid_check(model: ModelSpec, attention_backend: str, device: str) -> None:
+    """A hybrid model is built from dse's local Mamba spec (:mod:`.mamba`): attention on the
+    local spec only, and on a GPU the Mamba layers on mamba-ssm's Triton kernels, probed here
+    whatever the spec declares (never substituted; a CPU trial runs the labelled torch
+    reference of :mod:`._mamba_kernels`)."""
+    if attention_backend not in LOCAL_ATTENTION:
         raise TrialFailure(
             "invalid",
-            "Mamba layers need the mamba-ssm CUDA kernels (mamba_ssm, causal_conv1d), which "
-            "this machine lacks; the built-in trainer does not substitute them",
+            "the built-in trainer builds hybrid (Mamba) models from its local spec: "
+            f"attention_backend must be one of {list(LOCAL_ATTENTION)} "
+            f"(attention_backend={attention_backend!r}); the TE spec runs through a recipe "
+            "launcher",
         )
-    raise TrialFailure(
-        "invalid",
-        "the built-in trainer builds GPT models (attention with MLP or MoE in every layer); "
-        "a hybrid_layer_pattern model runs through a recipe launcher",
-    )
+    if device == "cuda" and model.layer_counts()["mamba"]:
+        from dse.workloads.megatron.features import has_feature
+
+        if not has_feature("mamba_ssm"):
+            raise TrialFailure(
+                "invalid",
+                "Mamba layers need the mamba-ssm kernels (its Triton SSD scan, "
+                "mamba_ssm.ops.triton), which do not import here; the built-in trainer does "
+                "not substitute them on a GPU",
+            )
 
 
 def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPlan:
@@ -143,7 +160,7 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
     if violation is not None:
         raise TrialFailure("invalid", str(violation))
     if model.is_hybrid:
-        _refuse_hybrid(model)
+        _hybrid_check(model, str(knob_value(spec.params, "attention_backend")), spec.device)
     for name, value in spec.params.items():
         if name in FIELD_SOURCES and value not in (None, KNOBS[name].default):
             raise TrialFailure(

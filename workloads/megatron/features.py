@@ -8,6 +8,7 @@ controller: importing Transformer Engine or DeepEP loads CUDA libraries.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 
 __all__ = ["FEATURE_PROBES", "detect_features", "has_feature"]
@@ -33,12 +34,23 @@ FEATURE_PROBES: dict[str, Callable[[], bool]] = {
     # HybridEP ships in DeepEP's ``hybrid-ep`` branch as ``deep_ep.HybridEPBuffer``.
     "hybridep": _imports("deep_ep", "HybridEPBuffer"),
     "flash_attn": _imports("flash_attn"),
-    # Mamba layers: mamba-ssm's fused scan kernels and the causal-conv1d CUDA extension
-    "mamba_ssm": lambda: (
-        _imports("mamba_ssm.ops.triton.ssd_combined", "mamba_split_conv1d_scan_combined")()
-        and _imports("causal_conv1d", "causal_conv1d_fn")()
-    ),
+    # Mamba layers: mamba-ssm's Triton SSD kernels, found the way Megatron-Core imports them
+    "mamba_ssm": lambda: _mamba_ssm(),
 }
+
+
+def _mamba_ssm() -> bool:
+    """True when mamba-ssm's Triton SSD scan and gated norm import as
+    ``megatron/core/ssm/mamba_mixer.py`` imports them: ``import mamba_ssm`` itself fails
+    without the CUDA build (``selective_scan_cuda``), yet leaves ``mamba_ssm.ops.triton``
+    importable. dse's CPU torch reference does not count. Where the causal-conv1d package is
+    installed without its CUDA extension, the labelled torch stand-in for that extension is
+    registered first (before mamba-ssm binds it at import; see :mod:`._mamba_kernels`)."""
+    from dse.workloads.megatron import _mamba_kernels as mk
+
+    if mk.conv1d_kind() == "absent" and mk.has_module("triton"):
+        mk.install_conv1d_stand_in()
+    return mk.ssd_kind() == "triton"
 
 
 def has_feature(name: str) -> bool:
