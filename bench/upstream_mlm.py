@@ -65,7 +65,7 @@ def _variant(
     for v in sets.values():
         n *= len(v)
     data["budget"]["n_trials"] = n
-    data["budget"].pop("remeasure", None)
+    data["budget"]["remeasure"] = 0  # the grid once: rounds repeat it
     data["prescreen"] = {"enabled": False}
     data["runner"]["workdir"] = str(out / "runs")
     if kind == "upstream":

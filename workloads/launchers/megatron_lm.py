@@ -22,6 +22,7 @@ from dse.space import ModelSpec, SearchSpace
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
 
 __all__ = [
+    "ARG_DEFAULTS",
     "BUILTIN_MODULE",
     "FLAG_OF_FIELD",
     "MegatronLMLauncher",
@@ -245,6 +246,8 @@ class MegatronLMLauncher(Launcher):
 _DEST_OF_FIELD: dict[str, str] = {
     "grad_reduce_in_fp32": "accumulate_allreduce_grads_in_fp32",
 }
+#: What an argument Megatron-LM leaves None means (Megatron-Core's TransformerConfig default).
+ARG_DEFAULTS: dict[str, Any] = {"recompute_modules": ["core_attn"]}
 #: Flags of the model and semantics sections (:func:`model_flags`) whose value the argument
 #: table must show as given: flag -> argument name. Switches are True when given.
 _MODEL_VALUE_FLAGS = (

@@ -139,18 +139,30 @@ def normalize(value: Any) -> Any:
 
 def _same(asked: Any, resolved: Any) -> bool:
     a, r = normalize(asked), normalize(resolved)
+    if isinstance(a, bool) != isinstance(r, bool):
+        return False  # False is not 0: a switch resolved to a number is another field
     if isinstance(a, float) and isinstance(r, float):
         return math.isclose(a, r, rel_tol=1e-9, abs_tol=0.0)
     return bool(a == r)
 
 
-def compare(asked: Mapping[str, Any], resolved: Mapping[str, Any]) -> list[Mismatch]:
-    """Every field of ``asked`` whose resolved value differs (or that is not resolved)."""
+def compare(
+    asked: Mapping[str, Any],
+    resolved: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+) -> list[Mismatch]:
+    """Every field of ``asked`` whose resolved value differs (or that is not resolved).
+    ``defaults``: what a field the recipe leaves unset (None) means (Megatron-LM's
+    ``recompute_modules`` None is Megatron-Core's ``["core_attn"]``)."""
     out: list[Mismatch] = []
     for name, want in asked.items():
         if name not in resolved:
             out.append(Mismatch(name, want, None, missing=True))
-        elif not _same(want, resolved[name]):
+            continue
+        got = resolved[name]
+        if defaults and name in defaults and normalize(got) is None:
+            got = defaults[name]
+        if not _same(want, got):
             out.append(Mismatch(name, want, resolved[name]))
     return out
 
@@ -200,10 +212,11 @@ class ResolvedCheck:
 
     def __init__(
         self, target: str, asked: Mapping[str, Any], *, table: bool = False,
-        file: str | Path | None = None,
+        file: str | Path | None = None, defaults: Mapping[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.target = target
         self.asked = dict(asked)
+        self.defaults = dict(defaults or {})
         self.reader = ArgsTableReader() if table else None
         self.file = Path(file) if file is not None else None
         self.checked = False
@@ -230,7 +243,7 @@ class ResolvedCheck:
 
     def _compare(self, resolved: Mapping[str, Any], origin: str) -> str | None:
         self.checked = True
-        bad = compare(self.asked, resolved)
+        bad = compare(self.asked, resolved, self.defaults)
         if bad:
             return mismatch_reason(self.target, bad, origin)
         self.note = f"resolved-configuration check: {len(self.asked)} fields as asked ({origin})"
@@ -249,12 +262,17 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
         return None
     target = (wl.get("rendered") or {}).get("launcher") or wl.get("name")
     if target == "megatron_lm":
-        from dse.workloads.launchers.megatron_lm import BUILTIN_MODULE, resolved_expectations
+        from dse.workloads.launchers.megatron_lm import (
+            ARG_DEFAULTS,
+            BUILTIN_MODULE,
+            resolved_expectations,
+        )
 
         if launcher.get("module") == BUILTIN_MODULE:
             return None
         model = ModelSpec.model_validate(spec.model)
-        return ResolvedCheck(target, resolved_expectations(spec.params, model, argv), table=True)
+        asked = resolved_expectations(spec.params, model, argv)
+        return ResolvedCheck(target, asked, table=True, defaults=ARG_DEFAULTS)
     if target == "bridge":
         from dse.workloads.launchers.bridge import resolved_expectations as bridge_expect
 
