@@ -18,6 +18,7 @@ from dse.api.errors import install_error_handlers
 from dse.api.fastreads import FastReads
 from dse.api.launch import SubprocessLauncher
 from dse.api.routes import api_router
+from dse.api.security import SecurityHeaders
 from dse.exceptions import StorageError
 
 __all__ = ["create_app", "API_PREFIX", "STATIC_DIR"]
@@ -79,6 +80,8 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     install_error_handlers(app)
     # outermost: the plain polls of a best or a trial page skip FastAPI's routing
     app.add_middleware(FastReads, owner=app, prefix=API_PREFIX)
+    # outermost of all: every answer (fast reads and errors included) carries the headers
+    app.add_middleware(SecurityHeaders, api_prefix=API_PREFIX, docs_prefix=f"{API_PREFIX}/docs")
     app.include_router(api_router, prefix=API_PREFIX)
 
     @app.get("/", include_in_schema=False)

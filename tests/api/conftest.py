@@ -93,8 +93,11 @@ def context_args() -> dict[str, Any]:
 @pytest.fixture
 def page(browser: Any, context_args: dict[str, Any]) -> Iterator[Any]:
     """A page in a new context that keeps console and page errors in ``page.errors`` and the
-    URL of every request in ``page.urls``."""
-    context = browser.new_context(**context_args)
+    URL of every request in ``page.urls``. Playwright evaluates a string predicate
+    (``wait_for_function``) with ``eval`` in the page, which the dashboard's content security
+    policy forbids: these contexts bypass the policy (``bypass_csp``) unless ``context_args``
+    says otherwise; tests/api/test_security_headers.py draws the dashboard under it."""
+    context = browser.new_context(**{"bypass_csp": True, **context_args})
     pg = context.new_page()
     pg.set_default_timeout(TIMEOUT_MS)
     pg.errors = []

@@ -75,7 +75,7 @@ def _settle(page: Any) -> None:
 def test_the_page_does_not_scroll_sideways(
     browser: Any, site: str, study: str, plan: tuple[int, ...]
 ) -> None:
-    context = browser.new_context(viewport={"width": plan[0], "height": 900})
+    context = browser.new_context(viewport={"width": plan[0], "height": 900}, bypass_csp=True)
     page = context.new_page()
     try:
         page.goto(f"{site}/#study={study}")
