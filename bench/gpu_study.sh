@@ -22,6 +22,8 @@ python3 -m dse.cli status --storage "$DB" > "$OUTDIR/status.txt"
 python3 -m dse.cli status --storage "$DB" --format json > "$OUTDIR/status.json"
 python3 -m dse.cli best --storage "$DB" --format json | tee "$OUTDIR/best.json"
 cat "$OUTDIR/status.txt"
+# the warm workers' events (memory after each trial, recycles), if any
+cat "$WORKDIR"/*/workers/events.jsonl > "$OUTDIR/worker-events.jsonl" 2> /dev/null || true
 # the logs of this run's failed trials, if any, for diagnosis
 for f in "$WORKDIR"/*/trial-*/log.txt; do
   if grep -q '"failure"' "$(dirname "$f")/metrics.jsonl" 2> /dev/null; then

@@ -8,18 +8,24 @@ Here:
   configuration (:meth:`dse.space.SearchSpace.canonical`: a knob that does nothing in that
   layout is at its baseline), so configurations identical in effect count as one and their
   trials (repeats, re-measures) are pooled.
-* **A trial's interval** of a figure is the one the trial measured (``tflops_per_gpu_ci`` /
-  ``step_time_ci_s`` in its metrics, from adaptive or fixed measurement), else one derived
-  from its stored per-step figures: the 95 % Student-t interval of the mean of the measured
-  steps (after ``metrics["measurement"]["warmup_steps"]``, else ``semantics.warmup_steps``),
-  centred on the trial's reported figure (none when fewer than two steps, or when every step
-  has the same figure: a replayed row without per-step times). Tokens per second per GPU
-  follow from the step time.
-* **A configuration's estimate** is the mean of its trials' figures; its half-width is the
-  larger of the within-run part (``sqrt(sum h_i^2) / k``) and the run-to-run part
-  (``t * rel_sd * mean / sqrt(k)``), where ``rel_sd`` is the study's relative run-to-run
-  standard deviation pooled over every configuration measured more than once (unknown until
-  one is).
+* **A trial's interval** of its step time comes from its stored per-step times (the
+  steps after ``metrics["measurement"]["warmup_steps"]``, else ``semantics.warmup_steps``),
+  on the log scale (:func:`log_step_interval`): a step farther than
+  :data:`dse.measure.SPIKE_K` normalised MADs from the median of the measured steps is a
+  spike (a late compilation, a host stall) and left out, so that one slow step among 3-4
+  does not widen the interval; then the 95 % Student-t interval of the mean log step time,
+  widened to contain the trial's reported figure. TFLOP/s and tokens/s per GPU follow from
+  it as one over the step time (a step's work is fixed): every bound is above zero. With one
+  measured step there is no interval from the steps (two give a wide one). A trial without
+  per-step times keeps the interval it measured (``tflops_per_gpu_ci`` /
+  ``step_time_ci_s``) when its bounds are above zero.
+* **A configuration's estimate** is the mean of its trials' figures; its interval is on the
+  log scale too, ``mean * exp(-+h)``: ``h`` the larger of the within-run part
+  (``sqrt(sum h_i^2) / k``, ``h_i`` the trials' log half-widths) and the run-to-run part
+  (``t * rel_sd / sqrt(k)``), where ``rel_sd`` is the study's relative run-to-run standard
+  deviation pooled over every configuration measured more than once (unknown until one is).
+  A large spread widens the intervals (a tie may then be the honest answer), but no
+  throughput bound reaches zero.
 * **The best** is the configuration with the best pooled objective; every configuration whose
   interval overlaps the best's is **tied within noise** with it. The study loop re-measures
   tied configurations (``budget.remeasure`` trials, :func:`remeasure_plan`) before it names a
@@ -39,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dse.measure import spikes
 from dse.records import METRIC_DIRECTION, ConfigStats, Direction, Metric, TrialRecord, finite
 from dse.space import SearchSpace, params_key
 
@@ -52,6 +59,7 @@ __all__ = [
     "NoisyBest",
     "IntervalSource",
     "t_quantile",
+    "log_step_interval",
     "trial_figures",
     "rank_configurations",
     "noisy_best",
@@ -223,29 +231,61 @@ def _step_half_width(values: Sequence[float]) -> float | None:
     return t_quantile(0.975, n - 1) * sd / math.sqrt(n)
 
 
+def log_step_interval(times: Sequence[float]) -> tuple[float, float] | None:
+    """The 95 % interval of a trial's steady step time on the log scale, ``(lo, hi)`` of
+    ``log(step time)``, from its measured steps: the steps farther than
+    :data:`dse.measure.SPIKE_K` normalised MADs from their median are left out (the Hampel
+    identifier: one slow step among 3-4 is a spike, not the configuration), then Student's t
+    on the mean of the log times of the others. None with fewer than 2 usable steps, or when
+    they are all equal (a replayed row without step times: no interval known)."""
+    ys = [math.log(t) for t in times if t > 0 and math.isfinite(t)]
+    if len(ys) < 2:
+        return None
+    out = set(spikes(ys)) if len(ys) >= 3 else set()
+    kept = [y for i, y in enumerate(ys) if i not in out]
+    h = _step_half_width(kept)
+    if not h:
+        return None
+    m = math.fsum(kept) / len(kept)
+    return (m - h, m + h)
+
+
 def trial_figures(
     space: SearchSpace, trial: TrialRecord
 ) -> tuple[dict[str, Figure], IntervalSource]:
     """A complete trial's figures with their intervals (see the module docstring), and where
-    the intervals came from."""
+    the intervals came from.
+
+    The interval of the step time is :func:`log_step_interval` of the measured steps, widened
+    to contain the trial's reported step time; TFLOP/s and tokens/s follow from it (a step's
+    work is fixed, so they scale as one over the step time): every bound is above zero. A
+    trial without usable per-step times keeps the interval it measured (``step_time_ci_s``,
+    ``tflops_per_gpu_ci``) when its bounds are above zero."""
     m = trial.metrics
     out: dict[str, Figure] = {}
     source: IntervalSource = "none"
     measured = list(trial.steps)[_warmup(trial, space.semantics.warmup_steps) :]
-    for name in ("tflops_per_gpu", "step_time_s"):
-        v = finite(m.get(name))
-        if v is None:
-            continue
-        ci = _ci_of(m.get(_CI_KEYS[name]))
-        if ci is not None:
-            source = "measured"
-        else:
-            vals = [x for x in (finite(getattr(s, name)) for s in measured) if x is not None]
-            h = _step_half_width(vals)
-            if h:  # identical steps (a replayed row without step times): no interval known
-                ci = (v - h, v + h)
-                source = "measured" if source == "measured" else "steps"
-        out[name] = Figure(v, ci)
+    st_v, tf_v = finite(m.get("step_time_s")), finite(m.get("tflops_per_gpu"))
+    times = [x for x in (finite(s.step_time_s) for s in measured) if x is not None]
+    log_ci = log_step_interval(times)
+    if log_ci is not None and st_v is not None and st_v > 0:
+        c = math.log(st_v)
+        lo, hi = math.exp(min(log_ci[0], c)), math.exp(max(log_ci[1], c))
+        out["step_time_s"] = Figure(st_v, (lo, hi))
+        if tf_v is not None:
+            work = tf_v * st_v  # TFLOP per step and GPU
+            out["tflops_per_gpu"] = Figure(tf_v, (work / hi, work / lo))
+        source = "steps"
+    else:
+        for name, v in (("step_time_s", st_v), ("tflops_per_gpu", tf_v)):
+            if v is None:
+                continue
+            ci = _ci_of(m.get(_CI_KEYS[name]))
+            if ci is not None and ci[0] > 0:
+                source = "measured"
+                out[name] = Figure(v, (min(ci[0], v), max(ci[1], v)))
+            else:
+                out[name] = Figure(v)
     st = out.get("step_time_s")
     tokens = _tokens_per_gpu_step(space)
     if st is not None and st.value > 0:
@@ -344,22 +384,37 @@ def _rel_sd(groups: Iterable[_Group]) -> tuple[float, int] | None:
     return math.sqrt(ss / dof), dof
 
 
-def _pool(values: Sequence[float], halves: Sequence[float], rel: tuple[float, int] | None,
-          n: int | None = None, mean: float | None = None) -> Figure:  # fmt: skip
-    """A pooled figure: the mean (``mean`` of ``n`` when given, else of ``values``), and the
-    half-width max(within-run: sqrt(sum h^2)/k, run-to-run: t * rel_sd * mean / sqrt(n))."""
+def _pool(values: Sequence[float], cis: Sequence[tuple[float, float]],
+          rel: tuple[float, int] | None, n: int | None = None,
+          mean: float | None = None) -> Figure:  # fmt: skip
+    """A pooled figure: the mean (``mean`` of ``n`` when given, else of ``values``), and its
+    interval on the log scale: the half-width (of the log) is the larger of the within-run
+    part (``sqrt(sum h_i^2) / k``, ``h_i`` the trials' log half-widths) and the run-to-run
+    part (``t * rel_sd / sqrt(n)``); the bounds are ``mean * exp(-+h)``, above zero. A mean
+    at or below zero (not a throughput) pools its half-widths on the linear scale."""
     k = n if n is not None else len(values)
     m = mean if mean is not None else statistics.fmean(values)
-    within = math.sqrt(sum(h * h for h in halves)) / len(halves) if halves else None
     between = None
     if rel is not None:
         sd, dof = rel
-        between = t_quantile(0.975, dof) * sd * abs(m) / math.sqrt(k)
-    parts = [x for x in (within, between) if x is not None]
+        between = t_quantile(0.975, dof) * sd / math.sqrt(k)
+    if m <= 0 or any(lo <= 0 for lo, _ in cis):  # linear (relative run-to-run part)
+        halves = [(hi - lo) / 2 for lo, hi in cis]
+        parts = [math.sqrt(sum(h * h for h in halves)) / len(halves)] if halves else []
+        if between is not None:
+            parts.append(between * abs(m))
+        if not parts:
+            return Figure(m)
+        h = max(parts)
+        return Figure(m, (m - h, m + h))
+    logs = [(math.log(hi) - math.log(lo)) / 2 for lo, hi in cis]
+    parts = [math.sqrt(sum(h * h for h in logs)) / len(logs)] if logs else []
+    if between is not None:
+        parts.append(between)
     if not parts:
         return Figure(m)
     h = max(parts)
-    return Figure(m, (m - h, m + h))
+    return Figure(m, (m * math.exp(-h), m * math.exp(h)))
 
 
 def _estimate(
@@ -377,15 +432,15 @@ def _estimate(
             per.setdefault(name, []).append(f)
     figures: dict[str, Figure] = {}
     for name, fs in per.items():
-        halves = [(f.ci[1] - f.ci[0]) / 2 for f in fs if f.ci is not None]
+        cis = [f.ci for f in fs if f.ci is not None]
         figures[name] = (
             Figure(statistics.fmean(f.value for f in fs))
             if name == "peak_mem_gib"
-            else _pool([f.value for f in fs], halves, rel)
+            else _pool([f.value for f in fs], cis, rel)
         )
     # the objective over every trial of the configuration (read or aggregated)
-    obj_halves = [(f.ci[1] - f.ci[0]) / 2 for f in per.get(metric, []) if f.ci is not None]
-    objective = _pool([], obj_halves if g.read_all else [], rel, n=g.n, mean=g.mean)
+    obj_cis = [f.ci for f in per.get(metric, []) if f.ci is not None]
+    objective = _pool([], obj_cis if g.read_all else [], rel, n=g.n, mean=g.mean)
     figures[metric] = objective
     source: IntervalSource = (
         "measured" if "measured" in srcs else "steps" if "steps" in srcs and g.read_all

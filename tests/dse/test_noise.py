@@ -3,6 +3,7 @@ ties and the re-measure plan, on trial records."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import pytest
@@ -67,10 +68,14 @@ def test_a_trials_interval_comes_from_its_measured_steps() -> None:
     assert thi == pytest.approx(TOKENS / figs["step_time_s"].ci[0])  # type: ignore[index]
 
 
-def test_a_measured_interval_wins_and_a_detected_warmup_is_used() -> None:
-    t = trial(0, {}, 100.0, [1.0, 1.0, 1.0, 5.0], tflops_per_gpu_ci=[99.0, 101.0])
+def test_a_measured_interval_without_steps_and_a_detected_warmup_are_used() -> None:
+    # no per-step times (a recipe's log gave the summary only): the measured interval
+    t = trial(0, {}, 100.0, tflops_per_gpu_ci=[99.0, 101.0])
     figs, src = trial_figures(SPACE, t)
     assert src == "measured" and figs["tflops_per_gpu"].ci == (99.0, 101.0)
+    # ... unless it reaches zero (no throughput interval below zero)
+    zero = trial(0, {}, 100.0, tflops_per_gpu_ci=[-5.0, 205.0])
+    assert trial_figures(SPACE, zero)[0]["tflops_per_gpu"].ci is None
     # measurement.warmup_steps (adaptive measurement) replaces semantics.warmup_steps
     late = trial(1, {}, 100.0, [9.0, 9.0, 9.0, 1.0, 1.01], measurement={"warmup_steps": 3})
     lo, hi = trial_figures(SPACE, late)[0]["step_time_s"].ci  # type: ignore[misc]
@@ -78,6 +83,64 @@ def test_a_measured_interval_wins_and_a_detected_warmup_is_used() -> None:
     # identical steps (a replayed row without per-step times) give no interval
     flat = trial(2, {}, 100.0, [1.0] * 6)
     assert trial_figures(SPACE, flat)[0]["tflops_per_gpu"].ci is None
+
+
+def _h200(number: int, mbs: int, tflops: float, steps: list[float]) -> TrialRecord:
+    """A trial of the H200 headline study: 2 warm-up steps, then ``steps`` (seconds), the
+    reported figures the median of the measured steps (fixed mode)."""
+    st = statistics.median(steps)
+    work = tflops * st
+    s = tuple(StepMetrics(i, t, work / t, 50.0, 50.0, 10.7)
+              for i, t in enumerate([3.0, 0.9, *steps]))  # fmt: skip
+    p = {"micro_batch_size": mbs, "use_distributed_optimizer": False}
+    m = {"tflops_per_gpu": tflops, "step_time_s": st, "peak_mem_gib": 50.0}
+    return TrialRecord(number, 1, number, "complete", p, params_key(p), m, tflops, steps=s)
+
+
+def test_one_slow_step_is_no_tie_and_no_interval_is_below_zero() -> None:
+    """The H200 headline study: sdpa MBS 1 at 262 TFLOP/s with one slow step among its 4
+    measured ones was called tied with the 431 TFLOP/s best (its interval was [-23,748,
+    24,271] TFLOP/s). One slow step is a spike: the trial's interval stays near 262."""
+    best = _h200(0, 4, 431.7, [0.421, 0.445, 0.421, 0.445])
+    again = _h200(1, 4, 430.6, [0.422, 0.446, 0.421, 0.447])
+    slow = _h200(2, 1, 262.0, [0.69, 0.70, 7.9, 0.695])  # one step 11x the others
+    figs, src = trial_figures(SPACE, slow)
+    lo, hi = figs["tflops_per_gpu"].ci  # type: ignore[misc]
+    assert src == "steps" and 0 < lo < 262.0 < hi < 300.0
+    nb = noisy_best(SPACE, [best, again, slow], metric="tflops_per_gpu", direction="maximize")
+    assert nb is not None and nb.best.trials == (0, 1) and nb.tied == ()
+    for c in nb.ranking:
+        for f in c.figures.values():
+            assert f.ci is None or f.ci[0] > 0, (c.number, f)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_trials_of_one_to_three_measured_steps(n: int) -> None:
+    times = [1.0, 1.04, 0.97][:n]
+    t = trial(0, {}, 100.0, [2.0, 1.5, *times])  # 2 warm-up steps
+    figs, src = trial_figures(SPACE, t)
+    ci = figs["tflops_per_gpu"].ci
+    if n == 1:  # one step: no interval from it
+        assert ci is None and src == "none"
+    else:  # wide with few steps, but above zero and around the figure
+        assert ci is not None and 0 < ci[0] < 100.0 < ci[1]
+    # one slow step among three: left out, not widening the interval
+    spiky = trial(1, {}, 100.0, [2.0, 1.5, 1.0, 1.01, 9.0])
+    lo, hi = trial_figures(SPACE, spiky)[0]["step_time_s"].ci  # type: ignore[misc]
+    assert 0.9 < lo and hi < 1.1 * 1.01
+
+
+def test_large_run_to_run_spread_widens_but_never_crosses_zero() -> None:
+    """The CPU demo: re-measures 47 % below and 85 % above the first runs; the pooled
+    intervals are wide (a tie may be right) but every bound stays above zero."""
+    a = [trial(0, {"micro_batch_size": 1}, 0.008), trial(3, {"micro_batch_size": 1}, 0.0042)]
+    b = [trial(1, {"micro_batch_size": 2}, 0.006), trial(4, {"micro_batch_size": 2}, 0.0111)]
+    c = [trial(2, {"micro_batch_size": 4}, 0.002)]
+    ranking, rel = rank_configurations(SPACE, [*a, *b, *c], metric="tflops_per_gpu",
+                                       direction="maximize")  # fmt: skip
+    assert rel is not None and rel > 0.3
+    for r in ranking:
+        assert r.objective.ci is not None and r.objective.ci[0] > 0, r
 
 
 def test_configurations_equal_in_effect_count_as_one() -> None:

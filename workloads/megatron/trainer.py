@@ -368,8 +368,12 @@ def build(plan: TrialPlan, device: Any) -> _Built:
 
         seed_model_parallel(seed)
     else:
+        from dse.workloads.megatron._speed import cudagraphable_rng
+
         torch.manual_seed(seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(
+            seed, use_cudagraphable_rng=cudagraphable_rng(plan.fields["model"])
+        )
 
     kw = transformer_config_kwargs(plan)
     _known_fields(TransformerConfig, kw, "TransformerConfig")
@@ -439,6 +443,9 @@ def build(plan: TrialPlan, device: Any) -> _Built:
             opt_kw[name] = _torch_dtype(opt_kw[name])
     _known_fields(OptimizerConfig, opt_kw, "OptimizerConfig")
     optimizer = get_megatron_optimizer(OptimizerConfig(**opt_kw), chunks)
+    from dse.workloads.megatron._speed import DEFAULT_ADAM_IMPL, set_adam_impl
+
+    set_adam_impl(optimizer, DEFAULT_ADAM_IMPL)  # where Megatron fell back to torch's AdamW
 
     # Hooks of the schedule, as Megatron-LM's training loop sets them.
     config.finalize_model_grads_func = finalize_model_grads
@@ -669,12 +676,14 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
 
     _compat.apply()
     mamba_kernels = prepare_mamba_kernels(plan)
+    t_build = time.perf_counter()
     try:
         built = build(plan, device)
     except (AssertionError, ValueError, NotImplementedError) as e:
         if not _raised_in_megatron(e):
             raise  # dse's own build code failed: a bug (``error``), not an infeasible region
         raise _invalid_from(e) from e
+    build_s = time.perf_counter() - t_build
     steps, series = _train(plan, built, device, dist, writer if dist.rank == 0 else None)
 
     import megatron.core
@@ -705,6 +714,10 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         megatron_core=getattr(megatron.core, "__version__", "unknown"),
         torch=torch.__version__,
     )
+    summary.update(_phases(build_s, steps, measured.warmup_steps))
+    from dse.workloads.megatron._speed import adam_impl_of
+
+    summary["adam_impl"] = adam_impl_of(built.optimizer)
     if mamba_kernels is not None:
         summary["mamba_kernels"] = mamba_kernels
     if notes:
@@ -712,9 +725,24 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     return summary
 
 
+def _phases(build_s: float, steps: Sequence[StepMetrics], warmup: int) -> dict[str, float]:
+    """Where a trial's time on the device went, apart from its measured steps: the model
+    build (parallel state, model, DDP, optimizer), the first step (kernel compilation and
+    the allocator's first growth) and the warm-up steps (the first included)."""
+    times = [s.step_time_s for s in steps]
+    return {
+        "build_s": build_s,
+        "first_step_s": times[0] if times else 0.0,
+        "warmup_steps_s": math.fsum(times[:warmup]),
+        "measured_steps_s": math.fsum(times[warmup:]),
+    }
+
+
 def release_trial_state(device: str, keep_groups: Collection[Any] = ()) -> dict[str, float]:
     """Free what a trial left in this process, for the next trial of a warm worker:
-    Megatron's parallel state (its groups and global buffers), every process group but the
+    the caches of megatron-core that keep its modules alive (the rotary embeddings'
+    ``lru_cache``, local CUDA graphs: :func:`._speed.clear_trial_caches`), Megatron's
+    parallel state (its groups and global buffers), every process group but the
     default one and ``keep_groups``, unreachable objects (the model and optimizer of a
     finished trial), and the device caches. The default process group and compiled kernels
     stay. Returns the seconds each part took."""
@@ -724,8 +752,11 @@ def release_trial_state(device: str, keep_groups: Collection[Any] = ()) -> dict[
     import torch.distributed as tdist
     from megatron.core import parallel_state
 
+    from dse.workloads.megatron._speed import clear_trial_caches
+
     took: dict[str, float] = {}
     t = time.perf_counter()
+    took["caches_cleared"] = float(len(clear_trial_caches()))
     parallel_state.destroy_model_parallel()
     groups = 0
     if tdist.is_initialized():

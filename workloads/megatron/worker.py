@@ -26,7 +26,12 @@ Replies, one JSON object a line on ``--reply-fd``::
     {"event": "ready", "pid": 123, "baseline_mib": 0.0, "init_s": 9.1}
     {"event": "started", "seq": 7}
     {"event": "done", "seq": 7, "exit": 0, "memory_mib": 2.0, "baseline_mib": 0.0,
-     "trials": 3, "release_s": 0.2, "recycle": null}     # or "failed", "memory ...", ...
+     "trials": 3, "release_s": 0.2, "release": {...}, "recycle": null}
+                                                 # recycle: or "failed", "memory ...", ...
+
+``release`` holds the seconds of each part of the release, on CUDA the allocated MiB left
+(``allocated_mib``; ``memory_mib`` is the allocator's reserved MiB), and with
+``--count-tensors`` the tensors still reachable (``live_cuda_n``, ``live_cuda_mib``, ...).
 
 A job: ``{"seq": 7, "spec": "<trial dir>/trial.json", "log": "<trial dir>/log.txt",
 "cwd": "<trial dir>"}``.
@@ -250,6 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-trials", type=int, default=50)
     p.add_argument("--memory-slack-mib", type=float, default=512.0)
     p.add_argument(
+        "--count-tensors",
+        action="store_true",
+        default=os.environ.get("DSE_WORKER_COUNT_TENSORS") == "1",
+        help="after each release, count the tensors still reachable (release.live_*; a "
+        "diagnosis of leaks, about 0.1 s a trial; env DSE_WORKER_COUNT_TENSORS=1)",
+    )
+    p.add_argument(
         "--defer-device",
         action="store_true",
         help="a spare: import now, set up the device at the first job (no GPU memory before)",
@@ -298,6 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             took = trainer.release_trial_state(args.device, keep_groups=pool.end_trial())
             took["groups_reused"] = float(pool.reused)
             mem = memory_mib(args.device)
+            if args.count_tensors:
+                from dse.workloads.megatron._speed import live_tensors
+
+                took.update({f"live_{k}": v for k, v in live_tensors().items()})
+            if args.device == "cuda":
+                import torch
+
+                took["allocated_mib"] = float(torch.cuda.memory_allocated()) / _MIB
             if mem - baseline > args.memory_slack_mib:
                 recycle = (
                     f"memory {mem:.0f} MiB after the trial, baseline {baseline:.0f} MiB "
