@@ -450,6 +450,11 @@ class PointPublic(BaseModel):
     remeasure_of: int | None = Field(None, description="The trial it re-measures.")
 
 
+class BestSoFarPublic(BaseModel):
+    number: int = Field(description="Trial number.")
+    value: float | None = Field(description="The best pooled objective up to it (null: none).")
+
+
 class ParetoPublic(BaseModel):
     """The non-dominated complete trials (max TFLOP/s, min peak memory) and every point."""
 
@@ -461,6 +466,11 @@ class ParetoPublic(BaseModel):
     gpu_memory_gib: float | None = Field(description="Memory per GPU of the study hardware.")
     front: list[PointPublic] = Field(description="The front, by increasing TFLOP/s.")
     points: list[PointPublic] = Field(description="Every trial by number, then rejections.")
+    best_so_far: list[BestSoFarPublic] = Field(
+        [],
+        description="The noise-aware best after each trial (the best pooled objective of "
+        "the configurations measured so far; the last one is GET .../best's value).",
+    )
 
 
 class RejectionPublic(BaseModel):
@@ -571,6 +581,12 @@ class CompareBestPublic(BaseModel):
     tokens_per_s_per_gpu: float | None
     tflops_per_gpu_ci: list[float | None] | None
     step_time_ci_s: list[float | None] | None
+    pooled: bool = Field(
+        False, description="The figures are the configuration's pooled ones (noise-aware)."
+    )
+    trials: list[int] = Field([], description="The trials they pool (repeats, re-measures).")
+    tied: list[int] = Field([], description="First trials of the configurations tied with it.")
+    tie: str = Field("", description="'tied within noise: trial A and trial B', else empty.")
 
 
 class CompareStudyPublic(BaseModel):

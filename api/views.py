@@ -51,7 +51,7 @@ from dse.records import (
 from dse.run_settings import effective_space
 from dse.space import MODEL_FAMILY_FIELDS, Semantics, family_value
 from dse.storage import Storage
-from dse.studyplots import pareto_front
+from dse.studyplots import pareto_front, running_best
 
 __all__ = [
     "clean",
@@ -378,9 +378,16 @@ def pareto_public(storage: Storage, study: StudyRecord) -> dict[str, Any]:
     A :class:`ParetoPublic` as a plain dict: a 10,000-trial study makes 10,000 points, and
     building them as dicts (serialized once) is several times cheaper than as models.
     """
-    points, front = points_of(
-        storage.list_trial_points(study.id), storage.list_rejections(study.id)
-    )
+    trials = storage.list_trial_points(study.id)
+    points, front = points_of(trials, storage.list_rejections(study.id))
+    try:
+        space = effective_space(study.space_yaml, study.name, storage.get_study_attrs(study.id))
+        nb = study_best(storage, study, space)
+    except SpaceError:  # a stored space that no longer loads: no noise-aware line
+        run: list[dict[str, Any]] = []
+    else:
+        final = None if nb is None else finite(nb.best.objective.value)
+        run = running_best(space, trials, study.direction, final)
     return {
         "study": study.name,
         "x_metric": "tflops_per_gpu",
@@ -390,6 +397,7 @@ def pareto_public(storage: Storage, study: StudyRecord) -> dict[str, Any]:
         "gpu_memory_gib": finite(study.hardware.get("gpu_memory_gib")),
         "front": front,
         "points": points,
+        "best_so_far": run,
     }
 
 

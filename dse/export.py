@@ -25,6 +25,13 @@ __all__ = ["best_payload", "noise_payload", "render_best"]
 #: How a trial was measured, when it says (its intervals, the measurement, the numerics
 #: check): passed on with the best configuration's figures.
 MEASUREMENT_DETAILS = ("tflops_per_gpu_ci", "step_time_ci_s", "measurement", "numerics")
+#: The pooled figures of the best configuration that have an interval, and its key in
+#: ``metrics`` (a trial's own interval keys; tokens/s per GPU follows from the step time).
+_POOLED_CI = {
+    "tflops_per_gpu": "tflops_per_gpu_ci",
+    "step_time_s": "step_time_ci_s",
+    "tokens_per_s_per_gpu": "tokens_per_s_per_gpu_ci",
+}
 
 
 def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dict[str, Any]:
@@ -34,9 +41,11 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
     The best is noise-aware (:mod:`dse.noise`): the configuration with the best pooled
     objective over its trials, configurations flagged numerics ``changed`` by the loss-parity
     guard left out unless the space allows them. ``trial`` is the configuration's first trial
-    (its metrics, source and loss-parity verdict ``numerics``); ``objective.value`` is the
-    pooled estimate (the trial's value when the configuration ran once); ``noise`` holds each
-    figure with its 95 % interval, the pooled trials and the configurations tied with it.
+    (its source and loss-parity verdict ``numerics``); ``objective.value`` and the figures in
+    ``metrics`` (TFLOP/s, step time, tokens/s, peak memory, and their intervals
+    ``*_ci``) are the pooled ones (the trial's own when the configuration ran once); ``noise``
+    holds each figure with its 95 % interval, the pooled trials and the configurations tied
+    with it.
 
     Raises:
         NoCompleteTrialError: the study has no complete trial (eligible as best) yet.
@@ -49,6 +58,23 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
     t = nb.best.trial or storage.get_trial_by_number(study.id, nb.best.number, with_steps=False)
     full = space.full_params(t.params)
     m = t.metrics
+    metrics: dict[str, Any] = {
+        "tflops_per_gpu": m.get("tflops_per_gpu"),
+        "peak_mem_gib": m.get("peak_mem_gib"),
+        "peak_reserved_gib": m.get("peak_reserved_gib"),
+        "step_time_s": m.get("step_time_s"),
+        "loss": m.get("loss"),
+        **{k: m[k] for k in MEASUREMENT_DETAILS if k in m},
+    }
+    # the configuration's figures are its pooled ones (dse.noise), the same ones with the
+    # same intervals wherever the best is shown, not its first trial's own
+    for k, f in nb.best.figures.items():
+        if k in metrics or k in _POOLED_CI:
+            metrics[k] = f.value
+        if k in _POOLED_CI and f.ci is not None:
+            metrics[_POOLED_CI[k]] = list(f.ci)
+        elif k in _POOLED_CI:  # no interval known for the configuration
+            metrics.pop(_POOLED_CI[k], None)
     return {
         "study": study.name,
         "trial": t.number,
@@ -58,14 +84,7 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
             "value": nb.best.objective.value,
         },
         "params": full,
-        "metrics": {
-            "tflops_per_gpu": m.get("tflops_per_gpu"),
-            "peak_mem_gib": m.get("peak_mem_gib"),
-            "peak_reserved_gib": m.get("peak_reserved_gib"),
-            "step_time_s": m.get("step_time_s"),
-            "loss": m.get("loss"),
-            **{k: m[k] for k in MEASUREMENT_DETAILS if k in m},
-        },
+        "metrics": metrics,
         "source": t.source,
         "model": study.model,
         "hardware": study.hardware,

@@ -164,6 +164,12 @@ def study_gpu_usage(
     whole grid (see the module doc). Figures that cannot be known are None; GPU figures are
     None on CPU (the busy fraction is then of CPU ranks)."""
     cuda = device == "cuda"
+    # a trial of the sim workload is the cost model's estimate, run on the controller: it
+    # spends no GPU time (studies stored before this rule recorded its seconds as if)
+    estimates = sum(1 for t in trials if t.source == "estimate")
+    trials = [t for t in trials if t.source != "estimate"]
+    if estimates and not trials:
+        return _no_gpu_study(device, estimates, grid)
     spent_s = sum(_num(t.gpu_seconds) for t in trials)
     ran = [t.gpu_seconds for t in trials if t.gpu_seconds]
     startup_s = sum(_num(t.metrics.get("gpu_seconds_startup")) for t in trials)
@@ -218,6 +224,35 @@ def study_gpu_usage(
         "label": "measured: GPU-hours, startup/measure split, held time and busy fraction "
         "(device-seconds in training steps / device-seconds held); estimates: the grid's "
         "GPU-hours (valid configurations x the mean GPU-seconds of a trial) and the saving",
+    }
+
+
+def _no_gpu_study(device: str, estimates: int, grid: GridCount | None) -> dict[str, Any]:
+    """:func:`study_gpu_usage` of a study whose every trial is an estimate (``sim``)."""
+    zero = 0.0 if device == "cuda" else None
+    return {
+        "device": device,
+        "gpu_hours": 0.0,
+        "gpu_hours_startup": zero,
+        "gpu_hours_measure": zero,
+        "held_gpu_hours": zero,
+        "held_basis": None,
+        "busy_fraction": None,
+        "device_seconds_held": None,
+        "device_seconds_startup": None,
+        "device_seconds_measure": None,
+        "trials_run": 0,
+        "trials_timed": 0,
+        "mean_gpu_seconds_per_trial": None,
+        "grid_configurations": None if grid is None else grid.configurations,
+        "grid_complete": None if grid is None else grid.complete,
+        "grid_gpu_hours": None,
+        "saved_gpu_hours": None,
+        "saved_fraction": None,
+        "estimate_trials": estimates,
+        "label": f"no GPU time: the study's {estimates} trials are estimates of the cost model "
+        "(workload sim), run on the controller; a measured study's GPU-hours and the grid's "
+        "are not known from them",
     }
 
 

@@ -226,7 +226,9 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
         ("count-pruned", "pruned (stopped early, dominated)", str(c.get("pruned", 0))),
         ("count-rejected", "rejected before launch", str(sum(data["rejections"].values()))),
     ]
-    secs.append(("Trials", rows, "measured"))
+    source = data.get("source", "measured")
+    what = data.get("source_text", source)
+    secs.append(("Trials", rows, what))
     if b:
         m = b["metrics"]
         rows = [
@@ -249,23 +251,39 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
         if isinstance(numerics, dict) and numerics.get("status"):
             rows.append(("best-numerics", "numerics against the baseline",
                          str(numerics["status"])))  # fmt: skip
-        note = ("measured; intervals: 95% over the steady-state steps" if shown else
-                "measured (one run per configuration; no confidence interval: a repeated run "
-                "is needed for one)")  # fmt: skip
+        noise = b.get("noise") or {}
+        runs = noise.get("trials") or [b["trial"]]
+        if len(runs) > 1:
+            rows.insert(1, ("best-pooled", "runs pooled",
+                            f"{len(runs)}: trials {', '.join(map(str, runs))}"))  # fmt: skip
+        rows.insert(1, ("best-tie", "tied within noise",
+                        noise.get("message") or "no: the best is ahead of every other "
+                        "configuration's interval"))  # fmt: skip
+        if source == "estimate":
+            note = ("estimate (cost model, workload sim): nothing was measured; its interval "
+                    "is the synthetic series' own")  # fmt: skip
+        else:
+            note = (f"{what}; the configuration's figures pooled over its runs; intervals: 95%"
+                    if shown else f"{what} (no confidence interval: a repeated run is needed "
+                    "for one)")  # fmt: skip
         secs.append(("Best configuration", rows, note))
     g = data["gpu"]
-    rows = [
-        ("gpu-spent", "GPU-hours spent", figure(g["spent_gpu_hours"])),
-        ("gpu-grid", "configurations in the full grid", str(g["grid_configurations"])),
-        ("gpu-full", "GPU-hours of the full grid (estimate)", figure(g["full_grid_gpu_hours"])),
-        ("gpu-saved", "GPU-hours saved (estimate)", figure(g["saved_gpu_hours"])),
-    ]
-    if g.get("cost_per_gpu_hour") is not None:
-        rows += [
-            ("cost-spent", f"spent at ${figure(g['cost_per_gpu_hour'])}/GPU-hour",
-             _money(g.get("spent_cost"))),
-            ("cost-saved", "saved (estimate)", _money(g.get("saved_cost"))),
+    if g.get("estimate_trials"):  # a sim study: nothing ran on a GPU
+        rows = [("gpu-spent", "GPU-hours spent", "0 (cost-model estimates: no GPU used)")]
+    else:
+        rows = [
+            ("gpu-spent", "GPU-hours spent", figure(g["spent_gpu_hours"])),
+            ("gpu-grid", "configurations in the full grid", str(g["grid_configurations"])),
+            ("gpu-full", "GPU-hours of the full grid (estimate)",
+             figure(g["full_grid_gpu_hours"])),
+            ("gpu-saved", "GPU-hours saved (estimate)", figure(g["saved_gpu_hours"])),
         ]  # fmt: skip
+        if g.get("cost_per_gpu_hour") is not None:
+            rows += [
+                ("cost-spent", f"spent at ${figure(g['cost_per_gpu_hour'])}/GPU-hour",
+                 _money(g.get("spent_cost"))),
+                ("cost-saved", "saved (estimate)", _money(g.get("saved_cost"))),
+            ]  # fmt: skip
     secs.append(("GPU-hours", rows, g["label"]))
     p = data["projection"]
     rows = [("proj-tokens", "tokens", figure(p["tokens"]))]

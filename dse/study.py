@@ -649,11 +649,13 @@ class StudyRunner:
                 outcome.steps,
                 outcome.source,
             )
+        # an estimate (the sim workload) runs on the controller's CPU: no GPU time
+        device = "cpu" if outcome.source == "estimate" else s.resources.device
         if devices > 0:  # launched: its time on its devices (dse.gpu_usage)
             extra = trial_timing(
                 wall_s=wall_s,
                 devices=devices,
-                device=s.resources.device,
+                device=device,
                 steps=outcome.steps,
                 measured=outcome.source == "measured",
                 gpu_slots=gpu_slots or _slots_of(placement),
@@ -668,7 +670,7 @@ class StudyRunner:
                 outcome.steps,
                 outcome.source,
             )
-        gpu_s = wall_s * devices if s.resources.device == "cuda" else None
+        gpu_s = wall_s * devices if device == "cuda" else None
         rec = self.storage.finish_trial(
             trial_id, outcome, value=objective_value(s, outcome), gpu_seconds=gpu_s, host=placement
         )

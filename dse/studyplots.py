@@ -34,6 +34,8 @@ __all__ = [
     "comparable_studies",
     "compare_studies",
     "COMPARE_FIGURES",
+    "running_best",
+    "figure_source",
 ]
 
 #: The colour of each trial state (and of an interrupted attempt, and of idle time) on every
@@ -72,6 +74,81 @@ def pareto_front(xy: Sequence[tuple[float, float]]) -> list[int]:
             front.append(i)
     front.sort(key=lambda i: (xy[i][0], -xy[i][1]))
     return front
+
+
+#: What a study's figures are, by its workload: the cost model's estimate (``sim``), a
+#: replayed measurement (``replay``), else measured by its trials.
+_SOURCE_OF_WORKLOAD = {"sim": "estimate", "replay": "replay"}
+SOURCE_TEXT = {
+    "measured": "measured",
+    "replay": "replayed from a measured table",
+    "estimate": "estimate (cost model, not measured)",
+}
+
+
+def figure_source(workload: str | None, trial_sources: Iterable[str | None] = ()) -> str:
+    """``measured``, ``replay`` or ``estimate``: what the figures of a study of ``workload``
+    are (:data:`SOURCE_TEXT` says it in words); also when its trials all say the same
+    (``trial_sources``: a study stored before its workload choice was)."""
+    seen = {s for s in trial_sources if s}
+    if len(seen) == 1 and next(iter(seen)) in SOURCE_TEXT:
+        return next(iter(seen))
+    return _SOURCE_OF_WORKLOAD.get(workload or "", "measured")
+
+
+def _status(t: Any) -> str | None:
+    n = getattr(t, "numerics", None)  # a TrialPoint's status, or a trial's verdict
+    if isinstance(n, str):
+        return n
+    m = getattr(t, "metrics", None) or {}
+    v = m.get("numerics") if isinstance(m, Mapping) else None
+    return v.get("status") if isinstance(v, Mapping) else None
+
+
+def running_best(
+    space: Any, trials: Iterable[Any], direction: str, final: float | None = None
+) -> list[dict[str, Any]]:
+    """The noise-aware best so far, one ``{"number", "value"}`` per trial by number: after
+    each trial, the best pooled objective (the mean over its trials, :mod:`dse.noise`) of
+    the configurations measured so far, identical-in-effect configurations as one and
+    numerics-changed trials left out where the space leaves them out of the best. A lucky
+    single run lifts it only until its configuration's re-measure comes in. ``final``: the
+    study's noise-aware best objective, which the last value is (None: as computed)."""
+    from dse.noise import exclude_changed
+    from dse.records import finite
+    from dse.space import params_key
+
+    maximize = direction == "maximize"
+    skip_changed = exclude_changed(space)
+    acc: dict[str, tuple[float, int]] = {}
+    best_key: str | None = None
+    best: float | None = None
+    out: list[dict[str, Any]] = []
+
+    def better(a: float, b: float | None) -> bool:
+        return b is None or (a > b if maximize else a < b)
+
+    for t in sorted(trials, key=lambda t: t.number):
+        v = finite(t.value)
+        if (
+            t.state == "complete"
+            and v is not None
+            and not (skip_changed and _status(t) == "changed")
+        ):
+            key = params_key(space.canonical(t.params))
+            total, n = acc.get(key, (0.0, 0))
+            acc[key] = (total + v, n + 1)
+            mean = (total + v) / (n + 1)
+            if better(mean, best):
+                best, best_key = mean, key
+            elif key == best_key:  # the best configuration's mean fell: the best of all
+                means = {k: a / m for k, (a, m) in acc.items()}
+                best_key = (max if maximize else min)(means, key=means.__getitem__)
+                best = means[best_key]
+        out.append({"number": t.number, "value": best})
+    if final is not None and out and out[-1]["value"] is not None:
+        out[-1]["value"] = final
+    return out
 
 
 def slice_label(v: Any) -> str:
@@ -138,14 +215,14 @@ def study_plot_data(
                 exports[fmt] = None
                 exports[f"{fmt}_why"] = str(e)
 
-    history = []
-    run_best: float | None = None
-    for t in trials:
-        if t.state == "complete" and t.value is not None:
-            if run_best is None or (t.value > run_best if maximize else t.value < run_best):
-                run_best = t.value
-        history.append({"number": t.number, "state": t.state, "value": t.value,
-                        "best_so_far": run_best})  # fmt: skip
+    final = None if best is None else best["objective"]["value"]
+    run = running_best(space, trials, study.direction, final)
+    history = [
+        {"number": t.number, "state": t.state, "value": t.value,
+         "best_so_far": r["value"], "remeasure_of": t.remeasure_of}
+        for t, r in zip(sorted(trials, key=lambda t: t.number), run, strict=True)
+    ]  # fmt: skip
+    source = figure_source(space.workload.name, (t.source for t in trials))
 
     pts = [
         {"number": t.number, "tflops_per_gpu": t.metrics.get("tflops_per_gpu"),
@@ -185,7 +262,9 @@ def study_plot_data(
         "spent_gpu_hours": usage["gpu_hours"],
         "full_grid_gpu_hours": usage["grid_gpu_hours"],
         "cost_per_gpu_hour": cost_per_gpu_hour,
-        "label": "spent: GPU time recorded by the runner; full grid and saved: estimates "
+        "label": usage["label"]
+        if usage.get("estimate_trials")
+        else "spent: GPU time recorded by the runner; full grid and saved: estimates "
         "(mean GPU time of a trial that ran x valid configurations of the space)"
         + (
             "; a replay study's GPU time is the replay's own, not the measured runs'"
@@ -227,8 +306,13 @@ def study_plot_data(
         "baseline_trial": None if base_t is None else base_t.number,
         "speedup_over_baseline": (base_step / best_step) if base_step and best_step else None,
         "label": f"estimate: {tokens:.3g} tokens / ({sem.global_batch_size} x "
-        f"{sem.seq_length} tokens per step) x the measured step time on {world} GPUs; "
-        "excludes checkpointing, evaluation and restarts",
+        f"{sem.seq_length} tokens per step) x the "
+        + {
+            "measured": "measured step time",
+            "replay": "replayed measured step time",
+            "estimate": "cost model's estimated step time (sim: nothing measured)",
+        }[source]
+        + f" on {world} GPUs; excludes checkpointing, evaluation and restarts",
     }
     if proj["best"] and proj["baseline"]:
         proj["days_saved"] = proj["baseline"]["days"] - proj["best"]["days"]
@@ -249,6 +333,9 @@ def study_plot_data(
         "metric": study.metric,
         "direction": study.direction,
         "recipe": space.recipe,
+        "workload": space.workload.name,
+        "source": source,
+        "source_text": SOURCE_TEXT[source],
         "hardware": study.hardware,
         "counts": counts,
         "rejections": rejections,
@@ -619,9 +706,43 @@ def model_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return [f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
 
 
+def _noisy_best_row(storage: Any, st: Any) -> dict[str, Any] | None:
+    """A study's noise-aware best (:func:`dse.export.best_payload`: pooled figures with their
+    intervals, the tie) as a comparison row's ``best``; None while it has none. A stored
+    space that no longer loads: its best trial as stored, flagged ``pooled: False``."""
+    from dse.exceptions import NoCompleteTrialError, SpaceError
+    from dse.export import best_payload
+    from dse.records import finite
+
+    try:
+        p = best_payload(storage, st)
+    except NoCompleteTrialError:
+        return None
+    except SpaceError:
+        b = storage.best_trial(st.id, st.direction, exclude_changed=True)
+        if b is None:
+            return None
+        p = {"trial": b.number, "objective": {"value": b.value}, "params": b.params,
+             "source": b.source, "metrics": b.metrics, "noise": None}  # fmt: skip
+    m = p["metrics"]
+    noise = p.get("noise") or {}
+    best: dict[str, Any] = {
+        "trial": p["trial"], "value": finite(p["objective"]["value"]), "params": p["params"],
+        "source": p["source"], "numerics": (m.get("numerics") or {}).get("status"),
+        "pooled": bool(noise), "trials": noise.get("trials", [p["trial"]]),
+        "tied": [c["trial"] for c in noise.get("tied", [])], "tie": noise.get("message", ""),
+    }  # fmt: skip
+    for k in COMPARE_FIGURES:
+        best[k] = finite(m.get(k))
+    for ci in _CI_OF.values():
+        v = m.get(ci)
+        ok = isinstance(v, list) and len(v) == 2
+        best[ci] = [finite(v[0]), finite(v[1])] if ok else None
+    return best
+
+
 def _study_row(storage: Any, st: Any) -> dict[str, Any]:
     from dse.export import _stored_space
-    from dse.records import finite
 
     try:
         space = _stored_space(st.space_yaml, st.name)
@@ -634,18 +755,7 @@ def _study_row(storage: Any, st: Any) -> dict[str, Any]:
         recipe, workload, sem = None, None, {"seq_length": st.model.get("seq_length"),
                                              "global_batch_size": None}  # fmt: skip
     hw = st.hardware
-    b = storage.best_trial(st.id, st.direction)
-    best = None
-    if b is not None:
-        m = b.metrics
-        best = {"trial": b.number, "value": finite(b.value), "params": b.params,
-                "source": b.source, "numerics": _numerics(b).get("status")}  # fmt: skip
-        for k in COMPARE_FIGURES:
-            best[k] = finite(m.get(k))
-        for ci in _CI_OF.values():
-            v = m.get(ci)
-            ok = isinstance(v, list) and len(v) == 2
-            best[ci] = [finite(v[0]), finite(v[1])] if ok else None
+    best = _noisy_best_row(storage, st)
     return {
         "study": st.name,
         "state": st.state,
@@ -708,7 +818,8 @@ def compare_studies(
         "model": model,
         "figures": COMPARE_FIGURES,
         "studies": [_study_row(storage, st) for st in studies],
-        "label": "each study's best complete trial as measured on its own hardware (one run "
-        "per configuration unless an interval is shown); studies that optimise another "
+        "label": "each study's noise-aware best on its own hardware (its configuration's "
+        "figures pooled over its runs, with their 95% intervals where known; a tie within "
+        "noise is named); an estimate (sim) is marked so; studies that optimise another "
         "metric show their best for that metric",
     }

@@ -197,9 +197,13 @@ def test_compare_side_by_side(views: tuple[TestClient, ViewSeed]) -> None:
         assert r["best"]["peak_mem_gib"] == pytest.approx(40 + want["tflops"] / 10)
         assert r["seq_length"] == 64 and r["global_batch_size"] == 8
     h200, h100, bridge = data["studies"]
-    assert h200["best"]["tflops_per_gpu_ci"] == [340.0, 358.0]
-    assert h200["best"]["step_time_ci_s"] == [0.2793, 0.2941]
-    assert h100["best"]["tflops_per_gpu_ci"] is None
+    # each best is the study's noise-aware one: GET .../best's figures and intervals
+    for r in (h200, h100, bridge):
+        figs = _get(c, f"/studies/{r['study']}/best")["noise"]["figures"]
+        assert r["best"]["tflops_per_gpu_ci"] == figs["tflops_per_gpu"]["ci"]
+        assert r["best"]["step_time_ci_s"] == figs["step_time_s"]["ci"]
+    lo, hi = h200["best"]["tflops_per_gpu_ci"]  # the trial measured [340, 358]
+    assert 335 < lo < 350 < hi < 365 and h200["best"]["pooled"]
     assert bridge["recipe"] == "bridge:gpt_small_pretrain" and h100["recipe"] is None
     assert h200["counts"]["pruned"] == 1
     assert h200["gpu_hours"] == pytest.approx((200 + 240 + 180 + 30 + 60) / 3600)
@@ -239,7 +243,10 @@ def test_measurement_fields_on_pages_and_the_best(views: tuple[TestClient, ViewS
     assert study["counts"]["pruned"] == 1 and study["counts"]["total"] == 7
     best = _get(c, "/studies/gpt-h200/best")
     m = best["metrics"]
-    assert m["tflops_per_gpu_ci"] == [340.0, 358.0] and m["step_time_ci_s"] == [0.2793, 0.2941]
+    figs = best["noise"]["figures"]  # the configuration's noise-aware intervals
+    assert m["tflops_per_gpu_ci"] == figs["tflops_per_gpu"]["ci"]
+    assert m["step_time_ci_s"] == figs["step_time_s"]["ci"]
+    assert m["tflops_per_gpu_ci"][0] < 350.0 < m["tflops_per_gpu_ci"][1]
     assert m["numerics"]["status"] == "ok" and m["measurement"]["stop_reason"] == "converged"
     # a best without them has none of the keys (as before)
     assert "tflops_per_gpu_ci" not in _get(c, "/studies/gpt-h100/best")["metrics"]

@@ -165,9 +165,17 @@ def test_report_of_a_model_studied_on_other_hardware(tmp_path: Path) -> None:
     assert rows == ["gpt-h200", "gpt-h100", "gpt-bridge-h200"]  # not the other model's
     for name in rows:
         assert f"<tr data-study='{name}'>" in page
-    assert "<td>350.0 (340.0–358.0)</td>" in page and "<td>NVIDIA H100 x2</td>" in page
-    assert "<td id='best-tflops-ci'>340.0–358.0</td>" in page
-    assert "<td id='best-step-ci'>0.2793–0.2941</td>" in page
+    # the best's figures and intervals are its configuration's noise-aware ones (dse.noise),
+    # the same in the best section and the comparison
+    from dse.figures import figure
+
+    figs = data["best"]["noise"]["figures"]
+    lo, hi = (figure(x) for x in figs["tflops_per_gpu"]["ci"])
+    assert figure(figs["tflops_per_gpu"]["value"]) == "350.0" and 335 < float(lo) < 350 < float(hi)
+    assert f"<td>350.0 ({lo}–{hi})</td>" in page and "<td>NVIDIA H100 x2</td>" in page
+    assert f"<td id='best-tflops-ci'>{lo}–{hi}</td>" in page
+    slo, shi = (figure(x) for x in figs["step_time_s"]["ci"])
+    assert f"<td id='best-step-ci'>{slo}–{shi}</td>" in page
     assert "<td id='best-numerics'>ok</td>" in page
     # four GPUs, six trials that ran (the pruned one included); a numerics baseline
     assert "<p class='note' id='timeline-note'>4 slots, 6 trials, 6 runs" in page
