@@ -8,14 +8,24 @@ Every combination of the ``--grid`` values (on top of the space's baseline) that
 the replay format (see the shared data README): ``ok`` with the summary's figures, ``oom``
 with the peak reached, ``invalid`` or ``error`` with the reason. Rows are appended as they
 finish, so a run cut short keeps what it measured.
+
+``--warm`` (one-rank trials) runs the configurations one after another in a warm trial
+worker (:mod:`dse.workloads.megatron.worker`, as the local runner's ``warm_workers`` do):
+imports, the device and compiled kernels (Triton's, for Mamba layers) are set up once; the
+worker is replaced after a failed trial (an OOM) or a memory-baseline breach. Each row says
+how it ran (``metrics.process``: ``warm`` or ``torchrun``) and its first-step and build
+seconds where the trial reports them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +41,61 @@ _MODEL_KEYS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
     "vocab_size", "gated_linear_unit", "activation", "normalization",
 )  # fmt: skip
+
+
+class _WarmWorker:
+    """One warm trial worker process (``python -m dse.workloads.megatron.worker``)."""
+
+    def __init__(self, device: str, timeout_s: float) -> None:
+        r, w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dse.workloads.megatron.worker", "--device", device,
+             "--reply-fd", str(w), "--parent", str(os.getpid())],
+            stdin=subprocess.PIPE, pass_fds=(w,), text=True, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        os.close(w)
+        self.replies = os.fdopen(r)
+        self.seq = 0
+        ready = self._reply(timeout_s)
+        if ready is None or ready.get("event") != "ready":
+            self.close()
+            raise RuntimeError(f"the warm worker did not start: {ready}")
+        self.init_s = float(ready.get("init_s", 0.0))
+
+    def _reply(self, timeout_s: float) -> dict[str, Any] | None:
+        ready, _, _ = select.select([self.replies], [], [], timeout_s)
+        if not ready:
+            return None
+        line = self.replies.readline()
+        return json.loads(line) if line.strip() else None
+
+    def run(self, tdir: Path, timeout_s: float) -> tuple[bool, str | None]:
+        """Run the trial of ``tdir``; (finished, recycle reason or None)."""
+        self.seq += 1
+        job = {"seq": self.seq, "spec": str(tdir / "trial.json"), "log": str(tdir / "log.txt"),
+               "cwd": str(tdir)}  # fmt: skip
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = self._reply(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                return False, "timeout or worker exit"
+            if msg.get("event") == "done" and msg.get("seq") == self.seq:
+                return True, msg.get("recycle")
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.replies.close()
 
 
 def _value(text: str) -> Any:
@@ -57,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--stop-at", type=float, default=None, help="start no configuration after this epoch time"
     )
+    ap.add_argument(
+        "--warm", action="store_true", help="one-rank trials in a warm worker (see above)"
+    )
     args = ap.parse_args(argv)
 
     space = load_space(args.space)
@@ -76,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = configs[args.skip : None if args.limit is None else args.skip + args.limit]
     world = space.resources.world_size
     model_row = {k: getattr(space.model, k) for k in _MODEL_KEYS}
+    # every ModelSpec field that is set (hybrid pattern, MoE and Mamba sizes, ...), so that
+    # the cost model rebuilds the same model from the row
+    model_row.update(space.model.model_dump(exclude_none=True))
     model_row.update(
         seq_length=sem.seq_length, global_batch_size=sem.global_batch_size, precision=sem.precision
     )
@@ -83,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     tmp = Path(tempfile.mkdtemp(prefix="dse_measure_"))
     print(f"{len(configs)} configurations, world size {world}", flush=True)
+    if args.warm and world != 1:
+        ap.error(f"--warm runs one-rank trials (world size {world})")
+    worker: _WarmWorker | None = None
     for i, params in enumerate(configs):
         if args.stop_at is not None and time.time() > args.stop_at:
             print(f"stopped at the deadline: {len(configs) - i} configurations not run")
@@ -108,14 +182,22 @@ def main(argv: list[str] | None = None) -> int:
             "--spec", str(tdir / "trial.json"),
         ]  # fmt: skip
         t0 = time.monotonic()
-        try:
-            with open(tdir / "log.txt", "w") as log:
-                subprocess.run(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False,
-                )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            pass
+        if args.warm:
+            if worker is None:
+                worker = _WarmWorker(args.device, args.timeout_s)
+            finished, recycle = worker.run(tdir, args.timeout_s)
+            if not finished or recycle is not None:
+                worker.close()
+                worker = None
+        else:
+            try:
+                with open(tdir / "log.txt", "w") as log:
+                    subprocess.run(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s,
+                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False,
+                    )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                pass
         oc = read_metrics(tdir / "metrics.jsonl")
         if oc is None:
             oc = Outcome.failure("error", f"no final metrics line (timeout {args.timeout_s} s)")
@@ -128,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
                 for k in ("tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib")
             }
             metrics["loss"] = [s.loss for s in oc.steps]
-            # the measurement and its intervals (dse.measure), which the replay passes on
-            for k in ("measurement", "step_time_ci_s", "tflops_per_gpu_ci"):
+            # the measurement and its intervals (dse.measure), which the replay passes on;
+            # where the time went apart from the measured steps; the Mamba kernels used
+            for k in ("measurement", "step_time_ci_s", "tflops_per_gpu_ci", "first_step_s",
+                      "build_s", "mamba_kernels", "model_flops_per_step"):  # fmt: skip
                 if k in m:
                     metrics[k] = m[k]
         else:
@@ -137,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             status = fc if fc in ("oom", "invalid") else "error"
             metrics = {k: v for k, v in oc.metrics.items() if k.startswith("peak_")}
             metrics["error"] = (oc.reason or "")[:300]
+        metrics["process"] = "warm" if args.warm else "torchrun"
         row = {
             "params": {k: params[k] for k in sorted(params)},
             "status": status,
@@ -152,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{metrics.get('peak_mem_gib')} {json.dumps(params, sort_keys=True)}",
             flush=True,
         )
+    if worker is not None:
+        worker.close()
     return 0
 
 
