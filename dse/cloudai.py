@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from dse.exceptions import SpaceError
-from dse.knobs import check_env_var, get_knob
+from dse.knobs import KNOBS, check_env_var, get_knob
 
 __all__ = [
     "CloudAIImport",
@@ -59,39 +59,18 @@ __all__ = [
 # --- the mapping tables (CloudAI field -> dse) -------------------------------------------
 
 #: NeMoRun ``cmd_args`` paths that set one dse knob, value for value (CloudAI's
-#: ``NeMoRunCmdArgs``: trainer.strategy, trainer.plugins, data, optim.config).
+#: ``NeMoRunCmdArgs``: trainer.strategy, trainer.plugins, data, optim.config): the knob
+#: catalog's ``Knob.cloudai["NeMoRun"]``.
 NEMO_RUN_KNOBS: dict[str, str] = {
-    "trainer.strategy.tensor_model_parallel_size": "tensor_model_parallel_size",
-    "trainer.strategy.pipeline_model_parallel_size": "pipeline_model_parallel_size",
-    "trainer.strategy.virtual_pipeline_model_parallel_size": (
-        "virtual_pipeline_model_parallel_size"
-    ),
-    "trainer.strategy.context_parallel_size": "context_parallel_size",
-    "trainer.strategy.expert_model_parallel_size": "expert_model_parallel_size",
-    "trainer.strategy.expert_tensor_parallel_size": "expert_tensor_parallel_size",
-    "trainer.strategy.sequence_parallel": "sequence_parallel",
-    "data.micro_batch_size": "micro_batch_size",
-    "trainer.plugins.grad_reduce_in_fp32": "grad_reduce_in_fp32",
-    "trainer.plugins.fp8": "fp8",
-    "trainer.plugins.fp8_recipe": "fp8_recipe",
-    "trainer.plugins.fp8_params": "fp8_param",
-    "optim.config.use_precision_aware_optimizer": "use_precision_aware_optimizer",
-    "optim.config.use_distributed_optimizer": "use_distributed_optimizer",
+    k.cloudai["NeMoRun"]: name for name, k in KNOBS.items() if "NeMoRun" in k.cloudai
 }
 
 #: MegatronBridge ``cmd_args`` (CloudAI's ``MegatronBridgeCmdArgs``) that set one dse knob,
-#: value for value (Megatron-Bridge's perf launcher flags -tp ... --moe_a2a_overlap).
+#: value for value (Megatron-Bridge's perf launcher flags -tp ... --moe_a2a_overlap, which
+#: Bridge's _set_moe_a2a_overlap_overrides turns into
+#: comm_overlap.overlap_moe_expert_parallel_comm): ``Knob.cloudai["MegatronBridge"]``.
 BRIDGE_KNOBS: dict[str, str] = {
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "vp": "virtual_pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "et": "expert_tensor_parallel_size",
-    "mb": "micro_batch_size",
-    # Bridge's _set_moe_a2a_overlap_overrides: comm_overlap.overlap_moe_expert_parallel_comm
-    "moe_a2a_overlap": "overlap_moe_expert_parallel_comm",
-    "cuda_graph_impl": "cuda_graph_impl",
+    k.cloudai["MegatronBridge"]: name for name, k in KNOBS.items() if "MegatronBridge" in k.cloudai
 }
 
 #: MegatronBridge fields renamed by CloudAI (December 2025), still read on import: old ->
@@ -445,7 +424,8 @@ class _Builder:
         """Knob ``knob`` from CloudAI field ``ck`` (``raw`` as written) with dse values
         ``vals``: values the knob cannot take are listed and dropped."""
         kb = get_knob(knob)
-        good, bad = [], []
+        good: list[Any] = []
+        bad: list[Any] = []
         for x in vals:
             (bad if x is not None and kb.check_value(x) else good).append(x)
         for x in bad:
@@ -905,9 +885,9 @@ def import_scenario(
             if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
                 node_steps.append("vboost")
             continue
-        why = check_env_var(var)
-        if why:
-            unmapped.append(Unmapped(f"extra_env_vars.{var}", v, why))
+        env_why = check_env_var(var)
+        if env_why:
+            unmapped.append(Unmapped(f"extra_env_vars.{var}", v, env_why))
         elif isinstance(v, list) and len(v) > 1:
             env_knobs[var] = {"values": v, "baseline": v[0]}
         else:
@@ -1174,6 +1154,7 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
         "name": name,
         "description": f"best configuration of dse study {space.study}",
         "test_template_name": _TEMPLATES[wl.name],
+        "cmd_args": cmd,
     }
     if wl.name == "nemo":
         cmd["docker_image_url"] = wl.launcher.container_image or ""
@@ -1286,7 +1267,11 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
             "git_repos: CloudAI's MegatronBridge needs the Megatron-Bridge repository; pin the "
             "commit the study ran"
         )
-    test["cmd_args"] = cmd
+        out.notes.append(
+            f"CloudAI runs Megatron-Bridge's performance launcher, which picks the recipe from "
+            f"model_recipe_name {parts_['model_recipe_name']!r}, task {parts_['task']!r}, "
+            f"num_gpus, gpu_type and compute_dtype; the study ran {recipe!r}"
+        )
     env = trial_env(full, space.env.fixed)
     if "vboost" in space.env.node_steps:
         if wl.name == "bridge":
