@@ -678,6 +678,12 @@ def import_scenario(
     base_sem = dict((base or {}).get("semantics") or {})
     if workload == "nemo":
         launcher["recipe"] = key
+        if key != recipe:
+            notes.append(
+                f"CloudAI's factory {recipe!r} (cloudai_nemorun.py) runs as NeMo's own recipe "
+                f"{key!r}: the settings CloudAI's factory adds (callbacks, TP-overlap "
+                "configurations) are not part of the trial"
+            )
     else:
         blaunch = ((base or {}).get("workload") or {}).get("launcher") or {}
         launcher["recipe"] = blaunch.get("recipe") or f"{key}_{task}_config"
@@ -831,6 +837,16 @@ def import_scenario(
             if any(bool(x) for x in _as_list(v)):
                 node_steps.append("vboost")
             continue
+        if workload == "bridge" and k == "use_tokendrop":
+            unmapped.append(
+                Unmapped(
+                    ck,
+                    v,
+                    "MoE token dropping changes which experts tokens reach (a routing "
+                    "semantic, semantics.moe_routing); set it there for the study",
+                )
+            )
+            continue
         if workload == "bridge" and k in ("account", "partition"):
             slurm_old[k] = v
             continue
@@ -886,6 +902,13 @@ def import_scenario(
                 node_steps.append("vboost")
             continue
         env_why = check_env_var(var)
+        if var.startswith("CLOUDAI_") and var != "CLOUDAI_GPU_TYPE" and not env_why:
+            env_why = (
+                "read by CloudAI's own recipe factories (cloudai_nemorun.py), which dse does "
+                "not run"
+            )
+        if var == "CLOUDAI_GPU_TYPE":
+            continue  # resources.gpu
         if env_why:
             unmapped.append(Unmapped(f"extra_env_vars.{var}", v, env_why))
         elif isinstance(v, list) and len(v) > 1:

@@ -587,3 +587,26 @@ def test_export_names_full_recipe_task_and_labels_an_estimate(tmp_path: Path) ->
     assert "estimate" in est and "measured" in figure_label(
         {"objective": {"value": 1.0}, "source": "measured"}
     )
+
+
+def test_cloudai_gpu_type_env_gives_the_memory_prescreen(tmp_path: Path) -> None:
+    """NeMoRun names its GPU in CLOUDAI_GPU_TYPE: the space gets the GPU and its memory, so
+    the pre-screen is not blind; the CLOUDAI_* switches of CloudAI's own recipe factories
+    are named (dse runs NeMo's recipe, not cloudai_nemorun.py's)."""
+    src = (CUR / "test_scenario" / "dse_nemo_run_llama3_8b.toml").read_text()
+    p = tmp_path / "s.toml"
+    p.write_text(
+        src.replace(
+            '  ENABLE_NUMA_CONTROL = "1"',
+            '  ENABLE_NUMA_CONTROL = "1"\n  CLOUDAI_GPU_TYPE = "h100"\n'
+            '  CLOUDAI_ENABLE_CUDA_GRAPHS = "1"',
+        )
+    )
+    got = import_scenario(p)
+    space = parse_space(got.space, "t")
+    assert space.resources.gpu == "NVIDIA H100 80GB HBM3"
+    assert space.resources.gpu_memory_gib and space.prescreen.enabled
+    keys = {u.key for u in got.unmapped}
+    assert "extra_env_vars.CLOUDAI_ENABLE_CUDA_GRAPHS" in keys
+    assert "CLOUDAI_GPU_TYPE" not in space.env.fixed
+    assert any("cloudai_llama3_8b_recipe" in n for n in got.notes)
