@@ -47,10 +47,11 @@ from typing import Any, Literal
 
 from dse.agents._base import MemoryHint
 from dse.agents._common import Observation
+from dse.knobs import KNOBS, Knob
 from dse.records import OOM_CLASSES, SPEED_METRICS, finite
 from dse.space import SearchSpace, params_key
 
-__all__ = ["KnobPrior", "PRIORS", "PriorGuide"]
+__all__ = ["KnobPrior", "PRIORS", "PriorGuide", "prior_of"]
 
 
 #: Probability that an unbounded memory increase (one knob) still fits.
@@ -114,45 +115,37 @@ class KnobPrior:
     scale: Literal["up", "down"] | None = None
 
 
-_FUSION = KnobPrior(_true, 0.02)
-_OVERLAP = KnobPrior(_true, 0.03)
+_ORDERS: dict[str, Callable[[Any, Sequence[Any]], float]] = {
+    "true": _true,
+    "false": _false,
+    "larger": _larger,
+    "smaller": _smaller,
+}
 
-#: Knob name -> prior; knobs not named here are neutral (no preference, no memory order).
+
+def _memory_key(memory: Any) -> Callable[[Any], float] | None:
+    if memory is None:
+        return None
+    if memory == "larger":
+        return _num
+    if memory == "smaller":
+        return lambda v: -_num(v)
+    return lambda v: float(memory.get(v, 0.0))
+
+
+def prior_of(knob: Knob) -> KnobPrior | None:
+    """The prior of a catalog knob, from its :attr:`~dse.knobs.Knob.prefer` (None: neutral)."""
+    p = knob.prefer
+    if p is None:
+        return None
+    pref = _ORDERS[p.order] if isinstance(p.order, str) else _table(dict(p.order))
+    return KnobPrior(pref, p.weight, mem=_memory_key(p.memory), scale=p.scale)
+
+
+#: Knob name -> prior, read from the knob catalog (:attr:`dse.knobs.Knob.prefer`); knobs
+#: without a preference are neutral (no preference, no memory order).
 PRIORS: dict[str, KnobPrior] = {
-    "micro_batch_size": KnobPrior(_larger, 0.05, mem=_num, scale="up"),
-    "tensor_model_parallel_size": KnobPrior(_smaller, 0.3, mem=lambda v: -_num(v), scale="down"),
-    "pipeline_model_parallel_size": KnobPrior(_smaller, 0.2, mem=lambda v: -_num(v), scale="down"),
-    "context_parallel_size": KnobPrior(_smaller, 0.2, mem=lambda v: -_num(v), scale="down"),
-    "expert_model_parallel_size": KnobPrior(_table({}), 0.0, mem=lambda v: -_num(v), scale="down"),
-    "sequence_parallel": KnobPrior(_true, 0.03, mem=lambda v: 0.0 if v else 1.0),
-    "recompute": KnobPrior(
-        _table({"none": 1.0, "selective": 0.75, "full": 0.0}),
-        0.3,
-        mem=lambda v: {"none": 2.0, "selective": 1.0, "full": 0.0}.get(v, 1.0),
-    ),
-    "attention_backend": KnobPrior(
-        _table({"unfused": 0.0, "sdpa": 0.8, "te": 1.0, "flash": 1.0, "fused": 1.0}),
-        0.8,
-        mem=lambda v: 1.0 if v == "unfused" else 0.0,
-    ),
-    "bias_activation_fusion": _FUSION,
-    "bias_dropout_fusion": _FUSION,
-    "masked_softmax_fusion": _FUSION,
-    "apply_rope_fusion": _FUSION,
-    "cross_entropy_loss_fusion": _FUSION,
-    "gradient_accumulation_fusion": _FUSION,
-    "moe_grouped_gemm": KnobPrior(_true, 0.05),
-    "moe_permute_fusion": _FUSION,
-    "moe_router_fusion": _FUSION,
-    "moe_shared_expert_overlap": _OVERLAP,
-    "moe_token_dispatcher_type": KnobPrior(
-        _table({"allgather": 0.0, "alltoall": 1.0, "flex": 1.0}), 0.05
-    ),
-    "use_distributed_optimizer": KnobPrior(_true, 0.01, mem=lambda v: 0.0 if v else 1.0),
-    "overlap_grad_reduce": _OVERLAP,
-    "overlap_param_gather": _OVERLAP,
-    "tp_comm_overlap": _OVERLAP,
-    "grad_reduce_in_fp32": KnobPrior(_false, 0.02, mem=lambda v: 1.0 if v else 0.0),
+    name: prior for name, knob in KNOBS.items() if (prior := prior_of(knob)) is not None
 }
 
 

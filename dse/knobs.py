@@ -21,6 +21,8 @@ from dse.exceptions import UnknownKnobError
 __all__ = [
     "KNOBS",
     "Knob",
+    "Preference",
+    "CLOUDAI_TEMPLATES",
     "FieldAssignment",
     "Section",
     "get_knob",
@@ -61,17 +63,52 @@ class FieldAssignment:
 
 
 @dataclass(frozen=True)
+class Preference:
+    """What the knob-semantics prior (:mod:`dse.agents._prior`) assumes of a knob before
+    anything is measured: which values tend to train faster and how memory moves with the
+    value (reference knob catalog; Megatron-Core's performance guide).
+
+    Attributes:
+        order: the faster values: ``true`` / ``false`` (a switch on / off), ``larger`` /
+            ``smaller`` (by log2 of the value), or a table value -> preference in [0, 1]
+            (values not in it: 0.5).
+        weight: rough effect of the knob on log throughput (its preference is scaled by it).
+        memory: how peak memory per GPU orders with the value: ``larger`` (grows with it),
+            ``smaller`` (shrinks as it grows), a table value -> rank (larger = more memory),
+            or None (no first-order effect).
+        scale: ``up``: peak memory grows at most in proportion to the value; ``down``: at
+            most in proportion to 1/value; None: no bound.
+    """
+
+    order: Literal["true", "false", "larger", "smaller"] | Mapping[Any, float]
+    weight: float
+    memory: Literal["larger", "smaller"] | Mapping[Any, float] | None = None
+    scale: Literal["up", "down"] | None = None
+
+
+#: CloudAI's test templates whose ``cmd_args`` name knobs (:attr:`Knob.cloudai`).
+CLOUDAI_TEMPLATES = ("NeMoRun", "MegatronBridge")
+
+
+@dataclass(frozen=True)
 class Knob:
-    """A catalog entry.
+    """A catalog entry: every fact dse holds about one knob.
 
     Attributes:
         name: the knob's name in space files (the Megatron field name where it maps 1:1).
         kind: ``int``, ``bool`` or ``choice``.
         choices: the values the real stack accepts, for ``choice`` knobs.
         default: Megatron-Core's default (used for the baseline when a space does not say).
-        fields: value -> field assignments.
+        fields: value -> field assignments (the launchers and exporters of each recipe
+            target turn them into that target's flags or overrides).
         requires: value -> features that value needs (e.g. ``transformer_engine``).
         description: what the knob does.
+        moe_only: acts only on a MoE model (a dense model's space may not switch it on:
+            rule ``moe_only`` of :mod:`dse.rules`).
+        prefer: what the knob-semantics prior assumes of it (None: neutral).
+        cloudai: CloudAI ``cmd_args`` name of the knob per test template
+            (:data:`CLOUDAI_TEMPLATES`): what ``dse cloudai import`` reads and export writes.
+        abbrev: its short name in progress lines (``trial 3 started: tp=2 mbs=4``).
     """
 
     name: str
@@ -82,6 +119,10 @@ class Knob:
     choices: tuple[Any, ...] = ()
     requires: Callable[[Any], tuple[str, ...]] = field(default=lambda v: ())
     min_value: int = 1
+    moe_only: bool = False
+    prefer: Preference | None = None
+    cloudai: Mapping[str, str] = field(default_factory=dict)
+    abbrev: str | None = None
 
     def check_value(self, value: Any) -> str | None:
         """Return why ``value`` is not a value of this knob, or None when it is."""
@@ -161,6 +202,12 @@ def _knobs() -> dict[str, Knob]:
             1,
             "Tensor parallel size (TP).",
             _one("model", "tensor_model_parallel_size"),
+            prefer=Preference("smaller", 0.3, memory="smaller", scale="down"),
+            cloudai={
+                "NeMoRun": "trainer.strategy.tensor_model_parallel_size",
+                "MegatronBridge": "tp",
+            },
+            abbrev="tp",
         ),
         Knob(
             "pipeline_model_parallel_size",
@@ -168,6 +215,12 @@ def _knobs() -> dict[str, Knob]:
             1,
             "Pipeline parallel size (PP).",
             _one("model", "pipeline_model_parallel_size"),
+            prefer=Preference("smaller", 0.2, memory="smaller", scale="down"),
+            cloudai={
+                "NeMoRun": "trainer.strategy.pipeline_model_parallel_size",
+                "MegatronBridge": "pp",
+            },
+            abbrev="pp",
         ),
         Knob(
             "virtual_pipeline_model_parallel_size",
@@ -175,6 +228,10 @@ def _knobs() -> dict[str, Knob]:
             None,
             "Virtual pipeline stages per PP rank (VPP, interleaved 1F1B); needs PP>1.",
             _one("model", "virtual_pipeline_model_parallel_size"),
+            cloudai={
+                "NeMoRun": "trainer.strategy.virtual_pipeline_model_parallel_size",
+                "MegatronBridge": "vp",
+            },
         ),
         Knob(
             "context_parallel_size",
@@ -182,6 +239,9 @@ def _knobs() -> dict[str, Knob]:
             1,
             "Context parallel size (CP).",
             _one("model", "context_parallel_size"),
+            prefer=Preference("smaller", 0.2, memory="smaller", scale="down"),
+            cloudai={"NeMoRun": "trainer.strategy.context_parallel_size", "MegatronBridge": "cp"},
+            abbrev="cp",
         ),
         Knob(
             "expert_model_parallel_size",
@@ -189,6 +249,12 @@ def _knobs() -> dict[str, Knob]:
             1,
             "Expert parallel size (EP), MoE only.",
             _one("model", "expert_model_parallel_size"),
+            moe_only=True,
+            prefer=Preference({}, 0.0, memory="smaller", scale="down"),
+            cloudai={
+                "NeMoRun": "trainer.strategy.expert_model_parallel_size",
+                "MegatronBridge": "ep",
+            },
         ),
         Knob(
             "expert_tensor_parallel_size",
@@ -196,6 +262,11 @@ def _knobs() -> dict[str, Knob]:
             None,
             "Tensor parallel size inside experts (ETP); Megatron default: TP.",
             _one("model", "expert_tensor_parallel_size"),
+            moe_only=True,
+            cloudai={
+                "NeMoRun": "trainer.strategy.expert_tensor_parallel_size",
+                "MegatronBridge": "et",
+            },
         ),
         Knob(
             "sequence_parallel",
@@ -204,6 +275,8 @@ def _knobs() -> dict[str, Knob]:
             "Sequence parallelism over the TP group; needs TP>1 and a TE or apex norm.",
             _one("model", "sequence_parallel"),
             requires=lambda v: ("transformer_engine",) if v else (),
+            prefer=Preference("true", 0.03, memory={True: 0.0, False: 1.0}),
+            cloudai={"NeMoRun": "trainer.strategy.sequence_parallel"},
         ),
         Knob(
             "micro_batch_size",
@@ -211,6 +284,9 @@ def _knobs() -> dict[str, Knob]:
             1,
             "Micro-batch size (MBS).",
             _one("train", "micro_batch_size"),
+            prefer=Preference("larger", 0.05, memory="larger", scale="up"),
+            cloudai={"NeMoRun": "data.micro_batch_size", "MegatronBridge": "mb"},
+            abbrev="mbs",
         ),
         Knob(
             "recompute",
@@ -221,6 +297,11 @@ def _knobs() -> dict[str, Knob]:
             "num_layers=1).",
             _recompute_fields,
             choices=("none", "selective", "full"),
+            prefer=Preference(
+                {"none": 1.0, "selective": 0.75, "full": 0.0},
+                0.3,
+                memory={"none": 2.0, "selective": 1.0, "full": 0.0},
+            ),
         ),
         Knob(
             "attention_backend",
@@ -232,6 +313,12 @@ def _knobs() -> dict[str, Knob]:
             _attention_fields,
             choices=("unfused", "sdpa", "te", "flash", "fused"),
             requires=_te_if("te", "flash", "fused"),
+            prefer=Preference(
+                {"unfused": 0.0, "sdpa": 0.8, "te": 1.0, "flash": 1.0, "fused": 1.0},
+                0.8,
+                memory={"unfused": 1.0, "sdpa": 0.0, "te": 0.0, "flash": 0.0, "fused": 0.0},
+            ),
+            abbrev="attn",
         ),
         Knob(
             "bias_activation_fusion",
@@ -239,6 +326,7 @@ def _knobs() -> dict[str, Knob]:
             False,
             "Fuse bias + activation (gelu/silu/swiglu only).",
             _one("model", "bias_activation_fusion"),
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "bias_dropout_fusion",
@@ -246,6 +334,7 @@ def _knobs() -> dict[str, Knob]:
             False,
             "Fuse bias + dropout + add.",
             _one("model", "bias_dropout_fusion"),
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "masked_softmax_fusion",
@@ -254,6 +343,7 @@ def _knobs() -> dict[str, Knob]:
             "Fused scaled masked softmax (local attention; needs the Megatron CUDA extension).",
             _one("model", "masked_softmax_fusion"),
             requires=lambda v: ("apex",) if v else (),
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "apply_rope_fusion",
@@ -262,6 +352,7 @@ def _knobs() -> dict[str, Knob]:
             "Fused RoPE kernel (Transformer Engine >= 1.4).",
             _one("model", "apply_rope_fusion"),
             requires=_te_if(True),
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "cross_entropy_loss_fusion",
@@ -269,6 +360,7 @@ def _knobs() -> dict[str, Knob]:
             False,
             "Fused vocab-parallel cross entropy.",
             _one("model", "cross_entropy_loss_fusion"),
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "cross_entropy_fusion_impl",
@@ -286,6 +378,7 @@ def _knobs() -> dict[str, Knob]:
             "Fuse weight-gradient accumulation into main_grad (needs apex or TE linears).",
             _one("model", "gradient_accumulation_fusion"),
             requires=lambda v: ("apex",) if v else (),
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "moe_token_dispatcher_type",
@@ -294,6 +387,8 @@ def _knobs() -> dict[str, Knob]:
             "MoE token dispatcher.",
             _one("model", "moe_token_dispatcher_type"),
             choices=("allgather", "alltoall", "flex"),
+            moe_only=True,
+            prefer=Preference({"allgather": 0.0, "alltoall": 1.0, "flex": 1.0}, 0.05),
         ),
         Knob(
             "moe_flex_dispatcher_backend",
@@ -303,6 +398,7 @@ def _knobs() -> dict[str, Knob]:
             _one("model", "moe_flex_dispatcher_backend"),
             choices=("deepep", "hybridep"),
             requires=lambda v: ("deepep",) if v == "deepep" else ("hybridep",),
+            moe_only=True,
         ),
         Knob(
             "moe_grouped_gemm",
@@ -310,6 +406,8 @@ def _knobs() -> dict[str, Knob]:
             False,
             "Grouped GEMM for the experts.",
             _one("model", "moe_grouped_gemm"),
+            moe_only=True,
+            prefer=Preference("true", 0.05),
         ),
         Knob(
             "moe_permute_fusion",
@@ -318,6 +416,8 @@ def _knobs() -> dict[str, Knob]:
             "Fused token permutation (TE >= 2.1).",
             _one("model", "moe_permute_fusion"),
             requires=_te_if(True),
+            moe_only=True,
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "moe_router_fusion",
@@ -326,6 +426,8 @@ def _knobs() -> dict[str, Knob]:
             "Fused router top-k (TE >= 2.6).",
             _one("model", "moe_router_fusion"),
             requires=_te_if(True),
+            moe_only=True,
+            prefer=Preference("true", 0.02),
         ),
         Knob(
             "use_mamba_mem_eff_path",
@@ -343,6 +445,8 @@ def _knobs() -> dict[str, Knob]:
             False,
             "Overlap shared-expert compute with dispatch (alltoall/flex only).",
             _one("model", "moe_shared_expert_overlap"),
+            moe_only=True,
+            prefer=Preference("true", 0.03),
         ),
         Knob(
             "use_distributed_optimizer",
@@ -353,6 +457,9 @@ def _knobs() -> dict[str, Knob]:
                 FieldAssignment("ddp", "use_distributed_optimizer", v),
                 FieldAssignment("optimizer", "use_distributed_optimizer", v),
             ],
+            prefer=Preference("true", 0.01, memory={True: 0.0, False: 1.0}),
+            cloudai={"NeMoRun": "optim.config.use_distributed_optimizer"},
+            abbrev="distopt",
         ),
         Knob(
             "overlap_grad_reduce",
@@ -360,6 +467,7 @@ def _knobs() -> dict[str, Knob]:
             False,
             "Overlap gradient reduce with backward.",
             _one("ddp", "overlap_grad_reduce"),
+            prefer=Preference("true", 0.03),
         ),
         Knob(
             "overlap_param_gather",
@@ -367,6 +475,7 @@ def _knobs() -> dict[str, Knob]:
             False,
             "Overlap parameter all-gather with forward (distributed optimizer only).",
             _one("ddp", "overlap_param_gather"),
+            prefer=Preference("true", 0.03),
         ),
         Knob(
             "grad_reduce_in_fp32",
@@ -375,6 +484,8 @@ def _knobs() -> dict[str, Knob]:
             "fp32 gradient buffer and reduction (Megatron-LM's bf16 default, "
             "--accumulate-allreduce-grads-in-fp32; Bridge bf16_mixed).",
             _one("ddp", "grad_reduce_in_fp32"),
+            prefer=Preference("false", 0.02, memory={True: 1.0, False: 0.0}),
+            cloudai={"NeMoRun": "trainer.plugins.grad_reduce_in_fp32"},
         ),
         Knob(
             "use_precision_aware_optimizer",
@@ -383,6 +494,7 @@ def _knobs() -> dict[str, Knob]:
             "Precision-aware optimizer (TE FusedAdam with per-state dtypes).",
             _one("optimizer", "use_precision_aware_optimizer"),
             requires=_te_if(True),
+            cloudai={"NeMoRun": "optim.config.use_precision_aware_optimizer"},
         ),
         Knob(
             "main_grads_dtype",
@@ -423,6 +535,7 @@ def _knobs() -> dict[str, Knob]:
             "Overlap TP communication with GEMMs (TE userbuffers; needs SP).",
             _one("model", "tp_comm_overlap"),
             requires=_te_if(True),
+            prefer=Preference("true", 0.03),
         ),
     ]
     ks += _hybrid_moe_knobs()
@@ -495,6 +608,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             "SMs the flex dispatcher's communication kernels use (DeepEP/HybridEP); None: "
             "the backend's default.",
             _one("model", "moe_flex_dispatcher_num_sms"),
+            moe_only=True,
         ),
         Knob(
             "moe_hybridep_pad_uneven_dispatch_inputs",
@@ -502,6 +616,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             False,
             "HybridEP: pad uneven dispatch inputs (Bridge turns it on for eager HybridEP).",
             _one("model", "moe_hybridep_pad_uneven_dispatch_inputs"),
+            moe_only=True,
         ),
         Knob(
             "use_fused_weighted_squared_relu",
@@ -509,6 +624,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             False,
             "Fused weighted squared-ReLU in the MoE experts (squared_relu, no GLU, no bias).",
             _one("model", "use_fused_weighted_squared_relu"),
+            moe_only=True,
         ),
         Knob(
             "store_param_remainders",
@@ -549,6 +665,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             _one("model", "cuda_graph_impl"),
             choices=("none", "local", "transformer_engine"),
             requires=_te_if("transformer_engine"),
+            cloudai={"MegatronBridge": "cuda_graph_impl"},
         ),
         ModulesKnob(
             "cuda_graph_scope",
@@ -566,6 +683,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             _one("model", "fp8"),
             choices=(None, "e4m3", "hybrid"),
             requires=lambda v: ("transformer_engine",) if v else (),
+            cloudai={"NeMoRun": "trainer.plugins.fp8"},
         ),
         Knob(
             "fp8_recipe",
@@ -574,6 +692,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             "FP8 scaling recipe (read only with fp8).",
             _one("model", "fp8_recipe"),
             choices=("tensorwise", "delayed", "mxfp8", "blockwise"),
+            cloudai={"NeMoRun": "trainer.plugins.fp8_recipe"},
         ),
         Knob(
             "fp8_param",
@@ -581,6 +700,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             False,
             "Keep the parameters in FP8 (needs fp8).",
             _one("model", "fp8_param"),
+            cloudai={"NeMoRun": "trainer.plugins.fp8_params"},
         ),
         Knob(
             "overlap_moe_expert_parallel_comm",
@@ -588,6 +708,8 @@ def _hybrid_moe_knobs() -> list[Knob]:
             False,
             "Overlap the MoE all-to-all with computation of another micro-batch.",
             _one("model", "overlap_moe_expert_parallel_comm"),
+            moe_only=True,
+            cloudai={"MegatronBridge": "moe_a2a_overlap"},
         ),
         Knob(
             "fused_residual_rmsnorm",
@@ -612,6 +734,7 @@ def _hybrid_moe_knobs() -> list[Knob]:
             "Run the shared expert in the routed experts' grouped GEMM (SwiGLU, no bias, TE).",
             _one("model", "use_grouped_gemm_for_shared_expert"),
             requires=_te_if(True),
+            moe_only=True,
         ),
         Knob(
             "optimizer_cuda_graph",

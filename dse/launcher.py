@@ -146,15 +146,15 @@ class TrialLauncher:
 
 
 def short_params(params: dict[str, Any]) -> str:
-    abbrev = {
-        "tensor_model_parallel_size": "tp",
-        "pipeline_model_parallel_size": "pp",
-        "context_parallel_size": "cp",
-        "micro_batch_size": "mbs",
-        "use_distributed_optimizer": "distopt",
-        "attention_backend": "attn",
-    }
-    return " ".join(f"{abbrev.get(k, k)}={v}" for k, v in params.items())
+    """``params`` for a progress line, each knob by its catalog abbreviation
+    (:attr:`dse.knobs.Knob.abbrev`) where it has one."""
+    from dse.knobs import KNOBS
+
+    def short(name: str) -> str:
+        knob = KNOBS.get(name)
+        return knob.abbrev if knob is not None and knob.abbrev else name
+
+    return " ".join(f"{short(k)}={v}" for k, v in params.items())
 
 
 def trial_launch(space: SearchSpace, params: dict[str, Any]) -> tuple[dict[str, str], dict]:

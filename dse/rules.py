@@ -364,17 +364,16 @@ def r_precision_aware(s: RuleContext, p: dict, L: Layout, f: set[str] | None) ->
     return None
 
 
+#: Switches that act only on a MoE model (the catalog's ``Knob.moe_only``), in catalog order.
+_MOE_SWITCHES = tuple(k.name for k in KNOBS.values() if k.moe_only and k.kind == "bool")
+
+
 @_rule
 def r_moe_knobs(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """MoE-only knobs on a dense model; dispatcher combinations (TransformerConfig)."""
     fp = s.full_params(p)
     moe = s.model.num_moe_experts is not None
-    for k in (
-        "moe_grouped_gemm",
-        "moe_permute_fusion",
-        "moe_router_fusion",
-        "moe_shared_expert_overlap",
-    ):
+    for k in _MOE_SWITCHES:
         if _get(fp, k) and not moe:
             return _v("moe_only", f"{k} needs a MoE model", **{k: True})
     disp = _get(fp, "moe_token_dispatcher_type")
