@@ -385,16 +385,17 @@ def _gpu_text(g: dict[str, Any]) -> str:
 
     busy = g["busy_fraction"]
     busy_txt = "-" if busy is None else f"{busy:.0%}"
+    shares = _busy_shares_text(g)
     if g["device"] != "cuda":
         return (
             f"  device time (cpu): busy {busy_txt} of the held rank-seconds "
             f"({figure(g['device_seconds_measure'])} s in training steps of "
-            f"{figure(g['device_seconds_held'])} s held)"
+            f"{figure(g['device_seconds_held'])} s held){shares}"
         )
     line = (
         f"  GPU-hours: {figure(g['gpu_hours'])} spent (startup "
         f"{figure(g['gpu_hours_startup'])}, measure {figure(g['gpu_hours_measure'])}), "
-        f"{figure(g['held_gpu_hours'])} held, GPU-busy {busy_txt}"
+        f"{figure(g['held_gpu_hours'])} held, GPU-busy {busy_txt} (all steps){shares}"
     )
     if g["saved_gpu_hours"] is not None:
         grid = ("" if g["grid_complete"] else "about ") + f"{g['grid_configurations']}"
@@ -403,6 +404,25 @@ def _gpu_text(g: dict[str, Any]) -> str:
             f"(estimate), saved {figure(g['saved_gpu_hours'])} (estimate)"
         )
     return line
+
+
+def _busy_shares_text(g: dict[str, Any]) -> str:
+    """``; measured steps 71% of the held time, builds and all steps 80%; first step ...``
+    (dse.gpu_usage.busy_shares), or "" when not known."""
+    from dse.figures import figure
+
+    meas, kern = g.get("measured_fraction"), g.get("kernel_fraction")
+    if meas is None:
+        return ""
+    text = f"; measured steps {meas:.0%} of the held time"
+    if kern is not None:
+        text += f", builds and all steps {kern:.0%}"
+    if g.get("first_step_s_median") is not None:
+        text += (
+            f"; first step per trial median {figure(g['first_step_s_median'])} s, max "
+            f"{figure(g['first_step_s_max'])} s (apart from the measured steps)"
+        )
+    return text
 
 
 def _status_text(s: dict[str, Any]) -> str:

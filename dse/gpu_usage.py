@@ -21,6 +21,14 @@ Per study (:func:`study_gpu_usage`):
 * **GPU-busy fraction** = device-seconds in training steps (all trials) / device-seconds held.
   It is the share of the held GPU time spent in training steps; 1 - it is what start-up,
   model builds, failures, the controller's own work and idle slots cost.
+* **Busy as a user means it** (:func:`busy_shares`): ``measured_fraction``, the share of the
+  held device-seconds spent in *measured* steps (after each trial's warm-up: the steps its
+  figures come from), beside ``kernel_fraction``, the share in any device work of a trial
+  (its model build, its first step with the kernels' compilation, its warm-up and measured
+  steps). Each trial records them apart (``build_s``, ``first_step_s``, ``warmup_steps_s``,
+  ``measured_steps_s``, the built-in trainer's summary); a trial without them (another
+  workload, or stored before) counts all its steps as measured and no build
+  (``trials_without_split``).
 * **grid saving** (an estimate): every valid configuration of the space (the space check's
   count, :func:`count_grid`) run once at the study's mean GPU-seconds per trial, minus the
   GPU-seconds the study spent.
@@ -46,6 +54,7 @@ __all__ = [
     "trial_timing",
     "study_gpu_usage",
     "study_gpu_usage_of",
+    "busy_shares",
 ]
 
 #: Study attribute of one controller run: ``held:<owner>`` -> ``{"started", "last",
@@ -148,6 +157,43 @@ def trial_timing(
     return out
 
 
+def busy_shares(trials: Sequence[TrialRecord], held: float | None) -> dict[str, Any]:
+    """The measured-step and all-kernel shares of ``held`` device-seconds, and the first
+    steps' cost (see the module doc): over the trials with a ``timing`` record."""
+    measured = kernel = first = 0.0
+    firsts: list[float] = []
+    without = 0
+    for t in trials:
+        m = t.metrics
+        timing = m.get("timing")
+        if not isinstance(timing, Mapping):
+            continue
+        dev = _num(timing.get("devices"))
+        steps = _num(timing.get("measure_s"))
+        ms = finite(m.get("measured_steps_s"))
+        if ms is None:
+            without += 1
+            measured += steps * dev
+            kernel += steps * dev
+            continue
+        measured += min(ms, steps or ms) * dev
+        kernel += (_num(m.get("build_s")) + steps) * dev
+        f = _num(m.get("first_step_s"))
+        first += f * dev
+        firsts.append(f)
+    firsts.sort()
+    return {
+        "measured_fraction": measured / held if held else None,
+        "kernel_fraction": min(1.0, kernel / held) if held else None,
+        "device_seconds_measured": measured,
+        "device_seconds_kernel": kernel,
+        "device_seconds_first_step": first,
+        "first_step_s_median": firsts[len(firsts) // 2] if firsts else None,
+        "first_step_s_max": firsts[-1] if firsts else None,
+        "trials_without_split": without,
+    }
+
+
 def _num(x: Any) -> float:
     f = finite(x)
     return 0.0 if f is None else f
@@ -210,6 +256,7 @@ def study_gpu_usage(
         "held_gpu_hours": hours(held),
         "held_basis": basis,
         "busy_fraction": busy,
+        **busy_shares(trials, held if timed else None),
         "device_seconds_held": held,
         "device_seconds_startup": dev_startup if timed else None,
         "device_seconds_measure": dev_measure if timed else None,
@@ -222,8 +269,10 @@ def study_gpu_usage(
         "saved_gpu_hours": hours(saved_s),
         "saved_fraction": saved_s / grid_s if saved_s is not None and grid_s else None,
         "label": "measured: GPU-hours, startup/measure split, held time and busy fraction "
-        "(device-seconds in training steps / device-seconds held); estimates: the grid's "
-        "GPU-hours (valid configurations x the mean GPU-seconds of a trial) and the saving",
+        "(device-seconds in training steps / device-seconds held; measured_fraction: in "
+        "measured steps only; kernel_fraction: in builds and all steps); estimates: the "
+        "grid's GPU-hours (valid configurations x the mean GPU-seconds of a trial) and the "
+        "saving",
     }
 
 

@@ -213,6 +213,30 @@ def _money(x: float | None) -> str:
     return "" if x is None else f"${figure(x)}"
 
 
+def _busy_rows(g: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The shares of the held device time (``dse.gpu_usage.busy_shares``): in measured
+    steps, in any device work of a trial (builds, first and warm-up steps), and the first
+    step's cost per trial (measured)."""
+
+    def share(x: Any) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    if g.get("measured_fraction") is None:
+        return []
+    dev = "GPU" if g.get("device") == "cuda" else "device (CPU rank)"
+    rows = [
+        ("busy-measured", f"held {dev} time in measured steps", share(g["measured_fraction"])),
+        ("busy-kernel", f"held {dev} time in builds and all steps", share(g["kernel_fraction"])),
+        ("busy-steps", f"held {dev} time in all steps (warm-up included)",
+         share(g.get("busy_fraction"))),
+    ]  # fmt: skip
+    if g.get("first_step_s_median") is not None:
+        med, top = figure(g["first_step_s_median"]), figure(g["first_step_s_max"])
+        rows.append(("first-step", "first step of a trial (compilation; median / max, s)",
+                     f"{med} / {top}"))  # fmt: skip
+    return rows
+
+
 def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]], str]]:
     """(title, rows of (id, label, value), note) for the page and the Markdown."""
     b = data["best"]
@@ -284,6 +308,7 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
                  _money(g.get("spent_cost"))),
                 ("cost-saved", "saved (estimate)", _money(g.get("saved_cost"))),
             ]  # fmt: skip
+        rows += _busy_rows(g)
     secs.append(("GPU-hours", rows, g["label"]))
     p = data["projection"]
     rows = [("proj-tokens", "tokens", figure(p["tokens"]))]

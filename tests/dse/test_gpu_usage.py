@@ -134,3 +134,32 @@ def test_grid_of_a_large_space_is_estimated_from_a_bounded_sample() -> None:
     assert not g.complete and g.looked_at <= CHECK_SPACE_CAP
     # the whole count (238,464: check_space with CHECK_SPACE_CAP above the space, 3.5 min)
     assert abs(g.configurations - 238_464) < 0.05 * 238_464, g
+
+
+def test_measured_share_leaves_out_builds_first_and_warmup_steps() -> None:
+    """The headline study's question: how much of the held GPU time went into the steps its
+    figures come from (not the first step's compilation, the warm-up or the model build)."""
+
+    def trial(n: int, build: float, times: tuple[float, ...], warmup: int) -> TrialRecord:
+        metrics = trial_timing(wall_s=30.0, devices=1, device="cuda", steps=_steps(*times),
+                               measured=True)  # fmt: skip
+        metrics.update(build_s=build, first_step_s=times[0],
+                       warmup_steps_s=sum(times[:warmup]),
+                       measured_steps_s=sum(times[warmup:]))  # fmt: skip
+        return TrialRecord(id=n, study_id=1, number=n, state="complete", params={},
+                           params_key="", metrics=metrics, gpu_seconds=30.0)  # fmt: skip
+
+    # a first step of 12 s (compilation), one warm-up step of 1 s, four measured of 1 s
+    trials = [trial(0, 3.0, (12.0, 1.0, 1.0, 1.0, 1.0, 1.0), 2), trial(1, 1.0, (2.0,) * 6, 2)]
+    attrs = {HELD_ATTR_PREFIX + "a:1:x": held_record(0.0, 1, "cuda", last=80.0)}
+    g = study_gpu_usage(trials, attrs, device="cuda", grid=None)
+    assert g["busy_fraction"] == pytest.approx((17.0 + 12.0) / 80.0)  # every step
+    assert g["measured_fraction"] == pytest.approx((4.0 + 8.0) / 80.0)
+    assert g["kernel_fraction"] == pytest.approx((17.0 + 3.0 + 12.0 + 1.0) / 80.0)
+    assert g["device_seconds_first_step"] == pytest.approx(14.0)
+    assert g["first_step_s_max"] == 12.0 and g["trials_without_split"] == 0
+    # a trial without the split (another workload): its steps count as measured
+    old = _trial(2, 10.0, 5.0)
+    g = study_gpu_usage([old], attrs, device="cuda", grid=None)
+    assert g["measured_fraction"] == pytest.approx(5.0 / 80.0)
+    assert g["trials_without_split"] == 1 and g["first_step_s_median"] is None
