@@ -241,3 +241,19 @@ def test_follow_refuses_an_optuna_study_of_another_dse_study(tmp_path) -> None:
         with pytest.raises(DSEError, match="was not written for dse study 'tiny-gpt-cpu'"):
             follow_study(st, "tiny-gpt-cpu", out_url, interval_s=0.01, timeout_s=1)
     assert optuna.load_study(study_name="tiny-gpt-cpu", storage=out_url).trials == []
+
+
+def test_cli_follow_of_a_finished_study_writes_it_and_returns(
+    replay_study: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dse.storage import open_storage
+
+    with open_storage(replay_study) as st:
+        st.set_study_state("replay-llama1b", "complete")
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    args = ["export", "--storage", replay_study, "--format", "optuna", "--storage-out", url]
+    assert main([*args, "--follow", "--interval", "0.01"]) == 0
+    assert "10 trials written" in capsys.readouterr().err
+    assert len(optuna.load_study(study_name="replay-llama1b", storage=url).trials) == 10
+    assert main([*args, "--follow", "--interval", "0.01"]) == 0  # again: nothing twice
+    assert len(optuna.load_study(study_name="replay-llama1b", storage=url).trials) == 10
