@@ -20,6 +20,8 @@ from dse.workloads.runners._procgroup import OWNER_ENV, kill_owned_group
 __all__ = [
     "TRIAL_ENV_DROP",
     "trial_environ",
+    "compile_cache_env",
+    "COMPILE_CACHE_VARS",
     "BaseRunner",
     "Launch",
     "Finished",
@@ -34,6 +36,27 @@ __all__ = [
 #: runs them (the API's write token; a storage URL that may hold a password): a trial needs
 #: neither, and it runs the space's code.
 TRIAL_ENV_DROP: tuple[str, ...] = ("DSE_API_TOKEN", "DSE_STORAGE")
+
+
+#: Where compiled kernels are kept on disk, per study and node (:func:`compile_cache_env`).
+COMPILE_CACHE_VARS: tuple[tuple[str, str], ...] = (
+    ("TRITON_CACHE_DIR", "triton"),  # Triton kernels (torch.compile, Mamba's SSD kernels)
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor"),  # torch.compile's generated code
+    ("TORCH_EXTENSIONS_DIR", "torch_extensions"),  # JIT-built C++/CUDA extensions
+    ("CUDA_CACHE_PATH", "cuda"),  # the driver's PTX-to-binary cache
+)
+
+
+def compile_cache_env(study_dir: Path, host: str, environ: Any = None) -> dict[str, str]:
+    """The compile caches of a study's trials on this node: ``<study dir>/cache/<host>/...``
+    for each of :data:`COMPILE_CACHE_VARS` the environment (``environ``: the trial's) does not
+    set already. Every trial of the study on this node, a process of its own or a warm
+    worker, compiles a kernel once and finds it there afterwards (first steps after the
+    first trial's pay no Triton compilation and autotuning); another study starts clean. In
+    memory-only caches (TorchScript's fused kernels) live as long as a warm worker."""
+    env = os.environ if environ is None else environ
+    root = Path(study_dir) / "cache" / (host or "node")
+    return {var: str(root / sub) for var, sub in COMPILE_CACHE_VARS if var not in env}
 
 
 def trial_environ(environ: Any = None) -> dict[str, str]:

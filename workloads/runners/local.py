@@ -20,6 +20,7 @@ from dse.workloads.runners._base import (
     Finished,
     Launch,
     classify_log,
+    compile_cache_env,
     log_tail,
     trial_environ,
 )
@@ -137,6 +138,7 @@ class LocalRunner(BaseRunner):
         devices: list[int] = []
         env = trial_environ()
         env.update(launch.env)
+        env.update(compile_cache_env(launch.trial_dir.parent, self.host, env))
         # each trial rank gets its share of the cores (torchrun warns and picks 1 otherwise)
         ranks = max(1, self.slots * launch.world_size)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))

@@ -36,7 +36,14 @@ from typing import Any
 
 from dse.exceptions import TrialLaunchError
 from dse.records import Outcome, read_metrics
-from dse.workloads.runners._base import OWNER_ENV, Finished, Launch, classify_log, log_tail
+from dse.workloads.runners._base import (
+    OWNER_ENV,
+    Finished,
+    Launch,
+    classify_log,
+    compile_cache_env,
+    log_tail,
+)
 
 __all__ = ["WarmSettings", "WarmPool", "WORKER_MODULE"]
 
@@ -244,6 +251,7 @@ class WarmPool:
         s = self.settings
         env = dict(self.base_env)
         env.update(launch_env)
+        env.update(compile_cache_env(s.workdir, self.host, env))  # the study's, per node
         threads = max(1, (os.cpu_count() or 1) // max(1, len(self.slots)))
         env.setdefault("OMP_NUM_THREADS", str(threads))
         if self.device == "cuda":
