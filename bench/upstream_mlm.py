@@ -13,6 +13,9 @@ next to the recipe's own logged figures, and writes report.json and report.txt i
         --set micro_batch_size=1,2 --set recompute=none,full \\
         --set cross_entropy_loss_fusion=false,true --rounds 2 --out OUT    # GPU node
 
+A second call on the same OUT adds the next round (rows.json and rounds.json keep the earlier
+ones), so repeats can be separate commands.
+
 ``--cpu``: examples/tiny_gpt_cpu_megatron_lm_upstream.yaml with bench/mlm_cpu_shim on the
 trial ranks' PYTHONPATH (Megatron-LM's loop needs CUDA; the shim maps it to the CPU for the
 rehearsal only) and torch.compile off; ``--extra-site DIR`` adds a folder of packages the
@@ -136,9 +139,18 @@ def main() -> int:
         env["PYTHONPATH"] = os.pathsep.join([*path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env.update(DSE_MLM_CPU_SHIM="1", TORCHDYNAMO_DISABLE="1")
     kinds = [args.only] if args.only else list(KINDS)
-    rows: dict[str, dict[str, list[dict[str, Any]]]] = {k: {} for k in kinds}
-    for r in range(args.rounds):
+    # rows of earlier calls on the same OUT (a repeat as a second command) are kept
+    saved = out / "rows.json"
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = (
+        json.loads(saved.read_text()) if saved.is_file() else {}
+    )
+    done = json.loads((out / "rounds.json").read_text()) if (out / "rounds.json").is_file() else {}
+    for kind in kinds:
+        rows.setdefault(kind, {})
+    for _ in range(args.rounds):
         for kind in kinds:
+            r = done.get(kind, 0)
+            done[kind] = r + 1
             sp = _variant(data, out, kind, f"r{r}", sets, mlm)
             study = yaml.safe_load(sp.read_text())["study"]
             with open(out / f"{study}.log", "w") as log:
@@ -149,9 +161,16 @@ def main() -> int:
                 ).returncode  # fmt: skip
             if rc != 0:
                 sys.stdout.write(f"{study}: dse start exited {rc} (see {out}/{study}.log)\n")
-            for t in _results(db, study):
+            try:
+                trials = _results(db, study)
+            except subprocess.CalledProcessError as e:
+                sys.stdout.write(f"{study}: no trials to read ({e.stderr.strip()[-300:]})\n")
+                trials = []
+            for t in trials:
                 key = json.dumps({k: t["params"].get(k) for k in sorted(sets)})
                 rows[kind].setdefault(key, []).append(_row(t))
+            saved.write_text(json.dumps(rows))
+            (out / "rounds.json").write_text(json.dumps(done))
             report = _report(rows)  # after every study: a run cut short keeps its report
             (out / "report.json").write_text(json.dumps({"rows": rows, **report}, indent=1))
             (out / "report.txt").write_text(report["text"])

@@ -4,7 +4,9 @@
 # launcher with the resolved-configuration check on, and the same configurations through
 # the built-in trainer (bench/upstream_mlm.py). Carry .whl and .mlm. Writes ONE archive,
 # $OUT/upstream_mlm.tgz (report.txt, report.json, bench.db, every trial's log and metrics).
-#   bash bench/upstream_mlm_gpu.sh [upstream_mlm.py args, e.g. --rounds 1 --only upstream]
+#   bash bench/upstream_mlm_gpu.sh [upstream_mlm.py args, e.g. --only upstream]
+# Each call runs one round (of --only's workload, or both) and adds it to /tmp/upstream_mlm,
+# so the repeat is a second call on the same warm node; FRESH=1 starts over.
 # Default grid: micro_batch_size 1,2 x recompute none,full x cross_entropy_loss_fusion
 # false,true (8 configurations per workload and round).
 set -uo pipefail
@@ -24,14 +26,15 @@ if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
   CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")"); export CUDA_HOME
 fi
 REPO=$(pwd)
-W=/tmp/upstream_mlm
-rm -rf "$W"; mkdir -p "$W"
+W=/tmp/upstream_mlm  # kept while the node stays warm: a second call adds the next round
+[ -n "${FRESH:-}" ] && rm -rf "$W"
+mkdir -p "$W"
 {
   nvidia-smi -L
   python3 -c "import torch, sys; from torch.utils import cpp_extension as c; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'CUDA_HOME', c.CUDA_HOME)"
   python3 -c "import megatron.core, triton, regex, einops; print('megatron.core', megatron.core.__version__, 'triton', triton.__version__)"
   cat .mlm/SOURCE.txt
-} 2>&1 | tee "$W/env.txt"
+} 2>&1 | tee -a "$W/env.txt"
 cd /tmp  # not the checkout: its dse/ folder would shadow the installed dse.* namespace
 timeout 560 python3 "$REPO/bench/upstream_mlm.py" \
   --space "$REPO/examples/llama_1b_h200_megatron_lm_upstream.yaml" --mlm "$REPO/.mlm" \
