@@ -79,6 +79,7 @@ __all__ = [
     "read_export_text",
     "load_study",
     "derive_study_fields",
+    "check_trials_of_space",
     "DERIVED_FIELDS",
 ]
 
@@ -547,6 +548,45 @@ def derive_study_fields(meta: StudyMetaExport) -> dict[str, Any]:
             "study is; remove or correct the stated values):\n  " + "\n  ".join(shown)
         )
     return {k: derived[k] for k in DERIVED_FIELDS}
+
+
+def check_trials_of_space(export: StudyExport) -> None:
+    """Refuse an export whose trials are not configurations of its own space file: a trial
+    that sets a knob the space does not have, or a value outside that knob's domain, came
+    from another space (the file was edited, or trials were pasted in). Such a study could
+    never be resumed (its agent is told every stored trial, and cannot place that one).
+
+    Raises:
+        StudyFormatError: names the first trials (by number), the parameter and its value.
+    """
+    from dse.space import parse_space_text
+
+    space = parse_space_text(export.study.space_yaml, "study.space_yaml")
+    domains = {
+        name: {(type(v) is bool, v) for v in spec.values()} for name, spec in space.knobs.items()
+    }
+    wrong: list[str] = []
+    for t in export.trials:
+        for name, value in t.params.items():
+            where = f"trials[number={t.number}].params.{_escaped(name)}"
+            if name not in domains:
+                wrong.append(
+                    printable(
+                        f"{where}: not a knob of its space_yaml (knobs: {', '.join(domains)})"
+                    )
+                )
+            elif not isinstance(value, (int, float, str, bool)) or (
+                (type(value) is bool, value) not in domains[name]
+            ):
+                wrong.append(printable(f"{where}: {value!r} is not a value of that knob's domain"))
+        if len(wrong) > 20:
+            break
+    if wrong:
+        shown = wrong[:20] + (["..."] if len(wrong) > 20 else [])
+        raise StudyFormatError(
+            "the export's trials are not configurations of its space file (trials of another "
+            "space: the study could never be resumed):\n  " + "\n  ".join(shown)
+        )
 
 
 def _same(a: Any, b: Any) -> bool:

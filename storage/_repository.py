@@ -92,6 +92,7 @@ from dse.storage._engine import (
 )
 from dse.storage._export import (
     StudyExport,
+    check_trials_of_space,
     derive_study_fields,
     dump_study,
     load_study,
@@ -1325,6 +1326,7 @@ class Storage:
         *,
         name: str | None = None,
         release: bool = False,
+        trials_of_space: bool = True,
     ) -> StudyRecord:
         """Create a study from :meth:`export_study`'s dict, or an export already read with
         :func:`~dse.storage.read_export_text` (optionally under another name).
@@ -1336,11 +1338,14 @@ class Storage:
         export says is running is let go: nothing of this database runs it (its owners are
         controllers where it was exported, and its heartbeat may say anything): its running
         trials and those queued for a controller are re-queued ownerless, and a running or
-        stopping study is stopped (``dse resume`` continues it).
+        stopping study is stopped (``dse resume`` continues it). Every trial must be a
+        configuration of the export's space (``trials_of_space``; off only for synthetic
+        test data): :func:`~dse.storage._export.check_trials_of_space`.
 
         Raises:
             StudyFormatError: ``data`` is not a dse study export this dse can read, its
-                space file is not one, or its stated study fields disagree with it.
+                space file is not one, its stated study fields disagree with it, or a
+                trial is not a configuration of its space.
             DuplicatedStudyError: a study of that name exists.
         """
         export = data if isinstance(data, StudyExport) else parse_export(data)
@@ -1350,6 +1355,8 @@ class Storage:
             raise StudyFormatError(f"study name: {why} (study={target!r})")
 
         fields = derive_study_fields(export.study)  # the space says what the study is
+        if trials_of_space:
+            check_trials_of_space(export)  # ... and which configurations its trials may be
 
         def fn(s: Session) -> StudyRecord:
             if _study_by_name(s, target) is not None:

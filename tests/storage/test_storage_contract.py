@@ -563,7 +563,7 @@ def test_export_import_round_trip(storage: Storage) -> None:
     assert exported["format"] == "dse-study" and exported["format_version"] == 1
     assert exported["schema_revision"] == head_revision()
     data = json.loads(json.dumps(exported))  # the file format is JSON
-    copy = storage.import_study(data, name="s-copy")
+    copy = storage.import_study(data, name="s-copy", trials_of_space=False)
     assert dataclasses.replace(copy, id=s.id, name="s") == s
     again = storage.export_study("s-copy")
     # an import is marked: its run settings came from elsewhere (dse.run_settings)
@@ -605,7 +605,7 @@ def test_database_passwords_in_a_space_file_are_not_kept(storage: Storage) -> No
     exported = storage.export_study("s")
     assert secret not in json.dumps(exported)
     exported["study"]["space_yaml"] = doc  # an export made elsewhere, with the password
-    storage.import_study(exported, name="s2")
+    storage.import_study(exported, name="s2", trials_of_space=False)
     assert secret not in json.dumps(storage.export_study("s2"))
     with storage._engine.begin() as conn:
         conn.execute(text("UPDATE studies SET space_yaml = :t"), {"t": doc})  # stored before
@@ -632,7 +632,7 @@ def test_failure_reasons_take_any_text(storage: Storage) -> None:
     )  # fmt: skip
     exported = storage.export_study("s")
     assert exported["rejections"][0]["reason"] == "value \\x00"
-    storage.import_study(json.loads(json.dumps(exported)), name="s2")
+    storage.import_study(json.loads(json.dumps(exported)), name="s2", trials_of_space=False)
     assert storage.export_study("s2")["trials"] == exported["trials"]
 
 
@@ -640,7 +640,7 @@ def test_import_refuses_duplicates_and_bad_files(storage: Storage) -> None:
     _rich_study(storage)
     data = storage.export_study("s")
     with pytest.raises(DuplicatedStudyError):
-        storage.import_study(data)
+        storage.import_study(data, trials_of_space=False)
     bad_docs: list[Any] = [
         [],
         {**data, "format": "optuna"},
@@ -651,7 +651,7 @@ def test_import_refuses_duplicates_and_bad_files(storage: Storage) -> None:
     ]
     for bad in bad_docs:
         with pytest.raises(StudyFormatError):
-            storage.import_study(bad, name="other")
+            storage.import_study(bad, name="other", trials_of_space=False)
     with pytest.raises(StudyNotFoundError):
         storage.get_study("other")
     with pytest.raises(StudyNotFoundError):
