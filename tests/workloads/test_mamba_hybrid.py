@@ -51,7 +51,8 @@ def _spec(tmp: Path, name: str, params: dict[str, Any], **kw: Any) -> TrialSpec:
 
 
 def _ssd_by_recurrence(x, dt, A, B, C, D, z):  # noqa: N803 - the SSD's names
-    """The SSD scan step by step: s_t = exp(dt_t A) s_{t-1} + dt_t B_t x_t, y_t = C_t s_t + D x_t."""
+    """The SSD scan step by step:
+    s_t = exp(dt_t A) s_{t-1} + dt_t B_t x_t, y_t = C_t s_t + D x_t (gated by silu(z))."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
@@ -63,8 +64,8 @@ def _ssd_by_recurrence(x, dt, A, B, C, D, z):  # noqa: N803 - the SSD's names
         bt = B[:, t].repeat_interleave(h // g, dim=1).double()  # (b, h, n)
         ct = C[:, t].repeat_interleave(h // g, dim=1).double()
         decay = torch.exp(dt[:, t].double() * A.double())  # (b, h)
-        state = decay[..., None, None] * state + (dt[:, t].double()[..., None, None]
-                                                  * x[:, t].double()[..., None] * bt[:, :, None, :])  # fmt: skip
+        step = dt[:, t].double()[..., None, None] * x[:, t].double()[..., None]
+        state = decay[..., None, None] * state + step * bt[:, :, None, :]
         y = (state * ct[:, :, None, :]).sum(-1) + D.double()[None, :, None] * x[:, t].double()
         ys.append(y * F.silu(z[:, t].double()))
     return torch.stack(ys, dim=1)
@@ -123,6 +124,20 @@ def test_conv1d_stand_in_matches_torch_conv_and_its_gradients() -> None:
     assert torch.allclose(db, conv.bias.grad, atol=1e-5)
     with pytest.raises(NotImplementedError, match="seq_idx"):
         mk._conv_fwd(x, weight, bias, torch.zeros(1), None, out, None, True)
+    # causal-conv1d calls the extension inside a torch.library custom op, below autograd:
+    # the stand-in's backward must not rely on autograd there
+    schema = (
+        "(Tensor x, Tensor w, Tensor b, Tensor g, Tensor(a!) dx, Tensor(b!) dw, Tensor(c!) db) "
+        "-> ()"
+    )
+
+    @torch.library.custom_op("dse_test::conv_bwd", mutates_args={"dx", "dw", "db"}, schema=schema)
+    def op(x, w, b, g, dx, dw, db):  # type: ignore[no-untyped-def]
+        mk._conv_bwd(x, w, b, g, None, None, None, dx, dw, db, None, True)
+
+    dx2, dw2, db2 = torch.empty_like(x), torch.zeros(d, w), torch.zeros(d)
+    op(x, weight, bias, dout, dx2, dw2, db2)
+    assert torch.allclose(dx2, dx) and torch.allclose(dw2, dw) and torch.allclose(db2, db)
 
 
 def test_memory_efficient_reference_is_conv_then_scan_then_gate() -> None:
@@ -220,7 +235,9 @@ def test_local_mamba_spec_is_built_from_megatron_core_parts() -> None:
 def test_plan_accepts_a_hybrid_on_cpu_and_names_what_it_refuses(tmp_path: Path) -> None:
     plan = make_plan(_spec(tmp_path, "ok", {}), [])
     assert plan.hybrid and plan.mamba_mem_eff_path
-    assert not make_plan(_spec(tmp_path, "d", {"use_mamba_mem_eff_path": False}), []).mamba_mem_eff_path
+    assert not make_plan(
+        _spec(tmp_path, "d", {"use_mamba_mem_eff_path": False}), []
+    ).mamba_mem_eff_path
     with pytest.raises(TrialFailure, match="local spec: attention_backend must be one of"):
         make_plan(_spec(tmp_path, "te", {"attention_backend": "te"}), ["transformer_engine"])
     with pytest.raises(TrialFailure, match="hybrid_full_recompute"):

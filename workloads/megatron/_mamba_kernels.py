@@ -243,25 +243,35 @@ def _conv_bwd(
     dinitial_states: Any,
     silu_activation: bool,
 ) -> None:
-    """``causal_conv1d_cuda.causal_conv1d_bwd`` in torch (autograd of the forward): writes
-    ``dx``, ``dweight`` and ``dbias``."""
+    """``causal_conv1d_cuda.causal_conv1d_bwd`` in torch: writes ``dx``, ``dweight`` and
+    ``dbias``. Computed by hand (fp32), not by autograd: a ``torch.library`` custom op (which
+    causal-conv1d wraps the extension in) runs below autograd."""
     if seq_idx is not None or initial_states is not None or dfinal_states is not None:
         raise NotImplementedError(
             "the torch stand-in for causal_conv1d_cuda has no seq_idx / initial or final states"
         )
     import torch
+    import torch.nn.functional as F  # noqa: N812
 
-    with torch.enable_grad():
-        xv = x.detach().requires_grad_(True)
-        wv = weight.detach().requires_grad_(True)
-        bv = bias.detach().requires_grad_(True) if bias is not None else None
-        y = causal_conv1d_reference(xv, wv, bv, silu_activation)
-        inputs = [xv, wv] + ([bv] if bv is not None else [])
-        grads = torch.autograd.grad(y, inputs, dout)
-    dx.copy_(grads[0])
-    dweight.copy_(grads[1])
-    if dbias is not None and bv is not None:
-        dbias.copy_(grads[2])
+    with torch.no_grad():
+        width = weight.shape[-1]
+        length = x.shape[-1]
+        xf, wf, gf = x.float(), weight.float(), dout.float()
+        xpad = F.pad(xf, (width - 1, 0))
+        pre = F.conv1d(xpad, wf.unsqueeze(1), bias.float() if bias is not None else None,
+                       groups=x.shape[1])  # fmt: skip
+        if silu_activation:
+            sig = torch.sigmoid(pre)
+            gf = gf * sig * (1 + pre * (1 - sig))
+        del pre
+        # dx[t] = sum_k w[k] g[t + W - 1 - k]: the anti-causal conv with the flipped kernel
+        grad_x = F.conv1d(F.pad(gf, (0, width - 1)), wf.flip(-1).unsqueeze(1), groups=x.shape[1])
+        dx.copy_(grad_x)
+        del grad_x
+        for k in range(width):
+            dweight[:, k] = (gf * xpad[..., k : k + length]).sum(dim=(0, 2)).to(dweight.dtype)
+        if dbias is not None:
+            dbias.copy_(gf.sum(dim=(0, 2)))
 
 
 def _conv_update(*args: Any, **kwargs: Any) -> None:
