@@ -890,6 +890,11 @@ def import_scenario(
             notes.append("moe_grouped_gemm on: Megatron-Bridge's MoE model providers' default")
     elif is_moe:
         derived["sequence_parallel"] = "tp_gt_1"  # MoE with TP > 1 needs SP
+    if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
+        # NeMo 2.0's and Megatron-Bridge's recipes train with the distributed optimizer
+        # (distributed_fused_adam_with_cosine_annealing); Megatron-Core's default is off
+        fixed["use_distributed_optimizer"] = True
+        notes.append("use_distributed_optimizer on: the recipes' distributed Adam")
     if "attention_backend" not in fixed and "attention_backend" not in knobs:
         fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
         notes.append("attention_backend te: the recipe's Transformer Engine attention")

@@ -74,8 +74,12 @@ def test_dse_scenario_maps_lists_scalars_resources_and_launcher() -> None:
     space = parse_space(import_scenario(FIX / "dse_nemo_run_llama3_8b.toml").space, "t")
     assert space.knobs["tensor_model_parallel_size"].values() == [1, 2, 4]
     assert space.knobs["context_parallel_size"].values() == [1, 2]
-    # [1]: a one-value list is fixed; the recipes' TE attention is declared
-    assert space.fixed == {"micro_batch_size": 1, "attention_backend": "te"}
+    # [1]: a one-value list is fixed; the recipes' TE attention and distributed Adam declared
+    assert space.fixed == {
+        "micro_batch_size": 1,
+        "attention_backend": "te",
+        "use_distributed_optimizer": True,
+    }
     assert space.semantics.global_batch_size == 128 and space.semantics.steps == 100
     assert space.resources.world_size == 8
     assert space.workload.name == "nemo"
