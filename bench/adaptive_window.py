@@ -61,6 +61,7 @@ from typing import Any
 
 import yaml
 
+from dse.launcher import trial_spec
 from dse.measure import TRIM, MeasurementSpec, PruneTarget, StepSeries, prune_target
 from dse.records import TrialSpec, summarize_steps
 from dse.rules import check
@@ -153,7 +154,7 @@ class Trainer:
         plan = dataclasses.replace(plan, spec=spec)  # the run's measurement
         self._sync()
         t0 = time.perf_counter()
-        steps, series = self.trainer._train(plan, built, self.device, self.dist, None)
+        steps, series = self.trainer.train(plan, built, self.device, self.dist, None)
         self._sync()
         return steps, series, time.perf_counter() - t0
 
@@ -183,15 +184,11 @@ def _spec(
     tmp: Path,
     prune: PruneTarget | None = None,
 ) -> TrialSpec:
-    return TrialSpec(
-        study="adaptive-window",
-        trial_number=0,
-        params=space.full_params(p),
-        model=space.model.model_dump(),
-        semantics=space.semantics.model_dump(),
-        world_size=space.resources.world_size,
-        device=space.resources.device,
-        metrics_path=str(tmp / "unused.jsonl"),
+    """The trial spec the study loop would write for ``p``, with measurement ``m``."""
+    return trial_spec(
+        space,
+        p,
+        tmp / "unused.jsonl",
         measurement=m.model_dump(mode="json"),
         prune=None if prune is None else prune.model_dump(mode="json"),
     )

@@ -147,7 +147,7 @@ def _window(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition: str, co
             os.sched_setaffinity(0, {core})  # pid 0: this (the training) thread only
         probe._last = (time.perf_counter(), time.thread_time(), *_proc_stat())
         with _legacy_parts(tr, condition):
-            tr.trainer._train(plan, built, tr.device, tr.dist, probe)
+            tr.trainer.train(plan, built, tr.device, tr.dist, probe)
     finally:
         os.sched_setaffinity(0, old_affinity)
         gc.enable()
@@ -167,7 +167,7 @@ def _syncs_per_step(tr: aw.Trainer, plan: Any, built: Any, spec: Any, condition:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            tr.trainer._train(
+            tr.trainer.train(
                 dataclasses.replace(plan, spec=short), built, tr.device, tr.dist, None
             )
         finally:

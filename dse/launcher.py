@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from dse.workloads.runners import OWNER_ENV, BaseRunner, Launch
 if TYPE_CHECKING:
     from dse.storage import Storage
 
-__all__ = ["TrialLauncher", "short_params", "trial_launch"]
+__all__ = ["TrialLauncher", "short_params", "trial_launch", "trial_spec"]
 
 
 class TrialLauncher:
@@ -73,21 +73,13 @@ class TrialLauncher:
         return None if target is None else target.model_dump(mode="json")
 
     def spec(self, t: TrialRecord, metrics_path: str, workload: dict[str, Any]) -> TrialSpec:
-        s = self.space
-        return TrialSpec(
-            study=s.study,
+        return trial_spec(
+            self.space,
+            t.params,
+            metrics_path,
             trial_number=t.number,
-            params=s.full_params(t.params),
-            model=s.model.model_dump(),
-            semantics=s.semantics.model_dump(),
-            world_size=s.resources.world_size,
-            device=s.resources.device,
-            metrics_path=metrics_path,
             workload=workload,
-            features=None if self.features is None else sorted(self.features),
-            gpu=s.resources.gpu,
-            gpu_memory_gib=s.resources.gpu_memory_gib,
-            measurement=s.measurement.model_dump(mode="json"),
+            features=self.features,
             prune=self.prune_target(t),
         )
 
@@ -143,6 +135,47 @@ class TrialLauncher:
         )
         self.progress(f"trial {t.number} started: {short_params(t.params)}")
         return None
+
+
+def trial_spec(
+    space: SearchSpace,
+    params: Mapping[str, Any],
+    metrics_path: str | Path,
+    *,
+    trial_number: int = 0,
+    workload: dict[str, Any] | None = None,
+    features: Iterable[str] | None = None,
+    measurement: dict[str, Any] | None = None,
+    prune: dict[str, Any] | None = None,
+) -> TrialSpec:
+    """The trial spec (``trial.json``) of configuration ``params`` of ``space``: what a trial
+    process reads. The study loop's launches and the benches that run the trainer in their
+    own process build it here.
+
+    ``params`` are the explored knob values (the space's fixed and derived ones are added);
+    ``features``: the features declared present (None: the trial process detects them);
+    ``measurement``: a ``MeasurementSpec`` dict instead of the space's; ``prune``: a
+    ``PruneTarget`` dict (:func:`dse.measure.prune_target`).
+    """
+    r = space.resources
+    return TrialSpec(
+        study=space.study,
+        trial_number=trial_number,
+        params=space.full_params(dict(params)),
+        model=space.model.model_dump(),
+        semantics=space.semantics.model_dump(),
+        world_size=r.world_size,
+        device=r.device,
+        metrics_path=str(metrics_path),
+        workload=dict(workload or {}),
+        features=None if features is None else sorted(features),
+        gpu=r.gpu,
+        gpu_memory_gib=r.gpu_memory_gib,
+        measurement=space.measurement.model_dump(mode="json")
+        if measurement is None
+        else measurement,
+        prune=prune,
+    )
 
 
 def short_params(params: dict[str, Any]) -> str:

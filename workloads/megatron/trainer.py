@@ -489,10 +489,13 @@ def _forward_step(position_ids: Any, data_iterator: Any, model: Any) -> tuple[An
     return output, _loss_func
 
 
-def _train(
+def train(
     plan: TrialPlan, built: _Built, device: Any, dist: _Dist, writer: MetricsWriter | None
 ) -> tuple[list[StepMetrics], StepSeries]:
-    """Train until the trial's measurement rule says stop; (steps, their series)."""
+    """Train the built model until the trial's measurement rule says stop; (steps, their
+    series). ``writer`` (rank 0's) gets a step line per step. The trial process calls it
+    after :func:`build`; a bench that times configurations in its own process calls the
+    same pair (``bench/adaptive_window.py``)."""
     import torch
     import torch.distributed as tdist
     from megatron.core import parallel_state
@@ -608,6 +611,9 @@ def _train(
     return steps, series
 
 
+#: The former private name of :func:`train` (kept for scripts that still use it).
+_train = train
+
 # --- trial --------------------------------------------------------------------------------
 
 
@@ -684,7 +690,7 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
             raise  # dse's own build code failed: a bug (``error``), not an infeasible region
         raise _invalid_from(e) from e
     build_s = time.perf_counter() - t_build
-    steps, series = _train(plan, built, device, dist, writer if dist.rank == 0 else None)
+    steps, series = train(plan, built, device, dist, writer if dist.rank == 0 else None)
 
     import megatron.core
     import torch
