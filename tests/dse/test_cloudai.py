@@ -614,3 +614,37 @@ def test_cloudai_gpu_type_env_gives_the_memory_prescreen(tmp_path: Path) -> None
     assert "extra_env_vars.CLOUDAI_ENABLE_CUDA_GRAPHS" in keys
     assert "CLOUDAI_GPU_TYPE" not in space.env.fixed
     assert any("cloudai_llama3_8b_recipe" in n for n in got.notes)
+
+
+def _every_fixture() -> list[Path]:
+    """Every NeMoRun / MegatronBridge test definition among the CloudAI fixtures."""
+    out = []
+    for p in sorted([*FIX.rglob("*.toml"), *CUR.rglob("*.toml")]):
+        data = tomllib.loads(p.read_text())
+        if data.get("test_template_name") in ("NeMoRun", "MegatronBridge"):
+            out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("path", _every_fixture(), ids=lambda p: p.parent.name + "/" + p.name)
+def test_every_cloudai_test_imports_validates_renders_and_exports(path: Path) -> None:
+    """Any current or older CloudAI test of the two workloads: its baseline passes dse's rules
+    (e.g. a precision-aware optimizer with the recipes' distributed Adam), the launcher
+    renders it, and it exports as valid TOML."""
+    from dse.cloudai import dump_toml, export_test_full
+    from dse.rules import check_space
+    from dse.workloads.launchers._core import launcher_for
+
+    got = import_scenario(path, seq_length=4096, global_batch_size=512)
+    space = parse_space_text(got.to_yaml(path.name), path.name)
+    if path.parent == TESTS and path.name == "megatron_bridge_qwen_30b.toml":
+        # the older Qwen3 test recomputes the MLP of a model with no dense MLP layer
+        with pytest.raises(SpaceError, match="mlp recompute needs dense MLP layers"):
+            check_space(space, path.name, count=False)
+        return
+    check_space(space, path.name, count=False)  # raises when the baseline breaks a rule
+    launcher_for(space).render(space.full_params(space.baseline()))
+    exported = export_test_full(space, space.baseline(), "b")
+    assert tomllib.loads(dump_toml(exported.test))["test_template_name"] == (
+        "NeMoRun" if space.workload.name == "nemo" else "MegatronBridge"
+    )
