@@ -124,3 +124,11 @@ def test_ci_without_megatron_core_fails_naming_it(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CI", "false")
     with pytest.raises(pytest.skip.Exception, match="Megatron-Core is not available"):
         require_megatron()
+
+
+def test_property_tests_have_no_wall_time_deadline() -> None:
+    """Hypothesis's default 200 ms per example fails property tests on a loaded machine;
+    the loaded profile (tests/conftest.py) has none, in CI and locally."""
+    from hypothesis import settings
+
+    assert settings().deadline is None

@@ -9,6 +9,7 @@ owns the sequence length (``dataset.seq_length``; the runner syncs ``model.seq_l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,9 @@ from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
 
 __all__ = ["BridgeLauncher", "hydra_value", "resolved_expectations"]
 
+#: A float in exponent form without a dot (``1e-05``, how Python prints small floats): a
+#: float to Hydra's override grammar, a string to PyYAML's YAML 1.1 resolver.
+EXPONENT_FLOAT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 #: The launcher script of Megatron-Bridge (scripts/training/run_recipe.py).
 RUN_RECIPE = "scripts/training/run_recipe.py"
 
@@ -100,4 +104,15 @@ def resolved_expectations(argv: list[str]) -> dict[str, Any]:
             out[key] = yaml.safe_load(raw) if raw else None
         except yaml.YAMLError:
             out[key] = raw
+        out[key] = _exponent_floats(out[key])
     return out
+
+
+def _exponent_floats(v: Any) -> Any:
+    """``v`` as read by PyYAML, with each string that is a float in exponent form (``1e-05``)
+    the float Hydra reads there (in lists too; a quoted '1e-05' is taken as the float)."""
+    if isinstance(v, str) and EXPONENT_FLOAT.fullmatch(v):
+        return float(v)
+    if isinstance(v, list):
+        return [_exponent_floats(x) for x in v]
+    return v
