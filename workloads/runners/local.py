@@ -209,21 +209,21 @@ class LocalRunner(BaseRunner):
                 self._finish(tid, self._outcome_of(p, rc))
             elif now - p.started > p.launch.timeout_s:
                 # read before the stop: a stopped trial writes its own ``interrupted`` line
-                done = read_metrics(mp)
+                result = read_metrics(mp)
                 kill_process_group(p.popen)
                 self._finish(
                     tid,
-                    done
+                    result
                     or Outcome.failure(
                         "timeout", f"trial ran past its timeout of {p.launch.timeout_s:.0f} s"
                     ),
                 )
             elif now - p.last_progress > p.launch.hang_timeout_s:
-                done = read_metrics(mp)
+                result = read_metrics(mp)
                 kill_process_group(p.popen)
                 self._finish(
                     tid,
-                    done
+                    result
                     or Outcome.failure(
                         "hang",
                         f"no progress for {p.launch.hang_timeout_s:.0f} s (hang timeout)",
