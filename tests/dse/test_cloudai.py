@@ -211,6 +211,7 @@ def test_export_best_as_cloudai_test(tmp_path: Path) -> None:
     assert main(["cloudai", "export", "--storage", url, "-o", str(out)]) == 0
     test = tomllib.loads(out.read_text())
     assert test["test_template_name"] == "NeMoRun"
+    assert out.read_text().splitlines()[0].endswith("step_time_s = 2.0 (measured)")
     args = test["cmd_args"]
     assert best is not None
     assert args["trainer"]["strategy"] == {
