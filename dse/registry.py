@@ -17,7 +17,8 @@ To add a plugin: one :func:`_add` line below, its name in the matching ``Literal
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -94,6 +95,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[PluginKind, str], Plugin] = {}
+        self._hidden: set[tuple[PluginKind, str]] = set()
 
     def add(self, plugin: Plugin) -> Plugin:
         """Register ``plugin``.
@@ -123,14 +125,30 @@ class Registry:
 
     def entries(self, kind: PluginKind) -> tuple[Plugin, ...]:
         """The plugins of ``kind``, in registration order."""
-        return tuple(p for (k, _), p in self._entries.items() if k == kind)
+        return tuple(
+            p for key, p in self._entries.items() if key[0] == kind and key not in self._hidden
+        )
 
     def names(self, kind: PluginKind, trait: str | None = None) -> tuple[str, ...]:
         """The names of ``kind`` (those with ``trait`` when given), in registration order."""
         return tuple(p.name for p in self.entries(kind) if trait is None or trait in p.traits)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._entries
+        return key in self._entries and key not in self._hidden
+
+    @contextmanager
+    def hidden(self, kind: PluginKind, name: str) -> Iterator[None]:
+        """While in the block, plugin ``name`` of ``kind`` is not there (an installation
+        without it: what ``dse validate`` and ``dse start`` then say); its place in the
+        order is kept."""
+        key = (kind, name)
+        if key not in self._entries:
+            raise KeyError(f"no {kind} {name!r} to hide")
+        self._hidden.add(key)
+        try:
+            yield
+        finally:
+            self._hidden.discard(key)
 
     def get(self, kind: PluginKind, name: str, where: str = "") -> Plugin:
         """The plugin ``name`` of ``kind``.
@@ -139,6 +157,8 @@ class Registry:
             SpaceError: no such plugin; names ``where`` (the space-file field) and the known ones.
         """
         try:
+            if (kind, name) in self._hidden:
+                raise KeyError(name)
             return self._entries[(kind, name)]
         except KeyError:
             at = f"{where}: " if where else ""

@@ -145,16 +145,16 @@ def test_mistyped_storage_creates_nothing(
 def test_validate_refuses_runners_start_refuses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dse.workloads.runners import RUNNERS
+    from dse.registry import REGISTRY
 
     # a runner this installation lacks: validate and start ask the same registry
-    monkeypatch.delitem(RUNNERS, "slurm")
     d = _tiny()
     d["runner"] = {"name": "slurm"}
     p = _write(tmp_path, d)
-    assert main(["validate", str(p)]) == 2
-    assert "runner 'slurm' is not available" in capsys.readouterr().err
-    assert main(["start", "--space", str(p), "--storage", f"sqlite:///{tmp_path}/s.db"]) == 2
+    with REGISTRY.hidden("runner", "slurm"):
+        assert main(["validate", str(p)]) == 2
+        assert "runner 'slurm' is not available" in capsys.readouterr().err
+        assert main(["start", "--space", str(p), "--storage", f"sqlite:///{tmp_path}/s.db"]) == 2
 
 
 def test_validate_prints_the_cap_as_a_cap(

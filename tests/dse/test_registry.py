@@ -117,3 +117,11 @@ def test_a_trial_command_follows_the_workloads_entry() -> None:
         argv = trial_command(name, "trial.json", world_size=2, python="py")
         assert argv[-3:] == [plugin.module, "--spec", "trial.json"]
         assert ("--nproc-per-node=2" in argv) == ("torchrun" in plugin.traits)
+
+
+def test_a_hidden_plugin_is_absent_and_comes_back_in_its_place() -> None:
+    with REGISTRY.hidden("runner", "slurm"):
+        assert "slurm" not in REGISTRY.names("runner") and "slurm" not in RUNNERS
+        with pytest.raises(SpaceError, match="unknown runner 'slurm'"):
+            REGISTRY.get("runner", "slurm")
+    assert REGISTRY.names("runner") == RUNNER_NAMES
