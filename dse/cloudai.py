@@ -37,8 +37,9 @@ from typing import Any
 
 import yaml
 
+from dse.envpolicy import env_var_problem
 from dse.exceptions import SpaceError
-from dse.knobs import KNOBS, check_env_var, get_knob
+from dse.knobs import KNOBS, get_knob
 
 __all__ = [
     "CloudAIImport",
@@ -906,7 +907,7 @@ def import_scenario(
             if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
                 node_steps.append("vboost")
             continue
-        env_why = check_env_var(var)
+        env_why = env_var_problem(var)
         if var.startswith("CLOUDAI_") and var != "CLOUDAI_GPU_TYPE" and not env_why:
             env_why = (
                 "read by CloudAI's own recipe factories (cloudai_nemorun.py), which dse does "
@@ -1109,7 +1110,7 @@ def _runner(
         opts["srun_args"] = srun
     env: dict[str, str] = {}
     for var, val in sysi.env:
-        why = check_env_var(var)
+        why = env_var_problem(var)
         if why:
             unmapped.append(Unmapped(f"system.global_env_vars.{var}", val, why))
         else:
