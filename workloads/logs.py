@@ -69,10 +69,15 @@ NEMO_PROGRESS_BAR = re.compile(
 BAR_FIELD = re.compile(r"(?:^|,)\s*(?P<key>[^=,]+?)=(?P<value>[^,]*)")
 #: ``key: value`` fields of an iteration line, separated by ``|``.
 FIELD = re.compile(r"\s*(?P<key>[^|:]+?):\s*(?P<value>[^|]*?)\s*(?:\||$)")
-#: Bridge's throughput line printed before its iteration line.
+#: Bridge's throughput line printed before its iteration line (``MODEL_TFLOP/s/GPU``; Bridge
+#: 0.2 printed ``TFLOP/s/GPU``).
 BRIDGE_STEP_TIME = re.compile(
-    r"Step Time\s*:\s*(?P<s>[0-9.]+)s GPU utilization:\s*(?P<tf>[0-9.]+)\s*MODEL_TFLOP/s/GPU"
+    r"Step Time\s*:\s*(?P<s>[0-9.]+)s GPU utilization:\s*(?P<tf>[0-9.]+)\s*(?:MODEL_)?TFLOP/s/GPU"
 )
+#: NeMo's memory fields (bytes): ``max_memory_allocated`` (tensors) and
+#: ``max_memory_reserved`` (the caching allocator), NeMo's MegatronStrategy with
+#: ``NEMO_LOG_MEMORY_USAGE=1``; NeMo 1's ``peak_memory_usage`` is the reserved peak.
+NEMO_MEMORY_FIELDS = ("max_memory_allocated", "max_memory_reserved", "peak_memory_usage")
 
 # --- memory reports -----------------------------------------------------------------------
 
@@ -331,9 +336,7 @@ class LogParser:
                 s.tflops_per_gpu = s.tflops_per_gpu or _float(f.get("TFLOPS_per_GPU"))
                 loss = _float(f.get("reduced_train_loss"))
                 s.loss = s.loss if s.loss is not None else loss
-                peak = _float(f.get("peak_memory_usage"))
-                if peak is not None:
-                    self._peak(peak / _GIB, None)
+                self._nemo_memory(f)
                 return s if fresh else None
             new_bar: LogStep | None = None
             for part in line.split("\r"):  # tqdm redraws the bar on one line
@@ -348,6 +351,7 @@ class LogParser:
                 self.result.total_steps = int(m.group("total"))
                 s.step_time_s = s.step_time_s or _float(f.get("train_step_timing in s"))
                 s.tflops_per_gpu = s.tflops_per_gpu or _float(f.get("TFLOPS_per_GPU"))
+                self._nemo_memory(f)
                 bar_loss = f.get("reduced_train_loss")
                 if bar_loss is not None:
                     nan = bar_loss.lower().startswith("nan")
@@ -396,6 +400,19 @@ class LogParser:
                     s.grad_norm = _float(f.get("grad norm"))
                 new = s if fresh else None
         return new
+
+    def _nemo_memory(self, f: dict[str, str]) -> None:
+        """NeMo's memory fields of one line (bytes): the allocated peak is the peak memory,
+        the reserved one the reserved peak; ``peak_memory_usage`` alone stands for both."""
+        alloc, reserved, peak = (_float(f.get(k)) for k in NEMO_MEMORY_FIELDS)
+        if alloc is None and reserved is None and peak is None:
+            return
+        if alloc is None:
+            alloc = peak if peak is not None else reserved
+        if reserved is None:
+            reserved = peak
+        assert alloc is not None
+        self._peak(alloc / _GIB, None if reserved is None else reserved / _GIB)
 
     def _set_format(self, fmt: str) -> None:
         if self.format == "auto" or self.result.format == "auto":
