@@ -649,3 +649,21 @@ def test_every_cloudai_test_imports_validates_renders_and_exports(path: Path) ->
     assert tomllib.loads(dump_toml(exported.test))["test_template_name"] == (
         "NeMoRun" if space.workload.name == "nemo" else "MegatronBridge"
     )
+
+
+def test_cli_import_with_system_says_what_it_took_and_assumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s.yaml"
+    src = CUR / "test_scenario" / "megatron_bridge_standalone_deepseekv3.toml"
+    rc = main(["cloudai", "import", str(src), "--tests", str(CUR / "test"), "--system",
+               str(SYSTEM), "--seq-length", "4096", "-o", str(out)])  # fmt: skip
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "dse: note: agent 'bo_gp' is dse's 'gp'" in err
+    assert "dse: note: Slurm runner options from the system 'example-cluster'" in err
+    assert "dse: not mapped: cmd_args.hf_token = '<not copied>'" in err
+    assert "REPLACE_ME" not in out.read_text()
+    # without the sequence length the recipe would choose, the import names what to give
+    assert main(["cloudai", "import", str(src), "--tests", str(CUR / "test")]) == 2
+    assert "--seq-length" in capsys.readouterr().err
