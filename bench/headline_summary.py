@@ -50,7 +50,7 @@ def _trials(db: Path) -> list[dict[str, Any]]:
 def _study(d: Path) -> dict[str, Any]:
     status = _load(d / "status.json") or {}
     best = _load(d / "best.json") or {}
-    usage = status.get("gpu_usage") or status.get("usage") or {}
+    usage = status.get("gpu") or {}
     trials = _trials(d / "study.db") if (d / "study.db").exists() else []
     mem = []
     p = d / "worker-events.jsonl"
@@ -87,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         b = s["best"]
         u = s["usage"]
         lines.append(f"== {d.name}")
-        fig = (b.get("metrics") or {}) if isinstance(b, dict) else {}
-        noise = b.get("noise") if isinstance(b, dict) else None
-        lines.append(f"best: trial {b.get('number', b.get('trial'))} "
-                     f"{_fmt(fig.get('tflops_per_gpu', b.get('value')))} TFLOP/s/GPU; "
-                     f"noise {json.dumps(noise)[:400] if noise else '-'}")  # fmt: skip
+        noise = (b.get("noise") or {}) if isinstance(b, dict) else {}
+        fig = (noise.get("figures") or {}).get("tflops_per_gpu") or {}
+        ci = fig.get("ci")
+        lines.append(
+            f"best: trial {b.get('trial')} {_fmt(fig.get('value', b.get('value')))} "
+            f"TFLOP/s/GPU, 95% [{_fmt(ci[0]) if ci else '-'}, {_fmt(ci[1]) if ci else '-'}], "
+            f"runs {noise.get('trials')}; {noise.get('message') or 'no tie'}; "
+            f"params {json.dumps(b.get('params'))}"
+        )
         lines.append("busy: measured steps {} of held, all steps {}, steps+builds {} "
                      "(held {} device-s)".format(
                          _fmt(u.get("measured_fraction"), ".1%"),
