@@ -17,13 +17,17 @@ PASSWORD=${DSE_TEST_PG_PASSWORD:-dse_test}
 HOST=127.0.0.1
 PORT=${DSE_TEST_PG_PORT:-5432}
 
+case "$ROLE$PASSWORD" in
+  *[!A-Za-z0-9_]*) echo "pg_up.sh: role and password must be letters, digits or _" >&2; exit 2 ;;
+esac
+case "$PORT" in
+  ''|*[!0-9]*) echo "pg_up.sh: DSE_TEST_PG_PORT must be a port number (got '$PORT')" >&2; exit 2 ;;
+esac
+
 case "${1:-up}" in
   env) echo "export DSE_TEST_PG=postgresql+psycopg://$ROLE:$PASSWORD@$HOST:$PORT"; exit 0 ;;
   up) ;;
   *) echo "usage: $0 [up|env]" >&2; exit 2 ;;
-esac
-case "$ROLE$PASSWORD" in
-  *[!A-Za-z0-9_]*) echo "pg_up.sh: role and password must be letters, digits or _" >&2; exit 2 ;;
 esac
 
 if ! command -v pg_ctlcluster >/dev/null || ! command -v psql >/dev/null; then

@@ -132,3 +132,21 @@ def test_property_tests_have_no_wall_time_deadline() -> None:
     from hypothesis import settings
 
     assert settings().deadline is None
+
+
+def test_the_tests_default_server_is_the_role_pg_up_creates() -> None:
+    """tests/conftest.py's default PostgreSQL URL is the role and password scripts/pg_up.sh
+    creates (``env`` prints it): scripts/test.sh and a plain pytest run log in alike."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSE_TEST_PG")}
+    r = subprocess.run(["bash", str(REPO / "scripts" / "pg_up.sh"), "env"], env=env,
+                       capture_output=True, text=True, check=True)  # fmt: skip
+    assert r.stdout.strip() == (
+        "export DSE_TEST_PG=postgresql+psycopg://dse_test:dse_test@127.0.0.1:5432"
+    )
+    default = root_conftest.PG_SERVER if "DSE_TEST_PG" not in os.environ else None
+    if default is not None:
+        assert r.stdout.strip().split("=", 1)[1] == default
+    bad = subprocess.run(["bash", str(REPO / "scripts" / "pg_up.sh"), "env"],
+                         env={**env, "DSE_TEST_PG_ROLE": "x'; DROP ROLE postgres; --"},
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "letters, digits or _" in bad.stderr
