@@ -22,6 +22,7 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=0.02, help="wall seconds per iteration")
     ap.add_argument("--pidfile", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--exit-hang", type=float, default=0.0, help="seconds before exiting")
     a = ap.parse_args()
     child = subprocess.Popen(["sleep", "600"])
     with open(a.pidfile, "w") as f:
@@ -39,6 +40,8 @@ def main() -> int:
             flush=True,
         )
         time.sleep(a.sleep)
+    print("[after training is done]", flush=True)
+    time.sleep(a.exit_hang)  # upstream Megatron-LM's slow exit after its last step
     child.terminate()
     return 0
 

@@ -233,6 +233,30 @@ def test_fixed_window_records_its_interval(tmp_path: Path) -> None:
     assert lo <= o.metrics["step_time_s"] <= hi
 
 
+def test_a_recipe_slow_to_exit_after_its_last_step_is_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upstream pretrain_gpt.py sat 32 s after its last iteration: dse ends it, the trial is
+    complete (not a failure of the signal) and says so; its process group is gone."""
+    import dse.workloads.launchers.run as run_mod
+
+    monkeypatch.setattr(run_mod, "EXIT_GRACE_S", 0.5)
+    spec = _fake_spec(tmp_path, iters=12, sleep=0.0, exit_hang=300)
+    assert run_rendered(spec, MetricsWriter(spec.metrics_path), io.StringIO()) == 0
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.ok and len(o.steps) == 12
+    assert any("dse ended it" in n for n in o.metrics["notes"])
+    assert _gone(int((tmp_path / "child.pid").read_text()))
+
+
+def test_a_recipe_that_exits_promptly_is_not_ended(tmp_path: Path) -> None:
+    spec = _fake_spec(tmp_path, iters=12, sleep=0.0)
+    assert run_rendered(spec, MetricsWriter(spec.metrics_path), io.StringIO()) == 0
+    o = read_metrics(spec.metrics_path)
+    assert o is not None and o.ok
+    assert not any("dse ended it" in n for n in o.metrics["notes"])
+
+
 def test_the_runners_stop_reaches_the_recipes_group(tmp_path: Path) -> None:
     """A recipe that may be stopped early runs in its own process group; SIGTERM to the
     trial process (what a runner's stop sends) ends that group too."""

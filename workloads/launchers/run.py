@@ -11,9 +11,10 @@ The logged step times go through the trial's measurement rule (:mod:`dse.measure
 come: in ``adaptive`` mode (the recipe is given ``max_steps`` iterations) the recipe is
 stopped, its whole process group, once the steady-state step time is known to the space's
 precision; with ``prune`` it is stopped once its interval lies clearly below the study's
-best (``dominated``: the trial is recorded ``pruned``). Where the recipe may be stopped early
-it runs in its own process group, and a SIGTERM to this process (the runner's stop) is
-passed on to that group.
+best (``dominated``: the trial is recorded ``pruned``). A recipe still running
+``EXIT_GRACE_S`` after its last planned iteration is ended too (its exit is not measured).
+The recipe runs in its own process group, and a SIGTERM to this process (the runner's stop)
+is passed on to that group.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -62,6 +64,12 @@ def _step_record(s: LogStep, parser: LogParser, flops: float, world: int) -> dic
 #: count is larger, e.g. one that takes no model arguments from dse; ``fixed`` runs the
 #: recipe's own window).
 _EARLY_STOPS: tuple[StopReason, ...] = ("converged", "dominated", "max_steps")
+
+#: Seconds a recipe may take to exit after its last planned iteration was logged before dse
+#: ends its process group: upstream Megatron-LM's ``pretrain_gpt.py`` (core_v0.16.1) took 32 s
+#: to exit after "[after training is done]" on one H200 (it never destroys its process group),
+#: held GPU time in which nothing is measured.
+EXIT_GRACE_S = 10.0
 
 
 @contextlib.contextmanager
@@ -124,11 +132,18 @@ def run_rendered(
     if check is not None and check.file is not None:
         env[RESOLVED_ENV] = str(check.file)
     may_stop = series.adaptive or series.prune is not None
-    own_group = may_stop or check is not None
+    # its own process group always: a recipe may be ended after its last step (EXIT_GRACE_S)
+    own_group = True
     refused: str | None = None  # the check's reason: the recipe resolved other values
     timed: set[int] = set()  # logged iterations already fed to the series
     stopped: StopReason | None = None
     pending: LogStep | None = None
+    exit_timer: threading.Timer | None = None  # started at the last planned step
+    ended_after_last = threading.Event()  # dse ended a recipe that had logged every step
+
+    def end_slow_exit() -> None:
+        ended_after_last.set()
+        kill_process_group(proc, grace_s=2.0)
 
     def feed(s: LogStep) -> StopReason | None:
         rec = _step_record(s, parser, flops, world)
@@ -168,6 +183,14 @@ def run_rendered(
                     feed(pending)  # a step whose time came after its first line
                 pending = new
                 why = feed(new)
+                if (
+                    why is not None
+                    and exit_timer is None
+                    and not (may_stop and why in _EARLY_STOPS)
+                ):
+                    exit_timer = threading.Timer(EXIT_GRACE_S, end_slow_exit)
+                    exit_timer.daemon = True
+                    exit_timer.start()
                 if may_stop and why in _EARLY_STOPS:
                     stopped = why
                     out.write(f"dse: stopping the recipe after {len(series.times)} timed "
@@ -175,6 +198,15 @@ def run_rendered(
                     out.flush()
                     kill_process_group(proc, grace_s=5.0)
         rc = proc.wait()
+    if exit_timer is not None:
+        exit_timer.cancel()
+    if ended_after_last.is_set():
+        notes.append(
+            f"the recipe had not exited {EXIT_GRACE_S:.0f} s after its last planned "
+            "iteration; dse ended it (its exit is not measured)"
+        )
+        if stopped is None:
+            stopped = "fixed"
     if pending is not None:
         rec = _step_record(pending, parser, flops, world)
         if rec:
