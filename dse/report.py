@@ -30,6 +30,14 @@ def _plot_names(data: dict[str, Any]) -> tuple[str, ...]:
     return _PLOTS + (("compare",) if data.get("compare") else ())
 
 
+#: Small multiples per row of the slices plot.
+SLICE_COLUMNS = 4
+
+
+def _short(label: str, n: int = 14) -> str:
+    return label if len(label) <= n else label[: n - 1] + "…"
+
+
 def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
     try:
         import matplotlib
@@ -89,25 +97,34 @@ def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
     save(fig, "pareto")
 
     imp = data["importance"] or {}
-    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(imp)))
+    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.28 * len(imp)))
     names = list(imp)[::-1]
     ax.barh(names, [imp[n] for n in names])
+    ax.tick_params(axis="y", labelsize=7)
     ax.set_xlabel("importance (PED-ANOVA)")
     ax.set_title("Knob importance" + ("" if imp else f": {data['importance_how']}"))
     save(fig, "importance")
 
     sl = data["slices"]
     n = max(len(sl), 1)
-    fig, axes = plt.subplots(1, n, figsize=(2.6 * n, 2.8), squeeze=False)
-    for ax, (k, rows) in zip(axes[0], sl.items(), strict=False):
+    # small multiples wrapped into rows of SLICE_COLUMNS (20-30 knobs: a page, not a strip)
+    cols = min(n, SLICE_COLUMNS)
+    nrows = -(-n // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(2.6 * cols, 0.4 + 2.3 * nrows),
+                             squeeze=False, sharey=True)  # fmt: skip
+    flat = [ax for row in axes for ax in row]
+    for ax, (k, rows) in zip(flat, sl.items(), strict=False):
         order = data["slice_values"][k]  # the domain's order, not the trials'
         labels = [slice_label(r["x"]) for r in rows]
         xs = [order.index(x) if x in order else -1 for x in labels]
         ax.scatter(xs, [r["value"] for r in rows], s=14)
-        ax.set_xticks(range(len(order)), order)
-        ax.set_title(k, fontsize=8)
+        ax.set_xticks(range(len(order)), [_short(x) for x in order], rotation=25, ha="right")
+        ax.set_title(k if len(k) <= 30 else k[:29] + "…", fontsize=8)
         ax.tick_params(labelsize=7)
-    axes[0][0].set_ylabel(metric)
+    for ax in flat[len(sl) :]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel(metric, fontsize=8)
     save(fig, "slices")
 
     fails = data["failures"]

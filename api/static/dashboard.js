@@ -11,7 +11,7 @@
 "use strict";
 
 const API = "/api/v1";
-const PAGE_SIZE = 100;
+const PAGE_SIZE = 25; // rows per page of the trials table (a page fits a screen or two)
 // Charts are SVG (no WebGL: slow or missing without a GPU). A chart of more than DRAW_MAX
 // points draws DRAW_MAX of them: the ones that matter (every new best, the Pareto front)
 // and an even sample of the rest, which looks the same at the chart's size; the figure
@@ -224,6 +224,7 @@ function renderTable(page) {
     });
     if (t.id === state.trialId) tr.classList.add("selected");
     const isBest = t.number === state.bestTrial && t.state === "complete";
+
     const num = el("td", {});
     const pick = el("input", { type: "checkbox", class: "pick", title: "draw its losses over the baseline's",
       "data-number": String(t.number), checked: state.picked.has(t.number) });
@@ -237,6 +238,12 @@ function renderTable(page) {
       num.append(el("span", { class: "best-mark", title: "best" }, "★"));
     }
     const stateCell = cell(el("span", { class: `state state-${t.state}` }, t.state));
+    if (t.remeasure_of !== null && t.remeasure_of !== undefined) {
+      tr.dataset.remeasureOf = String(t.remeasure_of);
+      stateCell.append(el("span", { class: "flag remeasure", "data-flag": "remeasure",
+        title: `runs the configuration of trial ${t.remeasure_of} again (tied within noise `
+          + "with the best, or a baseline repeat); pooled with it" }, `re-measures #${t.remeasure_of}`));
+    }
     const flag = numericsFlag(m);
     if (flag) {
       stateCell.append(flag);
@@ -258,7 +265,7 @@ function renderTable(page) {
       el("td", { class: "num" }, fmt(t.gpu_seconds)),
       el("td", {}, t.failure_class || ""),
       el("td", { class: "reason", title: t.reason || "" }, t.reason || ""),
-      el("td", { class: "params" }, shortParams(t.params)),
+      paramsCell(t.params),
     );
     tr.addEventListener("click", () => loadTrial(t.id));
     tbody.append(tr);
@@ -269,6 +276,30 @@ function renderTable(page) {
   info.textContent = `${first}–${state.offset + page.data.length} of ${page.count}`;
   $("#page-prev").disabled = state.offset === 0;
   $("#page-next").disabled = state.offset + PAGE_SIZE >= page.count;
+  markBestRuns();
+}
+
+// The knobs of a row, at most two lines (the whole list in its tooltip and the trial detail):
+// 20-30 knobs made every row five lines tall and a page of 100 rows over 12,000 px.
+function paramsCell(params) {
+  const text = shortParams(params);
+  const td = el("td", { class: "params", title: text });
+  td.append(el("div", { class: "clamp" }, text));
+  return td;
+}
+
+// The other runs of the best configuration (pooled with its first trial) in the table.
+function markBestRuns() {
+  const runs = new Set(state.best && state.best.noise ? state.best.noise.trials || [] : []);
+  for (const tr of document.querySelectorAll("#trial-table tbody tr")) {
+    const n = Number(tr.dataset.number);
+    const on = runs.has(n) && n !== state.bestTrial && tr.dataset.state === "complete";
+    tr.classList.toggle("best-run", on);
+    if (on) {
+      tr.dataset.bestRun = "true";
+      tr.title = `a run of the best configuration (pooled with trial ${state.bestTrial})`;
+    } else delete tr.dataset.bestRun;
+  }
 }
 
 function renderRejections(page) {
@@ -321,12 +352,27 @@ function renderBest(best) {
   src.dataset.source = best ? best.source || "" : "";
   src.textContent = best ? SOURCE_TEXT[best.source] || best.source || "" : "";
   src.className = best && best.source === "measured" ? "state state-complete" : "state";
-  $("#best-title").textContent = best ? `trial ${best.trial}` : "";
+  const noise = (best && best.noise) || null;
+  const runs = noise && noise.trials && noise.trials.length ? noise.trials : best ? [best.trial] : [];
+  panel.dataset.runs = runs.join(",");
+  $("#best-title").textContent = !best ? "" : runs.length > 1
+    ? `trial ${best.trial} · ${runs.length} runs pooled (trials ${runs.join(", ")})`
+    : `trial ${best.trial}`;
+  renderTie(best);
   if (!best) return;
   const m = best.metrics || {};
   const obj = best.objective.metric;
-  const shown = ["tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib", "loss"];
+  const shown = ["tflops_per_gpu", "step_time_s", "tokens_per_s_per_gpu", "peak_mem_gib",
+    "peak_reserved_gib", "loss"];
+  // the configuration's pooled figures and intervals (the same everywhere the best is shown)
+  const figs = (noise && noise.figures) || {};
   const values = { ...m, [obj]: best.objective.value };
+  const cis = {};
+  for (const [k, f] of Object.entries(figs)) {
+    if (f && f.value !== null && f.value !== undefined) values[k] = f.value;
+    if (f && Array.isArray(f.ci)) cis[k] = f.ci;
+  }
+  for (const [k, key] of Object.entries(CI_OF)) if (!(k in cis) && Array.isArray(m[key])) cis[k] = m[key];
   const dl = $("#best-metrics");
   dl.replaceChildren();
   for (const k of [obj, ...shown.filter((k) => k !== obj)]) {
@@ -335,9 +381,9 @@ function renderBest(best) {
     const label = METRIC_LABEL[k] || k;
     const div = el("div", { "data-metric": k });
     div.append(el("dt", {}, k === obj ? `${label} (objective)` : label),
-      el("dd", { class: k === obj ? "objective" : "" }, fmt(v)));
-    const ci = ciText(m[CI_OF[k]]);
-    if (ci) div.append(el("span", { class: "ci", "data-ci": JSON.stringify(m[CI_OF[k]]) }, `95% CI ${ci}`));
+      el("dd", { class: k === obj ? "objective" : "", "data-value": String(v) }, fmt(v)));
+    const ci = ciText(cis[k]);
+    if (ci) div.append(el("span", { class: "ci", "data-ci": JSON.stringify(cis[k]) }, `95% CI ${ci}`));
     dl.append(div);
   }
   const nf = $("#best-numerics");
@@ -351,11 +397,33 @@ function renderBest(best) {
     tab.disabled = !best.exports || !best.exports[f];
   }
   showExport(state.exportFormat);
+  markBestRuns();
+}
+
+// "tied within noise: trial A and trial B" with each tied configuration's figure, or hidden
+function renderTie(best) {
+  const p = $("#best-tie");
+  const noise = best && best.noise;
+  const tied = (noise && noise.tied) || [];
+  p.hidden = !tied.length;
+  p.dataset.tied = tied.map((c) => c.trial).join(",");
+  p.replaceChildren();
+  if (!tied.length) return;
+  p.append(el("b", {}, noise.message || "tied within noise"),
+    document.createTextNode(": their 95% intervals overlap the best's, so the order among them "
+      + "is not known"));
+  for (const c of tied) {
+    const ci = ciText(c.ci);
+    p.append(el("span", { class: "tie", "data-trial": String(c.trial) },
+      `trial ${c.trial}: ${fmt(c.value)}${ci ? ` (${ci})` : ""}`
+      + (c.trials && c.trials.length > 1 ? `, ${c.trials.length} runs` : "")));
+  }
 }
 
 // --- issue 15's measurement fields ---------------------------------------------------------
 
-const CI_OF = { tflops_per_gpu: "tflops_per_gpu_ci", step_time_s: "step_time_ci_s" };
+const CI_OF = { tflops_per_gpu: "tflops_per_gpu_ci", step_time_s: "step_time_ci_s",
+  tokens_per_s_per_gpu: "tokens_per_s_per_gpu_ci" };
 
 // "lo–hi" of a [lo, hi] interval, or "" when there is none.
 function ciText(ci) {
@@ -392,11 +460,33 @@ function showExport(format) {
   const pre = $("#best-export");
   pre.dataset.format = format;
   const text = state.best && state.best.exports ? state.best.exports[format] : null;
-  pre.textContent = text || "(this launcher cannot express the configuration)";
+  if (text) setArgs(pre, text);
+  else pre.textContent = "(this launcher cannot express the configuration)";
   const copy = $("#copy-export");
   copy.disabled = !text;
   copy.dataset.copied = "false";
   copy.textContent = "Copy";
+}
+
+// The launcher text with each argument (a flag and its value: "--micro-batch-size 4", an
+// override "model.x=1") kept on one line: the box wraps between arguments, never inside a flag
+// at its hyphens. The text itself (what Copy copies) is unchanged: spans and the same spaces.
+function setArgs(pre, text) {
+  pre.replaceChildren();
+  const parts = text.split(/(\s+)/);
+  for (let i = 0; i < parts.length; i++) {
+    const tok = parts[i];
+    if (tok === "") continue;
+    if (/^\s+$/.test(tok)) { pre.append(document.createTextNode(tok)); continue; }
+    let unit = tok;
+    const next = parts[i + 2];
+    if (tok.startsWith("-") && next !== undefined && next !== "" && !next.startsWith("-")
+        && next !== "\\" && /^ +$/.test(parts[i + 1])) {
+      unit = tok + parts[i + 1] + next; // a flag and its value
+      i += 2;
+    }
+    pre.append(el("span", { class: "arg" }, unit));
+  }
 }
 
 async function copyExport() {
@@ -484,26 +574,49 @@ function renderHistory(study, pareto) {
   const bestX = [], bestY = [];
   const improved = new Set();
   let best = null;
-  for (const p of done) {
-    if (best === null || (maximize ? p.value > best : p.value < best)) {
-      best = p.value;
-      improved.add(p);
-      bestX.push(p.number);
+  if (Array.isArray(pareto.best_so_far) && pareto.best_so_far.length) {
+    // the noise-aware best so far (pooled configurations; ends at the study's best)
+    const byNumber = new Map(done.map((p) => [p.number, p]));
+    for (const r of pareto.best_so_far) {
+      if (r.value === null || r.value === best) continue;
+      best = r.value;
+      bestX.push(r.number);
       bestY.push(best);
+      if (byNumber.has(r.number)) improved.add(byNumber.get(r.number));
     }
+    const last = pareto.best_so_far[pareto.best_so_far.length - 1];
+    if (best !== null) { bestX.push(last.number); bestY.push(best); }
+  } else {
+    for (const p of done) {
+      if (best === null || (maximize ? p.value > best : p.value < best)) {
+        best = p.value;
+        improved.add(p);
+        bestX.push(p.number);
+        bestY.push(best);
+      }
+    }
+    if (done.length) { bestX.push(done[done.length - 1].number); bestY.push(best); }
   }
-  if (done.length) { bestX.push(done[done.length - 1].number); bestY.push(best); }
-  const shown = sample(done, DRAW_MAX, (p) => improved.has(p));
+
+  const shownAll = sample(done, DRAW_MAX, (p) => improved.has(p) || p.remeasure_of !== null);
+  const again = shownAll.filter((p) => p.remeasure_of !== null && p.remeasure_of !== undefined);
+  const shown = shownAll.filter((p) => !again.includes(p));
   const traces = [
-    { type: "scatter", mode: "lines", name: "best so far", x: bestX, y: bestY,
+    { type: "scatter", mode: "lines", name: "best so far (noise-aware)", x: bestX, y: bestY,
       line: { shape: "hv", color: "#2ca02c", width: 2 }, hoverinfo: "skip" },
     { type: "scatter", mode: "markers", name: "trial", x: shown.map((p) => p.number),
       y: shown.map((p) => p.value), text: shown.map(pointText), hoverinfo: "text",
       marker: { size: shown.length > 500 ? 5 : 8, color: "#1f77b4",
         line: { width: shown.length > 500 ? 0 : 1, color: "#fff" } } },
   ];
+  if (again.length) {
+    traces.push({ type: "scatter", mode: "markers", name: "re-measure", x: again.map((p) => p.number),
+      y: again.map((p) => p.value), text: again.map((p) => `${pointText(p)}<br>re-measures trial ${p.remeasure_of}`),
+      hoverinfo: "text", marker: { size: 9, symbol: "diamond-open", color: "#7c3aed", line: { width: 2 } } });
+  }
   const div = $("#chart-history");
   div.dataset.points = String(done.length);
+  div.dataset.bestLast = best === null ? "" : String(best);
   setNote("#note-history", shown.length, done.length, "trials");
   return plot(div, traces, {
     xaxis: { title: { text: "trial" }, tickformat: "d", rangemode: "tozero",
@@ -703,14 +816,29 @@ function renderParcoords(study, pareto) {
   const labels = pcLabels(axes.map((a) => a.label), div.clientWidth || 900);
   div.dataset.labels = labels.mode;
   const annotations = [];
+  // a value label sits left of its axis: with many axes it is cut ("…") to the room between
+  // two axes, so that it never runs over the previous axis (the whole value is its tooltip)
+  const [lo, hi] = PC_RANGE(axes.length);
+  const room = Math.max(24, ((div.clientWidth || 900) - PC_MARGIN_X) / (hi - lo) - 10);
+  const fit = (t) => {
+    if (pcTextWidth(t) * 0.85 <= room) return t;
+    let n = t.length;
+    while (n > 2 && pcTextWidth(`${t.slice(0, n)}…`) * 0.85 > room) n--;
+    return `${t.slice(0, n)}…`;
+  };
+  let cut = 0;
   axes.forEach((a, k) => {
     annotations.push({ ...labels.at(k), x: k, showarrow: false, name: "pc-label",
       font: { size: PC_LABEL_PX }, hovertext: a.label, hoverlabel: { bgcolor: "#111827" } });
     for (const [y, t] of a.ticks) {
-      annotations.push({ x: k, y, text: t, showarrow: false, xanchor: "right", xshift: -4,
-        font: { size: 10, color: "#374151" }, bgcolor: "rgba(255,255,255,0.7)" });
+      const text = fit(t);
+      if (text !== t) cut++;
+      annotations.push({ x: k, y, text, showarrow: false, xanchor: "right", xshift: -4,
+        font: { size: 10, color: "#374151" }, bgcolor: "rgba(255,255,255,0.7)",
+        hovertext: t, hoverlabel: { bgcolor: "#111827" } });
     }
   });
+  div.dataset.cutTicks = String(cut);
   const shapes = axes.map((_, k) => ({ type: "line", x0: k, x1: k, y0: 0, y1: 1,
     line: { color: "#111827", width: 1.5 } }));
   const caption = shown.length < done.length
@@ -764,30 +892,61 @@ async function loadTrial(id) {
 }
 
 // Knob importance and slices: /insights, the data `dse report` draws (dse/studyplots.py).
+// Knob importance and slices, designed for the 20-30 knobs of a real recipe: one bar row per
+// knob (every label drawn, the chart as tall as its knobs need, the margin as wide as the
+// longest name) and the slices as small multiples, wrapped into as many rows as needed, each
+// with its own title and tilted category labels.
+const SLICE_W = 250; // px per small multiple
+const SLICE_H = 170; // px per row of them
+const BAR_H = 20; // px per importance bar
+
 async function renderInsights(study, ins) {
   const imp = ins.importance || {};
   const names = Object.keys(imp).reverse();
   const idiv = $("#chart-importance");
   idiv.dataset.knobs = Object.keys(imp).join(",");
   $("#note-importance").textContent = ` (${ins.importance_how})`;
+  const longest = Math.max(60, ...names.map((n) => pcTextWidth(n)));
+  const ih = Math.max(240, names.length * BAR_H + 70);
+  idiv.style.height = `${ih}px`;
   const pending = [plot(idiv, [{
     type: "bar", orientation: "h", y: names, x: names.map((n) => imp[n]),
-    text: names.map((n) => fmt(imp[n])), hoverinfo: "y+text",
-  }], { xaxis: { title: { text: "importance (PED-ANOVA)" } }, margin: { l: 180 } })];
+    text: names.map((n) => fmt(imp[n])), hoverinfo: "y+text", textposition: "auto",
+  }], { height: ih, xaxis: { title: { text: "importance (PED-ANOVA)" } },
+    yaxis: { tickmode: "array", tickvals: names, ticktext: names, automargin: true,
+      tickfont: { size: 11 } },
+    margin: { l: Math.min(320, Math.ceil(longest) + 16), r: 15, t: 20, b: 45 } })];
   const knobs = Object.keys(ins.slices);
   const sdiv = $("#chart-slices");
   sdiv.dataset.knobs = knobs.join(",");
+  const width = sdiv.clientWidth || 900;
+  const cols = Math.max(1, Math.min(knobs.length, Math.floor(width / SLICE_W)));
+  const rows = Math.max(1, Math.ceil(knobs.length / cols));
+  sdiv.dataset.columns = String(cols);
+  sdiv.dataset.rows = String(rows);
   const traces = knobs.map((k, i) => ({
-    type: "scatter", mode: "markers", name: k, xaxis: i ? `x${i + 1}` : "x", yaxis: "y",
+    type: "scatter", mode: "markers", name: k, xaxis: i ? `x${i + 1}` : "x",
+    yaxis: i ? `y${i + 1}` : "y", marker: { size: 6, opacity: 0.75 },
     x: ins.slices[k].map((r) => String(r.x)), y: ins.slices[k].map((r) => r.value),
-    text: ins.slices[k].map((r) => `trial ${r.number}: ${fmt(r.value)}`), hoverinfo: "text",
+    text: ins.slices[k].map((r) => `trial ${r.number}: ${k}=${r.x}, ${fmt(r.value)}`),
+    hoverinfo: "text",
   }));
-  const layout = { grid: { rows: 1, columns: Math.max(knobs.length, 1), pattern: "coupled" },
-    showlegend: false, yaxis: { title: { text: study.metric } } };
+  const sh = rows * SLICE_H + 50;
+  sdiv.style.height = `${sh}px`;
+  const layout = { height: sh, showlegend: false, margin: { l: 55, r: 10, t: 24, b: 30 },
+    grid: { rows, columns: cols, pattern: "independent", xgap: 0.12, ygap: 0.55 },
+    annotations: [] };
   knobs.forEach((k, i) => {
-    layout[i ? `xaxis${i + 1}` : "xaxis"] = { title: { text: k, font: { size: 10 } },
-      type: "category",
-      categoryorder: "array", categoryarray: ins.slice_values[k] };
+    const sx = i ? `${i + 1}` : "";
+    layout[`xaxis${sx}`] = { type: "category", categoryorder: "array",
+      categoryarray: ins.slice_values[k], tickangle: -25, tickfont: { size: 9 }, automargin: false };
+    const y = { tickfont: { size: 9 } };
+    if (i) y.matches = "y"; // one objective scale across the multiples
+    if (i % cols === 0) y.title = { text: study.metric, font: { size: 10 } };
+    layout[`yaxis${sx}`] = y;
+    layout.annotations.push({ text: `<b>${k}</b>`, xref: `x${sx} domain`, yref: `y${sx} domain`,
+      x: 0.5, y: 1.02, xanchor: "center", yanchor: "bottom", showarrow: false,
+      font: { size: 10 } });
   });
   pending.push(plot(sdiv, traces, layout));
   await Promise.all(pending);
@@ -978,7 +1137,9 @@ function renderCompare(data) {
       el("td", {}, r.recipe || (r.workload ? `${r.workload} workload` : "")),
       el("td", { class: "num" }, `${r.seq_length ?? ""} · ${r.global_batch_size ?? ""}`),
       el("td", { class: "num", "data-source": b.source || "" },
-        r.best ? String(b.trial) + (b.source === "estimate" ? " (estimate)" : "") : "–"),
+        r.best ? String(b.trial) + (b.source === "estimate" ? " (estimate)" : "")
+          + (b.trials && b.trials.length > 1 ? ` · ${b.trials.length} runs` : "")
+          + (b.tied && b.tied.length ? ` · tied with ${b.tied.join(", ")}` : "") : "–"),
       figure("tflops_per_gpu", "tflops_per_gpu_ci"), figure("step_time_s", "step_time_ci_s"),
       figure("peak_mem_gib"), el("td", { class: "num" }, fmt(r.gpu_hours)),
       el("td", { class: "params" }, r.best ? shortParams(b.params) : "no complete trial"));

@@ -164,7 +164,8 @@ def test_comparison_lists_the_best_figures_of_the_chosen_studies(
             assert shown == figure(r["best"][k]), (r["study"], k)
         assert cells.nth(8).inner_text() == figure(r["gpu_hours"])
     tflops = rows.nth(0).locator('td[data-metric="tflops_per_gpu"]')
-    assert tflops.locator(".ci").inner_text() == "340.0–358.0"
+    ci = api["studies"][0]["best"]["tflops_per_gpu_ci"]  # the noise-aware best's interval
+    assert tflops.locator(".ci").inner_text() == f"{figure(ci[0])}–{figure(ci[1])}"
     assert rows.nth(1).locator(".ci").count() == 0  # no interval measured there
     assert "bridge:gpt_small_pretrain" in rows.nth(2).inner_text()
     chart = page.locator("#chart-compare")
@@ -198,10 +199,13 @@ def test_measurement_fields_are_shown(page: Any, site: tuple[str, ViewSeed]) -> 
     base, _ = site
     _open(page, base, "gpt-h200")
     # intervals on the best panel and in the table
-    ci = page.locator('#best-metrics div[data-metric="tflops_per_gpu"] .ci')
-    assert ci.inner_text() == "95% CI 340.0–358.0"
-    step = page.locator('#best-metrics div[data-metric="step_time_s"] .ci')
-    assert step.inner_text() == "95% CI 0.2793–0.2941"
+    # the panel: the configuration's noise-aware intervals (GET .../best noise.figures);
+    # the table: each trial's own
+    figs = page.request.get(f"{base}/api/v1/studies/gpt-h200/best").json()["noise"]["figures"]
+    for k in ("tflops_per_gpu", "step_time_s"):
+        lo, hi = figs[k]["ci"]
+        ci = page.locator(f'#best-metrics div[data-metric="{k}"] .ci')
+        assert ci.inner_text() == f"95% CI {figure(lo)}–{figure(hi)}"
     row = page.locator('#trial-table tbody tr[data-number="1"]')
     assert row.locator("td").nth(3).locator(".ci").inner_text() == "340.0–358.0"
     assert row.locator("td").nth(5).locator(".ci").inner_text() == "0.2793–0.2941"
