@@ -117,7 +117,9 @@ def _run_space(args: argparse.Namespace) -> int:
     sets = _parse_sets(args.sets)
     if isinstance(sets, str):
         return _fail(sets)
-    params = space.full_params(space.apply_conditions({**space.baseline(), **sets}))
+    raw = {**space.baseline(), **sets}
+    params = space.full_params(space.apply_conditions(raw))
+    inactive = _not_taken(space, raw, sets, params)
     feats = space.resources.features
     violations = check(space, params, feats if isinstance(feats, list) else None)
     if violations:
@@ -145,17 +147,54 @@ def _run_space(args: argparse.Namespace) -> int:
         "passes_prescreen": passes,
         "prescreen_margin": margin,
         "throughput": thr,
+        "not_taken": inactive,
     }
     if args.json:
+        for why in inactive.values():  # the JSON has them too ("not_taken")
+            sys.stderr.write(f"dse estimate: note: {why}\n")
         _out(json.dumps(out, indent=2, default=str))
         return 0
     _out(_format_space(out, total))
     return 0
 
 
+def _not_taken(
+    space: Any, raw: dict[str, Any], sets: dict[str, Any], params: dict[str, Any]
+) -> dict[str, str]:
+    """Why each ``--set`` value the estimate does not use was left out: a conditional knob
+    whose ``when:`` does not hold, or a knob that does nothing in the layout (dse.derive)."""
+    out: dict[str, str] = {}
+    for name, value in sets.items():
+        used = params.get(name)
+        spec = space.knobs.get(name)
+        if spec is not None and spec.when and not space.is_active(name, raw):
+            need = ", ".join(
+                f"{k} {'in ' + repr(w) if isinstance(w, list) else '= ' + repr(w)}"
+                for k, w in spec.when.items()
+            )
+            have = ", ".join(f"{k}={raw.get(k, space.fixed.get(k))!r}" for k in spec.when)
+            out[name] = (
+                f"{name}={value!r} is inactive: its condition (when: {need}) does not hold "
+                f"({have}), so it changes nothing (Megatron reads it only then; the estimate "
+                f"uses {name}={used!r}); set {' and '.join(spec.when)} too for it to apply"
+            )
+        elif used == value:
+            continue
+        elif name in space.fixed:
+            out[name] = f"{name} is fixed in the space at {used!r}; --set {name}={value!r} ignored"
+        else:
+            out[name] = (
+                f"{name}={value!r} does nothing in this layout (Megatron ignores it there), so "
+                f"the estimate uses {name}={used!r} (dse/derive.py)"
+            )
+    return out
+
+
 def _format_space(out: dict[str, Any], total: float) -> str:
     m = out["memory"]
     lines = [f"estimate (cost model, not measured) for study {out['study']}:"]
+    for why in out.get("not_taken", {}).values():
+        lines.append(f"  note: {why}")
     lines.append("  params: " + ", ".join(f"{k}={v}" for k, v in sorted(out["params"].items())))
     lines.append("  memory per GPU (GiB, estimate):")
     for name in (
@@ -169,12 +208,15 @@ def _format_space(out: dict[str, Any], total: float) -> str:
         f"    {'total (need)':<22}{total:>10.2f}   (peak at {m['peak_phase']}, stage "
         f"{m['peak_stage']})"
     )
-    if m["elastic_gib"]:
-        lines.append(
-            f"    {'device peak':<22}{m['device_peak_gib']:>10.2f}   (need + elastic reserve "
-            f"{m['elastic_gib']:.2f}, at most the capacity)"
-        )
     cap = out["capacity_gib"]
+    if m["elastic_gib"]:
+        if cap is not None and total > cap:  # no room left for the reserve: the need itself
+            why = f"the need alone exceeds the capacity {cap}; no room for the elastic reserve"
+        elif cap is not None and total + m["elastic_gib"] > cap:
+            why = f"need + elastic reserve {m['elastic_gib']:.2f}, capped at the capacity {cap}"
+        else:
+            why = f"need + elastic reserve {m['elastic_gib']:.2f}"
+        lines.append(f"    {'device peak':<22}{m['device_peak_gib']:>10.2f}   ({why})")
     if cap is None:
         lines.append("  fits: yes (no gpu_memory_gib declared)")
     else:
