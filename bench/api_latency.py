@@ -3,12 +3,12 @@
 What it does:
 
 1. Creates a SQLite study database (in a temporary folder unless ``--db``): the schema through
-   :func:`dse.storage.open_storage` (Alembic migrations), the study through
-   ``Storage.create_study``, then ``--trials`` trials (default 10,000; with per-step metrics,
-   70% complete, the rest OOM / invalid / failed / running) and some pre-launch rejections by
-   a bulk insert with SQLAlchemy Core into the migrated tables (reflected from the database).
-   Going through ``claim_trial``/``start_trial``/``finish_trial`` would take three
-   transactions per trial (minutes for 10k); the rows are the same shape those write.
+   :func:`dse.storage.open_storage` (Alembic migrations), then the study with ``--trials``
+   trials (default 10,000; with per-step metrics, 70% complete, the rest OOM / invalid /
+   failed / running) and some pre-launch rejections in one ``Storage.import_study`` of a
+   study export built in memory (a bulk insert per table). Going through
+   ``claim_trial``/``start_trial``/``finish_trial`` would take three transactions per trial
+   (minutes for 10k); the rows are those a ``dse import`` of such a study writes.
 2. Starts the real server, ``dse serve --storage URL --port P``, as a subprocess (uvicorn).
 3. Times ``--requests`` sequential requests each (one keep-alive HTTP client, after a few
    warm-up requests) of ``GET /api/v1/studies/bench/best``, ``GET .../trials?limit=100``
@@ -31,7 +31,6 @@ Targets: /best p99 <= 50 ms, a 100-row trial page p99 <= 100 ms, dashboard first
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -44,7 +43,6 @@ from typing import Any
 
 import httpx
 import yaml
-from sqlalchemy import MetaData, create_engine, insert
 
 from dse.space import params_key, parse_space
 from dse.storage import open_storage
@@ -89,39 +87,17 @@ SPACE = {
 }
 
 
-def _json(v: Any) -> str:
-    return json.dumps(v)
-
-
 def build_database(url: str, n_trials: int, seed: int = 0) -> dict[str, Any]:
-    """Create the study through the storage API, bulk-insert its trials; returns counts."""
+    """Create the study with its trials, steps and rejections through the storage API: one
+    ``Storage.import_study`` of a study export built here (its bulk insert); returns counts."""
     rng = random.Random(seed)
     text = yaml.safe_dump(SPACE, sort_keys=False)
     space = parse_space(yaml.safe_load(text), "bench space")
-    storage = open_storage(url)  # migrations
-    try:
-        study = storage.create_study(
-            name=STUDY,
-            space_yaml=text,
-            space_hash=space.digest(),
-            direction="maximize",
-            metric="tflops_per_gpu",
-            model=space.model.model_dump(),
-            hardware={"gpu": "NVIDIA H200", "gpu_memory_gib": 139.8, "world_size": 8,
-                      "device": "cuda"},
-        )  # fmt: skip
-    finally:
-        storage.close()
-
-    engine = create_engine(url)
-    meta = MetaData()
-    meta.reflect(engine, only=["trials", "trial_params", "trial_steps", "rejections"])
-    trials_t, params_t = meta.tables["trials"], meta.tables["trial_params"]
-    steps_t, rej_t = meta.tables["trial_steps"], meta.tables["rejections"]
     knobs = {k: v.values() for k, v in space.knobs.items()}
     now = time.time() - n_trials * 60
-    trial_rows, param_rows, step_rows = [], [], []
+    trials: list[dict[str, Any]] = []
     states: dict[str, int] = {}
+    n_steps = 0
     for i in range(n_trials):
         p = {k: rng.choice(vals) for k, vals in knobs.items()}
         r = rng.random()
@@ -148,11 +124,10 @@ def build_database(url: str, n_trials: int, seed: int = 0) -> dict[str, Any]:
         else:
             state, steps = "running", 3
         states[state] = states.get(state, 0) + 1
-        tid = i + 1
-        trial_rows.append({
-            "id": tid, "study_id": study.id, "number": i, "state": state, "params": _json(p),
-            "params_key": params_key(p), "metrics": _json(metrics), "value": value,
-            "failure_class": fc, "reason": reason,
+        n_steps += steps
+        trials.append({
+            "number": i, "state": state, "params": p, "params_key": params_key(p),
+            "metrics": metrics, "value": value, "failure_class": fc, "reason": reason,
             "source": None if state == "running" else "measured",
             "runner": "node-1:4242:bench", "host": f"node-{i % 16}",
             "log_path": f"dse_runs/bench/trial-{i:05d}/log.txt",
@@ -160,45 +135,40 @@ def build_database(url: str, n_trials: int, seed: int = 0) -> dict[str, Any]:
             "queued_at": t0, "started_at": t0 + 1,
             "finished_at": None if state == "running" else t0 + 50,
             "heartbeat_at": t0 + 50, "gpu_seconds": None if state == "running" else 49.0 * 8,
-            "attempts": 0, "history": "[]",
+            "attempts": 0, "history": [],
+            "steps": [
+                {"step": s + 1, "step_time_s": 8.0 + rng.uniform(0, 0.5), "tflops_per_gpu": tflops,
+                 "peak_mem_gib": mem, "peak_reserved_gib": mem + 2, "loss": 11.0 - 0.3 * s,
+                 "grad_norm": 1.0}
+                for s in range(steps)
+            ],
         })  # fmt: skip
-        param_rows += [
-            {"trial_id": tid, "name": k, "value_json": json.dumps(v, sort_keys=True)}
-            for k, v in p.items()
-        ]
-        step_rows += [
-            {
-                "trial_id": tid,
-                "step": s + 1,
-                "step_time_s": 8.0 + rng.uniform(0, 0.5),
-                "tflops_per_gpu": tflops,
-                "peak_mem_gib": mem,
-                "peak_reserved_gib": mem + 2,
-                "loss": 11.0 - 0.3 * s,
-                "grad_norm": 1.0,
-            }  # fmt: skip
-            for s in range(steps)
-        ]
-    rej_rows = []
+    rejections = []
     for j in range(max(1, n_trials // 20)):
         p = {k: rng.choice(vals) for k, vals in knobs.items()}
         pred = j % 2 == 0
-        rej_rows.append({
-            "study_id": study.id, "params": _json(p), "params_key": params_key(p),
+        rejections.append({
+            "params": p, "params_key": params_key(p),
             "kind": "predicted_oom" if pred else "invalid",
             "rule": "costmodel" if pred else "tp_divides_query_groups",
             "reason": "predicted peak 180.0 GiB > 139.8 GiB" if pred else "8 % 16 != 0",
-            "values": _json({"predicted_peak_mem_gib": 180.0} if pred else {}),
+            "values": {"predicted_peak_mem_gib": 180.0} if pred else {},
             "created_at": now,
         })  # fmt: skip
-    with engine.begin() as conn:
-        for table, rows in ((trials_t, trial_rows), (params_t, param_rows),
-                            (steps_t, step_rows), (rej_t, rej_rows)):  # fmt: skip
-            for k in range(0, len(rows), 5000):
-                conn.execute(insert(table), rows[k : k + 5000])
-    engine.dispose()
-    return {"trials": n_trials, "states": states, "steps": len(step_rows),
-            "rejections": len(rej_rows)}  # fmt: skip
+    export = {
+        "format": "dse-study", "format_version": 1,
+        "study": {"name": STUDY, "space_yaml": text, "space_hash": space.digest(),
+                  "state": "created", "direction": "maximize", "metric": "tflops_per_gpu",
+                  "created_at": now},
+        "trials": trials, "rejections": rejections,
+    }  # fmt: skip
+    storage = open_storage(url)  # migrations
+    try:
+        storage.import_study(export)
+    finally:
+        storage.close()
+    return {"trials": n_trials, "states": states, "steps": n_steps,
+            "rejections": len(rejections)}  # fmt: skip
 
 
 def start_server(

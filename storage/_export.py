@@ -47,7 +47,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from dse.bounds import (
@@ -617,18 +617,39 @@ def load_study(
     s.add(study)
     s.flush()
     s.add_all(StudyAttrModel(study_id=study.id, key=k, value=v) for k, v in export.attrs.items())
-    for t in export.trials:
-        row = TrialModel(
-            study_id=study.id,
-            numerics=numerics_status(t.metrics),  # the column follows the metrics' verdict
+    # one bulk INSERT per table (executemany, trial ids back through RETURNING in the order
+    # given): a 10,000-trial export imports in seconds, not a flush per trial
+    rows = [
+        {
+            "study_id": study.id,
+            "numerics": numerics_status(t.metrics),  # the column follows the metrics' verdict
             **t.model_dump(exclude={"steps"}),
+        }
+        for t in export.trials
+    ]
+    ids = (
+        list(
+            s.scalars(
+                insert(TrialModel).returning(TrialModel.id, sort_by_parameter_order=True), rows
+            )
         )
-        s.add(row)
-        s.flush()
-        s.add_all(
-            TrialParamModel(trial_id=row.id, name=n, value_json=v) for n, v in param_rows(t.params)
-        )
-        s.add_all(TrialStepModel(trial_id=row.id, **st.model_dump()) for st in t.steps)
-    s.add_all(RejectionModel(study_id=study.id, **r.model_dump()) for r in export.rejections)
+        if rows
+        else []
+    )
+    params = [
+        {"trial_id": tid, "name": n, "value_json": v}
+        for tid, t in zip(ids, export.trials, strict=True)
+        for n, v in param_rows(t.params)
+    ]
+    steps = [
+        {"trial_id": tid, **st.model_dump()}
+        for tid, t in zip(ids, export.trials, strict=True)
+        for st in t.steps
+    ]
+    rejections = [{"study_id": study.id, **r.model_dump()} for r in export.rejections]
+    for model, batch in ((TrialParamModel, params), (TrialStepModel, steps),
+                         (RejectionModel, rejections)):  # fmt: skip
+        if batch:
+            s.execute(insert(model), batch)
     s.flush()
     return study
