@@ -34,7 +34,8 @@ from dse.exceptions import (
 )
 from dse.export import best_payload, render_best
 from dse.names import display_name
-from dse.records import AGENT_NAMES, BEST_FORMATS, RUNNER_NAMES
+from dse.records import BEST_FORMATS
+from dse.registry import REGISTRY
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
@@ -798,9 +799,9 @@ def build_parser() -> argparse.ArgumentParser:
     def run_args(sp: argparse.ArgumentParser) -> None:
         storage_arg(sp)
         sp.add_argument("--n-trials", type=int, help="trial budget (baseline included)")
-        sp.add_argument("--agent", choices=AGENT_NAMES)
+        sp.add_argument("--agent", choices=REGISTRY.names("agent"))
         # every name a space may give (start refuses those this dse cannot run, naming them)
-        sp.add_argument("--runner", choices=RUNNER_NAMES)
+        sp.add_argument("--runner", choices=REGISTRY.names("runner"))
         sp.add_argument("--max-parallel", type=int, help="trials at once")
         sp.add_argument("--workdir", help="folder for trial specs, metrics and logs")
 
@@ -818,7 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_args(sp)
     sp.add_argument(
         "--workload",
-        choices=["megatron", "replay", "sim"],
+        choices=[n for n in REGISTRY.names("workload") if n not in REGISTRY.names("launcher")],
         help="trial kind instead of the space's (sim: the cost model, every figure an estimate)",
     )
     sp.set_defaults(fn=cmd_start)
