@@ -872,6 +872,10 @@ def import_scenario(
         if knob == "cuda_graph_impl":
             vals = ["none" if x in (None, "", "null", "None") else str(x).lower() for x in vals]
         b.add(ck, knob, v, vals, swept=sw)
+        if workload == "nemo" and k.startswith("trainer.plugins.fp8") and not sw:
+            # NeMo's precision plugin sets the model's FP8 fields when the trial starts (over
+            # model.config.*): the recipe keeps it as written, the knob tells dse's cost model
+            overrides[k] = v
     if workload == "bridge":
         for hk, hv in (test.get("extra_cmd_args") or {}).items():
             if hk == "mixed_precision" and str(hv) in _MIXED_PRECISION:

@@ -270,6 +270,9 @@ def test_recipe_without_example_needs_model_from(
     assert space.resources.world_size == 64
     assert any("sweeps nothing" in n for n in got.notes)
     assert space.fixed["fp8"] == "hybrid"  # trainer.plugins.fp8: dse's FP8 knob
+    launcher = space.workload.launcher
+    # ... and kept as the recipe's plugin override (NeMo's plugin sets FP8 at start-up)
+    assert launcher is not None and launcher.overrides["trainer.plugins.fp8"] == "hybrid"
 
 
 def test_export_bridge_best_as_cloudai_test(tmp_path: Path) -> None:
