@@ -7,12 +7,13 @@
 ``optim.config.X`` (Megatron-Core ``OptimizerConfig``), ``log.X`` (``nl.NeMoLogger``) and
 ``data.X`` (the GPT data modules' constructor arguments). This reads those by AST from a
 NeMo git clone and, for the Megatron-Core classes, from a Megatron-LM clone; ``trainer.X``
-itself is Lightning's ``Trainer``, which is not part of NeMo and is not extracted. Writes
-a JSON data file.
+(``nl.Trainer``, Lightning's ``Trainer``) from a Lightning clone at the newest release NeMo
+allows (``requirements_lightning.txt``: ``lightning<=2.4.0``). Writes a JSON data file.
 
     python scripts/extract_upstream_nemo.py --repo PATH/TO/NeMo/.git --commit v2.4.0 \\
         --megatron-repo PATH/TO/Megatron-LM/.git \\
         --megatron-commit 55ac7082517c3878ae653c07c09c534b8aed49f6 \\
+        --lightning-repo PATH/TO/pytorch-lightning/.git --lightning-commit 2.4.0 \\
         -o tests/fixtures/upstream/nemo_recipe.json
 """
 
@@ -35,8 +36,11 @@ DEFAULT_MEGATRON_COMMIT = "55ac7082517c3878ae653c07c09c534b8aed49f6"
 
 STRATEGY = ("nemo.lightning.pytorch.strategies.megatron_strategy", "MegatronStrategy")
 DDP = ("megatron.core.distributed", "DistributedDataParallelConfig")
+#: Lightning 2.4.0, the newest NeMo v2.4.0 allows.
+DEFAULT_LIGHTNING_COMMIT = "2129fdf3622e39ba46be4e1139af408e7e951cf3"
 #: override prefix -> (module, class, "fields" of a dataclass | "init" constructor arguments)
 TARGETS: dict[str, list[tuple[str, str, str]]] = {
+    "trainer": [("lightning.pytorch.trainer.trainer", "Trainer", "init")],
     "trainer.strategy": [(*STRATEGY, "init")],
     "trainer.strategy.ddp": [(*DDP, "fields")],
     "model.config": [("nemo.collections.llm.gpt.model.base", "GPTConfig", "fields")],
@@ -49,8 +53,10 @@ TARGETS: dict[str, list[tuple[str, str, str]]] = {
 }  # fmt: skip
 
 
-def extract(nemo: GitTree, megatron: GitTree) -> dict[str, Any]:
-    src = Source([("nemo", nemo, ""), ("megatron", megatron, "")])
+def extract(nemo: GitTree, megatron: GitTree, lightning: GitTree) -> dict[str, Any]:
+    src = Source(
+        [("nemo", nemo, ""), ("megatron", megatron, ""), ("lightning", lightning, "src/")]
+    )
     prefixes: dict[str, dict[str, list[str]]] = {}
     for prefix, classes in TARGETS.items():
         out: dict[str, list[str]] = {}
@@ -68,12 +74,10 @@ def extract(nemo: GitTree, megatron: GitTree) -> dict[str, Any]:
         "commit": nemo.commit,
         "commit_date": nemo.date(),
         "megatron_lm_commit": megatron.commit,
+        "lightning_commit": lightning.commit,
         "extracted_by": "scripts/extract_upstream_nemo.py (AST of MegatronStrategy, GPTConfig, "
-        "the GPT data modules and the Megatron-Core config dataclasses)",
-        "not_extracted": {
-            "trainer": "Lightning's Trainer arguments (num_nodes, devices, max_steps, ...): "
-            "Lightning is not part of NeMo"
-        },
+        "NeMoLogger, the GPT data modules, the Megatron-Core config dataclasses and "
+        "Lightning's Trainer)",
         "prefixes": prefixes,
     }
 
@@ -84,10 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default=DEFAULT_COMMIT)
     ap.add_argument("--megatron-repo", required=True, help="a Megatron-LM git directory")
     ap.add_argument("--megatron-commit", default=DEFAULT_MEGATRON_COMMIT)
+    ap.add_argument("--lightning-repo", required=True, help="a pytorch-lightning git directory")
+    ap.add_argument("--lightning-commit", default=DEFAULT_LIGHTNING_COMMIT)
     ap.add_argument("-o", "--output", type=Path, required=True)
     args = ap.parse_args(argv)
     data = extract(
-        GitTree(args.repo, args.commit), GitTree(args.megatron_repo, args.megatron_commit)
+        GitTree(args.repo, args.commit),
+        GitTree(args.megatron_repo, args.megatron_commit),
+        GitTree(args.lightning_repo, args.lightning_commit),
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(data, indent=1) + "\n")

@@ -9,10 +9,10 @@ they hold whatever table or plugin renders it:
   has no value, a flag with a value has one, and a value of a flag with choices is one of them;
 * Megatron-Bridge: every ``section.field=value`` names a ``ConfigContainer`` section and a
   field of a class that section holds;
-* NeMo: every ``prefix.name=value`` under ``trainer.strategy``, ``trainer.strategy.ddp``,
-  ``model.config``, ``optim.config``, ``log`` or ``data`` names an argument or field of
-  that object.
-  ``trainer.X`` (Lightning's ``Trainer``, not part of NeMo) is returned as not checked.
+* NeMo: every ``prefix.name=value`` under ``trainer`` (Lightning's ``Trainer``),
+  ``trainer.strategy``, ``trainer.strategy.ddp``, ``model.config``, ``optim.config``,
+  ``log`` or ``data`` names an argument or field of that object (the longest prefix
+  decides); a key under none of them is returned as not checked.
 """
 
 from __future__ import annotations
@@ -121,10 +121,8 @@ def nemo_problems(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     for key in _assignments(_after_entry(argv, "-y")):
         owner = max((p for p in prefixes if key.startswith(p + ".")), key=len, default=None)
         if owner is None:
-            if key.startswith("trainer."):
-                unchecked.append(key)
-            else:
-                out.append(f"{key}: not an override path of a NeMo 2.0 recipe")
+            unchecked.append(key)
+            out.append(f"{key}: not an override path of a NeMo 2.0 recipe")
             continue
         name = key[len(owner) + 1 :]
         if not any(name in names for names in prefixes[owner].values()):
