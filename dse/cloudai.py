@@ -883,6 +883,13 @@ def import_scenario(
             else:
                 overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
     knobs, fixed = b.knobs, b.fixed
+    if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:
+        # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
+        # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
+        pair = (fixed["fp8"], fixed.get("fp8_recipe"))
+        preset = next((m for m, d in _MIXED_PRECISION.items() if COMPUTE_DTYPES[d] == pair), None)
+        if preset is not None:
+            overrides["mixed_precision"] = preset
     is_moe = _is_moe(model)
     derived: dict[str, str] = {}
     if workload == "bridge":

@@ -408,6 +408,9 @@ def test_bridge_dse_with_a_bayesian_agent_keeps_its_sweeps_and_agent() -> None:
     assert space.fixed["cuda_graph_scope"] == "attn"
     # compute_dtype fp8_cs: FP8 current scaling as dse's precision knobs (cost model, FLOPs)
     assert (space.fixed["fp8"], space.fixed["fp8_recipe"]) == ("hybrid", "tensorwise")
+    launcher = space.workload.launcher  # the recipe runs Bridge's preset of compute_dtype
+    assert launcher is not None
+    assert launcher.overrides["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
     assert space.fixed["overlap_moe_expert_parallel_comm"] is False  # moe_a2a_overlap
     assert space.derived["sequence_parallel"] == "bridge"
     assert space.resources.world_size == 256 and space.resources.gpus_per_node == 4
