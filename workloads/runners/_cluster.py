@@ -70,10 +70,11 @@ def runner_options(space: Any, model: type[_Opts], name: str) -> _Opts:
 
 def trial_device(space: Any) -> str:
     """Where a space's trials run: replay and sim trials are plain CPU processes whatever
-    the space's device is; the built-in trainer and the recipe launchers use it."""
-    from dse.recipe_spec import LAUNCHERS
+    the space's device is; the workloads that train (the registry's trait ``trains``: the
+    built-in trainer and the recipe launchers) use it."""
+    from dse.registry import REGISTRY
 
-    trains = space.workload.name in ("megatron", *LAUNCHERS)
+    trains = "trains" in REGISTRY.get("workload", space.workload.name, "workload.name").traits
     return str(space.resources.device) if trains else "cpu"
 
 

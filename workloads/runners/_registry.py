@@ -23,13 +23,11 @@ __all__ = ["RUNNERS", "make_runner", "check_runner", "local_runner", "warm_setti
 
 def local_runner(space: SearchSpace) -> BaseRunner:
     """The local process pool of a space (``runner: local``)."""
+    from dse.workloads.runners._cluster import trial_device
     from dse.workloads.runners.local import LocalRunner
 
-    # replay and sim trials are plain CPU processes whatever the space's device is
-    trains = "trains" in REGISTRY.get("workload", space.workload.name).traits
-    device = space.resources.device if trains else "cpu"
     return LocalRunner(
-        device=device,
+        device=trial_device(space),
         world_size=space.resources.world_size,
         gpus=space.runner.gpus,
         max_parallel=space.runner.max_parallel,
