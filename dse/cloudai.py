@@ -1026,8 +1026,25 @@ def import_scenario(
         for holder in (test, run):
             if holder.get(k):
                 unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
+    _uneven_pipeline_note(space, notes)
     _valid_baseline(space, where, notes)
     return CloudAIImport(space, unmapped, notes)
+
+
+def _uneven_pipeline_note(space: dict[str, Any], notes: list[str]) -> None:
+    """Name the PP values that cannot split the model's layers evenly: dse describes even
+    splits only (a recipe's pipeline_model_parallel_layout or first/last-stage layer counts
+    are not modelled), so those configurations are refused."""
+    n = _model_fields(space["model"]).get("num_layers")
+    spec = space["knobs"].get("pipeline_model_parallel_size")
+    pps = spec["values"] if spec else [space["fixed"].get("pipeline_model_parallel_size", 1)]
+    bad = [pp for pp in pps if isinstance(pp, int) and isinstance(n, int) and n % pp]
+    if bad:
+        notes.append(
+            f"PP {bad} cannot split the model's {n} layers evenly; dse describes even "
+            "splits only (not a recipe's pipeline_model_parallel_layout), so it refuses "
+            "those configurations"
+        )
 
 
 #: Knob combinations looked at for a valid baseline (CloudAI has no baseline; its first

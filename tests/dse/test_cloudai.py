@@ -417,6 +417,7 @@ def test_bridge_dse_with_a_bayesian_agent_keeps_its_sweeps_and_agent() -> None:
     assert space.resources.gpu == "NVIDIA GB200" and space.resources.gpu_memory_gib
     assert space.budget.n_trials == 20  # agent_steps
     assert any("older name" in n for n in got.notes)  # model_name / model_size still read
+    assert any("PP [2, 4, 8] cannot split the model's 61 layers" in n for n in got.notes)
 
 
 def _cloudai_bridge_keeps(args: dict, layouts: set[tuple[int, int]] | None) -> bool:
