@@ -763,7 +763,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if workers == 1:
         say_where()
         app = create_app(storage_url=url, settings=settings)
-        uvicorn.Server(uvicorn.Config(app, **_UVICORN)).run(sockets=[sock])
+        try:
+            uvicorn.Server(uvicorn.Config(app, **_UVICORN)).run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C
+            _err("serve: stopped (Ctrl-C)")
+            return 130
         return 0
     # Each worker builds its app from the environment: the same DSE_* settings, and the
     # storage URL passed on in DSE_STORAGE. Their read caches are correct side by side:
@@ -920,6 +924,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling: one line, no trace
+        _err("interrupted (Ctrl-C)")
+        return 130
     except (SpaceError, StudyNotFoundError, StudyFormatError) as e:
         _err(str(e))
         return 2
