@@ -90,6 +90,8 @@ class SpaceAgent(BaseAgent):
         super().__init__(space, seed)
         self._rng = random.Random(seed)
         self._order = knob_order(space)
+        #: each knob's values, built once (an int domain of 4,096 values is a list of them)
+        self._values: dict[str, list[Any]] = {n: k.values() for n, k in space.knobs.items()}
         self._seen: set[str] = set()
         self._pending: dict[str, tuple[dict[str, Any], Any]] = {}
         self._observations: list[Observation] = []
@@ -188,7 +190,7 @@ class SpaceAgent(BaseAgent):
             spec = self.space.knobs[name]
             if spec.when and not self.space.is_active(name, out):
                 continue
-            out[name] = self._rng.choice(spec.values())
+            out[name] = self._rng.choice(self._values[name])
         return canonical(self.space, out)
 
     def all_configs(self) -> list[dict[str, Any]] | None:

@@ -79,6 +79,19 @@ MAX_INVALID_REDRAWS = 8
 #: drawn again.
 P_SKIP = 0.02
 
+#: Moves of one and two knobs the structured start looks at from one root configuration, in
+#: a space of up to 8 knobs (a candidate costs time in proportion to the knobs: with more, the
+#: budget is ``MAX_MOVES * 8 / knobs``). A space whose moves fit (``m * (m + 1)`` for ``m``
+#: one-knob moves) is looked at whole, in the same order as always; a larger one (one knob of
+#: 4,096 values has 16.8 million pairs of moves, more than 100 s per proposal) is sampled down
+#: to the budget: the values next to the root's in each knob's domain and random others
+#: (:data:`NEAR_VALUES` of each), half of the budget one-knob moves among those, the other
+#: half random pairs of them.
+MAX_MOVES = 20_000
+#: Values of a knob taken on each side of the root's value, and at random, in a sampled
+#: neighbourhood.
+NEAR_VALUES = 8
+
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
@@ -338,9 +351,51 @@ class OptunaAgent(SpaceAgent):
             yield ideal
             roots.append(ideal)
         for root in roots:
-            yield from self._moves(root, depth=2)
-        for _ in range(512 * (3 - len(roots))):  # the estimate looks wider without an ideal
+            yield from self._bounded_moves(root)
+        # the estimate looks wider without an ideal
+        for _ in range(min(512, self._move_budget()) * (3 - len(roots))):
             yield self._random_config()
+
+    def _move_budget(self) -> int:
+        """Candidates looked at per root of the structured start (see :data:`MAX_MOVES`)."""
+        return MAX_MOVES * 8 // max(8, len(self.space.knobs))
+
+    def _bounded_moves(self, root: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        """The one- and two-knob moves from ``root``: all of them while they fit the budget
+        (:meth:`_move_budget`), else a sample of that many (see :data:`MAX_MOVES`)."""
+        values = self._values
+        budget = self._move_budget()
+        m = sum(len(v) - 1 for v in values.values())
+        if m * (m + 1) <= budget:
+            yield from self._moves(root, depth=2)
+            return
+        import random
+
+        rng = random.Random(f"{self.seed}:{params_key(root)}")  # the same sample each time
+        near: dict[str, list[Any]] = {}
+        for name, vals in values.items():
+            others = [i for i, v in enumerate(vals) if v != root[name]]
+            if len(others) > 3 * NEAR_VALUES:
+                at = next((i for i, v in enumerate(vals) if v == root[name]), 0)
+                close = sorted(others, key=lambda i: abs(i - at))[: 2 * NEAR_VALUES]
+                rest = sorted(set(others) - set(close))
+                others = sorted(close + rng.sample(rest, NEAR_VALUES))
+            if others:
+                near[name] = [vals[i] for i in others]
+        singles = [(name, v) for name, vs in near.items() for v in vs]
+        rng.shuffle(singles)
+        firsts: list[dict[str, Any]] = []
+        for name, v in singles[: max(1, budget // 2)]:
+            p = canonical(self.space, {**root, name: v})
+            firsts.append(p)
+            yield p
+        names = list(near)
+        for _ in range(budget - len(firsts)):
+            p = rng.choice(firsts)
+            name = rng.choice(names)
+            v = rng.choice(near[name])
+            if v != p[name]:
+                yield canonical(self.space, {**p, name: v})
 
     def _moves(self, root: Mapping[str, Any], depth: int) -> Iterator[dict[str, Any]]:
         for name, spec in self.space.knobs.items():

@@ -59,9 +59,25 @@ P_UNKNOWN = 0.5
 
 
 def _numeric(values: Sequence[Any]) -> list[float]:
+    cached = getattr(values, "numeric", None)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
     return sorted(
         {float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)}
     )
+
+
+class _Values(tuple[Any, ...]):
+    """A knob's values with their sorted numbers computed once: a preference reads them
+    for every candidate it scores (O(values) each time: 16.8 million steps per proposal for
+    one knob of 4,096 values)."""
+
+    numeric: list[float]
+
+    def __new__(cls, values: Sequence[Any]) -> _Values:
+        self = super().__new__(cls, values)
+        self.numeric = _numeric(list(values))
+        return self
 
 
 def _larger(v: Any, values: Sequence[Any]) -> float:
@@ -174,6 +190,7 @@ class PriorGuide:
         self._sign = 1.0 if obj.direction == "maximize" else -1.0
         self._priors = {n: PRIORS[n] for n in space.knobs if n in PRIORS}
         self._mem_knobs = [(n, p) for n, p in self._priors.items() if p.mem is not None]
+        self._values = {n: _Values(space.knobs[n].values()) for n in self._priors}
         self._cap = space.resources.gpu_memory_gib
 
     # --- scores ----------------------------------------------------------------------------
@@ -181,14 +198,14 @@ class PriorGuide:
         """The prior score of a configuration (weighted sum of value preferences)."""
         s = 0.0
         for name, pr in self._priors.items():
-            s += pr.weight * pr.pref(params[name], self.space.knobs[name].values())
+            s += pr.weight * pr.pref(params[name], self._values[name])
         return s
 
     def ideal(self, start: Mapping[str, Any]) -> dict[str, Any]:
         """``start`` with every knob moved to its most preferred value (ties: unchanged)."""
         out = dict(start)
         for name, pr in self._priors.items():
-            values = self.space.knobs[name].values()
+            values = self._values[name]
             best = max(pr.pref(v, values) for v in values)
             if pr.pref(out[name], values) < best:
                 out[name] = next(v for v in values if pr.pref(v, values) == best)
