@@ -11,6 +11,7 @@ import argparse
 import base64
 import html
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -32,6 +33,16 @@ def _plot_names(data: dict[str, Any]) -> tuple[str, ...]:
 
 #: Small multiples per row of the slices plot.
 SLICE_COLUMNS = 4
+
+
+_ARG = re.compile(r"(-{1,2}[^\s]+ (?!-)[^\s\\]+|[^\s]+)")
+
+
+def _args_html(text: str) -> str:
+    """Launcher text as HTML whose lines break between arguments, never inside a flag at its
+    hyphens: each argument (a flag with its value) in a no-wrap span, the spaces between them
+    as they are (the text copies unchanged)."""
+    return _ARG.sub(lambda m: f"<span class='arg'>{html.escape(m.group(0))}</span>", text)
 
 
 def _short(label: str, n: int = 14) -> str:
@@ -398,7 +409,8 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
         "margin:1em auto;color:#222}table{border-collapse:collapse;margin:.4em 0}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:14px}"
         ".note{color:#666;font-size:12px}pre{background:#f4f4f4;padding:6px;white-space:"
-        "pre-wrap;font-size:12px}img{max-width:100%}</style></head><body>",
+        "pre-wrap;font-size:12px}pre .arg{white-space:nowrap}img{max-width:100%}</style>"
+        "</head><body>",
         f"<h1>{e(title)}</h1><p>{e(str(data.get('recipe') or ''))} &middot; objective "
         f"{e(data['metric'])} ({e(data['direction'])}) &middot; "
         f"{e(str(data['hardware'].get('gpu') or ''))} x {data['hardware'].get('world_size')}</p>",
@@ -418,7 +430,7 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
                 shown = text if text is not None else "(not expressible: "
                 if text is None:
                     shown += f"{data['exports'].get(fmt + '_why', '')})"
-                parts.append(f"<h3>{fmt}</h3><pre id='export-{fmt}'>{e(shown)}</pre>")
+                parts.append(f"<h3>{fmt}</h3><pre id='export-{fmt}'>{_args_html(shown)}</pre>")
                 md += [f"**{fmt}**", "", "```", shown, "```", ""]
     imp = data["importance"]
     parts.append("<h2>Knob importance</h2>")
