@@ -12,7 +12,8 @@
 #          and after a fit on the even rows, checked on the odd rows;
 #   all    both (only if the node is fast enough: the budget cuts the table short, rows kept).
 # Each part stops starting work when its time budget (DSE_HYBRID_BUDGET_S, default 520 s from
-# the start) runs out; a warm node keeps the Triton cache of an earlier call.
+# the start) runs out; a warm node keeps the Triton cache of an earlier call. A table cut
+# short goes on from its first row not run with DSE_HYBRID_TABLE_SKIP=N (rows in file order).
 #   bash bench/hybrid_gpu.sh study OUT_DIR     # on a GPU node, .whl/ carried (wheels + sdists)
 #   bash bench/hybrid_gpu.sh table OUT_DIR
 set -uo pipefail
@@ -57,7 +58,7 @@ fi
 if [ "$PART" != study ]; then
   echo "== table ($(left) s left)"
   python3 "$REPO/bench/measure_table.py" "$SPACE" "$W/table.jsonl" --warm --timeout-s 240 \
-    --stop-at $((T0 + BUDGET - 45)) \
+    --stop-at $((T0 + BUDGET - 45)) --skip "${DSE_HYBRID_TABLE_SKIP:-0}" \
     --grid micro_batch_size=2,4,8,16 --grid recompute=none,selective --grid recompute_modules=moe \
     --grid use_mamba_mem_eff_path=true,false --grid moe_token_dispatcher_type=allgather,alltoall \
     2>&1 | tee "$W/table_progress.log"

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dse.records import Outcome, TrialSpec, read_metrics
+from dse.records import MetricsWriter, Outcome, TrialSpec, read_metrics
 from dse.rules import check
 from dse.space import load_space
 
@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-size", type=int, default=None)
     ap.add_argument("--grid", action="append", default=[], metavar="KNOB=V1,V2")
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default: the space's device"
+    )
     ap.add_argument("--timeout-s", type=float, default=120.0)
     ap.add_argument("--skip", type=int, default=0, help="skip the first N configurations")
     ap.add_argument("--limit", type=int, default=None, help="run at most N configurations")
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     space = load_space(args.space)
+    if args.device is None:
+        args.device = space.resources.device
     if args.world_size is not None:
         res = space.resources.model_copy(update={"world_size": args.world_size})
         space = space.model_copy(update={"resources": res})
@@ -183,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         ]  # fmt: skip
         t0 = time.monotonic()
         if args.warm:
-            if worker is None:
-                worker = _WarmWorker(args.device, args.timeout_s)
-            finished, recycle = worker.run(tdir, args.timeout_s)
-            if not finished or recycle is not None:
-                worker.close()
-                worker = None
+            try:
+                if worker is None:
+                    worker = _WarmWorker(args.device, args.timeout_s)
+            except RuntimeError as e:  # the row says so; the next configuration tries again
+                MetricsWriter(tdir / "metrics.jsonl").failure("error", str(e)[:300])
+            else:
+                finished, recycle = worker.run(tdir, args.timeout_s)
+                if not finished or recycle is not None:
+                    worker.close()
+                    worker = None
         else:
             try:
                 with open(tdir / "log.txt", "w") as log:
