@@ -24,7 +24,13 @@ from dse.workloads.runners._base import (
     log_tail,
     trial_environ,
 )
-from dse.workloads.runners._procgroup import kill_group, kill_owned_group
+from dse.workloads.runners._procgroup import (
+    TRIAL_TAG_ENV,
+    kill_group,
+    kill_owned_group,
+    kill_trial,
+    new_trial_tag,
+)
 from dse.workloads.runners.warm import WarmPool, WarmSettings
 
 __all__ = [
@@ -61,6 +67,7 @@ class _Proc:
     last_progress: float
     last_size: int
     log: object
+    tag: str = ""  # the trial's tag (TRIAL_TAG_ENV): every process of the trial carries it
 
 
 class LocalRunner(BaseRunner):
@@ -142,6 +149,7 @@ class LocalRunner(BaseRunner):
         # each trial rank gets its share of the cores (torchrun warns and picks 1 otherwise)
         ranks = max(1, self.slots * launch.world_size)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
+        tag = env[TRIAL_TAG_ENV] = new_trial_tag()
         if self.device == "cuda":
             if len(self._free_gpus) < launch.world_size:
                 raise RuntimeError("submit() called without a free slot")
@@ -172,9 +180,11 @@ class LocalRunner(BaseRunner):
                 f"trial {launch.number}: cannot start {launch.argv[0]!r}: {e}"
             ) from e
         owner = launch.env.get(OWNER_ENV, "")
-        (launch.trial_dir / "pgid").write_text(json.dumps({"pgid": popen.pid, "owner": owner}))
+        (launch.trial_dir / "pgid").write_text(
+            json.dumps({"pgid": popen.pid, "owner": owner, "tag": tag})
+        )
         now = time.monotonic()
-        self._procs[launch.trial_id] = _Proc(launch, popen, devices, now, now, 0, log)
+        self._procs[launch.trial_id] = _Proc(launch, popen, devices, now, now, 0, log, tag)
 
     def _finish(self, tid: int, outcome: Outcome) -> None:
         p = self._procs.pop(tid)
@@ -205,12 +215,14 @@ class LocalRunner(BaseRunner):
             if size != p.last_size:
                 p.last_size, p.last_progress = size, now
             if rc is not None:
-                kill_group(p.popen.pid, grace_s=0.5)  # stray children of the trial
+                # what is left of the trial: its group, torchrun's workers in their own
+                # sessions (a torchrun killed leaves them running)
+                kill_trial(p.popen.pid, p.tag, grace_s=0.5)
                 self._finish(tid, self._outcome_of(p, rc))
             elif now - p.started > p.launch.timeout_s:
                 # read before the stop: a stopped trial writes its own ``interrupted`` line
                 result = read_metrics(mp)
-                kill_process_group(p.popen)
+                kill_process_group(p.popen, tag=p.tag)
                 self._finish(
                     tid,
                     result
@@ -220,7 +232,7 @@ class LocalRunner(BaseRunner):
                 )
             elif now - p.last_progress > p.launch.hang_timeout_s:
                 result = read_metrics(mp)
-                kill_process_group(p.popen)
+                kill_process_group(p.popen, tag=p.tag)
                 self._finish(
                     tid,
                     result
@@ -254,18 +266,30 @@ class LocalRunner(BaseRunner):
         ids = list(self._procs)
         for tid in ids:
             p = self._procs[tid]
-            kill_process_group(p.popen, grace_s=3.0)
+            kill_process_group(p.popen, grace_s=3.0, tag=p.tag)
             p.log.close()  # type: ignore[attr-defined]
             self._free_gpus.extend(p.devices)
         self._procs.clear()
         return ids
 
 
-def kill_process_group(popen: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
+def kill_process_group(
+    popen: subprocess.Popen[Any], grace_s: float = 5.0, *, tag: str = ""
+) -> None:
     """SIGTERM the process group ``popen`` leads, reap its leader (a zombie leader keeps the
     group alive), then SIGKILL whatever of the group is left (a trial's stop; the launcher
-    trial process stops a recipe the same way)."""
+    trial process stops a recipe the same way). With ``tag`` (the trial's
+    :data:`~dse.workloads.runners._procgroup.TRIAL_TAG_ENV`), every process carrying it too:
+    torchrun's workers, each in a session of its own."""
     pgid = popen.pid
+    if tag:
+        from dse.workloads.runners._procgroup import tagged_pids
+
+        for pid in tagged_pids(tag):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
@@ -279,3 +303,5 @@ def kill_process_group(popen: subprocess.Popen[Any], grace_s: float = 5.0) -> No
     except ProcessLookupError:
         pass
     popen.wait()
+    if tag:
+        kill_trial(None, tag, grace_s=grace_s)

@@ -43,6 +43,7 @@ from dse.workloads.runners._cluster import (
     trial_device,
     trial_shape,
 )
+from dse.workloads.runners._procgroup import TRIAL_TAG_ENV, new_trial_tag
 
 __all__ = ["RayOptions", "RayRunner", "make_runner"]
 
@@ -96,15 +97,21 @@ def _run_node(
 
 def _kill_node(cwd: str, index: int) -> None:
     """Ray task on the node of bundle ``index``: kill that bundle's trial process group."""
-    from dse.workloads.runners.local import kill_group
+    from dse.workloads.runners._procgroup import kill_trial
 
     d = Path(cwd)
     (d / f"killed.{index}").touch()
     try:
-        pgid = int((d / f"pgid.{index}").read_text().strip())
+        tag = (d / "tag").read_text().strip()
+    except OSError:
+        tag = ""
+    try:
+        pgid: int | None = int((d / f"pgid.{index}").read_text().strip())
     except (OSError, ValueError):
-        return
-    kill_group(pgid, grace_s=3.0)
+        pgid = None
+    # the trial's group and every process of it on this node (torchrun's workers run in
+    # sessions of their own)
+    kill_trial(pgid, tag, grace_s=3.0)
 
 
 @dataclass
@@ -253,7 +260,9 @@ class RayRunner(BaseRunner):
             "MASTER_ADDR": _MASTER,
             "MASTER_PORT": port,
             "DSE_TRIAL_NODES": str(shape.nodes),
+            TRIAL_TAG_ENV: new_trial_tag(),
         }
+        (launch.trial_dir / "tag").write_text(env[TRIAL_TAG_ENV])
         if shape.device != "cuda":
             threads = max(1, int(self._cpus()) // max(1, shape.per_node))
             env.setdefault("OMP_NUM_THREADS", str(threads))
