@@ -64,7 +64,7 @@ L=$(left)
 if [ "$L" -gt 60 ]; then
   echo "== speed A/B ($L s left)"
   python3 "$REPO/bench/speed_ab.py" --space "$SPACE" "${SET[@]}" --config "$BEST" \
-    --conditions default,foreach_adam,legacy_norm,threads1,cuda_graph "${AB_ARGS[@]}" \
+    --conditions default,foreach_adam,legacy_norm,manual_gc,threads1,cuda_graph "${AB_ARGS[@]}" \
     --time-budget-s $((L * 55 / 100)) --json "$W/speed_ab.json" > "$W/speed_ab.out" 2>&1
   echo "exit $?" >> "$W/speed_ab.out"
   grep -v -i 'warn' "$W/speed_ab.out" | tail -30
