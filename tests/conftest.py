@@ -5,10 +5,12 @@ fails naming it (:func:`require_part`)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import socket
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -72,8 +74,18 @@ def _find_spec(module: str) -> Any:
 
 
 def require_megatron() -> None:
-    """Skip (fail under ``CI``) unless Megatron-Core and torch are installed."""
+    """Skip (fail under ``CI``) unless Megatron-Core and torch are installed and import.
+    The import is made here with its warnings silenced (no Transformer Engine or Apex on
+    CPU, torch deprecations), as ``pytest.importorskip`` does, so that a test's own import
+    finds it loaded."""
     problem = megatron_problem()
+    if problem is None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                importlib.import_module("megatron.core")
+        except ImportError as e:
+            problem = f"megatron.core does not import: {e}"
     if problem is not None:
         require_part("Megatron-Core", problem)
 
