@@ -1,12 +1,26 @@
-"""Crash-and-resume check: a study's controller is SIGKILLed at random moments and resumed.
+"""Crash-and-resume check: a study's controller is SIGKILLed at chosen points and resumed.
 
 Runs a study on the replay workload (each trial a real subprocess that takes ``--delay``
-seconds), kills the controller process with SIGKILL ``--kills`` times at random moments,
-resumes it with ``dse resume`` each time, then lets it finish. Prints one JSON object:
-trials at the end, completed trials lost, trials duplicated, numbers, and whether the final
-count equals the budget. Exit code 0 when nothing was lost or duplicated.
+seconds), kills the controller process with SIGKILL ``--kills`` times, resumes it with
+``dse resume`` each time, then lets it finish. Each kill aims at a point of the controller's
+work, in turn from ``--points`` (``random``: a random moment, as earlier versions did):
 
-    python bench/crash_resume.py --storage sqlite:///crash.db --kills 20 --budget 30
+- ``trial_running``: a trial is running (its row ``running``, its metrics without a final
+  line): the resumed controller must re-queue and re-run it;
+- ``result_written``: a trial has written its final line but the controller has not recorded
+  it (the row still ``running``): the resumed controller must take that result, not re-run;
+- ``claim_in_flight``: a trial was claimed (row ``queued`` with this controller as owner) but
+  not started.
+
+The bench watches the database and the trial folders every few milliseconds and kills when
+the point is reached (up to 30 s, else at that moment); what the kill actually hit is read
+after it from the frozen database and the metrics files (a kill may hit several points, or
+land before the study exists). Prints one JSON object: kills aimed and hit per point, trials
+re-queued and re-run, trials at the end, completed trials lost, trials duplicated, numbers,
+and whether the final count equals the budget. Exit code 0 when nothing was lost or
+duplicated.
+
+    python bench/crash_resume.py --storage sqlite:///crash.db --kills 21 --budget 30
 """
 
 from __future__ import annotations
@@ -85,7 +99,71 @@ def _study_exists(url: str, study: str) -> bool:
         st.close()
 
 
-def run(url: str, kills: int, budget: int, delay: float, seed: int) -> dict:
+POINTS = ("trial_running", "result_written", "claim_in_flight")
+
+
+def _final_line(path: str | None) -> bool:
+    """Whether a trial's metrics file holds its final line (a summary or a failure)."""
+    if not path:
+        return False
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return False
+    for ln in lines:
+        try:
+            kind = json.loads(ln).get("type")
+        except (ValueError, AttributeError):
+            continue
+        if kind in ("summary", "failure"):
+            return True
+    return False
+
+
+def points_now(url: str, study: str) -> set[str]:
+    """The points of :data:`POINTS` the study is at now (empty before it exists)."""
+    from dse.storage import open_storage
+
+    st = open_storage(url)
+    try:
+        rec = st.get_study(study)
+        trials = st.list_trials(rec.id)
+    except Exception:  # noqa: BLE001 - not created yet
+        return {"before_start"}
+    finally:
+        st.close()
+    out: set[str] = set()
+    for t in trials:
+        if t.state == "running":
+            out.add("result_written" if _final_line(t.metrics_path) else "trial_running")
+        elif t.state == "queued" and t.runner:
+            out.add("claim_in_flight")
+    return out
+
+
+def _kill_at(proc: subprocess.Popen, url: str, study: str, point: str, rng: random.Random,
+             limit_s: float = 30.0) -> None:  # fmt: skip
+    """SIGKILL ``proc`` when the study reaches ``point`` (``random``: after a random wait)."""
+    if point == "random":
+        wait = rng.uniform(0.5, 4.0)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+    else:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            if point in points_now(url, study):
+                break
+            time.sleep(0.005)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def run(
+    url: str, kills: int, budget: int, delay: float, seed: int,
+    points: tuple[str, ...] = POINTS,
+) -> dict:  # fmt: skip
     rng = random.Random(seed)
     study = f"crash-{os.getpid()}-{int(time.time())}"
     work = Path(tempfile.mkdtemp(prefix="dse-crash-"))
@@ -95,7 +173,8 @@ def run(url: str, kills: int, budget: int, delay: float, seed: int) -> dict:
     completed_seen: dict[int, dict] = {}
     lost: list[int] = []
     changed: list[int] = []
-    kill_times: list[float] = []
+    aimed = dict.fromkeys(points, 0)
+    hit: dict[str, int] = {}
     for i in range(kills + 1):
         if i == 0 or not snapshot(url, study) and not _study_exists(url, study):
             # before the first controller got as far as creating the study: start again
@@ -105,13 +184,12 @@ def run(url: str, kills: int, budget: int, delay: float, seed: int) -> dict:
         log = open(work / f"controller-{i}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
         if i < kills:
-            wait = rng.uniform(0.5, 4.0)
-            kill_times.append(round(wait, 2))
-            try:
-                proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
+            point = points[i % len(points)]
+            aimed[point] += 1
+            _kill_at(proc, url, study, point, rng)
+            # what the kill hit: the database is as the dead controller left it
+            for p in points_now(url, study) or {"between_trials"}:
+                hit[p] = hit.get(p, 0) + 1
         else:
             proc.wait(timeout=600)
         log.close()
@@ -135,7 +213,9 @@ def run(url: str, kills: int, budget: int, delay: float, seed: int) -> dict:
     return {
         "storage": url.split("://")[0],
         "kills": kills,
-        "kill_after_s": kill_times,
+        "kills_aimed": aimed,
+        "kills_hit": hit,
+        "requeued_trials": sum(1 for t in final.values() if t["attempts"]),
         "budget": budget,
         "final_trials": len(final),
         "states": states,
@@ -156,8 +236,16 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=30)
     ap.add_argument("--delay", type=float, default=0.5, help="seconds a replay trial takes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--points", default=",".join(POINTS),
+        help=f"where the kills aim, in turn: {', '.join(POINTS)}, random",
+    )  # fmt: skip
     a = ap.parse_args()
-    res = run(a.storage, a.kills, a.budget, a.delay, a.seed)
+    points = tuple(p for p in a.points.split(",") if p)
+    bad = [p for p in points if p not in (*POINTS, "random")]
+    if bad or not points:
+        ap.error(f"--points: {bad or 'none'}; choose from {', '.join(POINTS)}, random")
+    res = run(a.storage, a.kills, a.budget, a.delay, a.seed, points)
     print(json.dumps(res))
     ok = (
         res["completed_lost"] == 0

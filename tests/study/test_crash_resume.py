@@ -42,6 +42,9 @@ def _assert_clean(res: dict, budget: int) -> None:
 def test_sigkill_resume_sqlite(tmp_path: Path) -> None:
     res = _crash(f"sqlite:///{tmp_path / 'crash.db'}", kills=20, budget=30, seed=3)
     _assert_clean(res, 30)
+    # the kills aim at chosen points: a running trial killed is re-queued and run again
+    assert sum(res["kills_aimed"].values()) == 20
+    assert res["kills_hit"].get("trial_running", 0) > 0 and res["requeued_trials"] > 0
 
 
 @pytest.mark.postgres
