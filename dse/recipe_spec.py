@@ -49,7 +49,8 @@ class LauncherSpec(_Strict):
     )
     script: str | None = Field(
         None,
-        description="Entry script: bridge default scripts/training/run_recipe.py; megatron_lm "
+        description="Entry script: bridge default /opt/Megatron-Bridge/scripts/training/"
+        "run_recipe.py (the NeMo containers' Bridge checkout); megatron_lm "
         "default pretrain_gpt.py (path inside the container).",
     )
     module: str | None = Field(

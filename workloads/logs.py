@@ -137,6 +137,12 @@ LOG_PATTERNS: list[tuple[FailureClass, str, re.Pattern[str]]] = [
     ),
     (
         "invalid",
+        "unknown_recipe",
+        # Bridge's run_recipe.py (recipe_runner.load_recipe) for a --recipe it lacks
+        re.compile(r"Recipe '[^']+' (?:not found in megatron\.bridge|is indexed but not)[^\n]*"),
+    ),
+    (
+        "invalid",
         "override_rejected",
         re.compile(
             r"Could not override '[^\n]*|Key '[^']+' not in '[^\n]*"

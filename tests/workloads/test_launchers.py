@@ -318,8 +318,86 @@ def test_bridge_config_file_with_an_example_script(tmp_path: Path) -> None:
     script = "examples/models/nemotron/nemotron_3/nano/pretrain_nemotron_3_nano.py"
     space = _space("qwen3_30b_a3b.yaml", with_file(script))
     argv = launcher_for(space).render(space.full_params(space.baseline())).argv
-    i = argv.index(script)
-    assert argv[i + 1 : i + 3] == ["--config-file", "conf/nano_overrides.yaml"]
+    i = argv.index(script)  # under dse's entry script: --script SCRIPT -- its arguments
+    assert argv[i - 1] == "--script" and argv[i + 1] == "--"
+    assert argv[i + 2 : i + 4] == ["--config-file", "conf/nano_overrides.yaml"]
     assert "model.expert_model_parallel_size=16" in argv  # knobs still Hydra overrides
     with pytest.raises(SpaceError, match="config_file needs a script that takes --config-file"):
         check_launcher(_space("qwen3_30b_a3b.yaml", with_file(None)))
+
+
+# --- issue 25 items 3, 4, 7 ----------------------------------------------------------------
+
+STANDIN = Path(__file__).resolve().parent / "bridge_standin"
+
+
+def test_a_recipe_the_installed_bridge_lacks_is_refused_at_validate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Item 3: where Bridge is importable, the recipe name is looked up as run_recipe.py looks
+    it up (here Bridge's stand-in exports the 4-GPU Omni recipe, not the 8-GPU one)."""
+    from dse.workloads.launchers.bridge_installed import recipe_problem
+
+    assert recipe_problem("nemotron_omni_cord_v2_sft_8gpu_h100_bf16_config") is None  # no Bridge
+    monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.setenv("PYTHONPATH", str(STANDIN))
+    space = _space("nemotron_omni.yaml")
+    with pytest.raises(SpaceError) as e:
+        check_launcher(space)
+    msg = str(e.value)
+    assert "workload.launcher.recipe" in msg
+    assert "no recipe 'nemotron_omni_cord_v2_sft_8gpu_h100_bf16_config'" in msg
+    assert "nemotron_omni_cord_v2_sft_4gpu_h100_bf16_config" in msg  # what it has instead
+    assert recipe_problem("llama32_1b_pretrain_config") is None
+
+
+def test_bridges_own_unknown_recipe_message_is_an_invalid_trial() -> None:
+    """Item 3, where Bridge is not importable on the controller: its own message at the first
+    trial (recipe_runner.load_recipe) is classified invalid, not error."""
+    text = (
+        'Traceback (most recent call last):\n  File "run_recipe.py", line 560, in <module>\n'
+        "AttributeError: Recipe 'nemotron_omni_cord_v2_sft_8gpu_h100_bf16_config' not found in "
+        "megatron.bridge.recipes or megatron.bridge.perf_recipes.\n"
+    )
+    from dse.workloads.logs import classify_failure
+
+    found = classify_failure(text)
+    assert (
+        found is not None and found[0] == "invalid" and "not found in megatron.bridge" in found[1]
+    )
+
+
+def test_an_inactive_conditional_knob_passes_nothing() -> None:
+    """Item 4: moe_flex_dispatcher_backend applies only with the flex dispatcher; with
+    alltoall it is not passed (nor checked); with flex it is."""
+    space = _space("qwen3_30b_a3b.yaml")
+    base = space.full_params(space.baseline())
+    r = launcher_for(space).render({**base, "moe_token_dispatcher_type": "alltoall"})
+    assert not [a for a in r.argv if a.startswith("model.moe_flex_dispatcher_backend")]
+    assert "moe_flex_dispatcher_backend" in r.inactive
+    r = launcher_for(space).render({**base, "moe_token_dispatcher_type": "flex"})
+    assert "model.moe_flex_dispatcher_backend=hybridep" in r.argv and not r.inactive
+
+
+def test_nemo_multi_node_starts_one_task_per_gpu_as_nemo_runs_slurm_executor(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 7: NeMo-Run's SlurmExecutor (no torchrun launcher) runs --ntasks-per-node equal
+    to the GPUs per node and Lightning takes the ranks from Slurm; node steps once per node."""
+    data = yaml.safe_load((EXAMPLES / "llama3_8b.yaml").read_text())
+    data["resources"]["world_size"] = 16  # 2 nodes x 8
+    data["env"] = {**(data.get("env") or {}), "node_steps": ["vboost"]}
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    assert main(["start", "--space", str(p), "--dry-run", "1", "--runner", "slurm"]) == 0
+    script = capsys.readouterr().out
+    script = script[script.index("#!/bin/bash") :]
+    assert "#SBATCH --ntasks-per-node=8" in script
+    runs = [ln for ln in script.splitlines() if ln.lstrip().startswith("srun ")]
+    assert any("--ntasks=16 --ntasks-per-node=8" in ln for ln in runs)  # the recipe
+    assert any("--ntasks=2 --ntasks-per-node=1" in ln and "vboost" in ln for ln in runs)
+    assert "trainer.num_nodes=2" in script and "trainer.devices=8" in script
+    assert "torch.distributed.run" not in script  # NeMo starts no torchrun under Slurm
+    r = launcher_for(parse_space(data, "x")).render({})
+    assert r.tasks_per_node == 8

@@ -41,3 +41,11 @@ def test_omni_dry_run_golden(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         assert item in tuned, item
     prior = out.split("## trial 1:")[0]
     assert "model.recompute_modules" not in prior  # no recompute: the list is not set
+    # the alltoall baseline: the flex backend knob is inactive and passes nothing
+    assert "model.moe_flex_dispatcher_backend" not in prior
+    # the baseline's fp32 reduction survives runtime_config_update: the mixed-precision
+    # config, which Bridge copies onto the DDP config, says so too
+    assert "ddp.grad_reduce_in_fp32=true" in prior
+    assert "mixed_precision.grad_reduce_in_fp32=true" in prior
+    assert "mixed_precision.grad_reduce_in_fp32=false" in tuned
+    assert "dse_bridge_entry.py" in prior and "/opt/Megatron-Bridge/scripts/training/" in prior

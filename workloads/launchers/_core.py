@@ -75,6 +75,13 @@ class RenderedTrial:
     world_size: int = 1
     nodes: int = 1
     node_step_names: list[str] = field(default_factory=list)
+    #: Tasks Slurm starts per node: 1 for a recipe started by torchrun (it starts the ranks);
+    #: one per GPU for NeMo, whose Lightning takes its ranks from Slurm's tasks (NeMo-Run's
+    #: SlurmExecutor without a torchrun launcher: ``--ntasks-per-node`` = GPUs per node).
+    tasks_per_node: int = 1
+    #: Conditional knobs whose condition does not hold in this trial: nothing of them is
+    #: passed (``moe_flex_dispatcher_backend`` without the flex dispatcher).
+    inactive: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The trial spec's ``workload.rendered`` (what the trial process runs)."""
@@ -117,6 +124,8 @@ class Launcher(ABC):
 
     name: ClassVar[str]
     log_format: ClassVar[str]
+    #: Slurm starts one task per GPU (the recipe takes its ranks from Slurm), not one per node.
+    task_per_gpu: ClassVar[bool] = False
 
     def __init__(self, space: SearchSpace) -> None:
         if space.workload.launcher is None:
@@ -164,7 +173,10 @@ class Launcher(ABC):
     def render(self, params: Mapping[str, Any], *, python: str | None = None) -> RenderedTrial:
         """The command and environment of a trial with knob values ``params`` (fixed knobs
         included). Raises :class:`NotTaken` for a value the recipe cannot take and
-        :class:`SpaceError` when a knob and a fixed override set the same thing."""
+        :class:`SpaceError` when a knob and a fixed override set the same thing. A
+        conditional knob whose condition does not hold passes nothing."""
+        inactive = self.inactive_knobs(params)
+        params = {k: v for k, v in params.items() if k not in inactive}
         knob_ov = self.knob_overrides(params)
         fixed = self.semantics_overrides() + self.fixed_overrides()
         knob_keys = {self.override_key(o) for o in knob_ov if self._is_key(o)}
@@ -174,7 +186,7 @@ class Launcher(ABC):
                 f"workload.launcher: {clash} set both by a knob and by the fixed overrides "
                 "(or the semantics section); give each in one place"
             )
-        world, _per, nodes = _layout(self.space)
+        world, per, nodes = _layout(self.space)
         env = {**self.base_env(), **trial_env(params, self.space.env.fixed)}
         return RenderedTrial(
             launcher=self.name,
@@ -186,7 +198,21 @@ class Launcher(ABC):
             log_format=self.spec.log_format if self.spec.log_format != "auto" else self.log_format,
             world_size=world,
             nodes=nodes,
+            tasks_per_node=per if self.task_per_gpu else 1,
+            inactive=sorted(inactive),
         )
+
+    def inactive_knobs(self, params: Mapping[str, Any]) -> set[str]:
+        """The conditional knobs of the space whose condition ``params`` does not meet."""
+        return {
+            n for n, spec in self.space.knobs.items()
+            if spec.when and n in params and not self.space.is_active(n, params)
+        }  # fmt: skip
+
+    def check_installed(self) -> str | None:
+        """What the installed recipe package says against this space (a recipe it lacks),
+        or None where it agrees or is not importable here."""
+        return None
 
     def _is_key(self, item: str) -> bool:
         return "=" in item or item.startswith("--")
@@ -236,6 +262,9 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
                 f"{source}: fixed.{e.knob}: the {launcher.name} recipe cannot take "
                 f"{e.knob}={e.value!r}: {e.why}"
             )
+    installed = launcher.check_installed()
+    if installed:
+        problems.append(f"{source}: workload.launcher.recipe: {installed}")
     if problems:
         raise SpaceError("\n".join(problems))
     return n

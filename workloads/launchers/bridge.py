@@ -16,13 +16,39 @@ from typing import Any
 from dse.exceptions import SpaceError
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
 
-__all__ = ["BridgeLauncher", "hydra_value", "resolved_expectations"]
+__all__ = [
+    "BridgeLauncher",
+    "ENTRY_FILE",
+    "MIXED_PRECISION_FIELDS",
+    "RUN_RECIPE",
+    "hydra_value",
+    "resolved_expectations",
+]
 
 #: A float in exponent form without a dot (``1e-05``, how Python prints small floats): a
 #: float to Hydra's override grammar, a string to PyYAML's YAML 1.1 resolver.
 EXPONENT_FLOAT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-#: The launcher script of Megatron-Bridge (scripts/training/run_recipe.py).
-RUN_RECIPE = "scripts/training/run_recipe.py"
+#: The launcher script of Megatron-Bridge, where the NeMo containers keep their Bridge
+#: checkout: absolute, since a trial starts in its own folder (local runner) or with
+#: ``--container-workdir=<trial dir>`` (Slurm + pyxis). ``workload.launcher.script`` overrides.
+RUN_RECIPE = "/opt/Megatron-Bridge/scripts/training/run_recipe.py"
+#: dse's entry script (:mod:`dse.workloads.launchers.bridge_entry`) as the trial process
+#: copies it into the trial folder, where the trial starts (local runner: its cwd; Slurm:
+#: ``--container-workdir``).
+ENTRY_FILE = "dse_bridge_entry.py"
+#: The fields of Bridge's ``MixedPrecisionConfig`` (training/mixed_precision.py, Bridge 0.6):
+#: ``runtime_config_update`` runs after the CLI overrides and ``MixedPrecisionConfig.setup``
+#: copies each of them onto the model, optimizer and DDP configs that have a field of that
+#: name. A knob that sets one of them is also given as ``mixed_precision.<field>``.
+MIXED_PRECISION_FIELDS = frozenset({
+    "fp32", "fp16", "bf16", "params_dtype", "pipeline_dtype", "autocast_dtype",
+    "autocast_enabled", "grad_reduce_in_fp32", "fp8", "fp8_recipe", "first_last_layers_bf16",
+    "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_wgrad",
+    "fp8_dot_product_attention", "fp8_multi_head_attention", "fp8_param", "fp8_param_gather",
+    "fp4", "fp4_recipe", "fp4_param", "fp4_param_gather", "loss_scale", "initial_loss_scale",
+    "min_loss_scale", "loss_scale_window", "hysteresis", "num_layers_at_start_in_bf16",
+    "num_layers_at_end_in_bf16", "reuse_grad_buf_for_mxfp8_param_ag",
+})  # fmt: skip
 
 
 def hydra_value(v: Any) -> str:
@@ -54,7 +80,10 @@ class BridgeLauncher(Launcher):
                 "builds its own ConfigContainer, is needed"
             )
         head = self.torchrun(python)
-        if spec.module:
+        if self.wrapped:  # dse's entry script runs the user's script and dumps what it resolved
+            head += [ENTRY_FILE, *(["--module", spec.module] if spec.module else
+                                   ["--script", spec.script or RUN_RECIPE]), "--"]  # fmt: skip
+        elif spec.module:
             head += ["-m", spec.module]
         else:
             head.append(spec.script or RUN_RECIPE)
@@ -64,6 +93,19 @@ class BridgeLauncher(Launcher):
             head += ["--config-file", spec.config_file]
         return head + list(spec.args)
 
+    @property
+    def wrapped(self) -> bool:
+        """The trial runs under dse's entry script (:mod:`.bridge_entry`): whenever the
+        resolved-configuration check is on."""
+        return self.spec.check_resolved
+
+    def check_installed(self) -> str | None:
+        from dse.workloads.launchers.bridge_installed import recipe_problem
+
+        if not self.spec.recipe or self.spec.module or self.spec.script:
+            return None  # a script of the user's own builds its own configuration
+        return recipe_problem(self.spec.recipe, python=self.spec.python)
+
     def knob_overrides(self, params: Mapping[str, Any]) -> list[str]:
         out: dict[str, Any] = {}
         for name, value, a in self.assignments_of(params):
@@ -71,6 +113,9 @@ class BridgeLauncher(Launcher):
             if why:
                 raise NotTaken(name, value, why)
             out[f"{a.section}.{a.field}"] = a.value
+            if self.wrapped and a.section in ("model", "ddp", "optimizer"):
+                if a.field in MIXED_PRECISION_FIELDS:  # else runtime_config_update undoes it
+                    out[f"mixed_precision.{a.field}"] = a.value
         return [f"{k}={hydra_value(v)}" for k, v in out.items()]
 
     def semantics_overrides(self) -> list[str]:

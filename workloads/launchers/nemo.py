@@ -40,6 +40,10 @@ def python_value(v: Any) -> str:
 class NemoLauncher(Launcher):
     name = "nemo"
     log_format = "nemo"
+    # NeMo-Run's SlurmExecutor (no torchrun launcher) starts one task per GPU and Lightning's
+    # SLURMEnvironment takes the ranks from them; one task per node with trainer.devices=8
+    # is refused by Lightning (devices and --ntasks-per-node must agree)
+    task_per_gpu = True
 
     def entry(self, python: str | None) -> list[str]:
         if not self.spec.recipe:

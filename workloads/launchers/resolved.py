@@ -271,7 +271,9 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
         if launcher.get("module") == BUILTIN_MODULE:
             return None
         model = ModelSpec.model_validate(spec.model)
-        asked = resolved_expectations(spec.params, model, argv)
+        inactive = set((wl.get("rendered") or {}).get("inactive") or ())
+        params = {k: v for k, v in spec.params.items() if k not in inactive}
+        asked = resolved_expectations(params, model, argv)
         return ResolvedCheck(target, asked, table=True, defaults=ARG_DEFAULTS)
     if target == "bridge":
         from dse.workloads.launchers.bridge import resolved_expectations as bridge_expect

@@ -97,6 +97,22 @@ def _group_guard(proc: subprocess.Popen[str] | None) -> Iterator[None]:
             kill_process_group(proc, grace_s=2.0)
 
 
+def _place_entry_script(argv: Sequence[str], trial_dir: str) -> None:
+    """Copy dse's Bridge entry script where the recipe's command names it (relative: the
+    folder the recipe starts in, this process's and the trial's, which are the same under
+    the local runner and Slurm's ``--chdir``/``--container-workdir``)."""
+    from dse.workloads.launchers.bridge import ENTRY_FILE
+
+    if ENTRY_FILE not in argv:
+        return
+    import shutil
+
+    from dse.workloads.launchers import bridge_entry
+
+    for folder in {os.getcwd(), trial_dir}:
+        shutil.copyfile(bridge_entry.__file__, os.path.join(folder, ENTRY_FILE))
+
+
 def run_rendered(
     spec: TrialSpec,
     writer: MetricsWriter,
@@ -128,6 +144,7 @@ def run_rendered(
     tokens = sem["global_batch_size"] * sem["seq_length"]
     series = series_for(spec, tokens_per_step_per_gpu=tokens / world)
     trial_dir = os.path.dirname(os.path.abspath(spec.metrics_path))
+    _place_entry_script(argv, trial_dir)
     check = check_for(spec, argv, trial_dir)
     if check is not None and check.file is not None:
         env[RESOLVED_ENV] = str(check.file)

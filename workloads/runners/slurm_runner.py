@@ -242,10 +242,13 @@ def render_batch_script(
     recipe = _recipe(launch)
     env = {**opts.env, **launch.env}
     _checked(opts, env)
+    # tasks per node: 1 (torchrun starts the ranks), or one per GPU for a recipe that takes
+    # its ranks from Slurm (NeMo: RenderedTrial.tasks_per_node)
+    tasks = max(1, int((recipe or {}).get("tasks_per_node") or 1))
     sb: list[str] = [
         f"--job-name={_sbatch_value(job_name, 'the job name')}",
         f"--nodes={shape.nodes}",
-        "--ntasks-per-node=1",
+        f"--ntasks-per-node={tasks}",
     ]
     if shape.gpus_per_node:
         sb.append(f"--gpus-per-node={shape.gpus_per_node}")
@@ -281,8 +284,8 @@ def render_batch_script(
     srun = [
         "srun",
         f"--nodes={shape.nodes}",
-        f"--ntasks={shape.nodes}",
-        "--ntasks-per-node=1",
+        f"--ntasks={shape.nodes * tasks}",
+        f"--ntasks-per-node={tasks}",
         "--kill-on-bad-exit=1",
         "--label" if shape.nodes > 1 else "",
     ]
@@ -307,9 +310,14 @@ def render_batch_script(
     )
     if recipe is not None:
         names = list(recipe.get("node_step_names") or [])
+        per_node = [  # node steps: once per node, whatever the recipe's tasks per node
+            f"--ntasks={shape.nodes}" if a.startswith("--ntasks=")
+            else "--ntasks-per-node=1" if a.startswith("--ntasks-per-node=") else a
+            for a in srun
+        ]  # fmt: skip
         for name, step in zip(names, recipe.get("node_steps") or [], strict=False):
             cmd = f'{shlex.join(step)} || echo "dse: node step {name} not permitted here; skipped"'
-            lines.append(f"{' '.join(srun)} bash -c {q(cmd)}")
+            lines.append(f"{' '.join(per_node)} bash -c {q(cmd)}")
         trial = " ".join(q(a) for a in launch.argv)
         lines.append(
             " \\\n  ".join(

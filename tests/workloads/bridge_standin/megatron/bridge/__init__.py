@@ -1,0 +1,1 @@
+"""Stand-in for Megatron-Bridge (see tests/workloads/bridge_standin/README.md)."""
