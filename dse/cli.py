@@ -203,25 +203,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             "workload sim: trials run on the cost model; every figure is an estimate, "
             "not a measurement\n"
         )
-    return _run_study(space, _stored_text(args), args)
-
-
-def _stored_text(args: argparse.Namespace) -> str:
-    """The space file's text as the study stores it: with ``--workload`` the trial kind is
-    part of the study's identity, so the stored text says it (``dse resume`` and a second
-    ``dse start --workload`` read it back), with the file's other fields as written."""
-    import yaml
-
-    from dse.safeyaml import safe_load
-
-    text = Path(args.space).read_text()
-    if not getattr(args, "workload", None):
-        return text
-    data = safe_load(text)
-    workload = {k: v for k, v in (data.get("workload") or {}).items() if k != "launcher"}
-    data["workload"] = {**workload, "name": args.workload}
-    head = f"# {Path(args.space).name} as run with --workload {args.workload} (dse start)\n"
-    return head + yaml.safe_dump(data, sort_keys=False)
+    # the space file as written; a --workload choice is stored with the run settings
+    return _run_study(space, Path(args.space).read_text(), args)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

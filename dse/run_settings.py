@@ -61,7 +61,13 @@ def run_settings(space: SearchSpace) -> dict[str, Any]:
         "budget": space.budget.model_dump(mode="json"),
         "agent": space.agent.model_dump(mode="json"),
         "runner": space.runner.model_dump(mode="json"),
-        "workload": {"table": space.workload.table, "delay_s": space.workload.delay_s},
+        # the trial kind a run chose (dse start --workload sim on a recipe's space file): the
+        # stored file keeps its own workload, and resume / a second start read it from here
+        "workload": {
+            "name": space.workload.name,
+            "table": space.workload.table,
+            "delay_s": space.workload.delay_s,
+        },
         "prescreen": space.prescreen.model_dump(mode="json"),
         # measurement.prune / prune_margin: a pruned trial's figures are kept, and the trials
         # that finish mean the same with or without pruning (dse.measure.MeasurementSpec)
@@ -99,6 +105,11 @@ def with_run_settings(space: SearchSpace, settings: dict[str, Any], source: str)
             **data["workload"],
             **{k: wl[k] for k in ("table", "delay_s") if k in wl},
         }
+        name = wl.get("name")
+        if isinstance(name, str) and name != data["workload"]["name"]:
+            # a trial kind chosen on the command line (dse start --workload): a recipe's
+            # launcher section belongs to the recipe workloads only
+            data["workload"] = {**data["workload"], "name": name, "launcher": None}
     return _rebuild(space, data, source)
 
 

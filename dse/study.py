@@ -47,6 +47,7 @@ from dse.run_settings import (
     RUN_SETTINGS_ATTR,
     check_same_identity,
     run_settings,
+    with_run_settings,
 )
 from dse.space import SearchSpace, params_key, parse_space
 
@@ -236,6 +237,13 @@ class StudyRunner:
             rec = None
         if rec is not None:
             stored = parse_space(yaml.safe_load(rec.space_yaml), f"study {s.study!r} (stored)")
+            settings = self.storage.get_study_attrs(rec.id).get(RUN_SETTINGS_ATTR)
+            if isinstance(settings, dict) and isinstance(settings.get("workload"), dict):
+                # the trial kind the study was started with (dse start --workload)
+                name = settings["workload"].get("name")
+                stored = with_run_settings(
+                    stored, {"workload": {"name": name}}, f"study {s.study!r} (stored)"
+                )
             check_same_identity(stored, s)
             created = False
         else:
