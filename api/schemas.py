@@ -105,6 +105,34 @@ class GpuUsagePublic(BaseModel):
     device_seconds_measure: float | None = Field(
         description="Device-seconds of trials in training steps."
     )
+    measured_fraction: float | None = Field(
+        None,
+        description="Device-seconds in measured steps (after each trial's warm-up) / "
+        "device-seconds held (0..1): busy as a user means it.",
+    )
+    kernel_fraction: float | None = Field(
+        None,
+        description="Device-seconds in any device work of the trials (model builds, first, "
+        "warm-up and measured steps) / device-seconds held (0..1).",
+    )
+    first_step_s_median: float | None = Field(
+        None, description="A trial's first step (kernel compilation included), median, s."
+    )
+    first_step_s_max: float | None = Field(None, description="The longest first step, s.")
+    device_seconds_measured: float | None = Field(
+        None, description="Device-seconds in measured steps."
+    )
+    device_seconds_kernel: float | None = Field(
+        None, description="Device-seconds in builds and all steps."
+    )
+    device_seconds_first_step: float | None = Field(
+        None, description="Device-seconds in the trials' first steps."
+    )
+    trials_without_split: int | None = Field(
+        None,
+        description="Trials without the build / first / warm-up / measured split (another "
+        "workload, or stored before it): all their steps count as measured.",
+    )
     trials_run: int = Field(description="Trials with recorded GPU time.")
     trials_timed: int = Field(description="Trials with the startup/measure split.")
     mean_gpu_seconds_per_trial: float | None
