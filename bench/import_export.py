@@ -21,6 +21,20 @@ from typing import Any
 from dse.cli import main
 from dse.storage._export import parse_export
 
+#: The study's space: the import derives the study's fields from it and checks every trial
+#: is one of its configurations.
+SPACE_YAML = """\
+study: bench-import
+model: {num_layers: 4, hidden_size: 256, num_attention_heads: 8, ffn_hidden_size: 1024,
+        vocab_size: 32000}
+semantics: {global_batch_size: 64, seq_length: 512}
+resources: {world_size: 8, device: cuda, gpu: NVIDIA H200, gpu_memory_gib: 139.8}
+knobs:
+  tensor_model_parallel_size: {values: [1, 2, 4, 8]}
+  micro_batch_size: {values: [1, 2, 3, 4, 5, 6, 7, 8]}
+  recompute: {values: [none, selective, full]}
+"""
+
 
 def build(n: int, steps: int) -> dict[str, Any]:
     trials = []
@@ -29,7 +43,6 @@ def build(n: int, steps: int) -> dict[str, Any]:
             "tensor_model_parallel_size": 1 << (i % 4),
             "micro_batch_size": 1 + i % 8,
             "recompute": ["none", "selective", "full"][i % 3],
-            "seq": i,
         }
         trials.append(
             {
@@ -74,12 +87,12 @@ def build(n: int, steps: int) -> dict[str, Any]:
         "exported_at": 1.0e9,
         "study": {
             "name": "bench-import",
-            "space_yaml": "study: bench-import\n",
-            "space_hash": "h",
+            "space_yaml": SPACE_YAML,
+            "space_hash": "h",  # recomputed by the import
             "state": "stopped",
             "direction": "maximize",
             "metric": "tflops_per_gpu",
-            "model": {},
+            "model": {},  # stated fields may be left out: the space gives them
             "hardware": {},
             "created_at": 1.0e9,
             "updated_at": 1.0e9,
