@@ -6,7 +6,7 @@
    ``transformer_engine``. For each: ok, or the exception, the missing module's name and the
    import chain (the traceback's files) that led to it: the exact blocker.
 2. Where the configuration modules and the recipe import: for each configuration of a small
-   space (MBS x recompute x grad_reduce_in_fp32 on Bridge's Llama 3.2 1B H100 recipe), dse
+   space (MBS x recompute x grad_reduce_in_fp32 on Bridge's bare GPT H100 recipe), dse
    renders the trial's overrides, the recipe is built, the overrides applied through dse's
    entry-script hooks and Bridge's ``process_config_with_overrides``, Bridge's
    ``runtime_config_update`` runs, and dse's check compares the resolved fields with what it
@@ -35,7 +35,9 @@ MODULES = (
     "megatron.bridge.training.pretrain",
     "transformer_engine",
 )
-RECIPE = "llama32_1b_pretrain_1gpu_h100_bf16_config"
+#: Bridge's bare GPT recipe: a GPTModelProvider with no Hugging Face hub access (the Llama
+#: recipes read their config from the hub); run without TE through the fixed overrides below.
+RECIPE = "vanilla_gpt_pretrain_1gpu_h100_bf16_config"
 
 _PROBE = r"""
 import json, sys, traceback
@@ -81,7 +83,8 @@ def space() -> Any:
                   "grad_reduce_in_fp32": {"type": "bool", "baseline": True}},
         "objective": {"metric": "tflops_per_gpu", "direction": "maximize"},
         "budget": {"n_trials": 8},
-        "workload": {"name": "bridge", "launcher": {"recipe": RECIPE}},
+        "workload": {"name": "bridge", "launcher": {"recipe": RECIPE, "overrides": {
+            "model.transformer_impl": "local", "model.cross_entropy_fusion_impl": "native"}}},
     }, "bridge_node")  # fmt: skip
 
 

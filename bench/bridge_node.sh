@@ -1,6 +1,6 @@
 #!/bin/bash
 # Megatron-Bridge 0.6.2 on one GPU node: which of its imports run (the exact blocker), and the
-# resolved-configuration check on 8 configurations of Bridge's Llama 3.2 1B recipe where they
+# resolved-configuration check on 8 configurations of Bridge's bare GPT recipe where they
 # do (bench/bridge_node.py). Needs .whl/ (gpu_env.sh) and .whl/bridge/megatron_bridge-0.6.2-
 # py3-none-any.whl; .mlm/ (bench/mlm_extract.sh) puts Megatron-LM's megatron/training on the
 # path as the upstream bench does. One archive: $OUT/bridge_node.tar.gz. About 2 minutes.
