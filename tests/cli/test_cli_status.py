@@ -28,7 +28,10 @@ def test_status_text_shows_step_time_memory_and_four_digits(
         storage.close()
     assert main(["status", "--study", "fmt", "--storage", url]) == 0
     out = capsys.readouterr().out
-    assert "best: trial 0 tflops_per_gpu=123.5, step 0.5000 s, peak 61.23 GiB" in out
+    # the best with its noise-aware interval (dse.noise: from the per-step times), four digits
+    best = next(line for line in out.splitlines() if line.strip().startswith("best: "))
+    assert best.strip().startswith("best: trial 0 tflops_per_gpu=123.5 [")
+    assert ", step 0.5000 s, peak 61.23 GiB" in best
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0 ", "1 "))]
     assert rows[0][:5] == ["0", "complete", "123.5", "0.5000", "61.23"]
     assert rows[1][:5] == ["1", "complete", "98.77", "0.5000", "70.50"]
