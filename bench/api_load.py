@@ -14,7 +14,8 @@ What it does:
    pause between requests) alternate ``GET /api/v1/studies/bench/best`` and
    ``GET .../trials?limit=100`` at a random offset and order, for ``--duration`` seconds.
    ``idle``: ``--requests`` sequential ``/best`` requests on one keep-alive connection, nothing
-   else running.
+   else running. ``first-read``: ``--requests`` rounds of one trial written, then the first
+   cross-study ``/best``, ``/studies`` and study ``/best`` after it (none of them cached).
 4. Prints p50 / p95 / p99 / max per endpoint, HTTP errors, connection resets (a request that
    got no response), the writes done, the load average before and after, and CPU seconds:
    the load generator's and the writer's, the server's (its processes) and on PostgreSQL
@@ -71,6 +72,9 @@ T = TypeVar("T")
 
 TARGET_LOAD_MS = 200.0
 TARGET_IDLE_MS = 50.0
+#: The first read of /best (cross-study), /studies and a study's /best after a write, at
+#: 100,000 trials (the hostile-input round measured 30.7 s and 12.8 s at 60,000).
+TARGET_FIRST_READ_MS = 1000.0
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
@@ -165,6 +169,62 @@ def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any, cpu: Any) -
     finally:
         storage.close()
         cpu.value = time.process_time()
+
+
+def _one_write(storage: Any, study_id: int, n: int) -> None:
+    """One finished trial, as a controller writes it (claim, start, finish)."""
+    from dse.records import Outcome, StepMetrics
+    from dse.space import params_key
+
+    p = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+         "micro_batch_size": 1, "recompute": "none", "use_distributed_optimizer": n % 2 == 0,
+         "sequence_parallel": False}  # fmt: skip
+    t = storage.claim_trial(
+        study_id=study_id, params=p, params_key=params_key(p), budget=10**9,
+        allow_repeat=True, runner="bench:1:w",
+    )  # fmt: skip
+    storage.start_trial(t.id, runner="bench:1:w", host="node-w", log_path=None, metrics_path=None)
+    tflops = 300.0 + n
+    steps = tuple(StepMetrics(s + 1, 8.0, tflops, 60.0, 62.0, 10.0, 1.0) for s in range(3))
+    metrics = {"tflops_per_gpu": tflops, "peak_mem_gib": 60.0, "step_time_s": 8.0,
+               "loss": 9.5, "steps": 3}  # fmt: skip
+    storage.finish_trial(t.id, Outcome("ok", metrics, steps=steps), value=tflops, gpu_seconds=1.0)
+
+
+#: The reads timed right after a write (the first of each after it: no cached answer).
+FIRST_READS = {
+    "/best": "/api/v1/best?gpu=NVIDIA%20H200",
+    "/studies": "/api/v1/studies",
+    "study /best": f"/api/v1/studies/{STUDY}/best",
+}
+
+
+def _first_reads(base: str, url: str, n: int) -> dict[str, list[float]]:
+    """``n`` rounds of: one trial written through the storage API, then each read of
+    :data:`FIRST_READS` once (the first after the write), timed from request to body."""
+    import httpx
+
+    from dse.storage import open_storage
+
+    out: dict[str, list[float]] = {k: [] for k in FIRST_READS}
+    storage = open_storage(url)
+    try:
+        study_id = storage.get_study(STUDY).id
+        with httpx.Client(base_url=base, timeout=120) as c:
+            for path in FIRST_READS.values():  # the server warmed up (imports, caches of
+                c.get(path)  # the stored spaces): what the first request of all pays
+            for i in range(n):
+                _one_write(storage, study_id, i)
+                for name, path in FIRST_READS.items():
+                    t = time.perf_counter()
+                    r = c.get(path)
+                    took = (time.perf_counter() - t) * 1000
+                    if r.status_code != 200:
+                        raise RuntimeError(f"{path}: HTTP {r.status_code}: {r.text[:300]}")
+                    out[name].append(took)
+    finally:
+        storage.close()
+    return out
 
 
 # --- the readers ---------------------------------------------------------------------------
@@ -604,7 +664,7 @@ def _cpus(text: str) -> set[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
-    ap.add_argument("--mode", choices=["load", "idle"], default="load")
+    ap.add_argument("--mode", choices=["load", "idle", "first-read"], default="load")
     ap.add_argument("--trials", type=int, default=10_000)
     ap.add_argument("--readers", type=int, default=50)
     ap.add_argument("--duration", type=float, default=60.0)
@@ -664,7 +724,12 @@ def main(argv: list[str] | None = None) -> int:
         cpu_before = _cpu_s(server.pid)
         writes = 0
         errors: dict[str, int] = {}
-        if args.mode == "idle":
+        if args.mode == "first-read":
+            results = _first_reads(base, url, args.requests)
+            target = TARGET_FIRST_READ_MS
+            what = (f"first read after each of {args.requests} writes (one trial each), "
+                    "sequential")  # fmt: skip
+        elif args.mode == "idle":
             if args.client == "raw":
                 results = _run(_raw_idle("127.0.0.1", port, args.requests))
             else:
