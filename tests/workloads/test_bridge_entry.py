@@ -123,3 +123,22 @@ def test_a_preset_string_is_resolved_before_its_fields_are_overridden(
     assert rc == 0, log
     fields = json.loads((tmp_path / RESOLVED_FILE).read_text())["fields"]
     assert fields["ddp.grad_reduce_in_fp32"] is False and fields["model.bf16"] is True
+
+
+def test_validate_reports_a_knob_the_recipe_overwrites_where_it_resolves_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where Bridge imports on the controller, dse validate resolves the recipe for every
+    rendering it checks and names a field the recipe overwrites: without the mixed-precision
+    field (the plain Bridge command) the recipe's bf16 reduction undoes the knob."""
+    from dse.exceptions import SpaceError
+    from dse.workloads.launchers import check_launcher
+
+    monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.setenv("PYTHONPATH", str(STANDIN))
+    with pytest.raises(SpaceError) as e:
+        check_launcher(_space("omni_like_config", script=None, check_resolved=False))
+    assert "the recipe overwrites ddp.grad_reduce_in_fp32: asked True, resolved False" in str(
+        e.value
+    )
+    assert check_launcher(_space("omni_like_config", script=None)) > 0  # as dse renders it

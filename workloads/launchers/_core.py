@@ -8,6 +8,7 @@ raises :class:`NotTaken` (``dse validate`` reports it and exits 2). Environment 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shlex
@@ -214,6 +215,11 @@ class Launcher(ABC):
         or None where it agrees or is not importable here."""
         return None
 
+    def check_resolution(self, argvs: list[list[str]]) -> list[str]:
+        """Where the recipe can be resolved on this machine: each field it resolves to another
+        value than one of ``argvs`` (rendered commands) asks, e.g. a knob it overwrites."""
+        return []
+
     def _is_key(self, item: str) -> bool:
         return "=" in item or item.startswith("--")
 
@@ -237,6 +243,9 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
     problems: list[str] = []
     n = 0
     seen: set[tuple[str, str]] = set()
+    argvs: list[list[str]] = []  # the renderings the recipe is resolved on, where it can be
+    with contextlib.suppress(NotTaken):
+        argvs.append(launcher.render(base).argv)
     for name, spec in space.knobs.items():
         active = {}  # a conditional knob is checked where its condition holds
         for other, want in (spec.when or {}).items():
@@ -244,7 +253,7 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
                 active[other] = want[0] if isinstance(want, list) else want
         for v in spec.values():
             try:
-                launcher.render({**base, **active, name: v})
+                argvs.append(launcher.render({**base, **active, name: v}).argv)
                 n += 1
             except NotTaken as e:
                 key = (e.knob, repr(e.value))
@@ -265,6 +274,10 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
     installed = launcher.check_installed()
     if installed:
         problems.append(f"{source}: workload.launcher.recipe: {installed}")
+    elif not problems:
+        problems += [
+            f"{source}: workload.launcher.recipe: {p}" for p in launcher.check_resolution(argvs)
+        ]
     if problems:
         raise SpaceError("\n".join(problems))
     return n

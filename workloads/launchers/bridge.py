@@ -106,6 +106,24 @@ class BridgeLauncher(Launcher):
             return None  # a script of the user's own builds its own configuration
         return recipe_problem(self.spec.recipe, python=self.spec.python)
 
+    def check_resolution(self, argvs: list[list[str]]) -> list[str]:
+        from dse.workloads.launchers._compare import compare
+        from dse.workloads.launchers.bridge_installed import resolve_recipe
+
+        if not self.spec.recipe or self.spec.module or self.spec.script:
+            return []
+        unique = list({tuple(a): a for a in argvs}.values())
+        runs = resolve_recipe(self.spec.recipe, unique, python=self.spec.python) or []
+        out: list[str] = []
+        for argv, run in zip(unique, runs, strict=False):
+            texts = (
+                [f"Bridge refuses a rendered configuration: {run['error']}"] if "error" in run
+                else [f"the recipe overwrites {m}"
+                      for m in compare(resolved_expectations(argv), run["fields"])]
+            )  # fmt: skip
+            out += [t for t in texts if t not in out]
+        return out
+
     def knob_overrides(self, params: Mapping[str, Any]) -> list[str]:
         out: dict[str, Any] = {}
         for name, value, a in self.assignments_of(params):

@@ -17,8 +17,9 @@ import importlib.util
 import json
 import subprocess
 import sys
+from typing import Any
 
-__all__ = ["LOOKUP_TIMEOUT_S", "bridge_installed", "recipe_problem"]
+__all__ = ["LOOKUP_TIMEOUT_S", "bridge_installed", "resolve_recipe", "recipe_problem"]
 
 #: Seconds the child interpreter may take to import Bridge and look the name up.
 LOOKUP_TIMEOUT_S = 300
@@ -51,6 +52,60 @@ if not found:
 exported = sorted(n for n in dir(recipes) if n.endswith("_config") and not n.startswith("_"))
 print(json.dumps({"importable": True, "found": found, "exported": exported}))
 """
+
+
+_RESOLVE = r"""
+import copy, json, os, sys
+os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("RANK", "0")
+name, runs = sys.argv[1], json.loads(sys.stdin.read())
+try:
+    import megatron.bridge.recipes as recipes
+    from megatron.bridge.training.config import runtime_config_update
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+    from dse.workloads.launchers.bridge_entry import prepare_mixed_precision, resolved_fields
+    build = getattr(recipes, name)
+    base = build()
+except Exception as e:
+    print(json.dumps({"resolvable": False, "error": f"{type(e).__name__}: {e}"}))
+    raise SystemExit(0)
+out = []
+for overrides in runs:
+    cfg = copy.deepcopy(base)
+    try:
+        rest = prepare_mixed_precision(cfg, list(overrides), get_mixed_precision_config)
+        cfg = process_config_with_overrides(cfg, cli_overrides=rest or None)
+        runtime_config_update(cfg)
+        out.append({"fields": resolved_fields(cfg)})
+    except Exception as e:
+        out.append({"error": f"{type(e).__name__}: {e}"})
+print(json.dumps({"resolvable": True, "runs": out}))
+"""
+
+
+def resolve_recipe(
+    name: str, argvs: list[list[str]], *, python: str | None = None
+) -> list[dict[str, Any]] | None:
+    """Resolve the recipe on this machine for each command of ``argvs``: its ``KEY=VALUE``
+    overrides applied as dse's entry script applies them, then Bridge's
+    ``runtime_config_update``. One ``{"fields": {...}}`` (the resolved fields) or
+    ``{"error": "..."}`` per command; None when the recipe cannot be resolved here (Bridge
+    not installed or not importable, the recipe not an exported function)."""
+    if not bridge_installed() or not argvs:
+        return None
+    runs = [[a for a in argv if "=" in a and not a.startswith("-")] for argv in argvs]
+    try:
+        r = subprocess.run(
+            [python or sys.executable, "-c", _RESOLVE, name], input=json.dumps(runs),
+            capture_output=True, text=True, timeout=LOOKUP_TIMEOUT_S,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return None
+    out = json.loads(lines[-1])
+    return list(out["runs"]) if out.get("resolvable") else None
 
 
 def bridge_installed() -> bool:
