@@ -1,0 +1,69 @@
+"""A trial's launch flags for a recipe target: the one function that renders them.
+
+``launch_flags(space, params, target)`` gives the knob part and the environment part of the
+command a trial of ``params`` runs with on ``target`` (``megatron_lm``, ``bridge``, ``nemo``:
+the launcher plugins of :data:`dse.registry.REGISTRY`; ``builtin``: dse's built-in trainer's
+Megatron-LM command line), from that target's own table, the same code that renders the
+launch command: a trial launched there carries exactly these words. A value the target
+cannot express raises :class:`~dse.workloads.launchers._core.NotTaken` naming the knob, the
+value and why (the nearest upstream setting where there is one); nothing is translated
+silently. Inactive conditional knobs of the space pass nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dse.knobs import trial_env
+
+if TYPE_CHECKING:
+    from dse.space import SearchSpace
+
+__all__ = ["TARGETS", "LaunchFlags", "launch_flags"]
+
+#: The recipe targets a trial's flags render for.
+TARGETS = ("megatron_lm", "bridge", "nemo", "builtin")
+
+
+@dataclass(frozen=True)
+class LaunchFlags:
+    """The knob and environment part of a trial's launch command on one target."""
+
+    target: str
+    args: list[str]
+    env: dict[str, str]
+
+    def text(self) -> str:
+        """``export`` lines of the environment, then the knob arguments on one line."""
+        import shlex
+
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return "\n".join([*lines, " ".join(shlex.quote(a) for a in self.args)])
+
+
+def launch_flags(space: SearchSpace, params: Mapping[str, Any], target: str) -> LaunchFlags:
+    """The knob arguments and environment of a trial of ``params`` on ``target`` (raises
+    NotTaken for a value the target cannot express, ValueError for an unknown target)."""
+    from dse.recipe_spec import LauncherSpec
+    from dse.registry import REGISTRY
+    from dse.workloads.launchers.megatron_lm import BUILTIN_MODULE
+
+    if target not in TARGETS:
+        raise ValueError(f"unknown recipe target {target!r}; known: {', '.join(TARGETS)}")
+    own = space.workload.launcher
+    if target == "builtin":
+        name, spec = "megatron_lm", LauncherSpec(module=BUILTIN_MODULE)
+    elif space.workload.name == target and own is not None:
+        name, spec = target, own
+    else:
+        name, spec = target, LauncherSpec(recipe=own.recipe if own else None)
+    sp = space.model_copy(
+        update={"workload": space.workload.model_copy(update={"name": name, "launcher": spec})}
+    )
+    launcher = REGISTRY.get("launcher", name).load()(sp)
+    full = dict(params)
+    inactive = launcher.inactive_knobs(full)
+    active = {k: v for k, v in full.items() if k not in inactive}
+    return LaunchFlags(target, launcher.knob_overrides(active), trial_env(active, {}))
