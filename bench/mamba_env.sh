@@ -36,7 +36,7 @@ fi
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$DSE_GPU_ROOT/dse_triton_cache}
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 mkdir -p "$TRITON_CACHE_DIR"
-python3 - << 'EOF' || return 1
+(cd "$DSE_GPU_ROOT" && python3 -) << 'EOF' || return 1  # not the checkout: its dse/ folder shadows dse.*
 import os
 
 from dse.workloads.megatron import _mamba_kernels as mk

@@ -178,9 +178,7 @@ def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
         else:
             engine = create_engine(url, pool_pre_ping=True)
     except (SQLAlchemyError, ImportError, ValueError) as e:
-        raise StorageURLError(
-            f"cannot create a database engine for {safe_url(url)}: {e}"
-        ) from e
+        raise StorageURLError(f"cannot create a database engine for {safe_url(url)}: {e}") from e
     return engine
 
 

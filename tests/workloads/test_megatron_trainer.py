@@ -393,7 +393,6 @@ def test_dropout_comes_from_the_model_spec(tmp_path: Path) -> None:
     assert (on["hidden_dropout"], on["attention_dropout"]) == (0.1, 0.05)
 
 
-
 def test_fields_newer_than_the_trainers_megatron_core_are_refused(tmp_path: Path) -> None:
     """Knobs whose field Megatron-Core 0.16.1 lacks are refused by name at a non-default
     value, and left out at their default (never passed to a config class that would fail)."""
