@@ -94,9 +94,18 @@ def resolve_recipe(
     if not bridge_installed() or not argvs:
         return None
     runs = [[a for a in argv if "=" in a and not a.startswith("-")] for argv in argvs]
+    out = _probe(_RESOLVE, name, python, stdin=json.dumps(runs))
+    return list(out["runs"]) if out and out.get("resolvable") else None
+
+
+def _probe(
+    script: str, name: str, python: str | None, *, stdin: str | None = None
+) -> dict[str, Any] | None:
+    """Run ``script`` with ``name`` in a child interpreter; its last JSON line (None: it did
+    not start, failed or printed none)."""
     try:
         r = subprocess.run(
-            [python or sys.executable, "-c", _RESOLVE, name], input=json.dumps(runs),
+            [python or sys.executable, "-c", script, name], input=stdin,
             capture_output=True, text=True, timeout=LOOKUP_TIMEOUT_S,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
@@ -104,8 +113,8 @@ def resolve_recipe(
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or not lines:
         return None
-    out = json.loads(lines[-1])
-    return list(out["runs"]) if out.get("resolvable") else None
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out
 
 
 def bridge_installed() -> bool:
@@ -121,18 +130,8 @@ def recipe_problem(name: str, *, python: str | None = None) -> str | None:
     is importable here to ask)."""
     if not bridge_installed():
         return None
-    try:
-        r = subprocess.run(
-            [python or sys.executable, "-c", _LOOKUP, name],
-            capture_output=True, text=True, timeout=LOOKUP_TIMEOUT_S,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return None
-    out = json.loads(lines[-1])
-    if not out.get("importable") or out.get("found"):
+    out = _probe(_LOOKUP, name, python)
+    if out is None or not out.get("importable") or out.get("found"):
         return None
     near = [n for n in out.get("exported") or [] if n.split("_")[0] == name.split("_")[0]]
     hint = f"; recipes of that family it has: {', '.join(near[:8])}" if near else ""
