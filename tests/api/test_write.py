@@ -12,7 +12,7 @@ import pytest
 
 from dse.api.deps import get_launcher
 from dse.api.launch import Launched, SubprocessLauncher, controller_command
-from dse.storage import open_storage
+from dse.storage import has_password, open_storage
 from tests.api.conftest import TOKEN, make_client
 from tests.api.seed import create_study, space_yaml
 
@@ -153,7 +153,11 @@ def test_create_and_start(writable_url: str, tmp_path: Path) -> None:
         ]
         cmd = launch["command"]
         assert cmd[1:5] == ["-m", "dse.cli", "resume", "--study=started"]
-        assert cmd[-2:] == ["--storage", writable_url]  # no password in the test URLs
+        if has_password(writable_url):  # the URL travels in the environment, not argv
+            assert "--storage" not in cmd and writable_url not in cmd
+            assert controller_command("started", writable_url)[1] == {"DSE_STORAGE": writable_url}
+        else:
+            assert cmd[-2:] == ["--storage", writable_url]
 
 
 def test_start_needs_a_shared_database() -> None:

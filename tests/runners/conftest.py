@@ -32,11 +32,15 @@ def slurm() -> Iterator[str]:
     """Starts (or finds) the one-node Slurm; yields the node's name. Without root and without
     a running test Slurm the tests are skipped naming Slurm (failed under ``CI``)."""
     conf = Path(SLURM_DIR, "slurm.conf")
-    if os.geteuid() != 0 and not conf.exists():
-        require_part(
-            "Slurm",
-            f"no test Slurm at {SLURM_DIR} and starting one needs root (scripts/slurm_up.sh)",
-        )
+    try:
+        found = conf.exists()
+    except OSError as e:  # a folder on the way this user may not enter
+        found = False
+        why = f"cannot read {conf} ({e.strerror})"
+    else:
+        why = f"no test Slurm at {SLURM_DIR}"
+    if os.geteuid() != 0 and not found:
+        require_part("Slurm", f"{why} and starting one needs root (scripts/slurm_up.sh)")
     env = {**os.environ, "DSE_SLURM_DIR": SLURM_DIR}
     r = subprocess.run(
         ["bash", str(REPO / "scripts" / "slurm_up.sh")],

@@ -64,7 +64,11 @@ def test_megatron_core_is_here() -> None:
 def _pytest_without_slurm(ci: str | None) -> subprocess.CompletedProcess[str]:
     """A real-Slurm test run where Slurm is unavailable: no test Slurm at its folder, and
     not root (as root here, the run drops to the ``nobody`` user)."""
-    with tempfile.TemporaryDirectory(prefix="dse-no-slurm-") as tmp:
+    # under a folder every user may enter (TMPDIR may be private to root)
+    base = tempfile.gettempdir()
+    if any(not (os.stat(p).st_mode & 0o001) for p in (Path(base), *Path(base).parents)):
+        base = "/tmp"
+    with tempfile.TemporaryDirectory(prefix="dse-no-slurm-", dir=base) as tmp:
         Path(tmp).chmod(0o777)  # the user the probe runs as writes here
         env = {k: v for k, v in os.environ.items() if k not in ("CI", "SLURM_CONF")}
         env |= {"DSE_SLURM_DIR": f"{tmp}/slurm", "HOME": tmp}
