@@ -4,7 +4,10 @@ Per layer and micro-batch, on one rank:
 
 * GEMMs (QKV, projection, MLP, logits) at an achievable fraction of the GPU's dense bf16
   peak, lower for small token counts (a saturating curve in the GEMM's M dimension);
-  backward costs twice the forward;
+  backward costs twice the forward. With FP8 (the ``fp8`` knob) the Transformer Engine
+  linear layers (QKV, projection, MLP, shared and routed experts) run at the GPU's dense FP8
+  peak instead (:attr:`GPUSpec.fp8_tflops`); the logits, the router and core attention stay
+  in bf16, and the FP8 casts and scaling are not modelled;
 * core attention: unfused attention runs two batched GEMMs over the whole ``s x s`` score
   matrix (no causal skipping) plus memory-bound softmax/mask/cast traffic of about 72 bytes
   per score element (forward + backward); SDPA/flash/fused kernels do the causal half of the
@@ -58,6 +61,8 @@ class GPUSpec:
         nvlink_gbps: NVLink bandwidth per direction per GPU (GB/s); 0 means PCIe only.
         memory_gib: device memory as PyTorch reports it (GiB).
         matmul_efficiency: fraction of the peak that large GEMMs reach (H200: ~790 of 989).
+        fp8_tflops: dense FP8 tensor-core peak (TFLOP/s); 0 where the GPU has no FP8 tensor
+            cores (FP8 GEMMs are then estimated at the bf16 rate).
     """
 
     name: str
@@ -66,17 +71,24 @@ class GPUSpec:
     nvlink_gbps: float
     memory_gib: float
     matmul_efficiency: float = 0.8
+    fp8_tflops: float = 0.0
 
 
 #: Known GPUs, matched by substring of the (upper-cased) device name, most specific first.
+#: FP8 peaks (``fp8_tflops``): the vendors' published dense (not 2:4-sparse) FP8 tensor-core
+#: peaks, twice the dense bf16 peak on Hopper and Blackwell: NVIDIA's H100 / H200 datasheets
+#: (H100 SXM / H200 1979, H100 PCIe 1513 TFLOP/s; the datasheets print 3958 / 3026 "with
+#: sparsity", twice the dense figure) and its DGX B200 / GB200 NVL72 specifications (B200
+#: 4500, GB200 5000 TFLOP/s dense per GPU). Ampere (A100, A800) has no FP8 tensor cores;
+#: L40S and MI300X have, but no FP8 peak is recorded here (their FP8 is estimated at bf16).
 GPUS: tuple[tuple[str, GPUSpec], ...] = (
-    ("GB200", GPUSpec("NVIDIA GB200", 2500.0, 8.0, 900.0, 184.0)),
-    ("B200", GPUSpec("NVIDIA B200", 2250.0, 8.0, 900.0, 179.0)),
-    ("H200", GPUSpec("NVIDIA H200", 989.0, 4.8, 450.0, 139.8)),
-    ("H100 PCIE", GPUSpec("NVIDIA H100 PCIe", 756.0, 2.0, 0.0, 79.2)),
-    ("H800", GPUSpec("NVIDIA H800", 989.0, 3.35, 200.0, 79.2)),
-    ("H100", GPUSpec("NVIDIA H100 SXM", 989.0, 3.35, 450.0, 79.2)),
-    ("GH200", GPUSpec("NVIDIA GH200", 989.0, 4.0, 450.0, 94.5)),
+    ("GB200", GPUSpec("NVIDIA GB200", 2500.0, 8.0, 900.0, 184.0, fp8_tflops=5000.0)),
+    ("B200", GPUSpec("NVIDIA B200", 2250.0, 8.0, 900.0, 179.0, fp8_tflops=4500.0)),
+    ("H200", GPUSpec("NVIDIA H200", 989.0, 4.8, 450.0, 139.8, fp8_tflops=1979.0)),
+    ("H100 PCIE", GPUSpec("NVIDIA H100 PCIe", 756.0, 2.0, 0.0, 79.2, fp8_tflops=1513.0)),
+    ("H800", GPUSpec("NVIDIA H800", 989.0, 3.35, 200.0, 79.2, fp8_tflops=1979.0)),
+    ("H100", GPUSpec("NVIDIA H100 SXM", 989.0, 3.35, 450.0, 79.2, fp8_tflops=1979.0)),
+    ("GH200", GPUSpec("NVIDIA GH200", 989.0, 4.0, 450.0, 94.5, fp8_tflops=1979.0)),
     ("A100-SXM4-40GB", GPUSpec("NVIDIA A100 40GB", 312.0, 1.555, 300.0, 39.4)),
     ("A100", GPUSpec("NVIDIA A100 80GB", 312.0, 2.0, 300.0, 79.2)),
     ("A800", GPUSpec("NVIDIA A800", 312.0, 2.0, 200.0, 79.2)),
@@ -230,8 +242,13 @@ def _step_parts(
     mlp_width = f_dense * f
     peak = gpu.bf16_tflops * 1e12 * (0.5 if a == 4 else 1.0)  # fp32 runs at TF32-ish rates
     gemm_rate = peak * gpu.matmul_efficiency * tokens / (tokens + GEMM_HALF_TOKENS)
+    # FP8: the Transformer Engine linears (and grouped expert GEMMs) at the FP8 peak; the
+    # logits, router and attention GEMMs keep gemm_rate
+    fp8_gain = gpu.fp8_tflops / gpu.bf16_tflops if lay.fp8 and gpu.fp8_tflops > 0 else 1.0
+    lin_rate = gemm_rate * fp8_gain
     bw = gpu.hbm_tbps * 1e12 * MEMORY_EFFICIENCY
-    moe_macs = 0.0  # per token of the micro-batch, at the micro-batch's GEMM rate
+    moe_macs = 0.0  # shared expert, per token of the micro-batch, at the linears' rate
+    router_macs = 0.0  # router, per token of the micro-batch, at the bf16 GEMM rate
     expert_fwd = 0.0  # routed experts' GEMMs of one MoE layer (s, forward)
     moe_extra_fwd = 0.0  # permute/unpermute traffic of one MoE layer (s, forward)
     if moe:
@@ -244,9 +261,11 @@ def _step_parts(
         local = max(1.0, experts / lay.ep)
         per_expert = routed * lay.etp / local  # grouped GEMM's M of each local expert
         expert_rate = peak * gpu.matmul_efficiency * per_expert / (per_expert + GEMM_HALF_TOKENS)
+        expert_rate *= fp8_gain
         expert_fwd = 2 * routed * h * fe_full * (fac + 1) / expert_rate
         # router (on this rank's sequence share) and shared expert (TP-sharded)
-        moe_macs = h * shared * (fac + 1) + h * experts / (tp if lay.sp else 1)
+        moe_macs = h * shared * (fac + 1)
+        router_macs = h * experts / (tp if lay.sp else 1)
         mlp_macs += f_moe * moe_macs
         mlp_width += f_moe * (k * fe_full / tp + shared)
         # the permutation reads and writes every routed copy before and after the experts
@@ -262,7 +281,8 @@ def _step_parts(
     unfused = lay.attention == "unfused"
 
     # --- one layer, one micro-batch, forward ------------------------------------------------
-    gemm_fwd = 2 * tokens * (proj_macs + mlp_macs) / gemm_rate + f_moe * expert_fwd
+    router_fwd = 2 * tokens * router_macs / gemm_rate
+    gemm_fwd = 2 * tokens * (proj_macs + mlp_macs) / lin_rate + f_moe * (router_fwd + expert_fwd)
     scores = f_attn * lay.mbs * heads * (s / cp) * s
     if unfused:
         attn_fwd = 4 * scores * hd / gemm_rate + UNFUSED_SCORE_FWD_BYTES * scores / bw
@@ -287,7 +307,7 @@ def _step_parts(
         )
         / bw
     )
-    moe_fwd = f_moe * (2 * tokens * moe_macs / gemm_rate + expert_fwd + moe_extra_fwd)
+    moe_fwd = f_moe * (2 * tokens * moe_macs / lin_rate + router_fwd + expert_fwd + moe_extra_fwd)
     layer_fwd = gemm_fwd + attn_fwd + elem_fwd + mamba_fwd + f_moe * moe_extra_fwd
     layer_bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd + 2 * mamba_fwd
     layer_bwd += 2 * f_moe * moe_extra_fwd
@@ -299,7 +319,7 @@ def _step_parts(
         if lay.recomputes("moe"):
             layer_bwd += moe_fwd
         if lay.recomputes("mlp"):
-            layer_bwd += 2 * tokens * f_dense * h * f * (fac + 1) / gemm_rate
+            layer_bwd += 2 * tokens * f_dense * h * f * (fac + 1) / lin_rate
     compute = n_layers * m * (layer_fwd + layer_bwd)
     if moe and lay.ep > 1 and lay.flex_backend is None:
         # the all-to-all dispatcher waits for the host in every MoE forward
