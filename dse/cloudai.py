@@ -39,7 +39,7 @@ import yaml
 
 from dse.envpolicy import env_var_problem
 from dse.exceptions import SpaceError
-from dse.knobs import KNOBS, get_knob
+from dse.knobs import KNOBS, ModulesKnob, get_knob
 
 __all__ = [
     "CloudAIImport",
@@ -524,6 +524,41 @@ def _recompute_modules(b: _Builder, ck: str, raw: Any, swept: bool) -> None:
         b.fixed["recompute_modules"] = mods_only[0]
 
 
+#: What Megatron-Bridge's performance launcher (scripts/performance/utils/overrides.py,
+#: _set_megatron_fsdp_overrides) sets with --use_megatron_fsdp besides ddp.use_megatron_fsdp
+#: (the ConfigContainer overrides a trial gives where the study always runs FSDP).
+_BRIDGE_FSDP_OVERRIDES = {
+    "ddp.average_in_collective": False,
+    "ddp.keep_fp8_transpose_cache": False,
+    "model.init_model_with_meta_device": True,
+}
+
+
+def _megatron_fsdp(
+    when: str, fixed: dict[str, Any], overrides: dict[str, Any], notes: list[str]
+) -> None:
+    """use_megatron_fsdp true: the sharding Megatron-Bridge's performance launcher pairs with
+    it (data_parallel_sharding_strategy optim_grads_params, read only with FSDP) and, where
+    every trial runs FSDP, its other FSDP settings as recipe overrides."""
+    if "ddp.data_parallel_sharding_strategy" not in overrides:
+        fixed.setdefault("data_parallel_sharding_strategy", "optim_grads_params")
+    if when == "always":
+        for k, v in _BRIDGE_FSDP_OVERRIDES.items():
+            overrides.setdefault(k, v)
+        notes.append(
+            "use_megatron_fsdp: data_parallel_sharding_strategy optim_grads_params and "
+            f"{sorted(_BRIDGE_FSDP_OVERRIDES)}, as Megatron-Bridge's performance launcher "
+            "sets them with --use_megatron_fsdp"
+        )
+    else:
+        notes.append(
+            "use_megatron_fsdp explored: data_parallel_sharding_strategy optim_grads_params "
+            "(read only with FSDP), as Megatron-Bridge's performance launcher sets it; its "
+            f"other FSDP settings {sorted(_BRIDGE_FSDP_OVERRIDES)} are left to the recipe "
+            "(they would apply to the trials without FSDP too)"
+        )
+
+
 def _cuda_graph_scope(b: _Builder, ck: str, raw: Any, swept: bool) -> None:
     vals = [_module_list(v) for v in _as_list(raw)]
     b.add(ck, "cuda_graph_scope", raw, vals, swept=swept)
@@ -812,6 +847,7 @@ def import_scenario(
     old_fp8_recipe = args.pop("fp8_recipe", None) if workload == "bridge" else None
     node_steps: list[str] = []
     slurm_old: dict[str, Any] = {}
+    fsdp_on: str | None = None  # use_megatron_fsdp true: "always" or "swept"
     for k, v in args.items():
         ck = f"cmd_args.{k}"
         sw = b.swept(k, v)
@@ -829,11 +865,10 @@ def import_scenario(
             _cuda_graph_scope(b, ck, v, sw)
             continue
         if workload == "bridge" and k == "use_megatron_fsdp":
-            if any(bool(x) for x in _as_list(v)):
-                unmapped.append(
-                    Unmapped(ck, v, "dse has no knob for Megatron FSDP (ddp.use_megatron_fsdp)")
-                )
-            continue  # false is Megatron-Core's default
+            b.add(ck, "use_megatron_fsdp", v, _as_list(v), swept=sw)
+            if True in _as_list(v):
+                fsdp_on = "always" if b.fixed.get("use_megatron_fsdp") is True else "swept"
+            continue
         if workload == "bridge" and k == "enable_vboost":
             if any(bool(x) for x in _as_list(v)):
                 node_steps.append("vboost")
@@ -883,6 +918,8 @@ def import_scenario(
             else:
                 overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
     knobs, fixed = b.knobs, b.fixed
+    if fsdp_on:
+        _megatron_fsdp(fsdp_on, fixed, overrides, notes)
     if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:
         # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
         # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
@@ -1026,9 +1063,102 @@ def import_scenario(
         for holder in (test, run):
             if holder.get(k):
                 unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
+    _knobs_from_overrides(space, where, notes)
     _uneven_pipeline_note(space, notes)
     _valid_baseline(space, where, notes)
     return CloudAIImport(space, unmapped, notes)
+
+
+def _override_value(v: Any) -> Any:
+    """A recipe override's value as data (Hydra / NeMo-Run text read as YAML)."""
+    if not isinstance(v, str):
+        return v
+    try:
+        return yaml.safe_load(v) if v else None
+    except yaml.YAMLError:
+        return v
+
+
+def _knobs_from_overrides(space: dict[str, Any], where: str, notes: list[str]) -> None:
+    """Recipe overrides that are exactly what the recipe launcher renders for one knob value
+    (the export writes a knob CloudAI names no field for that way) become that knob's fixed
+    value, so an exported test imports back as knobs and renders without a knob and an
+    override setting one field. An override of a knob the test explores stays as written."""
+    from dse.space import parse_space
+    from dse.workloads.launchers._core import NotTaken, launcher_for
+
+    launcher_sec = space["workload"]["launcher"]
+    ov: dict[str, Any] = launcher_sec.get("overrides") or {}
+    if not ov:
+        return
+    try:
+        parsed = parse_space(space, where)
+        launcher = launcher_for(parsed)
+        derived_now = parsed.full_params(parsed.baseline())
+    except SpaceError:
+        return
+    have = {k: _override_value(v) for k, v in ov.items()}
+
+    def rendered(name: str, value: Any) -> dict[str, Any] | None:
+        try:
+            items = launcher.knob_overrides({name: value})
+        except (NotTaken, ValueError, TypeError):
+            return None
+        out = {}
+        for item in items:
+            key, sep, text = item.partition("=")
+            if not sep:
+                return None
+            out[key.lstrip("+")] = _override_value(text)
+        return out or None
+
+    taken: list[str] = []
+    for name, kb in KNOBS.items():
+        if name in space["knobs"] or kb.kind == "env":
+            continue
+        probe_value = (
+            kb.default
+            if kb.default is not None
+            else (kb.choices[0] if kb.choices else kb.min_value)
+        )
+        probe = rendered(name, probe_value)
+        if not probe or not set(probe) & set(have):
+            continue
+        first = next(iter(probe))
+        cands: list[Any]
+        if isinstance(kb, ModulesKnob):
+            got = have.get(first)
+            cands = [",".join(map(str, got))] if isinstance(got, list) and got else []
+        elif kb.kind == "bool":
+            cands = [False, True]
+        elif kb.kind == "choice":
+            cands = list(kb.choices)
+        else:
+            cands = [have.get(first)]
+        for v in cands:
+            if v is None and kb.kind == "int" or kb.check_value(v):
+                continue
+            r = rendered(name, v)
+            if r and all(k in have and have[k] == x for k, x in r.items()):
+                # a derived knob at what its derivation gives here (the export writes the
+                # derived value) is redundant; otherwise the test's value is the knob's
+                if not (name in parsed.derived and derived_now.get(name) == v):
+                    if space["fixed"].get(name, v) != v:
+                        notes.append(
+                            f"{name} {v!r} from the test's overrides (over the import's "
+                            f"{space['fixed'][name]!r})"
+                        )
+                    space["fixed"][name] = v
+                for k in r:
+                    have.pop(k, None)
+                    ov.pop(k, None)
+                    ov.pop("+" + k, None)
+                taken.append(name)
+                break
+    if taken:
+        notes.append(f"recipe overrides read back as the knobs {sorted(taken)}")
+    if not ov:
+        launcher_sec.pop("overrides", None)
 
 
 def _uneven_pipeline_note(space: dict[str, Any], notes: list[str]) -> None:

@@ -658,6 +658,18 @@ def _hybrid_moe_knobs() -> list[Knob]:
             choices=("no_shard", "optim", "optim_grads", "optim_grads_params"),
         ),
         Knob(
+            "use_megatron_fsdp",
+            "bool",
+            False,
+            "Megatron FSDP: the model is wrapped in Megatron-Core's fully sharded data "
+            "parallel, which shards by data_parallel_sharding_strategy and always trains with "
+            "the distributed optimizer (DistributedDataParallelConfig.use_megatron_fsdp; "
+            "Megatron-LM --use-megatron-fsdp, Bridge ddp.use_megatron_fsdp). The cost and "
+            "memory models estimate it as the distributed optimizer.",
+            _one("ddp", "use_megatron_fsdp"),
+            cloudai={"MegatronBridge": "use_megatron_fsdp"},
+        ),
+        Knob(
             "cuda_graph_impl",
             "choice",
             "none",

@@ -114,6 +114,21 @@ class _Checked:
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
         return self._space.constraint_values(params)
 
+    @property
+    def env_fixed(self) -> Mapping[str, Any]:
+        """The space's fixed environment (``env.fixed``; empty for a trial spec's
+        :class:`Problem`, whose trial process has its environment already)."""
+        env = getattr(self._space, "env", None)
+        return dict(getattr(env, "fixed", None) or {})
+
+
+def _env(s: RuleContext, fp: Mapping[str, Any], var: str) -> Any:
+    """Environment variable ``var`` of a configuration: its ``env.VAR`` knob, else the
+    space's fixed value (None when neither sets it)."""
+    if f"env.{var}" in fp:
+        return fp[f"env.{var}"]
+    return (getattr(s, "env_fixed", None) or {}).get(var)
+
 
 def _get(params: Mapping[str, Any], name: str) -> Any:
     return params[name] if name in params else KNOBS[name].default
@@ -789,6 +804,31 @@ def r_overlap_param_gather_step(
             "overlap_param_gather_with_optimizer_step needs interleaved pipelining (VPP)",
             pp=L.pp,
             vpp=L.vpp,
+        )
+    return None
+
+
+@_rule
+def r_megatron_fsdp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """Megatron FSDP (use_megatron_fsdp) always trains with the distributed optimizer
+    (Megatron-Bridge's _validate_and_apply_megatron_fsdp_configs switches it on, so a
+    configuration without it would be measured as one with it), and both Megatron-LM's
+    validate_args and Megatron-Bridge assert CUDA_DEVICE_MAX_CONNECTIONS is not 1 with it."""
+    fp = s.full_params(p)
+    if not _get(fp, "use_megatron_fsdp"):
+        return None
+    if not _get(fp, "use_distributed_optimizer"):
+        return _v(
+            "megatron_fsdp",
+            "use_megatron_fsdp needs use_distributed_optimizer (Megatron FSDP always uses it)",
+            use_distributed_optimizer=False,
+        )
+    conns = _env(s, fp, "CUDA_DEVICE_MAX_CONNECTIONS")
+    if conns is not None and str(conns) == "1":
+        return _v(
+            "megatron_fsdp",
+            "use_megatron_fsdp needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1",
+            CUDA_DEVICE_MAX_CONNECTIONS=conns,
         )
     return None
 

@@ -377,6 +377,10 @@ def test_current_cloudai_files_round_trip(
     opts = dict(CURRENT[kind][1])
     again = import_scenario(back_file, system=SYSTEM, **opts)  # type: ignore[arg-type]
     back = parse_space(again.space, "again")
+    from dse.workloads.launchers._core import launcher_for
+
+    # the exported knobs come back as knobs: no knob and recipe override set one field
+    launcher_for(back).render(back.full_params(back.baseline()))
     assert back.workload.name == space.workload.name
     assert back.workload.launcher is not None and space.workload.launcher is not None
     assert back.workload.launcher.recipe == space.workload.launcher.recipe
@@ -418,6 +422,50 @@ def test_bridge_dse_with_a_bayesian_agent_keeps_its_sweeps_and_agent() -> None:
     assert space.budget.n_trials == 20  # agent_steps
     assert any("older name" in n for n in got.notes)  # model_name / model_size still read
     assert any("PP [2, 4, 8] cannot split the model's 61 layers" in n for n in got.notes)
+
+
+def test_use_megatron_fsdp_is_the_knob_with_the_performance_launchers_sharding(
+    tmp_path: Path,
+) -> None:
+    """CloudAI's use_megatron_fsdp is dse's knob (ddp.use_megatron_fsdp), with the sharding
+    Megatron-Bridge's performance launcher pairs with it; fixed on, its other FSDP settings
+    travel as recipe overrides; the export writes the field and imports back the same."""
+    from dse.cloudai import dump_toml, export_test_full
+    from dse.workloads.launchers._core import launcher_for
+
+    base = _import("bridge_dse_bayesian")
+    assert base.space["fixed"]["use_megatron_fsdp"] is False  # CloudAI's false, as written
+    src = (CUR / "test" / "megatron_bridge_standalone_deepseekv3.toml").read_text()
+    for value, kind in (("true", "always"), ("[false, true]", "swept")):
+        t = tmp_path / f"{kind}.toml"
+        t.write_text(src.replace("use_megatron_fsdp = false", f"use_megatron_fsdp = {value}"))
+        got = import_scenario(t, system=SYSTEM, seq_length=4096)
+        assert not [u for u in got.unmapped if "fsdp" in u.key]
+        assert any(n.startswith("use_megatron_fsdp") for n in got.notes)
+        space = parse_space_text(got.to_yaml(kind), kind)
+        assert space.fixed["data_parallel_sharding_strategy"] == "optim_grads_params"
+        launcher = space.workload.launcher
+        assert launcher is not None
+        if kind == "swept":
+            assert space.knobs["use_megatron_fsdp"].values() == [False, True]
+            assert "ddp.average_in_collective" not in launcher.overrides
+            continue
+        assert space.fixed["use_megatron_fsdp"] is True
+        assert launcher.overrides["ddp.average_in_collective"] is False
+        assert launcher.overrides["model.init_model_with_meta_device"] is True
+        argv = launcher_for(space).render(space.full_params(space.baseline())).argv
+        assert "ddp.use_megatron_fsdp=true" in argv
+        assert "ddp.data_parallel_sharding_strategy=optim_grads_params" in argv
+        exported = export_test_full(space, space.baseline(), "best")
+        assert exported.not_taken == []
+        assert exported.test["cmd_args"]["use_megatron_fsdp"] is True
+        back = tmp_path / "back.toml"
+        back.write_text(dump_toml(exported.test))
+        again = parse_space(import_scenario(back, system=SYSTEM, seq_length=4096).space, "b")
+        assert again.fixed["use_megatron_fsdp"] is True
+        full = again.full_params(again.baseline())
+        argv = launcher_for(again).render(full).argv  # no knob and override set one field
+        assert "ddp.data_parallel_sharding_strategy=optim_grads_params" in argv
 
 
 def _cloudai_bridge_keeps(args: dict, layouts: set[tuple[int, int]] | None) -> bool:

@@ -122,6 +122,23 @@ def test_optimizer_rules(tiny_space_dict: dict) -> None:
     assert "optimizer_dtypes" in _rules(s, {"exp_avg_dtype": "bf16"})
 
 
+def test_megatron_fsdp_needs_the_distributed_optimizer_and_not_one_connection(
+    tiny_space_dict: dict,
+) -> None:
+    d = copy.deepcopy(tiny_space_dict)
+    d["knobs"]["use_megatron_fsdp"] = {"type": "bool"}
+    s = parse_space(d)
+    fsdp = {"use_megatron_fsdp": True}
+    assert "megatron_fsdp" in _rules(s, {**fsdp, "use_distributed_optimizer": False})
+    assert "megatron_fsdp" not in _rules(s, {**fsdp, "use_distributed_optimizer": True})
+    one = {**fsdp, "use_distributed_optimizer": True, "env.CUDA_DEVICE_MAX_CONNECTIONS": 1}
+    assert "megatron_fsdp" in _rules(s, one)
+    assert "megatron_fsdp" not in _rules(s, {**one, "env.CUDA_DEVICE_MAX_CONNECTIONS": 32})
+    d["env"] = {"fixed": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}  # fixed in the space's env
+    assert "megatron_fsdp" in _rules(parse_space(d), {**fsdp, "use_distributed_optimizer": True})
+    assert "megatron_fsdp" not in _rules(parse_space(d), {"use_distributed_optimizer": True})
+
+
 def test_every_rule_has_a_docstring() -> None:
     for name, fn in RULES.items():
         assert fn.__doc__, name

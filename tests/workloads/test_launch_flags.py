@@ -71,3 +71,39 @@ def test_a_value_the_target_cannot_express_names_the_nearest_upstream_setting() 
     assert launch_flags(MOE, {"attention_backend": "sdpa"}, "builtin").args  # dse's own
     with pytest.raises(ValueError, match="unknown recipe target"):
         launch_flags(MOE, {}, "torchtitan")
+
+
+def test_megatron_fsdp_renders_where_the_target_runs_it_and_is_refused_elsewhere(
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    """use_megatron_fsdp: Megatron-LM's switch with the checkpoint format its validate_args
+    asserts, Bridge's ddp field; NeMo (its strategy's fsdp argument) and dse's built-in
+    trainer (Megatron-Core's DDP wrapper) refuse it by name, in the launcher and in the
+    trial process alike."""
+    from dse.records import TrialSpec
+    from dse.workloads.megatron._plan import TrialFailure, make_plan
+
+    on = {"use_megatron_fsdp": True, "use_distributed_optimizer": True}
+    mlm = launch_flags(MOE, on, "megatron_lm").args
+    i = mlm.index("--use-megatron-fsdp")
+    assert mlm[i : i + 3] == ["--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor"]
+    assert "ddp.use_megatron_fsdp=true" in launch_flags(MOE, on, "bridge").args
+    sharded = {**on, "data_parallel_sharding_strategy": "optim_grads_params"}
+    args = launch_flags(MOE, sharded, "megatron_lm").args
+    i = args.index("--data-parallel-sharding-strategy")
+    assert args[i + 1] == "optim_grads_params"
+    for target in ("nemo", "builtin"):
+        with pytest.raises(NotTaken) as e:
+            launch_flags(MOE, on, target)
+        assert e.value.knob == "use_megatron_fsdp"
+    assert (
+        "--use-megatron-fsdp"
+        not in launch_flags(MOE, {"use_megatron_fsdp": False}, "builtin").args
+    )
+    spec = TrialSpec(
+        study="s", trial_number=0, params=on, model=MOE.model.model_dump(),
+        semantics=MOE.semantics.model_dump(), world_size=1, device="cpu",
+        metrics_path=str(tmp_path / "m.jsonl"), features=[],
+    )  # fmt: skip
+    with pytest.raises(TrialFailure, match="use_megatron_fsdp=True: dse's built-in trainer"):
+        make_plan(spec, None)

@@ -24,6 +24,8 @@ from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
 __all__ = [
     "ARG_DEFAULTS",
     "BUILTIN_MODULE",
+    "BUILTIN_REFUSES",
+    "builtin_refusal",
     "FLAG_OF_FIELD",
     "MegatronLMLauncher",
     "knob_flags",
@@ -52,6 +54,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "main_params_dtype": "--main-params-dtype",
     "exp_avg_dtype": "--exp-avg-dtype",
     "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
+    "data_parallel_sharding_strategy": "--data-parallel-sharding-strategy",
 }
 #: Boolean fields Megatron-LM leaves off by default: ``--flag`` turns them on.
 SWITCH_OF_FIELD: dict[str, str] = {
@@ -66,6 +69,7 @@ SWITCH_OF_FIELD: dict[str, str] = {
     "overlap_param_gather": "--overlap-param-gather",
     "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
     "tp_comm_overlap": "--tp-comm-overlap",
+    "use_megatron_fsdp": "--use-megatron-fsdp",
 }
 #: Fusions Megatron-LM turns on by default: ``--no-...`` turns them off.
 NO_SWITCH_OF_FIELD: dict[str, str] = {
@@ -75,6 +79,30 @@ NO_SWITCH_OF_FIELD: dict[str, str] = {
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
 }
 VPP_FLAG = "--num-layers-per-virtual-pipeline-stage"
+#: Megatron-LM's validate_args asserts ``--ckpt-format fsdp_dtensor`` with
+#: ``--use-megatron-fsdp`` ("Megatron FSDP only supports fsdp_dtensor checkpoint format"):
+#: the switch is rendered with it.
+FSDP_CKPT_FORMAT = ["--ckpt-format", "fsdp_dtensor"]
+#: Knob values dse's built-in trainer cannot apply, refused by name: it wraps the model in
+#: Megatron-Core's DistributedDataParallel, never in Megatron FSDP.
+BUILTIN_REFUSES: dict[str, str] = {
+    "use_megatron_fsdp": "dse's built-in trainer wraps the model in Megatron-Core's "
+    "DistributedDataParallel, not Megatron FSDP; run it through a recipe launcher "
+    "(megatron_lm with pretrain_gpt.py, bridge or nemo)",
+    "data_parallel_sharding_strategy": "Megatron FSDP's sharding, which dse's built-in "
+    "trainer does not run (it wraps the model in Megatron-Core's DistributedDataParallel); "
+    "run it through a recipe launcher",
+}
+
+
+def builtin_refusal(name: str, value: Any) -> str | None:
+    """Why dse's built-in trainer cannot apply ``name=value`` (None when it can): a value
+    of :data:`BUILTIN_REFUSES` other than the knob's default."""
+    from dse.knobs import KNOBS
+
+    if name in BUILTIN_REFUSES and value not in (None, KNOBS[name].default):
+        return BUILTIN_REFUSES[name]
+    return None
 
 
 def _bias_act_flag(model: ModelSpec) -> str:
@@ -145,7 +173,7 @@ def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = F
     pp = int(params.get("pipeline_model_parallel_size", 1) or 1)
     flex = params.get("moe_token_dispatcher_type") == "flex"
     for name, value, a in Launcher.assignments_of(params):
-        why = None if builtin else dse_only(name, value)
+        why = builtin_refusal(name, value) if builtin else dse_only(name, value)
         if why:
             raise NotTaken(name, value, why)
         f, v = a.field, a.value
@@ -165,6 +193,9 @@ def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = F
         elif f in NO_SWITCH_OF_FIELD:
             if not v:
                 out.append(NO_SWITCH_OF_FIELD[f])
+        elif f == "use_megatron_fsdp":
+            if v:
+                out += [SWITCH_OF_FIELD[f], *FSDP_CKPT_FORMAT]
         elif f in SWITCH_OF_FIELD:
             if v:
                 out.append(SWITCH_OF_FIELD[f])

@@ -73,6 +73,16 @@ class NemoLauncher(Launcher):
             why = dse_only(name, value)
             if why:
                 raise NotTaken(name, value, why)
+            if name == "use_megatron_fsdp" and value:
+                raise NotTaken(
+                    name,
+                    value,
+                    "NeMo 2.0's MegatronStrategy wraps the model in Megatron FSDP only with its "
+                    "fsdp='megatron' argument (which sets ddp_config.use_custom_fsdp; "
+                    "nemo/lightning/pytorch/strategies/megatron_strategy.py); "
+                    "trainer.strategy.ddp.use_megatron_fsdp alone keeps the DDP wrapper. Set "
+                    "fsdp in the recipe factory",
+                )
             if a.section == "optimizer" and a.field in _DTYPE_FIELDS:
                 raise NotTaken(
                     name,

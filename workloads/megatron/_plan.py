@@ -161,7 +161,12 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
         raise TrialFailure("invalid", str(violation))
     if model.is_hybrid:
         _hybrid_check(model, str(knob_value(spec.params, "attention_backend")), spec.device)
+    from dse.workloads.launchers.megatron_lm import builtin_refusal
+
     for name, value in spec.params.items():
+        refused = builtin_refusal(name, value)
+        if refused:
+            raise TrialFailure("invalid", f"{name}={value!r}: {refused}")
         if name in FIELD_SOURCES and value not in (None, KNOBS[name].default):
             raise TrialFailure(
                 "invalid",
