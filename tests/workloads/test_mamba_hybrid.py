@@ -47,7 +47,7 @@ def _spec(tmp: Path, name: str, params: dict[str, Any], **kw: Any) -> TrialSpec:
                      semantics=SEM, **kw)  # fmt: skip
 
 
-# --- torch computations of the stand-ins (no megatron) -------------------------------------
+# --- torch computations of the stand-ins (torch only; needs_megatron: the megatron extra) --
 
 
 def _ssd_by_recurrence(x, dt, A, B, C, D, z):  # noqa: N803 - the SSD's names
@@ -71,8 +71,10 @@ def _ssd_by_recurrence(x, dt, A, B, C, D, z):  # noqa: N803 - the SSD's names
     return torch.stack(ys, dim=1)
 
 
+@needs_megatron
 def test_ssd_reference_matches_the_recurrence() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from dse.workloads.megatron._mamba_kernels import ssd_reference
 
     g = torch.Generator().manual_seed(0)
@@ -95,10 +97,12 @@ def test_ssd_reference_matches_the_recurrence() -> None:
     assert torch.allclose(soft, direct, atol=1e-6)
 
 
+@needs_megatron
 def test_conv1d_stand_in_matches_torch_conv_and_its_gradients() -> None:
     """The causal_conv1d_cuda stand-in writes what nn.Conv1d (causal, depthwise) computes,
     forward and backward, into the caller's buffers as the extension does."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from dse.workloads.megatron import _mamba_kernels as mk
 
     g = torch.Generator().manual_seed(1)
@@ -140,10 +144,12 @@ def test_conv1d_stand_in_matches_torch_conv_and_its_gradients() -> None:
     assert torch.allclose(dx2, dx) and torch.allclose(dw2, dw) and torch.allclose(db2, db)
 
 
+@needs_megatron
 def test_memory_efficient_reference_is_conv_then_scan_then_gate() -> None:
     """The split scan (mem-eff path) equals the default path's pieces: conv1d + silu, the
     scan with the z gate (Megatron then applies the gated norm without z)."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from dse.workloads.megatron import _mamba_kernels as mk
 
     g = torch.Generator().manual_seed(2)
@@ -165,8 +171,10 @@ def test_memory_efficient_reference_is_conv_then_scan_then_gate() -> None:
     assert torch.allclose(got, want, atol=1e-6)
 
 
+@needs_megatron
 def test_gated_norm_reference_groups_and_gate_order() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from dse.workloads.megatron._mamba_kernels import gated_rms_norm_reference
 
     x = torch.tensor([[3.0, 4.0, 1.0, 1.0]])

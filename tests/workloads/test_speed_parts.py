@@ -1,17 +1,25 @@
 """The trainer's speed parts (workloads/megatron/_speed.py): torch's AdamW switched between
 its foreach and fused implementations mid-run gives the same parameters as either alone;
-the rotary-embedding cache of a finished trial is cleared; live tensors are counted."""
+the rotary-embedding cache of a finished trial is cleared; live tensors are counted.
+torch and Megatron-Core (the megatron extra) are real parts: without them these tests skip
+naming them, and fail under ``CI`` (tests/conftest.py ``require_megatron``)."""
 
 from __future__ import annotations
 
-import pytest
+from typing import TYPE_CHECKING
 
-torch = pytest.importorskip("torch")
+from dse.workloads.megatron import _speed
+from tests.conftest import needs_megatron
 
-from dse.workloads.megatron import _speed  # noqa: E402
+if TYPE_CHECKING:
+    import torch
+
+pytestmark = needs_megatron
 
 
 def _run(impls: list[str]) -> list[torch.Tensor]:
+    import torch
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -30,6 +38,8 @@ def _run(impls: list[str]) -> list[torch.Tensor]:
 
 
 def test_fused_and_foreach_adamw_agree_and_switch_mid_run() -> None:
+    import torch
+
     fused = _run(["fused"] * 4)
     foreach = _run(["foreach"] * 4)
     mixed = _run(["foreach", "fused", "foreach", "fused"])
@@ -39,12 +49,14 @@ def test_fused_and_foreach_adamw_agree_and_switch_mid_run() -> None:
 
 
 def test_no_torch_adam_is_left_alone() -> None:
+    import torch
+
     sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
     assert _speed.set_adam_impl(sgd, "fused") == 0 and _speed.adam_impl_of(sgd) is None
 
 
 def test_rotary_cache_cleared_and_live_tensors_counted() -> None:
-    pytest.importorskip("megatron.core")
+    import torch
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     rope = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, use_cpu_initialization=True)
