@@ -160,6 +160,9 @@ _METRICS = {
 }
 
 _WORKLOADS = {"NeMoRun": "nemo", "MegatronBridge": "bridge"}
+#: NeMoRun ``task`` values: CloudAI's run script calls llm.pretrain or llm.finetune
+#: (cloudai_nemorun.py); dse's NeMo launcher runs ``nemo llm TASK``.
+_NEMO_TASKS = ("pretrain", "finetune")
 _TEMPLATES = {v: k for k, v in _WORKLOADS.items()}
 
 #: Recipe names (CloudAI's / Bridge's) -> dse catalog entries where the names differ.
@@ -679,7 +682,13 @@ def import_scenario(
                 f"{where}: cmd_args.domain {domain!r}: dse tunes language-model recipes "
                 "(domain llm) only"
             )
-    if task not in ("pretrain", "sft", "finetune", "peft", "lora"):
+    if workload == "nemo" and task not in _NEMO_TASKS:
+        # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
+        unmapped.append(
+            Unmapped("cmd_args.task", task, f"NeMo's CLI task is one of {list(_NEMO_TASKS)}")
+        )
+        task = "pretrain"
+    elif task not in ("pretrain", "sft", "finetune", "peft", "lora"):
         unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
     if not recipe:
         names = "recipe_name" if workload == "nemo" else "model_recipe_name / model_family_name"
@@ -714,6 +723,7 @@ def import_scenario(
     base_sem = dict((base or {}).get("semantics") or {})
     if workload == "nemo":
         launcher["recipe"] = key
+        launcher["task"] = task  # nemo llm TASK --factory RECIPE
         if key != recipe:
             notes.append(
                 f"CloudAI's factory {recipe!r} (cloudai_nemorun.py) runs as NeMo's own recipe "
@@ -1345,7 +1355,7 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
     }
     if wl.name == "nemo":
         cmd["docker_image_url"] = wl.launcher.container_image or ""
-        cmd["task"] = "pretrain"
+        cmd["task"] = wl.launcher.task or "pretrain"
         cmd["recipe_name"] = wl.launcher.recipe or ""
         cmd["num_layers"] = space.model.num_layers
         inv = {v: k for k, v in NEMO_RUN_KNOBS.items()}

@@ -70,6 +70,12 @@ class LauncherSpec(_Strict):
         None, description="Container image the trial runs in (Slurm with pyxis/enroot)."
     )
     python: str | None = Field(None, description="Interpreter of the recipe (default: python).")
+    task: Literal["pretrain", "finetune"] | None = Field(
+        None,
+        description="nemo: the NeMo CLI task the factory runs under (nemo llm TASK --factory "
+        "RECIPE; CloudAI NeMoRun's task); default pretrain. bridge: the task is part of the "
+        "recipe function's name.",
+    )
     model_args: bool = Field(
         True,
         description="megatron_lm: render the model and semantics sections as Megatron-LM "

@@ -722,3 +722,33 @@ def test_cli_import_with_system_says_what_it_took_and_assumed(
     # without the sequence length the recipe would choose, the import names what to give
     assert main(["cloudai", "import", str(src), "--tests", str(CUR / "test")]) == 2
     assert "--seq-length" in capsys.readouterr().err
+
+
+def test_nemorun_finetune_task_round_trips(tmp_path: Path) -> None:
+    """NeMoRun's task (CloudAI runs llm.pretrain or llm.finetune): the import keeps it, the
+    trial runs `nemo llm finetune`, the export writes it and it imports back."""
+    from dse.cloudai import dump_toml, export_test_full
+    from dse.workloads.launchers._core import launcher_for
+
+    src = (CUR / "test" / "nemo_run_llama3_8b.toml").read_text()
+    assert 'task = "pretrain"' in src
+    t = tmp_path / "ft.toml"
+    t.write_text(src.replace('task = "pretrain"', 'task = "finetune"'))
+    space = parse_space_text(import_scenario(t, system=SYSTEM).to_yaml("ft"), "ft")
+    launcher = space.workload.launcher
+    assert launcher is not None and launcher.task == "finetune"
+    argv = launcher_for(space).render(space.full_params(space.baseline())).argv
+    assert argv[:4] == ["nemo", "llm", "finetune", "--factory"]
+    exported = export_test_full(space, space.baseline(), "best")
+    assert exported.test["cmd_args"]["task"] == "finetune"
+    back = tmp_path / "back.toml"
+    back.write_text(dump_toml(exported.test))
+    again = parse_space(import_scenario(back, system=SYSTEM).space, "again")
+    assert again.workload.launcher is not None and again.workload.launcher.task == "finetune"
+    # pretrain stays pretrain; a task NeMo's CLI does not run is named
+    plain = import_scenario(CUR / "test" / "nemo_run_llama3_8b.toml", system=SYSTEM)
+    assert plain.space["workload"]["launcher"]["task"] == "pretrain"
+    t.write_text(src.replace('task = "pretrain"', 'task = "evaluate"'))
+    bad = import_scenario(t, system=SYSTEM)
+    assert [u.value for u in bad.unmapped if u.key == "cmd_args.task"] == ["evaluate"]
+    assert bad.space["workload"]["launcher"]["task"] == "pretrain"

@@ -53,7 +53,7 @@ class NemoLauncher(Launcher):
         elif self.spec.script:
             head = [python or "python", self.spec.script]
         else:
-            head = ["nemo", "llm", "pretrain"]
+            head = ["nemo", "llm", self.spec.task or "pretrain"]
         return [*head, "--factory", self.spec.recipe, "-y", *self.spec.args]
 
     def key(self, section: str, fld: str) -> str:
