@@ -330,6 +330,11 @@ CURRENT = {
         "test_scenario/megatron_bridge_standalone_deepseekv3.toml",
         {"seq_length": 4096},
     ),
+    # current schema (model_family_name / model_recipe_name), derived from the file above
+    "bridge_dse_bayesian_current": (
+        "test_scenario/megatron_bridge_deepseekv3_bayesian.toml",
+        {"seq_length": 4096},
+    ),
     "nemotron_recipe": (
         "test/megatron_bridge_nemotron_nano_pytorch_profiler.toml",
         {"seq_length": 8192, "global_batch_size": 3072},
@@ -401,8 +406,9 @@ def test_current_cloudai_files_round_trip(
     assert back.env.fixed == space.env.fixed
 
 
-def test_bridge_dse_with_a_bayesian_agent_keeps_its_sweeps_and_agent() -> None:
-    got = _import("bridge_dse_bayesian")
+@pytest.mark.parametrize("kind", ["bridge_dse_bayesian", "bridge_dse_bayesian_current"])
+def test_bridge_dse_with_a_bayesian_agent_keeps_its_sweeps_and_agent(kind: str) -> None:
+    got = _import(kind)
     space = parse_space(got.space, "t")
     assert space.agent.name == "gp"  # bo_gp: Bayesian optimisation with a GP
     assert not [u for u in got.unmapped if u.key == "agent"]
@@ -417,10 +423,14 @@ def test_bridge_dse_with_a_bayesian_agent_keeps_its_sweeps_and_agent() -> None:
     assert launcher.overrides["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
     assert space.fixed["overlap_moe_expert_parallel_comm"] is False  # moe_a2a_overlap
     assert space.derived["sequence_parallel"] == "bridge"
-    assert space.resources.world_size == 256 and space.resources.gpus_per_node == 4
+    # the older test names 4 GPUs per node; the current schema leaves it to the system's 8
+    gpn = 4 if kind == "bridge_dse_bayesian" else 8
+    assert space.resources.world_size == 256 and space.resources.gpus_per_node == gpn
     assert space.resources.gpu == "NVIDIA GB200" and space.resources.gpu_memory_gib
     assert space.budget.n_trials == 20  # agent_steps
-    assert any("older name" in n for n in got.notes)  # model_name / model_size still read
+    # model_name / model_size still read; the current names need no note
+    assert any("older name" in n for n in got.notes) == (kind == "bridge_dse_bayesian")
+    assert not [u for u in got.unmapped if u.key.startswith("cmd_args.model_")]
     assert any("PP [2, 4, 8] cannot split the model's 61 layers" in n for n in got.notes)
 
 
