@@ -495,17 +495,23 @@ def _cloudai_bridge_keeps(args: dict, layouts: set[tuple[int, int]] | None) -> b
     return layouts is None or (pp, vp) in layouts
 
 
-def test_deepseek_v3_grid_valid_configurations_against_cloudai() -> None:
-    """The imported DeepSeek-V3 grid: dse keeps a subset of what CloudAI's own check keeps,
-    and each configuration CloudAI keeps that dse refuses breaks a rule dse states for the
-    model it describes. Counted here (stated in the report): CloudAI keeps 60 of the 192
-    configurations (its constraint_check, run on this file); dse keeps 4."""
+def test_deepseek_v3_grid_valid_configurations_against_cloudai(tmp_path: Path) -> None:
+    """The imported DeepSeek-V3 grid (the current-schema test, whose model_recipe_name
+    deepseek_v3 turns on CloudAI's constraint 18): dse keeps a subset of what CloudAI's own
+    check keeps, and each configuration CloudAI keeps that dse refuses breaks a rule dse
+    states for the model it describes. Counted here (README, CloudAI section): CloudAI keeps
+    60 of the 192 configurations (12 at PP 1, 36 at PP 4, 12 at PP 8); dse keeps 4, all at
+    PP 1. The 8 other PP-1 ones recompute the MLP, which the catalog's model lacks (it
+    describes all 61 layers as MoE; the real model's first 3 are dense, and dse's model
+    schema has no field for dense first layers); the 48 at PP 4 / 8 split 61 layers unevenly
+    (Bridge's pipeline_model_parallel_layout; dse splits evenly)."""
     import itertools
 
     from dse.rules import check
 
-    raw = tomllib.loads((CUR / "test" / "megatron_bridge_standalone_deepseekv3.toml").read_text())
+    raw = tomllib.loads((CUR / "test" / "megatron_bridge_deepseekv3_bayesian.toml").read_text())
     cmd = raw["cmd_args"]
+    assert "deepseek_v3" in cmd["model_recipe_name"]  # CloudAI applies constraint 18
     layouts = {(1, 1), (4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4)}  # CloudAI constraint 18
     swept = {k: v for k, v in cmd.items() if isinstance(v, list)}
     keep_cloudai = []
@@ -514,21 +520,26 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai() -> None:
         if _cloudai_bridge_keeps(a, layouts):
             keep_cloudai.append(a)
     n_grid = len(list(itertools.product(*swept.values())))
-    space = parse_space(_import("bridge_dse_bayesian").space, "t")
+    space = parse_space(_import("bridge_dse_bayesian_current").space, "t")
     feats = space.resources.features
     assert isinstance(feats, list)
     configs = list(space.iter_configs())
     valid = [c for c in configs if not check(space, c, feats)]
     assert n_grid == 192 and len(configs) == 192  # recompute [] / [mlp] / [mlp, moe_act]
     assert len(keep_cloudai) == 60
+    by_pp: dict[int, int] = {}
+    for a in keep_cloudai:
+        by_pp[a["pp"]] = by_pp.get(a["pp"], 0) + 1
+    assert by_pp == {1: 12, 4: 36, 8: 12}
     assert len(valid) == 4
+    assert {c["pipeline_model_parallel_size"] for c in valid} == {1}
     by_rule: dict[str, int] = {}
     for c in configs:
         for v in check(space, c, feats)[:1]:
             by_rule[v.rule] = by_rule.get(v.rule, 0) + 1
     # PP > 1: 61 layers do not split evenly (Bridge uses a pipeline layout dse cannot
-    # describe); VP without PP; mlp recompute (the catalog model has no dense layer)
-    assert set(by_rule) <= {"layers_pp", "vpp_needs_pp", "recompute_modules"}
+    # describe); VP without PP; mlp recompute at PP 1 (the catalog model has no dense layer)
+    assert by_rule == {"layers_pp": 144, "vpp_needs_pp": 36, "recompute_modules": 8}
     for c in valid:  # dse is never looser than CloudAI
         a = {
             **{k: v[0] if isinstance(v, list) else v for k, v in cmd.items()},
@@ -538,6 +549,17 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai() -> None:
             "vp": c["virtual_pipeline_model_parallel_size"] or 1,
         }
         assert _cloudai_bridge_keeps(a, layouts)
+    # CloudAI's fields for those two model shapes are named, not passed silently
+    t = tmp_path / "t.toml"
+    t.write_text(
+        (CUR / "test" / "megatron_bridge_deepseekv3_bayesian.toml")
+        .read_text()
+        .replace("moe_a2a_overlap = false", 'moe_a2a_overlap = false\nfirst_k_dense_replace = 3\n'
+                 'pipeline_model_parallel_layout = "Et|(tt|)*30mL"')
+    )  # fmt: skip
+    why = {u.key: u.why for u in import_scenario(t, system=SYSTEM, seq_length=4096).unmapped}
+    assert "dense first layers" in why["cmd_args.first_k_dense_replace"]
+    assert "evenly" in why["cmd_args.pipeline_model_parallel_layout"]
 
 
 def test_tp_gt_1_moe_points_are_valid_through_derived_sp() -> None:
