@@ -68,6 +68,11 @@ def test_catalog_entries_have_sources_and_valid_models():
         "llama3_70b",
         "qwen3_30b_a3b",
         "mixtral_8x7b",
+        "nemotron4_15b",
+        "nemotron4_340b",
+        "nemotron3_8b",
+        "llama3_405b",
+        "deepseek_v3",
     ):
         e = entries[name]
         assert e.sources and all(isinstance(s, str) and s for s in e.sources)
@@ -81,6 +86,53 @@ def test_nano_parameter_count_matches_its_published_total():
     assert total_params(nano, 4096) == pytest.approx(31.6e9, rel=0.005)
     h8 = ModelSpec.model_validate(get_entry("nemotron_h_8b").model)
     assert total_params(h8, 8192) == pytest.approx(8.1e9, rel=0.02)
+
+
+#: Published total parameters of the catalog's CloudAI models, and the relative tolerance of
+#: the check: 1% for figures published to a tenth of a billion or to the billion at 405B,
+#: 10% for a size published only as its round name ("8 billion parameters").
+PUBLISHED_PARAMS = {
+    # Nemotron-4 15B technical report (arXiv 2402.16819), Table 1: 3.2B embedding + 12.5B
+    # non-embedding parameters
+    "nemotron4_15b": (15.7e9, 0.01),
+    # Nemotron-4 340B technical report (arXiv 2406.11704), Table 1: 9.4B embedding + 331.6B
+    # non-embedding parameters
+    "nemotron4_340b": (341.0e9, 0.01),
+    # Hugging Face nvidia/nemotron-3-8b-base-4k model card: "8 billion parameters" (dse counts
+    # 8.54B: 2.1B of them the untied 256,000-token embedding and output layer)
+    "nemotron3_8b": (8e9, 0.10),
+    # The Llama 3 Herd of Models (arXiv 2407.21783): 405B parameters
+    "llama3_405b": (405e9, 0.01),
+}
+
+
+def test_cloudai_catalog_models_match_their_published_sizes():
+    for name, (published, rel) in PUBLISHED_PARAMS.items():
+        m = ModelSpec.model_validate(get_entry(name).model)
+        assert total_params(m, 4096) == pytest.approx(published, rel=rel), name
+
+
+def test_deepseek_v3_parameter_count_is_the_published_one_but_for_its_stated_approximations():
+    """DeepSeek-V3: 671B total parameters (technical report, arXiv 2412.19437; the 14B
+    multi-token-prediction module not included). The catalog entry describes multi-head
+    latent attention as plain multi-head attention and its first 3 dense layers as MoE (its
+    description says so), which adds 50B (7.5%); taking those two differences out, from the
+    Hugging Face config's sizes, gives the published total within 0.5%."""
+    m = ModelSpec.model_validate(get_entry("deepseek_v3").model)
+    total = total_params(m, 4096)
+    h, layers, heads = 7168, 61, 128
+    q_lora, kv_lora, nope, rope, v_dim = 1536, 512, 128, 64, 128
+    mha = 4 * h * heads * 128  # Q, K, V and output projections of 128 heads of dim 128
+    mla = (
+        h * q_lora + q_lora + q_lora * heads * (nope + rope)  # q down, norm, up
+        + h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)  # kv down, norm, up
+        + heads * v_dim * h  # output projection
+    )  # fmt: skip
+    moe = 256 * 3 * h * 2048 + h * 256 + 3 * h * 2048  # routed experts, router, shared expert
+    dense = 3 * h * 18432  # intermediate_size 18432
+    assert total == pytest.approx(671e9, rel=0.10) and total > 671e9
+    corrected = total - layers * (mha - mla) - 3 * (moe - dense)
+    assert corrected == pytest.approx(671e9, rel=0.005)
 
 
 def test_space_names_a_catalog_model_with_overrides():
