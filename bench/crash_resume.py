@@ -15,10 +15,12 @@ work, in turn from ``--points`` (``random``: a random moment, as earlier version
 The bench watches the database and the trial folders every few milliseconds and kills when
 the point is reached (up to 30 s, else at that moment); what the kill actually hit is read
 after it from the frozen database and the metrics files (a kill may hit several points, or
-land before the study exists). Prints one JSON object: kills aimed and hit per point, trials
-re-queued and re-run, trials at the end, completed trials lost, trials duplicated, numbers,
-and whether the final count equals the budget. Exit code 0 when nothing was lost or
-duplicated.
+land before the study exists: ``before_start``, also given as ``kills_before_start``).
+Prints one JSON object: kills aimed and hit per point, trials re-queued and re-run, the
+trials caught at ``result_written`` and those of them not recorded from their metrics file
+(re-run, or stored with other metrics), trials at the end, completed trials lost, trials
+duplicated, numbers, and whether the final count equals the budget. Exit code 0 when nothing
+was lost, duplicated or re-run after its result was written.
 
     python bench/crash_resume.py --storage sqlite:///crash.db --kills 21 --budget 30
 """
@@ -141,6 +143,50 @@ def points_now(url: str, study: str) -> set[str]:
     return out
 
 
+def written_now(url: str, study: str) -> dict[int, dict]:
+    """The trials at ``result_written`` now: number -> their metrics file, its text and the
+    row's attempts (what the resumed controller must record as it is, without a re-run)."""
+    from dse.storage import open_storage
+
+    st = open_storage(url)
+    try:
+        trials = st.list_trials(st.get_study(study).id, state="running")
+    except Exception:  # noqa: BLE001 - not created yet
+        return {}
+    finally:
+        st.close()
+    out: dict[int, dict] = {}
+    for t in trials:
+        if t.metrics_path and _final_line(t.metrics_path):
+            text = Path(t.metrics_path).read_text()
+            out[t.number] = {"path": t.metrics_path, "text": text, "attempts": t.attempts}
+    return out
+
+
+def _written_outcome(written: dict[int, dict], final: dict[int, dict]) -> list[int]:
+    """The trials of ``written`` (caught at ``result_written``) that were not recorded from
+    their file: re-queued or re-run (attempts grew, the file was rewritten), not finished, or
+    stored with other metrics than the file's final line."""
+    from dse.records import read_metrics
+
+    bad: list[int] = []
+    for n, w in written.items():
+        t = final.get(n)
+        try:
+            same_file = Path(w["path"]).read_text() == w["text"]
+        except OSError:
+            same_file = False
+        out = read_metrics(w["path"]) if same_file else None
+        want = None if out is None else {k: v for k, v in out.metrics.items() if k != "numerics"}
+        if (
+            t is None or not same_file or t["attempts"] != w["attempts"]
+            or t["state"] not in ("complete", "infeasible", "failed")
+            or json.loads(json.dumps(want)) != json.loads(json.dumps(t["metrics"]))
+        ):  # fmt: skip
+            bad.append(n)
+    return sorted(bad)
+
+
 def _kill_at(proc: subprocess.Popen, url: str, study: str, point: str, rng: random.Random,
              limit_s: float = 30.0) -> None:  # fmt: skip
     """SIGKILL ``proc`` when the study reaches ``point`` (``random``: after a random wait)."""
@@ -175,6 +221,7 @@ def run(
     changed: list[int] = []
     aimed = dict.fromkeys(points, 0)
     hit: dict[str, int] = {}
+    written: dict[int, dict] = {}
     for i in range(kills + 1):
         if i == 0 or not snapshot(url, study) and not _study_exists(url, study):
             # before the first controller got as far as creating the study: start again
@@ -188,8 +235,12 @@ def run(
             aimed[point] += 1
             _kill_at(proc, url, study, point, rng)
             # what the kill hit: the database is as the dead controller left it
-            for p in points_now(url, study) or {"between_trials"}:
+            now = points_now(url, study) or {"between_trials"}
+            for p in now:
                 hit[p] = hit.get(p, 0) + 1
+            if "result_written" in now:  # what the resumed controller must take as it is
+                for n, w in written_now(url, study).items():
+                    written.setdefault(n, w)
         else:
             proc.wait(timeout=600)
         log.close()
@@ -215,6 +266,12 @@ def run(
         "kills": kills,
         "kills_aimed": aimed,
         "kills_hit": hit,
+        # kills that landed before the controller had created the study (hit nothing)
+        "kills_before_start": hit.get("before_start", 0),
+        # trials a kill caught at result_written, and those of them not recorded from their
+        # file (re-run, or stored with other metrics): must be none
+        "result_written_trials": len(written),
+        "result_written_not_from_file": _written_outcome(written, final),
         "requeued_trials": sum(1 for t in final.values() if t["attempts"]),
         "budget": budget,
         "final_trials": len(final),
@@ -249,6 +306,7 @@ def main() -> int:
     print(json.dumps(res))
     ok = (
         res["completed_lost"] == 0
+        and not res["result_written_not_from_file"]
         and res["completed_changed"] == 0
         and res["duplicated_configs"] == 0
         and res["count_equals_budget"]

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dse.knobs import check_env_var
 from dse.registry import REGISTRY
@@ -90,6 +97,17 @@ class LauncherSpec(_Strict):
         "table, the Bridge entry script's resolved.json) and fail the trial as invalid where "
         "a field dse set resolved to another value.",
     )
+
+    @field_validator("recipe", "config_file", "script", "module", "container_image", "python")
+    @classmethod
+    def _no_controls(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # names and paths: a line break would end the comment that names the image in the
+        # dry run's script (everything else of the command is quoted; docs/SECURITY.md)
+        if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError(
+                f"{info.field_name} must not contain control characters (newline, tab, NUL): {v!r}"
+            )
+        return v
 
     @model_validator(mode="after")
     def _one_entry(self) -> LauncherSpec:

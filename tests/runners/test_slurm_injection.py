@@ -61,8 +61,9 @@ _STUBS = {
     # sbatch runs the batch script at once (a one-node batch step) and answers a job id
     "sbatch": '#!/bin/bash\nscript="${@: -1}"\nSLURM_JOB_ID=4242 SLURM_JOB_NODELIST=node1 '
     'bash "$script" >"$DSE_STUB_LOG" 2>&1\necho 4242\n',
-    # srun drops its own options and runs the command
-    "srun": '#!/bin/bash\nwhile [[ $# -gt 0 && "$1" == -* ]]; do shift; done\nexec "$@"\n',
+    # srun notes its arguments (NUL-separated) where asked, drops its options, runs the command
+    "srun": '#!/bin/bash\n[[ -z "${DSE_STUB_SRUN_LOG:-}" ]] || printf "%s\\0" "$@" '
+    '>>"$DSE_STUB_SRUN_LOG"\nwhile [[ $# -gt 0 && "$1" == -* ]]; do shift; done\nexec "$@"\n',
     "scontrol": "#!/bin/bash\necho node1\n",
     "squeue": "#!/bin/bash\nexit 0\n",
     "scancel": "#!/bin/bash\nexit 0\n",
@@ -84,7 +85,8 @@ def stub_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return log
 
 
-_DUMP_ARGS = "import json, sys; json.dump(sys.argv[2:], open(sys.argv[1], 'w'))"
+#: A command that writes its arguments, NUL-separated, to the file its $0 names.
+_DUMP_ARGS = 'printf "%s\\0" "$@" >"$0"'
 
 
 def _launch(tdir: Path, marker: Path, env: dict[str, str] | None = None) -> Launch:
@@ -145,6 +147,100 @@ def test_no_payload_of_a_slurm_option_runs(
     assert not canary.exists(), f"{field} (unvalidated): the payload ran"
 
 
+#: The fields written into #SBATCH lines from the options.
+SBATCH_FIELDS = ("partition", "account", "qos", "time_limit", "sbatch_args", "sbatch_args_bare")
+
+
+def _sbatch_lines(script: str) -> list[str]:
+    """The script's header: the lines from the first to the first empty one."""
+    lines = script.splitlines()[1:]
+    return lines[: lines.index("")]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+@pytest.mark.parametrize("field", SBATCH_FIELDS)
+def test_sbatch_values_are_quoted_and_run_nothing_without_the_character_set(
+    tmp_path: Path, stub_slurm: Path, monkeypatch: pytest.MonkeyPatch, field: str, payload: str
+) -> None:
+    """The #SBATCH values with both checks of their character set bypassed (options built
+    with ``model_construct``, the script writer's own check ``_checked`` switched off): bash
+    reads an #SBATCH line as a comment, so only a line break could start a command there; a
+    value with a control character is still refused where it is written, and any other
+    value is double-quoted (sbatch takes the quotes off) and runs nothing."""
+    from dse.workloads.runners import slurm_runner
+
+    monkeypatch.setattr(slurm_runner, "_checked", lambda opts, env: None)
+    canary = tmp_path / "pwned"
+    p = payload.format(c=canary)
+    opts = SlurmOptions.model_construct(**{**SlurmOptions().__dict__, **FIELDS[field](p)})
+    launch = _launch(tmp_path / "trial", tmp_path / "ran")
+    shape = trial_shape(1, "cpu", None)
+    if any(ord(c) < 32 for c in p):
+        with pytest.raises(TrialLaunchError, match="control characters"):
+            render_batch_script(launch, opts, shape, job_name="j")
+        return
+    script = render_batch_script(launch, opts, shape, job_name="j")
+    header = _sbatch_lines(script)
+    assert all(ln.startswith("#SBATCH ") for ln in header), header
+    # the payload's line: the value in double quotes, its quotes and backslashes escaped
+    quoted = '"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    flag = {"time_limit": "--time=", "sbatch_args": "--comment=", "sbatch_args_bare": ""}.get(
+        field, f"--{field}="
+    )
+    assert f"#SBATCH {flag}{quoted}" in header, header
+    _submit(opts, launch, stub_slurm)
+    assert (tmp_path / "ran").exists(), stub_slurm.read_text()  # the script ran to the trial
+    assert not canary.exists(), f"{field}: the payload ran: {stub_slurm.read_text()}"
+
+
+@pytest.mark.slurm
+def test_the_real_sbatch_takes_the_quoted_values_as_they_are(
+    slurm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real sbatch (scripts/slurm_up.sh) reads the quoted #SBATCH values without their
+    quotes: the partition, account and time limit as given, and a job name and a comment
+    holding each shell payload (the character set bypassed) word for word. The jobs are
+    held, then cancelled: none runs."""
+    import subprocess
+
+    from dse.workloads.runners import slurm_runner
+
+    monkeypatch.setattr(slurm_runner, "_checked", lambda opts, env: None)
+    canary = tmp_path / "pwned"
+    partition = subprocess.run(
+        ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
+    shape = trial_shape(1, "cpu", None)
+    for i, payload in enumerate(p for p in PAYLOADS if "\n" not in p and "\r" not in p):
+        p = payload.format(c=canary)
+        opts = SlurmOptions.model_construct(
+            **{**SlurmOptions().__dict__, "partition": partition, "account": "acct-1",
+               "time_limit": "00:05:00", "sbatch_args": [f"--comment={p}"]}
+        )  # fmt: skip
+        tdir = tmp_path / f"t{i}"
+        tdir.mkdir()
+        script = tdir / "job.sbatch"
+        script.write_text(
+            render_batch_script(_launch(tdir, tmp_path / "m"), opts, shape, job_name=f"j{p}")
+        )
+        r = subprocess.run(
+            ["sbatch", "--parsable", "--hold", str(script)], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        job = r.stdout.strip().split(";")[0]
+        try:
+            got = {
+                k: subprocess.run(
+                    ["squeue", "-h", "-j", job, "-o", f"%{k}"], capture_output=True, text=True
+                ).stdout.rstrip("\n")
+                for k in ("P", "a", "l", "j", "k")
+            }
+        finally:
+            subprocess.run(["scancel", job], check=False)
+        assert got == {"P": partition, "a": "acct-1", "l": "5:00", "j": f"j{p}", "k": p}, got
+    assert not canary.exists()
+
+
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_no_payload_of_a_trial_path_runs(tmp_path: Path, stub_slurm: Path, payload: str) -> None:
     """runner.workdir (and so every trial path in #SBATCH lines and the script) with a
@@ -199,30 +295,45 @@ def test_no_payload_of_the_job_name_or_an_env_key_of_the_launch_runs(
         assert name_line.startswith('#SBATCH --job-name="') and "\n" not in name_line
 
 
-def test_launcher_overrides_stay_literal_in_the_batch_script(
-    tmp_path: Path, stub_slurm: Path
-) -> None:
-    """A recipe's override value with shell text reaches the recipe as it is, in the batch
-    script (srun runs the recipe's command) and in the dry run's trial script."""
-    from dse.workloads.launchers._core import launcher_for
+#: launcher -> its example space
+LAUNCHER_EXAMPLES = {
+    "bridge": "qwen3_30b_a3b.yaml",
+    "megatron_lm": "tiny_gpt_cpu_megatron_lm.yaml",
+    "nemo": "llama3_8b.yaml",
+}
+#: workload.launcher field -> how a payload enters it (the spec's field it lands in)
+LAUNCHER_FIELDS: dict[str, tuple[str, Any]] = {
+    "override_key": ("overrides", lambda p: {"overrides": {f"a.k{p}": 1}}),
+    "override_value": ("overrides", lambda p: {"overrides": {"a.v": p, "a.w": [p, 1]}}),
+    "args": ("args", lambda p: {"args": ["--x", p]}),
+    "script": ("script", lambda p: {"script": p, "module": None}),
+    "module": ("module", lambda p: {"module": p, "script": None}),
+    # nemo passes its interpreter only with a script or a module
+    "python": ("python", lambda p: {"python": p, "script": "pretrain.py", "module": None}),
+    "config_file": ("config_file", lambda p: {"config_file": p, "script": "pretrain.py",
+                                              "module": None}),
+    "recipe": ("recipe", lambda p: {"recipe": p}),
+    "container_image": ("container_image", lambda p: {"container_image": p}),
+}  # fmt: skip
+#: (launcher, field) that the launcher's command does not hold
+NOT_IN_COMMAND = {
+    ("megatron_lm", "recipe"), ("megatron_lm", "config_file"), ("nemo", "config_file"),
+    *((name, "container_image") for name in LAUNCHER_EXAMPLES),
+}  # fmt: skip
+#: the master port the batch script computes for the stub's job id 4242
+_STUB_PORT = str(20000 + 4242 % 20000)
 
-    canary = tmp_path / "pwned"
-    d = yaml.safe_load((EXAMPLES / "llama3_8b.yaml").read_text())
-    values = [f"x$(touch {canary})", f"${{MASTER_ADDR}}`touch {canary}`", f"a;touch {canary}"]
-    d["workload"]["launcher"]["overrides"] = {f"a.b{i}": v for i, v in enumerate(values)}
-    d["runner"] = {"name": "slurm", "workdir": str(tmp_path / "runs")}
-    space = parse_space(d, "space.yaml")
-    rendered = launcher_for(space).render(space.baseline())
-    # the recipe's "torchrun": print the arguments it was given
-    args_out = tmp_path / "args.json"
-    recipe = {
-        **rendered.to_dict(),
-        "argv": ["python3", "-c", _DUMP_ARGS, str(args_out), *rendered.argv],
-        "container_image": None,
-        "node_steps": [], "node_step_names": [],
-    }  # fmt: skip
+
+def _recipe_launch(tmp_path: Path, space: Any, rendered: Any, args_out: Path) -> Launch:
+    """A trial of ``rendered`` whose recipe command only prints the arguments it was given
+    (the recipe's ``torchrun`` replaced by a program that dumps its argv)."""
     from dse.records import TrialSpec
 
+    recipe = {
+        **rendered.to_dict(),
+        "argv": ["bash", "-c", _DUMP_ARGS, str(args_out), *rendered.argv],
+        "node_steps": [], "node_step_names": [],
+    }  # fmt: skip
     tdir = tmp_path / "trial"
     spec = TrialSpec(
         study="s", trial_number=0, params={}, model=space.model.model_dump(),
@@ -232,28 +343,92 @@ def test_launcher_overrides_stay_literal_in_the_batch_script(
     launch = _launch(tdir, tmp_path / "m")
     # dse's trial process on the first node: here it only runs what follows its "--"
     trial = ["bash", "-c", 'shift 2; exec "$@"', "trial"]
-    launch = Launch(**{**launch.__dict__, "argv": trial, "spec": spec})
-    _submit(SlurmOptions(), launch, stub_slurm)
-    got = json.loads(args_out.read_text())
-    assert not canary.exists(), stub_slurm.read_text()
-    for i, v in enumerate(values):
-        want = v.replace("${MASTER_ADDR}", "node1")  # the rendezvous placeholder expands
-        assert any(a.endswith(f"a.b{i}={want}") for a in got), (want, got)
-    # the dry run's trial script: bash runs it to its end (no command of the overrides)
-    script = rendered.script()
+    return Launch(**{**launch.__dict__, "argv": trial, "spec": spec})
+
+
+@pytest.mark.parametrize("field", sorted(LAUNCHER_FIELDS))
+@pytest.mark.parametrize("launcher", sorted(LAUNCHER_EXAMPLES))
+def test_launcher_fields_stay_literal_in_the_batch_script(
+    tmp_path: Path, stub_slurm: Path, monkeypatch: pytest.MonkeyPatch, launcher: str, field: str
+) -> None:
+    """Every field of workload.launcher that reaches the recipe's command (override keys and
+    values, args, script, module, python, config_file, recipe) or its srun line
+    (container_image), with each shell payload, for each launcher: refused by the space file
+    naming the field (a control character in a name or path), or passed to the recipe as
+    it is, in the batch script (srun runs the recipe's command) and in the dry run's trial
+    script; no payload's command runs."""
+    import subprocess
+
+    from dse.workloads.launchers._core import launcher_for
+
+    base = yaml.safe_load((EXAMPLES / LAUNCHER_EXAMPLES[launcher]).read_text())
+    key, enter = LAUNCHER_FIELDS[field]
+    canary = tmp_path / "pwned"
+    srun_log = tmp_path / "srun.args"
+    monkeypatch.setenv("DSE_STUB_SRUN_LOG", str(srun_log))
     stub = tmp_path / "recipebin"
     stub.mkdir()
     for name in ("torchrun", "python", "nemo"):
         (stub / name).write_text("#!/bin/bash\nexit 0\n")
         (stub / name).chmod(0o755)
+    for payload in [*PAYLOADS, "${{MASTER_ADDR}}`touch {c}`"]:
+        p = payload.format(c=canary)
+        d = json.loads(json.dumps(base))
+        d["workload"]["launcher"] = {**d["workload"]["launcher"], **enter(p)}
+        d["runner"] = {"name": "slurm", "workdir": str(tmp_path / "runs")}
+        try:
+            space = parse_space(d, "space.yaml")
+        except SpaceError as e:
+            assert f"workload.launcher.{key}" in str(e) and "control characters" in str(e), e
+            assert any(ord(c) < 32 for c in p), f"{field}={p!r} refused: {e}"
+            continue
+        spec = space.workload.launcher
+        assert spec is not None
+        rendered = launcher_for(space).render(space.baseline(), python=spec.python)
+        in_command = any("touch" in a for a in rendered.argv)
+        assert in_command == ((launcher, field) not in NOT_IN_COMMAND), (p, rendered.argv)
+        args_out = tmp_path / "args.bin"
+        args_out.unlink(missing_ok=True)
+        srun_log.unlink(missing_ok=True)
+        stub_slurm.unlink(missing_ok=True)
+        _submit(SlurmOptions(), _recipe_launch(tmp_path, space, rendered, args_out), stub_slurm)
+        assert args_out.exists(), stub_slurm.read_text()  # the script ran to the recipe
+        assert not canary.exists(), f"{field}={p!r}: {stub_slurm.read_text()}"
+        # the recipe got its command word for word (the rendezvous placeholders expanded)
+        want = [
+            a.replace("${MASTER_ADDR}", "node1").replace("${MASTER_PORT}", _STUB_PORT)
+            for a in rendered.argv
+        ]
+        assert args_out.read_bytes().decode().split("\0")[:-1] == want
+        if rendered.container_image:  # srun was given the image as one word, as it is
+            srun_args = srun_log.read_bytes().decode().split("\0")
+            assert f"--container-image={rendered.container_image}" in srun_args, srun_args
+        # the dry run's trial script: bash runs it to its end and no payload's command
+        r = subprocess.run(
+            ["bash", "-c", rendered.script() + "echo dse-end-of-script\n"],
+            env={**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"},
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert "dse-end-of-script" in r.stdout and "syntax error" not in r.stderr, r.stderr
+        assert not canary.exists(), f"{field}={p!r} (dry run): {rendered.script()}"
+
+
+def test_the_dry_run_names_an_unchecked_image_on_one_comment_line(tmp_path: Path) -> None:
+    """The dry run's trial script names the image in a comment: an image with a line break
+    that reached it without the space file's check (a rendered trial built by hand) is
+    written escaped, so bash never reads the rest as a command."""
     import subprocess
 
-    r = subprocess.run(
-        ["bash", "-c", script], env={**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"},
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert not canary.exists(), script
+    from dse.workloads.launchers._core import RenderedTrial
+
+    canary = tmp_path / "pwned"
+    for payload in PAYLOADS:
+        p = payload.format(c=canary)
+        script = RenderedTrial(launcher="nemo", argv=["true"], env={}, container_image=p).script()
+        assert sum(ln.startswith("# container image: ") for ln in script.splitlines()) == 1
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert not canary.exists(), script
 
 
 def test_ray_options_refuse_shell_text_and_loader_variables(tmp_path: Path) -> None:
@@ -283,6 +458,58 @@ def test_ray_options_refuse_shell_text_and_loader_variables(tmp_path: Path) -> N
     argv = ["bash", "-c", "true"]
     assert _run_node(argv, {"BASH_ENV": str(rc)}, str(tdir), str(tdir / "log"), 0, "", node) == 0
     assert canary.exists()  # what the policy keeps out
+
+
+def test_the_ray_runner_checks_its_environment_itself(tmp_path: Path) -> None:
+    """Ray options built without the space file's validation (``model_construct``): the Ray
+    runner refuses a variable the policy keeps out, a name that is not an identifier and a
+    NUL in a value itself, naming runner.options.env, before it starts or joins Ray."""
+    pytest.importorskip("ray")
+    import ray
+
+    from dse.space import RayOptions
+    from dse.workloads.runners.ray_runner import RayRunner
+
+    rc = tmp_path / "rc.sh"
+    for env, why in (
+        ({"BASH_ENV": str(rc)}, "may not be set"),
+        ({"LD_PRELOAD": "/tmp/x.so"}, "may not be set"),
+        ({"PYTHONSTARTUP": str(rc)}, "may not be set"),
+        ({"A;touch x": "1"}, "not an environment variable name"),
+        ({"NCCL_DEBUG": "a\0b"}, "NUL"),
+    ):
+        opts = RayOptions.model_construct(**{**RayOptions().__dict__, "env": env})
+        with pytest.raises(TrialLaunchError, match="runner.options.env") as e:
+            RayRunner(opts, device="cpu", world_size=1)
+        assert why in str(e.value)
+        assert not ray.is_initialized()
+
+
+@pytest.mark.ray
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_shell_text_in_a_ray_env_value_stays_literal(ray_cluster: None, tmp_path: Path) -> None:
+    """A Ray trial gets runner.options.env as its environment (the node task starts it with
+    an argument list, no shell in between): each payload the policy allows in a value reaches
+    the trial as it is, also read by a bash, and none of its commands runs."""
+    from dse.space import RayOptions
+    from dse.workloads.runners.ray_runner import RayRunner
+    from tests.runners.conftest import drain
+
+    canary = tmp_path / "pwned"
+    values = [p.format(c=canary) for p in PAYLOADS if "\n" not in p and "\r" not in p]
+    env = {f"NCCL_DSE_TEST_{i}": v for i, v in enumerate(values)}
+    runner = RayRunner(RayOptions(env=env), device="cpu", world_size=1)
+    out = tmp_path / "env.bin"
+    tdir = tmp_path / "trial"
+    # the trial: a bash that writes the values it was given (expanded once, as any would)
+    dump = 'for v in "${!NCCL_DSE_TEST_@}"; do printf "%s=%s\\0" "$v" "${!v}"; done >"$0"'
+    launch = Launch(**{**_launch(tdir, tmp_path / "m").__dict__,
+                       "argv": ["bash", "-c", dump, str(out)]})  # fmt: skip
+    runner.submit(launch)
+    drain(runner, 1, timeout=120)
+    got = dict(kv.split("=", 1) for kv in out.read_bytes().decode().split("\0")[:-1])
+    assert got == env
+    assert not canary.exists()
 
 
 def test_an_import_with_shell_text_in_its_slurm_options_runs_nothing(

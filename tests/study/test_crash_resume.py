@@ -44,7 +44,17 @@ def test_sigkill_resume_sqlite(tmp_path: Path) -> None:
     _assert_clean(res, 30)
     # the kills aim at chosen points: a running trial killed is re-queued and run again
     assert sum(res["kills_aimed"].values()) == 20
-    assert res["kills_hit"].get("trial_running", 0) > 0 and res["requeued_trials"] > 0
+    hit = res["kills_hit"]
+    assert hit.get("trial_running", 0) > 0 and res["requeued_trials"] > 0
+    # a kill aimed at a point waits for it: none lands before the controller created the
+    # study (where an unaimed kill hits nothing)
+    print(f"kills before the controller started: {res['kills_before_start']} of 20; hit: {hit}")
+    assert res["kills_before_start"] == hit.get("before_start", 0) == 0, hit
+    # a trial caught with its final line written but not recorded is recorded from its
+    # metrics file by the resumed controller (same metrics, no re-queue, file not rewritten)
+    if hit.get("result_written", 0):
+        assert res["result_written_trials"] > 0, res
+        assert res["result_written_not_from_file"] == [], res
 
 
 @pytest.mark.postgres

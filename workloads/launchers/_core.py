@@ -93,8 +93,9 @@ class RenderedTrial:
     def script(self) -> str:
         """The trial as shell text (what ``dse start --dry-run`` prints)."""
         lines = [f"# launcher: {self.launcher}, {self.world_size} GPU(s) on {self.nodes} node(s)"]
-        if self.container_image:
-            lines.append(f"# container image: {self.container_image}")
+        if self.container_image:  # a comment: a line break in it would start a command
+            img = self.container_image
+            lines.append(f"# container image: {img if img.isprintable() else repr(img)}")
         for step in self.node_steps:
             lines.append(f"# pre-trial node step (skipped with a note if not permitted): "
                          f"{shlex.join(step)}")  # fmt: skip

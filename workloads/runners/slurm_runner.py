@@ -179,24 +179,33 @@ def _shell_words(argv: list[str]) -> str:
     return " ".join(shell_word(a) for a in argv)
 
 
-#: What an #SBATCH value may hold unquoted (anything else is double-quoted for sbatch).
-_SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_.,:@%+/=\[\]-]*")
+#: An sbatch option as written on an #SBATCH line: its name, then its value (if any).
+_SBATCH_ARG = re.compile(r"(--[A-Za-z][A-Za-z0-9-]*)(?:=(.*))?", re.DOTALL)
 
 
 def _sbatch_value(value: str, what: str) -> str:
-    """``value`` as one word of an ``#SBATCH`` line. sbatch reads the line itself (bash
-    skips it as a comment): a value with a space or a quote is double-quoted with ``\\``
-    escapes, as sbatch's parser takes them; a line break would end the comment and start a
-    shell command, so a value with a control character is refused.
+    """``value`` as one word of an ``#SBATCH`` line, always double-quoted. sbatch reads the
+    line itself (bash skips it as a comment) and takes ``"..."`` with ``\\`` escapes as one
+    word, quotes removed (``--partition="batch"`` is ``--partition=batch``); a line break
+    would end the comment and start a shell command, so a value with a control character is
+    refused.
 
     Raises:
         TrialLaunchError: ``value`` holds a control character (names ``what``).
     """
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise TrialLaunchError(f"{what} must not contain control characters: {value!r}")
-    if _SBATCH_PLAIN.fullmatch(value):
-        return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sbatch_arg(arg: str, what: str) -> str:
+    """An ``sbatch_args`` item on an ``#SBATCH`` line: ``--name`` as it is, the value of
+    ``--name=value`` quoted (:func:`_sbatch_value`); anything else quoted as one word."""
+    m = _SBATCH_ARG.fullmatch(arg)
+    if m is None:
+        return _sbatch_value(arg, what)
+    name, value = m.groups()
+    return name if value is None else f"{name}={_sbatch_value(value, what)}"
 
 
 def _checked(opts: SlurmOptions, env: dict[str, str]) -> None:
@@ -254,19 +263,20 @@ def render_batch_script(
         sb.append(f"--gpus-per-node={shape.gpus_per_node}")
     if opts.cpus_per_task:
         sb.append(f"--cpus-per-task={opts.cpus_per_task}")
-    sb.append(f"--time={opts.time_limit or _time_limit(launch.timeout_s)}")
+    time_limit = opts.time_limit or _time_limit(launch.timeout_s)
+    sb.append(f"--time={_sbatch_value(time_limit, 'runner.options.time_limit')}")
     if opts.exclusive if opts.exclusive is not None else shape.device == "cuda":
         sb.append("--exclusive")
     for flag, val in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos)):
         if val:
-            sb.append(f"--{flag}={val}")
+            sb.append(f"--{flag}={_sbatch_value(val, f'runner.options.{flag}')}")
     sb += [
         f"--output={_sbatch_value(str(launch.log_path), 'the trial log path')}",
         "--open-mode=append",
         "--no-requeue",
         f"--chdir={_sbatch_value(str(launch.trial_dir), 'the trial folder')}",
     ]
-    sb += opts.sbatch_args
+    sb += [_sbatch_arg(a, "runner.options.sbatch_args") for a in opts.sbatch_args]
     lines = ["#!/bin/bash", *(f"#SBATCH {a}" for a in sb), ""]
     what = f" ({recipe['launcher']} recipe)" if recipe else ""
     lines.append(
