@@ -23,6 +23,7 @@ from dse.exceptions import (
     DSEError,
     DuplicatedStudyError,
     NoCompleteTrialError,
+    NoEquivalentError,
     SchemaVersionError,
     SpaceError,
     StorageError,
@@ -52,6 +53,7 @@ _STATUS: tuple[tuple[type[DSEError], int], ...] = (
     (SchemaVersionError, 503),
     (StorageError, 503),
     (SpaceError, 422),
+    (NoEquivalentError, 422),  # ?format= a target that cannot express the best
     (StudyFormatError, 422),
     (WorkloadError, 422),
     (TrialLaunchError, 503),

@@ -369,9 +369,12 @@ class BestPublic(BaseModel):
         None, description="Pooled figures with their intervals, the pooled trials, the ties."
     )
     exports: dict[str, str | None] = Field(
-        description="The configuration as 'megatron' (Megatron-LM arguments), 'bridge' "
-        "(Megatron-Bridge overrides) and 'nemo' (NeMo-Run overrides) text; null where the "
-        "exporter cannot express it."
+        description="The knob and environment part of the best trial's launch command on "
+        "each recipe target, as 'dse best --format' prints it: 'megatron' (Megatron-LM "
+        "arguments), 'bridge' (Megatron-Bridge overrides), 'nemo' (NeMo-Run overrides), each "
+        "'export NAME=value' lines then the arguments; null where the target cannot express "
+        "a knob value, with '<format>_why' naming the knob, its value and the nearest "
+        "upstream setting."
     )
 
 

@@ -36,7 +36,7 @@ from dse.api.schemas import (
     TrialPublic,
 )
 from dse.exceptions import SpaceError, StudyNotFoundError
-from dse.export import best_payload, render_best
+from dse.export import best_payload, best_space, render_best
 from dse.noise import NoisyBest, study_best
 from dse.records import (
     METRIC_DIRECTION,
@@ -49,7 +49,7 @@ from dse.records import (
     finite,
 )
 from dse.run_settings import effective_space
-from dse.space import MODEL_FAMILY_FIELDS, Semantics, family_value
+from dse.space import MODEL_FAMILY_FIELDS, SearchSpace, Semantics, family_value
 from dse.storage import Storage
 from dse.studyplots import pareto_front, running_best
 
@@ -404,13 +404,18 @@ def pareto_public(storage: Storage, study: StudyRecord) -> dict[str, Any]:
 # --- best ----------------------------------------------------------------------------------
 
 
-def _exports(payload: dict[str, Any], num_layers: int | None) -> dict[str, str | None]:
+def _exports(payload: dict[str, Any], space: SearchSpace) -> dict[str, str | None]:
+    """Each launcher format's text; null and ``<format>_why`` (the knob value the target
+    cannot express, and the nearest upstream setting) where it has none."""
+    from dse.workloads.launchers.flags import export_text
+
     out: dict[str, str | None] = {}
     for fmt in ("megatron", "bridge", "nemo"):
         try:
-            out[fmt] = render_best(payload, fmt, num_layers)
-        except (ValueError, KeyError):
+            out[fmt] = render_best(payload, fmt, space, export_text)
+        except (ValueError, KeyError) as e:
             out[fmt] = None
+            out[f"{fmt}_why"] = str(e)
     return out
 
 
@@ -424,19 +429,16 @@ def best_public(storage: Storage, study: StudyRecord, best: NoisyBest | None = N
     """
     payload = clean(best_payload(storage, study, best))
     payload["numerics"] = numerics_public(payload.get("numerics"))
-    exports = _exports(payload, _num_layers(study))
+    exports = _exports(payload, best_space(storage, study))
     return BestPublic(**payload, exports=exports)
 
 
 def best_text(storage: Storage, study: StudyRecord, fmt: BestFormat) -> str:
     """What ``dse best --format fmt`` prints for the study."""
+    from dse.workloads.launchers.flags import export_text
+
     payload = best_payload(storage, study)
-    return render_best(clean(payload), fmt, _num_layers(study))
-
-
-def _num_layers(study: StudyRecord) -> int | None:
-    n = study.model.get("num_layers")
-    return n if isinstance(n, int) and not isinstance(n, bool) else None
+    return render_best(clean(payload), fmt, best_space(storage, study), export_text)
 
 
 @functools.lru_cache(maxsize=256)

@@ -32,7 +32,7 @@ from dse.exceptions import (
     StudyFormatError,
     StudyNotFoundError,
 )
-from dse.export import best_payload, render_best
+from dse.export import best_payload, best_space, render_best
 from dse.names import display_name
 from dse.records import BEST_FORMATS
 from dse.registry import REGISTRY
@@ -469,9 +469,12 @@ def cmd_best(args: argparse.Namespace) -> int:
     try:
         st = _pick_study(storage, args.study)
         payload = best_payload(storage, st)
+        space = best_space(storage, st)
     finally:
         storage.close()
-    _out(render_best(payload, args.format, st.model.get("num_layers")))
+    from dse.workloads.launchers.flags import export_text  # the targets' own tables
+
+    _out(render_best(payload, args.format, space, export_text))
     noise = payload.get("noise") or {}
     if noise.get("message") and args.format not in ("json", "yaml"):
         _err(f"{noise['message']} (dse best --format json shows their intervals)")

@@ -21,6 +21,7 @@ __all__ = [
     "StudyFormatError",
     "TrialLaunchError",
     "WorkloadError",
+    "NoEquivalentError",
 ]
 
 
@@ -88,3 +89,17 @@ class TrialLaunchError(DSEError):
 
 class WorkloadError(DSEError):
     """A workload is misconfigured (missing table, unknown backend)."""
+
+
+class NoEquivalentError(DSEError, ValueError):
+    """A knob value that a recipe target cannot express (``dse best --format megatron`` of a
+    configuration with ``attention_backend=sdpa``, dse's own): the message names the knob,
+    the value, the target and why, with the nearest upstream setting where there is one.
+    Nothing is translated silently instead."""
+
+    def __init__(self, knob: str, value: object, target: str, why: str) -> None:
+        self.knob = knob
+        self.value = value
+        self.target = target
+        self.why = why
+        super().__init__(f"{knob}={value!r} has no {target} equivalent: {why}")

@@ -1,25 +1,43 @@
 """The best configuration of a study as a payload and as launcher text.
 
-Shared by ``dse best`` (:mod:`dse.cli`) and the REST API (:mod:`dse.api`), so both print the
-same thing.
+Shared by ``dse best`` (:mod:`dse.cli`), the REST API (:mod:`dse.api`) and the report, so
+all print the same thing. The launcher text of a format is the knob and environment part
+of the best trial's launch command on that format's recipe target, rendered by the target's
+own launcher plugin: the entry points hand :func:`render_best` that renderer
+(``dse.workloads.launchers.flags.export_text``), which this layer does not import.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
 import yaml
 
 from dse.exceptions import NoCompleteTrialError
-from dse.knobs import to_bridge_overrides, to_megatron_args, to_nemo_overrides
 from dse.noise import NoisyBest, exclude_changed, study_best
 from dse.records import BEST_FORMATS, BestFormat
 from dse.run_settings import effective_space
 from dse.space import SearchSpace, parse_space_text
 
-__all__ = ["best_payload", "noise_payload", "render_best"]
+__all__ = [
+    "EXPORT_TARGETS",
+    "FlagsText",
+    "best_payload",
+    "best_space",
+    "noise_payload",
+    "render_best",
+]
+
+#: The recipe target (a launcher plugin) of each launcher format of ``dse best --format``.
+EXPORT_TARGETS: dict[str, str] = {"megatron": "megatron_lm", "bridge": "bridge", "nemo": "nemo"}
+
+#: Renders the knob and environment part of a trial's launch command on a recipe target as
+#: text, ``(space, params, target) -> text``; raises
+#: :class:`~dse.exceptions.NoEquivalentError` for a value the target cannot express.
+FlagsText = Callable[[SearchSpace, Mapping[str, Any], str], str]
 
 
 #: How a trial was measured, when it says (its intervals, the measurement, the numerics
@@ -51,7 +69,7 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
         NoCompleteTrialError: the study has no complete trial (eligible as best) yet.
         SpaceError: the stored space of the study no longer validates.
     """
-    space = effective_space(study.space_yaml, study.name, storage.get_study_attrs(study.id))
+    space = best_space(storage, study)
     nb = best if best is not None else study_best(storage, study, space)
     if nb is None:
         raise NoCompleteTrialError(_why_no_best(storage, study, space))
@@ -133,32 +151,34 @@ def _stored_space(space_yaml: str, name: str) -> SearchSpace:
     return parse_space_text(space_yaml, f"study {name!r}")
 
 
-def render_best(payload: dict[str, Any], fmt: BestFormat, num_layers: int | None = None) -> str:
-    """``payload`` as JSON, YAML, Megatron-LM arguments or Bridge / NeMo-Run overrides
-    (``fmt``: one of :data:`dse.records.BEST_FORMATS`).
+def best_space(storage: Any, study: Any) -> SearchSpace:
+    """The space the study's last run used (its stored run settings applied): the one its
+    best is judged and its launch commands rendered with.
 
     Raises:
-        ValueError: an unknown format, or a configuration the exporter cannot express.
+        SpaceError: the stored space (or its stored settings) no longer validates.
     """
-    params = payload["params"]
+    return effective_space(study.space_yaml, study.name, storage.get_study_attrs(study.id))
+
+
+def render_best(
+    payload: dict[str, Any], fmt: BestFormat, space: SearchSpace, flags: FlagsText
+) -> str:
+    """``payload`` as JSON or YAML, or (``megatron``, ``bridge``, ``nemo``) the knob and
+    environment part of its trial's launch command on that format's recipe target
+    (:data:`EXPORT_TARGETS`): ``export`` lines, then the arguments or overrides, rendered by
+    ``flags`` for the study's ``space`` (:func:`best_space`).
+
+    Raises:
+        NoEquivalentError: a knob value the target cannot express (the message names it and
+            the nearest upstream setting); nothing is translated silently.
+        ValueError: an unknown format.
+    """
     if fmt == "json":
         return json.dumps(payload, indent=2)
     if fmt == "yaml":
         return yaml.safe_dump(payload, sort_keys=False)
-    if fmt == "megatron":
-        return " ".join(to_megatron_args(params, num_layers=num_layers))
-    if fmt == "bridge":
-        return " ".join(f"{k}={_ov(v)}" for k, v in to_bridge_overrides(params).items())
-    if fmt == "nemo":
-        return " ".join(f"{k}={_ov(v)}" for k, v in to_nemo_overrides(params).items())
-    raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(BEST_FORMATS)}")
-
-
-def _ov(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return "[" + ",".join(map(str, v)) + "]"
-    return str(v)
+    target = EXPORT_TARGETS.get(fmt)
+    if target is None:
+        raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(BEST_FORMATS)}")
+    return flags(space, payload["params"], target)

@@ -3,8 +3,10 @@
 A knob's value is turned into *field assignments* on Megatron-Core's config objects
 (``TransformerConfig`` / ``ModelParallelConfig`` = section ``model``,
 ``DistributedDataParallelConfig`` = ``ddp``, ``OptimizerConfig`` = ``optimizer``, the
-training loop = ``train``). The exporters turn those assignments into Megatron-LM arguments,
-Megatron-Bridge ``ConfigContainer`` overrides and NeMo 2.0 (nemo_run) overrides.
+training loop = ``train``). Each recipe target's launcher plugin (``workloads/launchers/``)
+turns those assignments into its own Megatron-LM arguments, Megatron-Bridge
+``ConfigContainer`` overrides or NeMo 2.0 (nemo_run) overrides, in the launch command and in
+the ``dse best`` export alike; this module keeps no flag table of its own.
 Sources: reference knob catalog (megatron-core transformer_config.py, model_parallel_config.py,
 optimizer_config.py, distributed_data_parallel_config.py).
 """
@@ -27,9 +29,6 @@ __all__ = [
     "Section",
     "get_knob",
     "assignments",
-    "to_megatron_args",
-    "to_bridge_overrides",
-    "to_nemo_overrides",
     "FEATURES",
     "RECOMPUTE_MODULES",
     "ModulesKnob",
@@ -99,8 +98,8 @@ class Knob:
         kind: ``int``, ``bool`` or ``choice``.
         choices: the values the real stack accepts, for ``choice`` knobs.
         default: Megatron-Core's default (used for the baseline when a space does not say).
-        fields: value -> field assignments (the launchers and exporters of each recipe
-            target turn them into that target's flags or overrides).
+        fields: value -> field assignments (the launcher plugin of each recipe target turns
+            them into that target's flags or overrides).
         requires: value -> features that value needs (e.g. ``transformer_engine``).
         description: what the knob does.
         moe_only: acts only on a MoE model (a dense model's space may not switch it on:
@@ -174,7 +173,8 @@ def _attention_fields(v: Any) -> list[FieldAssignment]:
     if v == "sdpa":
         # dse's built-in trainer swaps the local spec's core attention for
         # torch.nn.functional.scaled_dot_product_attention. Megatron-LM/Bridge have no such
-        # value; their nearest equivalent is the TE flash backend (exporters say so).
+        # value; their nearest equivalent is the TE flash backend (their launchers refuse
+        # sdpa saying so).
         return [
             FieldAssignment("model", "transformer_impl", "local"),
             FieldAssignment("model", "attention_backend", "flash"),
@@ -878,137 +878,4 @@ def effective_params(params: Mapping[str, Any]) -> dict[str, Any]:
     mods = params.get("recompute_modules")
     if mods is not None and params.get("recompute", "selective") == "selective":
         out["recompute_modules"] = mods
-    return out
-
-
-# --- exporters -------------------------------------------------------------------------
-
-_DTYPE_ARG = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
-
-# Megatron-LM argument names that are not the kebab-case of the field.
-_MLM_ARG = {
-    "recompute_granularity": "--recompute-granularity",
-    "recompute_modules": "--recompute-modules",
-    "micro_batch_size": "--micro-batch-size",
-    "transformer_impl": "--transformer-impl",
-    "masked_softmax_fusion": "--no-masked-softmax-fusion",
-    "bias_activation_fusion": "--no-bias-swiglu-fusion",
-    "bias_dropout_fusion": "--no-bias-dropout-fusion",
-    "apply_rope_fusion": "--no-rope-fusion",
-    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
-    "virtual_pipeline_model_parallel_size": "--num-layers-per-virtual-pipeline-stage",
-    "use_mamba_mem_eff_path": "--disable-mamba-mem-eff-path",
-}
-# Fusions that Megatron-LM turns ON by default and exposes only as --no-... flags.
-_MLM_DEFAULT_ON = {
-    "masked_softmax_fusion",
-    "bias_activation_fusion",
-    "bias_dropout_fusion",
-    "apply_rope_fusion",
-    "gradient_accumulation_fusion",
-    "use_mamba_mem_eff_path",
-}
-
-
-def to_megatron_args(params: Mapping[str, Any], num_layers: int | None = None) -> list[str]:
-    """Megatron-LM ``pretrain_gpt.py`` arguments for a configuration."""
-    args: list[str] = []
-    seen: set[str] = set()
-    for a in assignments(params):
-        if a.section == "env":
-            continue
-        f, v = a.field, a.value
-        if f in seen:  # e.g. use_distributed_optimizer lives in the DDP and optimizer configs
-            continue
-        if a.section == "checkpoint":
-            if v:
-                raise ValueError(f"{f} is a Megatron-Bridge setting; Megatron-LM has no argument")
-            continue
-        seen.add(f)
-        if f in _MLM_DEFAULT_ON:
-            if not v:
-                args.append(_MLM_ARG[f])
-            continue
-        if f == "virtual_pipeline_model_parallel_size":
-            if v is None:
-                continue
-            pp = int(knob_value(params, "pipeline_model_parallel_size"))
-            if num_layers is None:
-                raise ValueError("num_layers is needed to export a VPP size to Megatron-LM")
-            args += [_MLM_ARG[f], str(num_layers // (pp * int(v)))]
-            continue
-        if f == "grad_reduce_in_fp32":
-            # Megatron-LM has no --grad-reduce-in-fp32 (megatron/training/arguments.py)
-            args.append("--accumulate-allreduce-grads-in-fp32" if v else "--grad-reduce-in-bf16")
-            continue
-        if f == "recompute_granularity" and v is None:
-            continue
-        if f == "attention_backend" and params.get("attention_backend") == "unfused":
-            # local spec in Megatron-LM: --transformer-impl local selects the unfused path
-            args += ["--attention-backend", "unfused"]
-            continue
-        flag = _MLM_ARG.get(f, "--" + f.replace("_", "-"))
-        if isinstance(v, bool):
-            if v:
-                args.append(flag)
-        elif isinstance(v, list):
-            args += [flag, *map(str, v)]
-        elif v is None:
-            continue
-        else:
-            args += [flag, str(_DTYPE_ARG.get(v, v)) if isinstance(v, str) else str(v)]
-    return args
-
-
-_BRIDGE_SECTION = {
-    "model": "model",
-    "ddp": "ddp",
-    "optimizer": "optimizer",
-    "train": "train",
-    "checkpoint": "checkpoint",
-}
-
-
-def to_bridge_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Megatron-Bridge ``ConfigContainer`` overrides (``run_recipe.py KEY=VALUE`` paths)."""
-    out: dict[str, Any] = {}
-    for a in assignments(params):
-        if a.section == "env":
-            continue
-        out[f"{_BRIDGE_SECTION[a.section]}.{a.field}"] = a.value
-    return out
-
-
-_NEMO_STRATEGY = {
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "virtual_pipeline_model_parallel_size",
-    "context_parallel_size",
-    "sequence_parallel",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-}
-
-
-def to_nemo_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
-    """NeMo 2.0 (nemo_run recipe) override paths."""
-    out: dict[str, Any] = {}
-    for a in assignments(params):
-        if a.section == "env":
-            continue
-        if a.section == "model" and a.field in _NEMO_STRATEGY:
-            key = f"trainer.strategy.{a.field}"
-        elif a.section == "model":
-            key = f"model.config.{a.field}"
-        elif a.section == "ddp":
-            key = f"trainer.strategy.ddp.{a.field}"
-        elif a.section == "optimizer":
-            key = f"optim.config.{a.field}"
-        elif a.section == "checkpoint":
-            if a.value:
-                raise ValueError(f"{a.field} is a Megatron-Bridge setting; NeMo 2.0 has none")
-            continue
-        else:
-            key = f"data.{a.field}"
-        out[key] = a.value
     return out

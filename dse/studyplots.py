@@ -196,7 +196,8 @@ def study_plot_data(
     tokens: float = 1e12,
 ) -> dict[str, Any]:
     """Everything the report and the dashboard draw for one study, as plain data."""
-    from dse.export import _stored_space, best_payload, render_best
+    from dse.export import _stored_space, best_payload, best_space, render_best
+    from dse.workloads.launchers.flags import export_text
 
     space = _stored_space(study.space_yaml, study.name)
     trials = storage.list_trials(study.id)
@@ -208,9 +209,10 @@ def study_plot_data(
     exports: dict[str, str | None] = {}
     if any(t.state == "complete" and t.value is not None for t in trials):
         best = best_payload(storage, study)
+        ran = best_space(storage, study)
         for fmt in ("megatron", "bridge", "nemo"):
             try:
-                exports[fmt] = render_best(best, fmt, space.model.num_layers)
+                exports[fmt] = render_best(best, fmt, ran, export_text)
             except (ValueError, KeyError) as e:
                 exports[fmt] = None
                 exports[f"{fmt}_why"] = str(e)

@@ -395,6 +395,7 @@ function renderBest(best) {
   for (const f of EXPORT_FORMATS) {
     const tab = document.querySelector(`#best-panel .tab[data-format="${f}"]`);
     tab.disabled = !best.exports || !best.exports[f];
+    tab.title = (best.exports && best.exports[`${f}_why`]) || "";
   }
   showExport(state.exportFormat);
   markBestRuns();
@@ -461,7 +462,10 @@ function showExport(format) {
   pre.dataset.format = format;
   const text = state.best && state.best.exports ? state.best.exports[format] : null;
   if (text) setArgs(pre, text);
-  else pre.textContent = "(this launcher cannot express the configuration)";
+  else {
+    const why = state.best && state.best.exports ? state.best.exports[`${format}_why`] : null;
+    pre.textContent = why ? `(no export: ${why})` : "(this launcher cannot express the configuration)";
+  }
   const copy = $("#copy-export");
   copy.disabled = !text;
   copy.dataset.copied = "false";

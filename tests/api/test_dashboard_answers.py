@@ -51,7 +51,7 @@ def _wide(storage: Storage) -> None:
         ({"tensor_model_parallel_size": 2, "use_distributed_optimizer": True,
           "overlap_grad_reduce": True, "overlap_param_gather": True,
           "bias_activation_fusion": True, "cross_entropy_loss_fusion": True,
-          "attention_backend": "sdpa"}, ok(236.78912, 48.3012)),
+          "attention_backend": "unfused"}, ok(236.78912, 48.3012)),  # (sdpa: no export)
         ({"pipeline_model_parallel_size": 2}, ok(171.0, 39.5)),
     ]  # fmt: skip
     for change, outcome in variants:

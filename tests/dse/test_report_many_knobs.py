@@ -49,16 +49,21 @@ def test_the_report_of_a_20_knob_sim_study(
         sl = next(x for x in widths if x[0] == "plot-slices")
         assert sl[2] >= 0.8 * min(sl[1], 1000)  # shown near its size: readable, not shrunk
         assert page.evaluate("document.documentElement.scrollWidth") <= 1100
-        # the Megatron-LM arguments: each flag with its value on one line, the text unchanged
+        # the Bridge overrides: each (and each export line's word) on one line, the text
+        # unchanged; the Omni best has no Megatron-LM export, and the report says why
         args = page.evaluate(
-            "() => [...document.querySelectorAll('#export-megatron .arg')]"
+            "() => [...document.querySelectorAll('#export-bridge .arg')]"
             ".map((s) => s.getClientRects().length)"
         )
         assert len(args) > 10 and set(args) == {1}
         import json
 
-        best = json.loads((out / "report.json").read_text())["exports"]["megatron"]
-        assert page.locator("#export-megatron").text_content() == best
+        exports = json.loads((out / "report.json").read_text())["exports"]
+        assert page.locator("#export-bridge").text_content() == exports["bridge"]
+        assert (
+            exports["megatron"] is None and "no Megatron-LM equivalent" in exports["megatron_why"]
+        )
+        assert exports["megatron_why"] in page.locator("#export-megatron").text_content()
         if os.environ.get("DSE_REPORT_SHOT"):
             page.screenshot(path=str(RESULTS / "report_omni_sim.png"), full_page=True)
         page.close()

@@ -7,12 +7,14 @@ where more knobs take effect); a value the recipe cannot take is refused by name
 Megatron-LM's argument parser, Megatron-Bridge's ``ConfigContainer`` and NeMo's recipe
 objects (``tests/fixtures/upstream/``, written by ``scripts/extract_upstream_*.py``, which
 a test re-runs where the upstream clones are at hand). A renamed flag fails here: the
-mutation tests rename one in a rendered trial and expect the check to name it.
+mutation tests rename one in a rendered trial and expect the check to name it. The same
+check reads what ``dse best --format megatron|bridge|nemo`` prints, for every example space.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,11 +23,13 @@ from typing import Any
 
 import pytest
 
-from dse.exceptions import SpaceError
+from dse.exceptions import NoEquivalentError, SpaceError
+from dse.export import EXPORT_TARGETS, render_best
 from dse.knobs import FIELD_SOURCES, KNOBS, Knob, ModulesKnob
 from dse.registry import REGISTRY
 from dse.space import SearchSpace, load_space
 from dse.workloads.launchers import NotTaken, launcher_for
+from dse.workloads.launchers.flags import export_text
 from tests.workloads import upstream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,3 +201,46 @@ def test_the_data_files_are_what_the_scripts_extract(
         [sys.executable, str(REPO / "scripts" / script), *args, "-o", str(out)], check=True
     )
     assert out.read_text() == (upstream.FIXTURES / f"{data}.json").read_text()
+
+
+# --- the `dse best` export: the same check ---------------------------------------------------
+
+#: An entry point before an export's arguments (the checks read what follows it).
+_EXPORT_HEAD = {
+    "megatron_lm": ["torchrun", "pretrain_gpt.py"],
+    "bridge": ["torchrun", "run_recipe.py"],
+    "nemo": ["nemo", "llm", "pretrain", "--factory", "recipe", "-y"],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPORT_TARGETS))
+def test_every_dse_best_export_name_exists_upstream(fmt: str) -> None:
+    """What ``dse best --format`` prints (``render_best`` with the targets' own renderer) for
+    every value of every catalog knob on every example space, whatever its workload: each
+    flag or override exists upstream, or the export refuses the value naming its knob."""
+    target = EXPORT_TARGETS[fmt]
+    found: dict[str, set[str]] = {}
+    n = refused = 0
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        space = load_space(path)
+        base = space.full_params(space.baseline())
+        bases = [base, {**base, "moe_token_dispatcher_type": "flex", "recompute": "selective"}]
+        for name, knob in KNOBS.items():
+            for value in _values(knob):
+                for b in bases:
+                    params = {**b, name: value}
+                    try:
+                        text = render_best({"params": params}, fmt, space, export_text)
+                    except NoEquivalentError as e:
+                        assert e.knob in params and e.why, str(e)  # refused by name
+                        refused += 1
+                        continue
+                    n += 1
+                    *env, args = text.split("\n")
+                    assert all(line.startswith("export ") for line in env), text
+                    argv = [*_EXPORT_HEAD[target], *shlex.split(args)]
+                    for p in upstream.problems(target, argv):
+                        if not _documented_newer(p):
+                            found.setdefault(p, set()).add(f"{space.study}: {name}={value!r}")
+    assert not found, "\n".join(f"{p}  (from {sorted(w)[:3]})" for p, w in sorted(found.items()))
+    assert n > len(KNOBS), (n, refused)
