@@ -56,7 +56,8 @@ class _MegatronLog(MetricsWriter):
             + " number of skipped iterations:   0 | number of nan iterations:   0 |"
         )
         mib = record["peak_mem_gib"] * 1024.0
-        rmib = record["peak_reserved_gib"] * 1024.0
+        reserved = record["peak_reserved_gib"]  # a step line may leave it out: the allocated
+        rmib = mib if reserved is None else reserved * 1024.0
         sys.stdout.write(
             f"{line}\n[Rank 0] (after {it} iterations) memory (MB) | allocated: {mib} | "
             f"max allocated: {mib} | reserved: {rmib} | max reserved: {rmib}\n"
