@@ -426,7 +426,13 @@ def _status_text(s: dict[str, Any]) -> str:
         over = f" over trials {', '.join(map(str, pooled))}" if len(pooled) > 1 else ""
         lines.append(
             f"  best: trial {b['number']} {s['metric']}={figure(value)}{ci_text}{over}, "
-            f"step {figure(m.get('step_time_s'))} s, peak {figure(m.get('peak_mem_gib'))} GiB"
+            f"step {figure(m.get('step_time_s'))} s"
+            + (
+                f" of CPU time ({figure(m.get('step_wall_time_s'))} s wall)"
+                if m.get("step_clock") == "cpu"
+                else ""
+            )
+            + f", peak {figure(m.get('peak_mem_gib'))} GiB"
             + (" (estimates: cost model, not measured)" if b.get("source") == "estimate" else "")
             + f": {json.dumps(b['params'])}"
         )

@@ -153,6 +153,12 @@ class MeasurementSpec(BaseModel):
     confidence: float = Field(
         0.95, ge=0.5, lt=1, description="Confidence level of the step-time interval."
     )
+    clock: Literal["wall", "cpu"] = Field(
+        "wall",
+        description="wall: a step's elapsed time; cpu (CPU trials only): the CPU time the "
+        "trial's processes spent in the step, which leaves out the time spent waiting for a "
+        "core on a shared machine (the step's wall time is kept beside it).",
+    )
     prune: bool = Field(
         False,
         description="Stop a trial early when its interval lies clearly beyond the study's "
@@ -182,8 +188,12 @@ class MeasurementSpec(BaseModel):
         return self.max_steps if self.mode == "adaptive" else semantics_steps
 
     def identity(self) -> dict[str, Any]:
-        """The fields that belong to the study's identity."""
-        return self.model_dump(mode="json", exclude=set(self.RUN_FIELDS))
+        """The fields that belong to the study's identity (``clock`` only when not the
+        default, so that studies stored before it keep their hash)."""
+        out = self.model_dump(mode="json", exclude=set(self.RUN_FIELDS))
+        if out["clock"] == "wall":
+            del out["clock"]
+        return out
 
 
 # --- statistics --------------------------------------------------------------------------------
@@ -574,6 +584,8 @@ class StepSeries:
         self.prune = prune
         self.tokens_per_step_per_gpu = tokens_per_step_per_gpu
         self.times: list[float] = []
+        #: each step's wall time where ``times`` are of another clock (``spec.clock`` cpu)
+        self.wall_times: list[float] = []
         self.tflops: list[float | None] = []
         self.stop_reason: StopReason | None = None
         self._dominated: dict[str, Any] | None = None

@@ -1172,6 +1172,14 @@ class SearchSpace(_Strict):
         if self.workload.name == "megatron" and self.resources.device == "cpu":
             if self.semantics.precision == "fp16":
                 raise ValueError("semantics.precision fp16 is not supported on CPU")
+        if self.measurement.clock == "cpu" and (
+            self.resources.device != "cpu" or self.workload.name != "megatron"
+        ):
+            raise ValueError(
+                "measurement.clock cpu times the built-in trainer's steps on CPU (workload "
+                f"megatron, resources.device cpu); this space has workload {self.workload.name}"
+                f" on device {self.resources.device}"
+            )
         if self.measurement.prune:
             objs = [f"{o.metric} ({o.direction})" for o in self.objectives]
             if len(self.objectives) != 1 or self.objective.metric not in PRUNABLE_METRICS:
@@ -1325,6 +1333,8 @@ class SearchSpace(_Strict):
             exclude["prescreen"] = {"coefficients"}
         if self.measurement == MeasurementSpec():  # added later: counted only when set
             exclude["measurement"] = True
+        elif self.measurement.clock == "wall":  # added later still
+            exclude["measurement"] = {"clock"}
         # settings added later count only when set, so earlier studies keep their hash
         if self.loss_parity == LossParity():
             exclude["loss_parity"] = True

@@ -478,3 +478,23 @@ def test_measurement_section_checks_its_bounds() -> None:
     assert set(MeasurementSpec().identity()) == {
         "mode", "min_steps", "max_steps", "rel_halfwidth", "confidence",
     }  # fmt: skip
+
+
+def test_the_cpu_clock_is_identity_only_when_set_and_only_on_cpu() -> None:
+    from dse.exceptions import SpaceError
+    from dse.space import load_space, parse_space
+    from tests.conftest import EXAMPLES
+
+    assert MeasurementSpec(clock="cpu").identity()["clock"] == "cpu"
+    space = load_space(EXAMPLES / "tiny_gpt_cpu.yaml")
+    data = space.model_dump(mode="json", exclude_none=True)
+    adaptive = parse_space({**data, "measurement": {"mode": "adaptive"}})
+    # a stored adaptive study keeps its hash: the wall clock (the default) is not counted
+    assert "clock" not in adaptive.identity()["measurement"]
+    assert '"clock"' not in adaptive.model_dump_json(exclude={"measurement": {"clock"}})
+    cpu = parse_space({**data, "measurement": {"clock": "cpu"}})
+    assert cpu.identity()["measurement"]["clock"] == "cpu"
+    assert cpu.identity_digest() != space.identity_digest() and cpu.digest() != space.digest()
+    gpu = {**data, "resources": {**data["resources"], "device": "cuda"}}
+    with pytest.raises(SpaceError, match=r"measurement.clock cpu .* on device cuda"):
+        parse_space({**gpu, "measurement": {"clock": "cpu"}})

@@ -530,3 +530,41 @@ def test_gradient_norm_without_apex_stays_on_the_device() -> None:
     assert out["got"][0] == pytest.approx(out["ref"][0], rel=1e-6)
     assert "clip_grads.l2_norm_impl=l2_norm_on_device" in out["first"]
     assert not any("clip_grads" in x for x in out["again"]) and out["bound"]
+
+
+@pytest.mark.slow
+@needs_megatron
+def test_the_cpu_clock_leaves_out_the_time_spent_waiting_for_a_core(tmp_path: Path) -> None:
+    """``measurement.clock: cpu``: a trial sharing its one core with a busy process waits for
+    it about half the time; its steps are timed by the CPU time it used, the wall time kept
+    beside them (the demo's defence against a shared machine's drift). The wall clock's
+    figures are the wall time."""
+    spin = subprocess.Popen(
+        ["taskset", "-c", "0", sys.executable, "-c", "while True: pass"]
+    )  # a process as busy as the trial, on the trial's core
+    try:
+        spec = make_spec(tmp_path, "cpuclock", {"micro_batch_size": 2})
+        spec = spec.model_copy(update={"measurement": {"clock": "cpu"}})
+        path = tmp_path / "cpuclock.json"
+        path.write_text(spec.model_dump_json())
+        cmd = ["taskset", "-c", "0", sys.executable, "-m", "dse.workloads.megatron.trainer",
+               "--spec", str(path)]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        spin.kill()
+        spin.wait()
+    out = read_metrics(spec.metrics_path)
+    assert proc.returncode == 0 and out is not None and out.ok, proc.stderr[-3000:]
+    m = out.metrics
+    assert m["step_clock"] == "cpu"
+    # sharing one core half and half: the wall time is about twice the CPU time
+    assert m["step_time_s"] < 0.75 * m["step_wall_time_s"], m
+    flops = m["model_flops_per_step"]
+    assert m["tflops_per_gpu"] == pytest.approx(flops / (m["step_time_s"] * 1e12), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_wall_clock_records_no_second_clock(trials: dict[str, Any]) -> None:
+    _rc, out = trials["tp1"]
+    assert "step_clock" not in out.metrics and "step_wall_time_s" not in out.metrics

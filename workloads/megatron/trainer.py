@@ -31,6 +31,7 @@ import datetime
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 import traceback
@@ -548,6 +549,10 @@ def train(
         _ok, grad_norm, _zeros = optimizer.step()
         return reports, grad_norm
 
+    # measurement.clock cpu: a step's figure is the CPU time this process spent in it (the
+    # slowest rank's, as for wall time), its wall time kept in ``wall_times``
+    cpu_clock = series.spec.clock == "cpu"
+    series.wall_times = []
     steps: list[StepMetrics] = []
     for step in range(series.limit):
         try:
@@ -561,7 +566,7 @@ def train(
             )
         ]
         _synchronize(dev_kind)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             reports, grad_norm = run_step(micro)
         except (AssertionError, ValueError, NotImplementedError) as e:
@@ -572,7 +577,8 @@ def train(
                 raise _invalid_from(e) from e
             raise
         _synchronize(dev_kind)
-        dt = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        dt = time.process_time() - c0 if cpu_clock else wall
 
         loss_acc = torch.zeros(2, dtype=torch.float64, device=device)
         if reports_loss:
@@ -580,10 +586,11 @@ def train(
                 loss_acc += r["lm loss"].to(torch.float64)
         tdist.all_reduce(loss_acc)
         alloc, reserved = _peak_memory_gib(dev_kind)
-        peaks = torch.tensor([alloc, reserved, dt], dtype=torch.float64, device=device)
+        peaks = torch.tensor([alloc, reserved, dt, wall], dtype=torch.float64, device=device)
         tdist.all_reduce(peaks, op=tdist.ReduceOp.MAX)
         loss = float(loss_acc[0] / loss_acc[1])
-        alloc, reserved, dt = (float(x) for x in peaks.tolist())
+        alloc, reserved, dt, wall = (float(x) for x in peaks.tolist())
+        series.wall_times.append(wall)
         if not math.isfinite(loss):
             raise TrialFailure(
                 "nan",
@@ -704,6 +711,9 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         else series.result(summary["step_time_s"], summary["tflops_per_gpu"])
     )
     summary.update(measured.fields())
+    if series.spec.clock == "cpu":  # what the figures are, and the wall time beside them
+        measured_walls = series.wall_times[plan.semantics.warmup_steps :] or series.wall_times
+        summary.update(step_clock="cpu", step_wall_time_s=statistics.median(measured_walls))
     tokens = plan.semantics.global_batch_size * plan.semantics.seq_length
     summary.update(plan.layout.as_dict())
     summary.update(
