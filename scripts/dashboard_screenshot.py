@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             page.wait_for_selector('#study-view[data-rendered="true"]', timeout=30_000)
             if args.out:
                 page.wait_for_selector('#best-panel[data-state="shown"]', timeout=30_000)
-                page.click(f'#best-panel .tab[data-format="{args.format}"]')
+                tab = page.locator(f'#best-panel .tab[data-format="{args.format}"]')
+                if tab.is_enabled():  # disabled: the best has no equivalent in that target
+                    tab.click()
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 page.locator("#best-panel").screenshot(path=args.out)
                 sys.stdout.write(f"wrote {args.out}\n")
