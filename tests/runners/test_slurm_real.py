@@ -246,3 +246,30 @@ def test_recipe_trial_runs_under_the_batch_scripts_srun(slurm: str, tmp_path: Pa
     assert "rank 0" in text  # the environment reached the recipe through srun
     script = (launch.trial_dir / "job.sbatch").read_text()
     assert "--node-steps-done -- \\\n  srun --nodes=1" in script
+
+
+def test_a_node_without_the_controllers_interpreter_fails_the_trial_naming_it(
+    slurm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runner.python`` unset: the batch script runs the controller's own interpreter, which
+    a node sees only over a shared file system; where the node lacks it, the trial stops at
+    once, naming the path and ``runner.python`` (not a bare "No such file")."""
+    from dse.workloads.runners import slurm_runner as mod
+
+    gone = str(tmp_path / "venv-not-on-the-node" / "bin" / "python3")
+    monkeypatch.setattr(mod.sys, "executable", gone)  # the controller's, elsewhere
+    launch = make_launch(tmp_path, 1, 0)
+    launch = dataclasses.replace(launch, argv=[gone, *launch.argv[1:]])
+    r = slurm_runner()
+    r.submit(launch)
+    fin = drain(r, 1)[1]
+    assert not fin.outcome.ok
+    log = launch.log_path.read_text()
+    assert f"the trial's interpreter {gone} (the controller's own; runner.python" in log, log
+    assert f"is not on {slurm}" in log, log
+    assert "runner.python unset" in (launch.trial_dir / "job.sbatch").read_text()
+    # runner.python names the nodes' interpreter: the script trusts it, no check is written
+    named = dataclasses.replace(launch, argv=["/opt/venv/bin/python", *launch.argv[1:]])
+    shape = mod.trial_shape(1, "cpu", None)
+    script = mod.render_batch_script(named, r.opts, shape, job_name="j")
+    assert "runner.python unset" not in script and "/opt/venv/bin/python" in script

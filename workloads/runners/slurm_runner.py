@@ -31,6 +31,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +230,25 @@ def _checked(opts: SlurmOptions, env: dict[str, str]) -> None:
         raise TrialLaunchError("; ".join(problems))
 
 
+def _interpreter_check(launch: Launch, *, contained: bool) -> list[str]:
+    """Lines that stop a trial at once, saying why, where the batch node lacks the
+    controller's own interpreter (``runner.python`` unset): the path of the controller's
+    virtual environment means something on a node only over a shared file system."""
+    py = launch.argv[0] if launch.argv else ""
+    if contained or py != sys.executable:
+        return []  # runner.python names the nodes' interpreter; a container has its own
+    q = shlex.quote
+    say = q(
+        f"dse: the trial's interpreter {py} (the controller's own; runner.python names "
+        "the nodes' interpreter) is not on "
+    )
+    return [
+        "# runner.python unset: the nodes run the controller's interpreter at the same path",
+        f'[ -x {q(py)} ] || {{ echo {say}"$(hostname -s)" >&2; exit 2; }}',
+        "",
+    ]
+
+
 def render_batch_script(
     launch: Launch,
     opts: SlurmOptions,
@@ -291,6 +311,9 @@ def render_batch_script(
         'echo "dse: job $SLURM_JOB_ID on ${NODES[*]}, rendezvous $MASTER_ADDR:$MASTER_PORT"',
         "",
     ]
+    lines += _interpreter_check(launch, contained=bool(
+        ((recipe or {}).get("container_image") or opts.container_image) and recipe is None
+    ))  # fmt: skip
     srun = [
         "srun",
         f"--nodes={shape.nodes}",
