@@ -235,7 +235,7 @@ def _interpreter_check(launch: Launch, *, contained: bool) -> list[str]:
     controller's own interpreter (``runner.python`` unset): the path of the controller's
     virtual environment means something on a node only over a shared file system."""
     py = launch.argv[0] if launch.argv else ""
-    if contained or py != sys.executable:
+    if contained or py != sys.executable or not py.startswith("/"):
         return []  # runner.python names the nodes' interpreter; a container has its own
     q = shlex.quote
     say = q(
