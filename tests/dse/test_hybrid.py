@@ -230,11 +230,6 @@ def test_recompute_modules_refines_selective_recompute(omni):
     assert KNOBS["recompute_modules"].check_value("moe,moe") is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="megatron_lm.knob_flags keeps the first assignment of a field (recompute's "
-    "default ['core_attn']), not recompute_modules' refinement; Bridge and NeMo keep the last",
-)
 def test_recompute_modules_refines_selective_recompute_on_megatron_lm(omni):
     params = {"recompute": "selective", "recompute_modules": "moe,layernorm"}
     assert launch_flags(omni, params, "megatron_lm").args == [

@@ -172,14 +172,19 @@ def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = F
     seen: set[str] = set()
     pp = int(params.get("pipeline_model_parallel_size", 1) or 1)
     flex = params.get("moe_token_dispatcher_type") == "flex"
-    for name, value, a in Launcher.assignments_of(params):
+    items = Launcher.assignments_of(params)
+    # a field set twice (recompute's default modules, then recompute_modules) takes its last
+    # value, at the place of its first flag, as Bridge's and NeMo's overrides do
+    last = {a.field: (name, value, a) for name, value, a in items}
+    for name, value, a in items:
         why = builtin_refusal(name, value) if builtin else dse_only(name, value)
         if why:
             raise NotTaken(name, value, why)
-        f, v = a.field, a.value
-        if f in seen:
+        if a.field in seen:
             continue
-        seen.add(f)
+        seen.add(a.field)
+        name, value, a = last[a.field]
+        f, v = a.field, a.value
         if f == "virtual_pipeline_model_parallel_size":
             if v is None:
                 continue
