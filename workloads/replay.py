@@ -12,6 +12,10 @@ times (several rows) answers its ``k``-th run in the study (``workload.repeat`` 
 spec: a re-measurement) with its ``k``-th row, cycling. :class:`ReplayTable` answers in-process
 (:meth:`ReplayTable.outcome`, used by ``dse bench``); ``python -m dse.workloads.replay
 --spec trial.json`` is the trial process (the metrics JSONL contract, ``"source": "replay"``).
+
+The MoE routing a space declares (``semantics.moe_routing``) is accepted as it is: a table
+was measured under some routing, which its rows do not record, and the replay answers with
+those measurements (it neither applies nor checks a routing).
 """
 
 from __future__ import annotations

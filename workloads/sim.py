@@ -19,6 +19,13 @@ knobs that do change numerics on a GPU (FP8, reduced-precision optimizer states)
 modelled: the simulator has no figure for their drift. The curve is labelled like every sim
 figure (``source: estimate``, and ``loss_model`` in the summary): it is no training result.
 
+The MoE routing a study holds fixed (``semantics.moe_routing``) is accepted as semantics: it
+seeds the simulated loss curve (above) and changes no time or memory estimate. The cost model
+counts balanced routing (every expert receives its share ``topk * tokens / experts``, nothing
+dropped or padded), whatever the load balancing, score function, router dtype or capacity
+factor; a capacity factor with ``moe_pad_expert_input_to_capacity`` (each expert's input
+padded to ``factor`` times that share) is not counted either.
+
 The measurement fields of the trial contract (``measurement``, ``step_time_ci_s``,
 ``tflops_per_gpu_ci``, :mod:`dse.measure`) are filled the way a real trial fills them, from
 a series labelled ``measurement.series``: ``estimate`` (fixed mode: every step is the

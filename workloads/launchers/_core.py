@@ -24,7 +24,7 @@ from dse.knobs import FieldAssignment, assignments, effective_params, trial_env
 from dse.recipe_spec import NODE_STEPS, LauncherSpec
 
 if TYPE_CHECKING:
-    from dse.space import SearchSpace
+    from dse.space import MoeRouting, SearchSpace
 
 __all__ = [
     "Launcher",
@@ -34,6 +34,7 @@ __all__ = [
     "check_launcher",
     "run_node_steps",
     "launcher_for",
+    "routing_fields",
 ]
 
 
@@ -245,6 +246,14 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
     n = 0
     seen: set[tuple[str, str]] = set()
     argvs: list[list[str]] = []  # the renderings the recipe is resolved on, where it can be
+    try:  # the semantics (a routing field the recipe has no name for), once, by its path
+        launcher.semantics_overrides()
+    except NotTaken as e:
+        seen.add((e.knob, repr(e.value)))
+        problems.append(
+            f"{source}: {e.knob}: the {launcher.name} recipe cannot take "
+            f"{e.knob}={e.value!r}: {e.why}"
+        )
     with contextlib.suppress(NotTaken):
         argvs.append(launcher.render(base).argv)
     for name, spec in space.knobs.items():
@@ -268,6 +277,8 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
         try:
             launcher.render({**base, name: v})
         except NotTaken as e:
+            if (e.knob, repr(e.value)) in seen:
+                continue
             problems.append(
                 f"{source}: fixed.{e.knob}: the {launcher.name} recipe cannot take "
                 f"{e.knob}={e.value!r}: {e.why}"
@@ -318,6 +329,13 @@ def launcher_for(space: SearchSpace) -> Launcher:
         )
     cls: type[Launcher] = REGISTRY.get("launcher", space.workload.name).load()
     return cls(space)
+
+
+def routing_fields(routing: MoeRouting | None) -> list[tuple[str, Any]]:
+    """(``TransformerConfig`` field, value) of every field of ``semantics.moe_routing`` (none
+    for None: the recipe's routing stands), each of them, also at Megatron's default: a
+    recipe that sets its own routing does not keep it over the declared one."""
+    return [] if routing is None else list(routing.model_dump().items())
 
 
 def dse_only(name: str, value: Any) -> str | None:

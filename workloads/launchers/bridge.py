@@ -5,6 +5,10 @@ Knob fields become ``ConfigContainer`` overrides (``model.tensor_model_parallel_
 ``train.micro_batch_size=4``), in the Hydra syntax ``run_recipe.py`` applies
 (``process_config_with_overrides``: ``null``, ``true``/``false``, ``[a,b]``). The dataset
 owns the sequence length (``dataset.seq_length``; the runner syncs ``model.seq_length``).
+The MoE routing a study holds fixed (``semantics.moe_routing``, ``TransformerConfig`` field
+names, which Bridge's model providers share) is given field by field as ``model.<field>``,
+every field, so a recipe's own routing (a provider's sigmoid router, its expert bias) cannot
+stand in for the declared one.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dse.exceptions import SpaceError
-from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
+from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_fields
 
 __all__ = [
     "BridgeLauncher",
@@ -143,6 +147,7 @@ class BridgeLauncher(Launcher):
             f"train.global_batch_size={sem.global_batch_size}",
             f"dataset.seq_length={sem.seq_length}",
             "logger.log_interval=1",
+            *(f"model.{f}={hydra_value(v)}" for f, v in routing_fields(sem.moe_routing)),
         ]
 
     def fixed_overrides(self) -> list[str]:

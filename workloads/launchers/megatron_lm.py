@@ -5,7 +5,9 @@ Knob fields become Megatron-LM arguments. The flag names were checked against
 turns on by default exist only as ``--no-...`` flags; ``grad_reduce_in_fp32`` is
 ``--accumulate-allreduce-grads-in-fp32`` / ``--grad-reduce-in-bf16``; a VPP size is given as
 ``--num-layers-per-virtual-pipeline-stage``; the flex dispatcher's DeepEP backend is
-``--moe-enable-deepep`` (HybridEP has no flag there).
+``--moe-enable-deepep`` (HybridEP has no flag there). The MoE routing a study holds fixed
+(``semantics.moe_routing``) is rendered with the semantics (:func:`routing_flags`), also when
+the recipe's own arguments give the model (``model_args: false``).
 
 :func:`parse_megatron_args` reads such a command line back into knob values; the built-in
 trainer's Megatron-LM entry point (``dse.workloads.megatron.mlm``) uses it, so the same
@@ -18,8 +20,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dse.space import ModelSpec, SearchSpace
-from dse.workloads.launchers._core import Launcher, NotTaken, dse_only
+from dse.space import ModelSpec, MoeRouting, SearchSpace
+from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_fields
 
 __all__ = [
     "ARG_DEFAULTS",
@@ -28,10 +30,12 @@ __all__ = [
     "builtin_refusal",
     "FLAG_OF_FIELD",
     "MegatronLMLauncher",
+    "ROUTING_FLAG_OF_FIELD",
     "knob_flags",
     "model_flags",
     "parse_megatron_args",
     "resolved_expectations",
+    "routing_flags",
 ]
 
 #: Field -> Megatron-LM flag for fields given as ``--flag VALUE``.
@@ -79,6 +83,19 @@ NO_SWITCH_OF_FIELD: dict[str, str] = {
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
 }
 VPP_FLAG = "--num-layers-per-virtual-pipeline-stage"
+#: ``semantics.moe_routing`` field (a ``TransformerConfig`` field) -> Megatron-LM flag; a
+#: bool field's flag is a switch (Megatron-LM leaves each of them off by default).
+ROUTING_FLAG_OF_FIELD: dict[str, str] = {
+    "moe_router_load_balancing_type": "--moe-router-load-balancing-type",
+    "moe_aux_loss_coeff": "--moe-aux-loss-coeff",
+    "moe_router_score_function": "--moe-router-score-function",
+    "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
+    "moe_router_enable_expert_bias": "--moe-router-enable-expert-bias",
+    "moe_router_dtype": "--moe-router-dtype",
+    "moe_router_force_load_balancing": "--moe-router-force-load-balancing",
+    "moe_expert_capacity_factor": "--moe-expert-capacity-factor",
+    "moe_pad_expert_input_to_capacity": "--moe-pad-expert-input-to-capacity",
+}
 #: Megatron-LM's validate_args asserts ``--ckpt-format fsdp_dtensor`` with
 #: ``--use-megatron-fsdp`` ("Megatron FSDP only supports fsdp_dtensor checkpoint format"):
 #: the switch is rendered with it.
@@ -107,6 +124,29 @@ def builtin_refusal(name: str, value: Any) -> str | None:
 
 def _bias_act_flag(model: ModelSpec) -> str:
     return "--no-bias-swiglu-fusion" if model.activation == "swiglu" else "--no-bias-gelu-fusion"
+
+
+def routing_flags(routing: MoeRouting | None) -> list[str]:
+    """``semantics.moe_routing`` as Megatron-LM flags (None: none, Megatron's defaults).
+
+    Every field with a value is given, also at Megatron-LM's default (the routing is pinned,
+    not left to the arguments' defaults); None (Megatron-LM's default for those fields) and a
+    switch left off pass nothing. A field with no flag in :data:`ROUTING_FLAG_OF_FIELD` is
+    refused by name (:class:`NotTaken`) unless it is at its default."""
+    out: list[str] = []
+    for f, v in routing_fields(routing):
+        flag = ROUTING_FLAG_OF_FIELD.get(f)
+        if flag is None:
+            if v != MoeRouting.model_fields[f].default:
+                raise NotTaken(
+                    f"semantics.moe_routing.{f}", v, f"no Megatron-LM argument sets {f}"
+                )
+            continue
+        if isinstance(v, bool):
+            out += [flag] if v else []
+        elif v is not None:
+            out += [flag, repr(v) if isinstance(v, float) else str(v)]
+    return out
 
 
 def model_flags(space: SearchSpace) -> list[str]:
@@ -142,6 +182,7 @@ def model_flags(space: SearchSpace) -> list[str]:
         if m.moe_shared_expert_intermediate_size is not None:
             out += ["--moe-shared-expert-intermediate-size",
                     str(m.moe_shared_expert_intermediate_size)]  # fmt: skip
+        out += routing_flags(sem.moe_routing)
     if sem.precision in ("bf16", "fp16"):
         out.append(f"--{sem.precision}")
     out += [
@@ -239,7 +280,10 @@ class MegatronLMLauncher(Launcher):
         return knob_flags(params, self.space.model, builtin=self.spec.module == BUILTIN_MODULE)
 
     def semantics_overrides(self) -> list[str]:
-        return model_flags(self.space) if self.spec.model_args else []
+        if self.spec.model_args:
+            return model_flags(self.space)
+        # the recipe's arguments give the model; a routing the study declares is applied
+        return routing_flags(self.space.semantics.moe_routing)
 
     def fixed_overrides(self) -> list[str]:
         out: list[str] = []
@@ -258,7 +302,24 @@ class MegatronLMLauncher(Launcher):
     def render(self, params: Mapping[str, Any], *, python: str | None = None) -> Any:
         r = super().render(params, python=python)
         self._no_repeats(r.argv)
+        self._routing_not_overridden(r.argv)
         return r
+
+    def _routing_not_overridden(self, argv: Sequence[str]) -> None:
+        """A routing flag the declared ``semantics.moe_routing`` leaves out (a None value, a
+        switch off) must not come from the base args or fixed overrides either."""
+        from dse.exceptions import SpaceError
+
+        routing = self.space.semantics.moe_routing
+        if routing is None:
+            return
+        own = set(routing_flags(routing))
+        other = sorted({a for a in argv if a in ROUTING_FLAG_OF_FIELD.values()} - own)
+        if other:
+            raise SpaceError(
+                f"workload.launcher: {other} set by the base args or fixed overrides, while "
+                "semantics.moe_routing holds the routing fixed; give it there"
+            )
 
     def _no_repeats(self, argv: Sequence[str]) -> None:
         from dse.exceptions import SpaceError
@@ -363,6 +424,15 @@ def _parser() -> argparse.ArgumentParser:
                "--moe-enable-deepep", "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion",
                *SWITCH_OF_FIELD.values(), *NO_SWITCH_OF_FIELD.values()):  # fmt: skip
         a(sw, action="store_true")
+    for f, flag in ROUTING_FLAG_OF_FIELD.items():
+        default = MoeRouting.model_fields[f].default
+        if isinstance(default, bool):
+            a(flag, action="store_true")
+        elif f in ("moe_router_load_balancing_type", "moe_router_score_function",
+                   "moe_router_dtype"):  # fmt: skip
+            a(flag)
+        else:
+            a(flag, type=float)
     for f, flag in FLAG_OF_FIELD.items():
         if f == "recompute_modules":
             a(flag, nargs="*")
@@ -421,6 +491,13 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
         semantics["lr"] = g("--lr")
     if g("--seed") is not None:
         semantics["seed"] = g("--seed")
+    routing = {
+        f: g(flag)
+        for f, flag in ROUTING_FLAG_OF_FIELD.items()
+        if g(flag) is not None and g(flag) is not False
+    }
+    if routing:  # every field not given at Megatron-LM's default
+        semantics["moe_routing"] = routing
 
     fields: dict[str, Any] = {}
     for f, flag in FLAG_OF_FIELD.items():

@@ -3,7 +3,9 @@
 Knob fields become NeMo-Run overrides of the recipe's ``run.Partial``: parallel sizes under
 ``trainer.strategy`` (``nl.MegatronStrategy``), DDP fields under ``trainer.strategy.ddp``,
 other ``TransformerConfig`` fields under ``model.config``, ``OptimizerConfig`` fields under
-``optim.config``, the micro-batch under ``data`` (reference knob catalog, section 3).
+``optim.config``, the micro-batch under ``data`` (reference knob catalog, section 3). The
+MoE routing a study holds fixed (``semantics.moe_routing``, ``TransformerConfig`` field names)
+is given field by field under ``model.config``, every field, over the recipe's own.
 Values use Python literal syntax (``True``, ``None``, ``['core_attn']``). NeMo-Run's local
 executor starts torchrun itself with ``trainer.devices`` processes per node.
 """
@@ -13,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dse.workloads.launchers._core import Launcher, NotTaken, _layout, dse_only
+from dse.workloads.launchers._core import (
+    Launcher,
+    NotTaken,
+    _layout,
+    dse_only,
+    routing_fields,
+)
 
 __all__ = ["NemoLauncher", "python_value"]
 
@@ -103,7 +111,9 @@ class NemoLauncher(Launcher):
             "trainer.log_every_n_steps=1",
             f"data.global_batch_size={sem.global_batch_size}",
             f"data.seq_length={sem.seq_length}",
-        ]
+            *(f"{self.key('model', f)}={python_value(v)}"
+              for f, v in routing_fields(sem.moe_routing)),
+        ]  # fmt: skip
 
     def fixed_overrides(self) -> list[str]:
         return [f"{k}={python_value(v)}" for k, v in self.spec.overrides.items()]
