@@ -612,6 +612,14 @@ class CompareBestPublic(BaseModel):
     tokens_per_s_per_gpu: float | None
     tflops_per_gpu_ci: list[float | None] | None
     step_time_ci_s: list[float | None] | None
+    step_clock: Literal["wall", "cpu"] = Field(
+        "wall",
+        description="What step_time_s times: 'cpu' (measurement.clock cpu: the CPU time of a "
+        "step, its wall time in step_wall_time_s) or 'wall'.",
+    )
+    step_wall_time_s: float | None = Field(
+        None, description="The best trial's wall time per step where step_clock is 'cpu'."
+    )
     pooled: bool = Field(
         False, description="The figures are the configuration's pooled ones (noise-aware)."
     )

@@ -442,9 +442,11 @@ def _status_text(s: dict[str, Any]) -> str:
     if nline:
         lines.append(nline)
     if s["trials"]:
+        # measurement.clock cpu (a study's one clock): its step times are CPU time
+        cpu = any(t["metrics"].get("step_clock") == "cpu" for t in s["trials"])
+        step = "CPU s" if cpu else "step s"
         lines.append(
-            f"  {'#':>4} {'state':<10} {s['metric']:<14} {'step s':<8} {'peak GiB':<8} "
-            "failure / knobs"
+            f"  {'#':>4} {'state':<10} {s['metric']:<14} {step:<8} {'peak GiB':<8} failure / knobs"
         )
     for t in s["trials"]:
         m = t["metrics"]

@@ -41,8 +41,10 @@ FlagsText = Callable[[SearchSpace, Mapping[str, Any], str], str]
 
 
 #: How a trial was measured, when it says (its intervals, the measurement, the numerics
-#: check): passed on with the best configuration's figures.
-MEASUREMENT_DETAILS = ("tflops_per_gpu_ci", "step_time_ci_s", "measurement", "numerics")
+#: check, the clock of its step times with the wall time beside a CPU time): passed on with
+#: the best configuration's figures.
+MEASUREMENT_DETAILS = ("tflops_per_gpu_ci", "step_time_ci_s", "measurement", "numerics",
+                       "step_clock", "step_wall_time_s")  # fmt: skip
 #: The pooled figures of the best configuration that have an interval, and its key in
 #: ``metrics`` (a trial's own interval keys; tokens/s per GPU follows from the step time).
 _POOLED_CI = {

@@ -265,6 +265,17 @@ def _busy_rows(g: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+#: What a CPU-clock study's step times are (``measurement.clock: cpu``, the CPU demo).
+CPU_CLOCK_NOTE = ("step times are the CPU time a trial spent in a step (measurement.clock cpu; "
+                  "its wall time also counts waiting for a core), TFLOP/s and tokens/s per GPU "
+                  "follow from them")  # fmt: skip
+
+
+def _cpu_clock(m: dict[str, Any]) -> bool:
+    """Whether a trial's metrics (or a comparison row's best) time steps by CPU time."""
+    return m.get("step_clock") == "cpu"
+
+
 def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]], str]]:
     """(title, rows of (id, label, value), note) for the page and the Markdown."""
     b = data["best"]
@@ -283,22 +294,29 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
     secs.append(("Trials", rows, what))
     if b:
         m = b["metrics"]
+        cpu = _cpu_clock(m)
+        step = "CPU time per step (s)" if cpu else "step time (s)"
         rows = [
             ("best-trial", "trial", str(b["trial"])),
             ("best-value", f"{data['metric']} ({data['direction']})",
              figure(b["objective"]["value"])),
             ("best-tflops", "TFLOP/s per GPU", figure(m.get("tflops_per_gpu"))),
-            ("best-step", "step time (s)", figure(m.get("step_time_s"))),
+            ("best-step", step, figure(m.get("step_time_s"))),
             ("best-mem", "peak memory (GiB)", figure(m.get("peak_mem_gib"))),
             ("best-params", "configuration", json.dumps(b["params"], sort_keys=True)),
         ]  # fmt: skip
         cis = [
             ("best-tflops-ci", "TFLOP/s per GPU, 95% interval", m.get("tflops_per_gpu_ci")),
-            ("best-step-ci", "step time (s), 95% interval", m.get("step_time_ci_s")),
+            ("best-step-ci", f"{step}, 95% interval", m.get("step_time_ci_s")),
         ]
         shown = [(i, label, f"{figure(v[0])}–{figure(v[1])}") for i, label, v in cis
                  if isinstance(v, list) and len(v) == 2]  # fmt: skip
         rows[5:5] = shown  # after the figures they qualify
+        if cpu:  # the wall time beside the CPU time (the best trial's own)
+            runs = (b.get("noise") or {}).get("trials") or [b["trial"]]
+            own = f", trial {b['trial']}" if len(runs) > 1 else ""
+            rows.insert(4, ("best-wall", f"wall time per step (s{own})",
+                            figure(m.get("step_wall_time_s"))))  # fmt: skip
         numerics = m.get("numerics")
         if isinstance(numerics, dict) and numerics.get("status"):
             rows.append(("best-numerics", "numerics against the baseline",
@@ -318,6 +336,8 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
             note = (f"{what}; the configuration's figures pooled over its runs; intervals: 95%"
                     if shown else f"{what} (no confidence interval: a repeated run is needed "
                     "for one)")  # fmt: skip
+        if cpu:
+            note += f"; {CPU_CLOCK_NOTE}"
         secs.append(("Best configuration", rows, note))
     g = data["gpu"]
     if g.get("estimate_trials"):  # a sim study: nothing ran on a GPU
@@ -353,7 +373,10 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
         rows.append(("proj-speedup", f"speed-up over the baseline (trial {p['baseline_trial']})",
                      f"{figure(p['speedup_over_baseline'])}x"))  # fmt: skip
         rows.append(("proj-days-saved", "days saved (estimate)", figure(p["days_saved"])))
-    secs.append(("Projection of a full training run", rows, p["label"]))
+    label = p["label"]
+    if b and _cpu_clock(b["metrics"]):
+        label += "; the step time is CPU time (measurement.clock cpu), not wall time"
+    secs.append(("Projection of a full training run", rows, label))
     return secs
 
 
@@ -371,11 +394,13 @@ def _compare_cells(r: dict[str, Any]) -> list[str]:
 
     trial = "" if not b else str(b["trial"]) + (" (estimate)" if b.get("source") == "estimate"
                                                else "")  # fmt: skip
+    step = fig("step_time_s", "step_time_ci_s")
+    if step and _cpu_clock(b):  # CPU time (measurement.clock cpu): say so, the wall time beside
+        step += f" CPU time; {figure(b.get('step_wall_time_s'))} wall"
     return [r["study"], f"{r['gpu'] or r['device']} x{r['world_size']}",
             str(r["recipe"] or f"{r['workload']} workload"), str(r["seq_length"]),
             str(r["global_batch_size"]), trial, fig("tflops_per_gpu", "tflops_per_gpu_ci"),
-            fig("step_time_s", "step_time_ci_s"), fig("peak_mem_gib"),
-            figure(r["gpu_hours"])]  # fmt: skip
+            step, fig("peak_mem_gib"), figure(r["gpu_hours"])]  # fmt: skip
 
 
 def _compare_html(cmp: dict[str, Any]) -> list[str]:

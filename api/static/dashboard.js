@@ -261,7 +261,7 @@ function renderTable(page) {
       el("td", { class: "num" }, fmt(t.value)),
       withCi(el("td", { class: "num" }, fmt(m.tflops_per_gpu)), m.tflops_per_gpu_ci),
       el("td", { class: "num" }, fmt(m.peak_mem_gib)),
-      withCi(el("td", { class: "num" }, fmt(m.step_time_s)), m.step_time_ci_s),
+      stepCell(m),
       el("td", { class: "num" }, fmt(t.gpu_seconds)),
       el("td", {}, t.failure_class || ""),
       el("td", { class: "reason", title: t.reason || "" }, t.reason || ""),
@@ -274,9 +274,44 @@ function renderTable(page) {
   info.dataset.count = String(page.count);
   const first = page.count === 0 ? 0 : state.offset + 1;
   info.textContent = `${first}–${state.offset + page.data.length} of ${page.count}`;
+  // a study times its steps by one clock (measurement.clock): say so in the column's head
+  const cpu = page.data.some((t) => cpuClock(t.metrics));
+  const head = $("#th-step");
+  head.dataset.clock = cpu ? "cpu" : "";
+  head.textContent = cpu ? "CPU s per step" : "step s";
+  head.title = cpu ? CPU_CLOCK_TITLE : "";
   $("#page-prev").disabled = state.offset === 0;
   $("#page-next").disabled = state.offset + PAGE_SIZE >= page.count;
   markBestRuns();
+}
+
+// measurement.clock cpu (the CPU demo): a trial's step time is the CPU time it spent in a step
+// (metrics.step_clock "cpu"), its wall time per step metrics.step_wall_time_s beside it.
+const CPU_CLOCK_TITLE = "measurement.clock cpu: each step timed by the CPU time the trial spent "
+  + "in it (its wall time also counts waiting for a core); TFLOP/s and tokens/s follow from it";
+
+function cpuClock(m) {
+  return Boolean(m) && m.step_clock === "cpu";
+}
+
+// "0.2152 s wall" (the trial's median wall time per measured step), or null.
+function wallNote(m, suffix = "") {
+  const w = m && m.step_wall_time_s;
+  if (!cpuClock(m) || w === null || w === undefined) return null;
+  return el("span", { class: "wall", "data-wall": String(w),
+    title: "wall-clock time per step (median of the measured steps)" }, `${fmt(w)} s wall${suffix}`);
+}
+
+// A trials row's step time with its interval; of CPU time, its wall time beside it.
+function stepCell(m) {
+  const td = withCi(el("td", { class: "num" }, fmt(m.step_time_s)), m.step_time_ci_s);
+  if (cpuClock(m)) {
+    td.dataset.clock = "cpu";
+    td.title = "CPU time per step (measurement.clock cpu)";
+    const wall = wallNote(m);
+    if (wall) td.append(wall);
+  }
+  return td;
 }
 
 // The knobs of a row, at most two lines (the whole list in its tooltip and the trial detail):
@@ -375,15 +410,23 @@ function renderBest(best) {
   for (const [k, key] of Object.entries(CI_OF)) if (!(k in cis) && Array.isArray(m[key])) cis[k] = m[key];
   const dl = $("#best-metrics");
   dl.replaceChildren();
+  const cpu = cpuClock(m);
   for (const k of [obj, ...shown.filter((k) => k !== obj)]) {
     const v = values[k];
     if (v === null || v === undefined) continue;
-    const label = METRIC_LABEL[k] || k;
+    const label = k === "step_time_s" && cpu ? "CPU time per step (s)" : METRIC_LABEL[k] || k;
     const div = el("div", { "data-metric": k });
     div.append(el("dt", {}, k === obj ? `${label} (objective)` : label),
       el("dd", { class: k === obj ? "objective" : "", "data-value": String(v) }, fmt(v)));
     const ci = ciText(cis[k]);
     if (ci) div.append(el("span", { class: "ci", "data-ci": JSON.stringify(cis[k]) }, `95% CI ${ci}`));
+    if (k === "step_time_s" && cpu) {
+      div.dataset.clock = "cpu";
+      div.title = CPU_CLOCK_TITLE;
+      // the wall time is the best trial's own (the CPU time above is pooled over its runs)
+      const wall = wallNote(m, runs.length > 1 ? ` (trial ${best.trial})` : "");
+      if (wall) div.append(wall);
+    }
     dl.append(div);
   }
   const nf = $("#best-numerics");
@@ -881,16 +924,21 @@ async function loadTrial(id) {
   const steps = t.steps || [];
   const x = steps.map((s) => s.step);
   const simulated = t.source === "estimate";
+  const cpu = cpuClock(t.metrics);
+  $("#chart-steps-time").dataset.clock = cpu ? "cpu" : "";
+  $("#caption-steps-time").textContent = cpu ? "CPU time per step (s; measurement.clock cpu)"
+    : "Step time per step";
   $("#chart-steps-loss").dataset.source = t.source || "";
   $("#note-steps-loss").textContent = simulated ? SIMULATED_LOSS_NOTE : "";
   await Promise.all([
     plot($("#chart-steps-loss"), [{ type: "scatter", mode: "lines+markers",
       name: simulated ? "loss (simulated)" : "loss", x,
       y: steps.map((s) => s.loss) }], { height: 240, showlegend: false, xaxis: { title: { text: "step" } } }),
-    plot($("#chart-steps-time"), [{ type: "scatter", mode: "lines+markers", name: "step time",
+    plot($("#chart-steps-time"), [{ type: "scatter", mode: "lines+markers",
+      name: cpu ? "CPU time per step" : "step time",
       x, y: steps.map((s) => s.step_time_s), line: { color: "#ff7f0e" } }],
     { height: 240, showlegend: false, xaxis: { title: { text: "step" } },
-      yaxis: { title: { text: "s" } } }),
+      yaxis: { title: { text: cpu ? "CPU s" : "s" } } }),
   ]);
   $("#chart-steps-loss").dataset.points = String(steps.length);
 }
@@ -1135,6 +1183,15 @@ function renderCompare(data) {
     const link = el("a", { href: `#study=${encodeURIComponent(r.study)}` }, r.study);
     const figure = (k, ci) => {
       const td = el("td", { class: "num", "data-metric": k }, fmt(b[k] ?? null));
+      if (k === "step_time_s" && cpuClock(b)) { // CPU time: say so, its wall time beside it
+        td.dataset.clock = "cpu";
+        td.title = "CPU time per step (measurement.clock cpu)";
+        td.append(el("span", { class: "wall" }, "CPU time"));
+        withCi(td, b[ci]);
+        const wall = wallNote(b);
+        if (wall) td.append(wall);
+        return td;
+      }
       return ci ? withCi(td, b[ci]) : td;
     };
     tr.append(cell(link), el("td", {}, hwText(r)),

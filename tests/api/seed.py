@@ -256,3 +256,25 @@ def seed_database(url: str, fill: Callable[[Storage], T]) -> T:
     """Fill the database at ``url`` through the storage API with ``fill``; what it returned."""
     with open_storage(url) as storage:
         return fill(storage)
+
+
+def seed_cpu_clock(storage: Storage, name: str = "demo-cpu-clock", *, clock: str = "cpu") -> None:
+    """The README demo's space (examples/demo_cpu.yaml) with three trials whose steps were
+    timed by CPU time (``measurement.clock: cpu``: metrics ``step_clock`` "cpu" and
+    ``step_wall_time_s`` beside ``step_time_s``), as workloads/megatron/trainer.py writes
+    them; ``clock="wall"``: the same study timed by wall time (neither key)."""
+    d = yaml.safe_load((EXAMPLES / "demo_cpu.yaml").read_text())
+    d["study"] = name
+    if clock == "wall":
+        d.pop("measurement", None)
+    sid = create_from_dict(storage, d)
+    base = {"micro_batch_size": 1, "recompute": "none", "attention_backend": "unfused"}
+    for mbs, cpu_s, wall_s in [(1, 0.4047, 0.4414), (8, 0.1918, 0.1998), (16, 0.2057, 0.2152)]:
+        tflops = 9.663676416e9 / cpu_s / 1e12
+        o = ok(tflops, 0.45)
+        metrics = {**o.metrics, "step_time_s": cpu_s,
+                   "step_time_ci_s": [0.9 * cpu_s, 1.1 * cpu_s]}  # fmt: skip
+        if clock == "cpu":
+            metrics.update(step_clock="cpu", step_wall_time_s=wall_s)
+        outcome = Outcome("ok", metrics, steps=o.steps)
+        _run(storage, sid, {**base, "micro_batch_size": mbs}, outcome, gpu_seconds=30.0)
