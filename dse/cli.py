@@ -409,6 +409,13 @@ def _busy_shares_text(g: dict[str, Any]) -> str:
     return text
 
 
+def _pooled(noise: dict[str, Any], metric: str, metrics: dict[str, Any]) -> Any:
+    """The best's figure of ``metric`` as every view shows it: pooled over its runs where the
+    noise-aware best pooled it, else the trial's own."""
+    fig = (noise.get("figures") or {}).get(metric) or {}
+    return fig.get("value", metrics.get(metric))
+
+
 def _status_text(s: dict[str, Any]) -> str:
     """A study's best trial and trial table (figures with four significant digits)."""
     from dse.figures import figure
@@ -426,13 +433,13 @@ def _status_text(s: dict[str, Any]) -> str:
         over = f" over trials {', '.join(map(str, pooled))}" if len(pooled) > 1 else ""
         lines.append(
             f"  best: trial {b['number']} {s['metric']}={figure(value)}{ci_text}{over}, "
-            f"step {figure(m.get('step_time_s'))} s"
+            f"step {figure(_pooled(noise, 'step_time_s', m))} s"
             + (
                 f" of CPU time ({figure(m.get('step_wall_time_s'))} s wall)"
                 if m.get("step_clock") == "cpu"
                 else ""
             )
-            + f", peak {figure(m.get('peak_mem_gib'))} GiB"
+            + f", peak {figure(_pooled(noise, 'peak_mem_gib', m))} GiB"
             + (" (estimates: cost model, not measured)" if b.get("source") == "estimate" else "")
             + f": {json.dumps(b['params'])}"
         )

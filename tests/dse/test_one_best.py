@@ -15,6 +15,7 @@ import pytest
 
 from dse.cli import main
 from dse.export import best_payload
+from dse.figures import figure
 from dse.report import _sections
 from dse.storage import open_storage
 from dse.studyplots import compare_studies, running_best, study_plot_data
@@ -70,6 +71,37 @@ def test_every_view_names_the_pooled_best_and_its_tie(
     assert main(["best", "--storage", tied, "--study", "noisy", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["metrics"]["tflops_per_gpu"] == pytest.approx(pooled)
+    # ... and so does dse status's best line: the pooled step time and peak, not one run's
+    assert main(["status", "--storage", tied, "--study", "noisy"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("best:"))
+    step = noise["figures"]["step_time_s"]["value"]
+    assert f"step {figure(step)} s," in line, line
+    assert f"peak {figure(p['metrics']['peak_mem_gib'])} GiB" in line, line
+
+
+def test_the_status_line_shows_the_pooled_step_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The best's step time on dse status's line is the pooled one the API, panel and report
+    show, not its first run's (here the two runs of the best differ by 10 %)."""
+    table = _noise_table(tmp_path)
+    rows = [json.loads(x) for x in table.read_text().splitlines()]
+    for r in rows[3:]:  # the second runs: 10 % faster steps
+        m = r["metrics"]
+        m["step_time_s"] *= 0.9
+        m["step_times_s"] = [t * 0.9 for t in m["step_times_s"]]
+    table.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    with open_storage(url) as st:
+        _run(_space(table, "pooled", tmp_path, budget={"remeasure": 2}), st)
+        p = best_payload(st, st.get_study("pooled"))
+    pooled = p["noise"]["figures"]["step_time_s"]["value"]
+    with open_storage(url) as st:
+        own = st.get_trial_by_number(st.get_study("pooled").id, p["trial"]).metrics["step_time_s"]
+    assert figure(pooled) != figure(own)  # the case the line must get right
+    assert main(["status", "--storage", url, "--study", "pooled"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("best:"))
+    assert f"step {figure(pooled)} s," in line, line
 
 
 def test_running_best_follows_pooled_configurations() -> None:
