@@ -173,9 +173,11 @@ _GPU_CACHE_LOCK = threading.Lock()
 
 
 def gpu_usage(storage: Storage, study: StudyRecord, counts: dict[str, int]) -> dict[str, Any]:
-    """A study's GPU time (:func:`dse.gpu_usage.study_gpu_usage`), reused while its trial
-    counts and held-time records are unchanged (a study list reads every study's)."""
-    from dse.gpu_usage import GRID_ATTR, HELD_ATTR_PREFIX, grid_of_study, study_gpu_usage
+    """A study's GPU time (:func:`dse.gpu_usage.usage_of_totals` of the storage's
+    :meth:`~dse.storage.Storage.gpu_totals`: one aggregate query, not a read of every
+    trial), reused while its trial counts and held-time records are unchanged (a study list
+    reads every study's)."""
+    from dse.gpu_usage import GRID_ATTR, HELD_ATTR_PREFIX, grid_of_study, usage_of_totals
 
     attrs = storage.get_study_attrs(study.id)
     held = {k: v for k, v in attrs.items() if k.startswith(HELD_ATTR_PREFIX) or k == GRID_ATTR}
@@ -186,8 +188,8 @@ def gpu_usage(storage: Storage, study: StudyRecord, counts: dict[str, int]) -> d
             _GPU_CACHE.move_to_end(key)
             return hit
     device = str(study.hardware.get("device") or "cpu")
-    trials = storage.list_trials(study.id)
-    out = clean(study_gpu_usage(trials, attrs, device=device, grid=grid_of_study(study, attrs)))
+    totals = storage.gpu_totals(study.id)
+    out = clean(usage_of_totals(totals, attrs, device=device, grid=grid_of_study(study, attrs)))
     with _GPU_CACHE_LOCK:
         _GPU_CACHE[key] = out
         while len(_GPU_CACHE) > 256:

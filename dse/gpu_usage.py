@@ -55,6 +55,11 @@ __all__ = [
     "study_gpu_usage",
     "study_gpu_usage_of",
     "busy_shares",
+    "TRIAL_GPU_FIGURES",
+    "trial_gpu_figures",
+    "GpuTotals",
+    "gpu_totals",
+    "usage_of_totals",
 ]
 
 #: Study attribute of one controller run: ``held:<owner>`` -> ``{"started", "last",
@@ -157,40 +162,135 @@ def trial_timing(
     return out
 
 
+#: One trial's part of its study's GPU time (:func:`trial_gpu_figures`). The storage keeps
+#: them as columns of the trial's row, written with its metrics, so a study's figures are one
+#: aggregate query over the study's trials (:meth:`dse.storage.Storage.gpu_totals`) instead
+#: of a fold over every trial's metrics in Python.
+TRIAL_GPU_FIGURES = (
+    "gpu_seconds_startup",
+    "gpu_seconds_measure",
+    "device_seconds",
+    "device_seconds_measure",
+    "device_seconds_measured",
+    "device_seconds_kernel",
+    "device_seconds_first_step",
+    "first_step_s",
+)
+
+
+def trial_gpu_figures(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    """One trial's part of its study's GPU time (:data:`TRIAL_GPU_FIGURES`), from its metrics
+    (None: the trial has no such figure; every other figure is a finite number).
+
+    ``gpu_seconds_startup`` and ``gpu_seconds_measure`` are the metrics' own. The others need
+    a ``timing`` record: ``device_seconds`` (wall seconds x devices: None marks a trial
+    without one), ``device_seconds_measure`` (its steps x devices), and the shares of
+    :func:`busy_shares`: in measured steps, in any device work, in the first step, and the
+    first step's seconds, the last two None for a trial that does not record the split. A
+    value that is not a finite number counts as 0 (:func:`dse.records.finite`), a product
+    too large for a float too."""
+    out: dict[str, float | None] = dict.fromkeys(TRIAL_GPU_FIGURES)
+    out["gpu_seconds_startup"] = finite(metrics.get("gpu_seconds_startup"))
+    out["gpu_seconds_measure"] = finite(metrics.get("gpu_seconds_measure"))
+    timing = metrics.get("timing")
+    if not isinstance(timing, Mapping):
+        return out
+    dev = _num(timing.get("devices"))
+    steps = _num(timing.get("measure_s"))
+    out["device_seconds"] = _num(_num(timing.get("wall_s")) * dev)
+    out["device_seconds_measure"] = _num(steps * dev)
+    ms = finite(metrics.get("measured_steps_s"))
+    if ms is None:  # no split: every step measured, no build
+        out["device_seconds_measured"] = out["device_seconds_kernel"] = _num(steps * dev)
+        return out
+    f = _num(metrics.get("first_step_s")) + 0.0  # + 0.0: no -0.0 (a median stays one value)
+    out["device_seconds_measured"] = _num(min(ms, steps or ms) * dev)
+    out["device_seconds_kernel"] = _num((_num(metrics.get("build_s")) + steps) * dev)
+    out["device_seconds_first_step"] = _num(f * dev)
+    out["first_step_s"] = f
+    return out
+
+
+@dataclass(frozen=True)
+class GpuTotals:
+    """A study's trials added up, what :func:`usage_of_totals` makes its figures from: by
+    :func:`gpu_totals` over trial records, or by the storage in one query over the columns of
+    :data:`TRIAL_GPU_FIGURES` (:meth:`dse.storage.Storage.gpu_totals`). Estimates (source
+    ``estimate``) are counted apart and left out of every other figure."""
+
+    #: trials of source ``estimate``
+    estimates: int = 0
+    #: the other trials
+    trials: int = 0
+    #: the sum of their finite ``gpu_seconds``
+    gpu_seconds: float = 0.0
+    #: the trials with a non-zero ``gpu_seconds``, and the sum of those
+    ran: int = 0
+    ran_seconds: float = 0.0
+    #: sums of :data:`TRIAL_GPU_FIGURES` (None counts as 0)
+    gpu_seconds_startup: float = 0.0
+    gpu_seconds_measure: float = 0.0
+    device_seconds: float = 0.0
+    device_seconds_measure: float = 0.0
+    device_seconds_measured: float = 0.0
+    device_seconds_kernel: float = 0.0
+    device_seconds_first_step: float = 0.0
+    #: trials with a ``timing`` record, and those of them that record the split
+    timed: int = 0
+    split: int = 0
+    #: the split trials' first steps: the median (the upper one of an even count) and max
+    first_step_s_median: float | None = None
+    first_step_s_max: float | None = None
+
+
+def _fold(trials: Sequence[TrialRecord], estimates: int = 0) -> GpuTotals:
+    """:class:`GpuTotals` of ``trials`` (every one counted; in their order)."""
+    figs = [trial_gpu_figures(t.metrics) for t in trials]
+
+    def total(key: str) -> float:
+        return sum((x for f in figs if (x := f[key]) is not None), 0.0)
+
+    firsts = sorted(x for f in figs if (x := f["first_step_s"]) is not None)
+    ran = [t.gpu_seconds for t in trials if t.gpu_seconds]
+    return GpuTotals(
+        estimates=estimates,
+        trials=len(trials),
+        gpu_seconds=sum((_num(t.gpu_seconds) for t in trials), 0.0),
+        ran=len(ran),
+        ran_seconds=sum(ran, 0.0),
+        **{k: total(k) for k in TRIAL_GPU_FIGURES if k != "first_step_s"},
+        timed=sum(1 for f in figs if f["device_seconds"] is not None),
+        split=len(firsts),
+        first_step_s_median=firsts[len(firsts) // 2] if firsts else None,
+        first_step_s_max=firsts[-1] if firsts else None,
+    )
+
+
+def gpu_totals(trials: Sequence[TrialRecord]) -> GpuTotals:
+    """:class:`GpuTotals` of a study's trial records (the storage's query computes the same
+    from its columns)."""
+    return _fold(
+        [t for t in trials if t.source != "estimate"],
+        estimates=sum(1 for t in trials if t.source == "estimate"),
+    )
+
+
 def busy_shares(trials: Sequence[TrialRecord], held: float | None) -> dict[str, Any]:
     """The measured-step and all-kernel shares of ``held`` device-seconds, and the first
     steps' cost (see the module doc): over the trials with a ``timing`` record."""
-    measured = kernel = first = 0.0
-    firsts: list[float] = []
-    without = 0
-    for t in trials:
-        m = t.metrics
-        timing = m.get("timing")
-        if not isinstance(timing, Mapping):
-            continue
-        dev = _num(timing.get("devices"))
-        steps = _num(timing.get("measure_s"))
-        ms = finite(m.get("measured_steps_s"))
-        if ms is None:
-            without += 1
-            measured += steps * dev
-            kernel += steps * dev
-            continue
-        measured += min(ms, steps or ms) * dev
-        kernel += (_num(m.get("build_s")) + steps) * dev
-        f = _num(m.get("first_step_s"))
-        first += f * dev
-        firsts.append(f)
-    firsts.sort()
+    return _shares(_fold(trials), held)
+
+
+def _shares(t: GpuTotals, held: float | None) -> dict[str, Any]:
     return {
-        "measured_fraction": measured / held if held else None,
-        "kernel_fraction": min(1.0, kernel / held) if held else None,
-        "device_seconds_measured": measured,
-        "device_seconds_kernel": kernel,
-        "device_seconds_first_step": first,
-        "first_step_s_median": firsts[len(firsts) // 2] if firsts else None,
-        "first_step_s_max": firsts[-1] if firsts else None,
-        "trials_without_split": without,
+        "measured_fraction": t.device_seconds_measured / held if held else None,
+        "kernel_fraction": min(1.0, t.device_seconds_kernel / held) if held else None,
+        "device_seconds_measured": t.device_seconds_measured,
+        "device_seconds_kernel": t.device_seconds_kernel,
+        "device_seconds_first_step": t.device_seconds_first_step,
+        "first_step_s_median": t.first_step_s_median,
+        "first_step_s_max": t.first_step_s_max,
+        "trials_without_split": t.timed - t.split,
     }
 
 
@@ -207,23 +307,31 @@ def study_gpu_usage(
     grid: GridCount | None,
 ) -> dict[str, Any]:
     """GPU-hours of a study, its GPU-busy fraction and the estimated saving against the
-    whole grid (see the module doc). Figures that cannot be known are None; GPU figures are
-    None on CPU (the busy fraction is then of CPU ranks)."""
+    whole grid (see the module doc), from its trial records: :func:`usage_of_totals` of
+    their :func:`gpu_totals`."""
+    return usage_of_totals(gpu_totals(trials), attrs, device=device, grid=grid)
+
+
+def usage_of_totals(
+    totals: GpuTotals,
+    attrs: Mapping[str, Any],
+    *,
+    device: str,
+    grid: GridCount | None,
+) -> dict[str, Any]:
+    """GPU-hours of a study, its GPU-busy fraction and the estimated saving against the
+    whole grid (see the module doc), from its trials' :class:`GpuTotals`. Figures that
+    cannot be known are None; GPU figures are None on CPU (the busy fraction is then of CPU
+    ranks)."""
     cuda = device == "cuda"
     # a trial of the sim workload is the cost model's estimate, run on the controller: it
     # spends no GPU time (studies stored before this rule recorded its seconds as if)
-    estimates = sum(1 for t in trials if t.source == "estimate")
-    trials = [t for t in trials if t.source != "estimate"]
-    if estimates and not trials:
-        return _no_gpu_study(device, estimates, grid)
-    spent_s = sum(_num(t.gpu_seconds) for t in trials)
-    ran = [t.gpu_seconds for t in trials if t.gpu_seconds]
-    startup_s = sum(_num(t.metrics.get("gpu_seconds_startup")) for t in trials)
-    measure_s = sum(_num(t.metrics.get("gpu_seconds_measure")) for t in trials)
-
-    timed = [t.metrics["timing"] for t in trials if isinstance(t.metrics.get("timing"), Mapping)]
-    dev_measure = sum(_num(x.get("measure_s")) * _num(x.get("devices")) for x in timed)
-    dev_trials = sum(_num(x.get("wall_s")) * _num(x.get("devices")) for x in timed)
+    if totals.estimates and not totals.trials:
+        return _no_gpu_study(device, totals.estimates, grid)
+    spent_s = totals.gpu_seconds
+    timed = totals.timed
+    dev_measure = totals.device_seconds_measure
+    dev_trials = totals.device_seconds
     dev_startup = dev_trials - dev_measure
 
     runs = [
@@ -240,7 +348,7 @@ def study_gpu_usage(
         held, basis = None, None
     busy = dev_measure / held if held and timed else None
 
-    mean_s = sum(ran) / len(ran) if ran and cuda else None
+    mean_s = totals.ran_seconds / totals.ran if totals.ran and cuda else None
     n_grid = grid.configurations if grid is not None else None
     grid_s = mean_s * n_grid if mean_s is not None and n_grid is not None else None
     saved_s = max(grid_s - spent_s, 0.0) if grid_s is not None else None
@@ -251,17 +359,17 @@ def study_gpu_usage(
     return {
         "device": device,
         "gpu_hours": spent_s / 3600.0,
-        "gpu_hours_startup": hours(startup_s),
-        "gpu_hours_measure": hours(measure_s),
+        "gpu_hours_startup": hours(totals.gpu_seconds_startup),
+        "gpu_hours_measure": hours(totals.gpu_seconds_measure),
         "held_gpu_hours": hours(held),
         "held_basis": basis,
         "busy_fraction": busy,
-        **busy_shares(trials, held if timed else None),
+        **_shares(totals, held if timed else None),
         "device_seconds_held": held,
         "device_seconds_startup": dev_startup if timed else None,
         "device_seconds_measure": dev_measure if timed else None,
-        "trials_run": len(ran),
-        "trials_timed": len(timed),
+        "trials_run": totals.ran,
+        "trials_timed": timed,
         "mean_gpu_seconds_per_trial": mean_s,
         "grid_configurations": n_grid,
         "grid_complete": None if grid is None else grid.complete,
@@ -308,9 +416,10 @@ def _no_gpu_study(device: str, estimates: int, grid: GridCount | None) -> dict[s
 def study_gpu_usage_of(
     storage: Any, study: Any, records: Sequence[Any] | None = None
 ) -> dict[str, Any]:
-    """:func:`study_gpu_usage` of a stored study (its trials, attributes and grid;
-    ``records``: its trials where the caller has listed them already)."""
+    """:func:`study_gpu_usage` of a stored study (its attributes and grid, and its trials'
+    totals: the storage's aggregate of its columns, :meth:`dse.storage.Storage.gpu_totals`,
+    or of ``records`` where the caller gives them)."""
     attrs = storage.get_study_attrs(study.id)
-    trials = storage.list_trials(study.id) if records is None else records
+    totals = storage.gpu_totals(study.id) if records is None else gpu_totals(records)
     device = str((study.hardware or {}).get("device") or "cpu")
-    return study_gpu_usage(trials, attrs, device=device, grid=grid_of_study(study, attrs))
+    return usage_of_totals(totals, attrs, device=device, grid=grid_of_study(study, attrs))

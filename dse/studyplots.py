@@ -258,7 +258,7 @@ def study_plot_data(
     # computed where status and the API compute them (dse.gpu_usage)
     from dse.gpu_usage import study_gpu_usage_of
 
-    usage = study_gpu_usage_of(storage, study, trials)
+    usage = study_gpu_usage_of(storage, study)  # the storage's totals, as the API's
     gpu = {
         **usage,
         "spent_gpu_hours": usage["gpu_hours"],

@@ -61,7 +61,7 @@ __all__ = [
 log = logging.getLogger("dse.storage")
 
 #: The newest schema revision (a test checks it is the head of the shipped migrations).
-SCHEMA_HEAD = "0005"
+SCHEMA_HEAD = "0006"
 #: The Alembic script directory shipped inside the package.
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 #: How long a SQLite writer waits for the database lock before giving up (then retried).

@@ -58,6 +58,7 @@ from dse.bounds import (
     printable,
 )
 from dse.exceptions import StudyFormatError
+from dse.gpu_usage import trial_gpu_figures
 from dse.records import STUDY_STATES, TRIAL_STATES, Direction, numerics_status
 from dse.storage._engine import redact_passwords
 from dse.storage._models import (
@@ -623,6 +624,7 @@ def load_study(
         {
             "study_id": study.id,
             "numerics": numerics_status(t.metrics),  # the column follows the metrics' verdict
+            **trial_gpu_figures(t.metrics),  # and the GPU-time columns its figures
             **t.model_dump(exclude={"steps"}),
         }
         for t in export.trials

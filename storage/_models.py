@@ -190,6 +190,22 @@ class TrialModel(Base):
         ),  # fmt: skip
         # best without numerics-changed trials, and their count per study (0003)
         Index("ix_trials_study_id_numerics", "study_id", "numerics"),
+        # covering: a study's GPU-time totals (Storage.gpu_totals) from the index alone, the
+        # median first step by walking it (0006)
+        Index(
+            "ix_trials_study_id_first_step_s_gpu",
+            "study_id",
+            "first_step_s",
+            "source",
+            "gpu_seconds",
+            "gpu_seconds_startup",
+            "gpu_seconds_measure",
+            "device_seconds",
+            "device_seconds_measure",
+            "device_seconds_measured",
+            "device_seconds_kernel",
+            "device_seconds_first_step",
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -218,6 +234,16 @@ class TrialModel(Base):
     numerics: Mapped[NumericsStatus | None] = mapped_column(String(16))
     #: the number of the trial whose configuration this one re-measures
     remeasure_of: Mapped[int | None] = mapped_column(Integer)
+    # the trial's part of its study's GPU time (dse.gpu_usage.trial_gpu_figures of its
+    # metrics, written with them by the repository; 0006)
+    gpu_seconds_startup: Mapped[float | None] = mapped_column(Float)
+    gpu_seconds_measure: Mapped[float | None] = mapped_column(Float)
+    device_seconds: Mapped[float | None] = mapped_column(Float)
+    device_seconds_measure: Mapped[float | None] = mapped_column(Float)
+    device_seconds_measured: Mapped[float | None] = mapped_column(Float)
+    device_seconds_kernel: Mapped[float | None] = mapped_column(Float)
+    device_seconds_first_step: Mapped[float | None] = mapped_column(Float)
+    first_step_s: Mapped[float | None] = mapped_column(Float)
 
 
 # Pages by -value (best first, ties by number, no value last) walk this one (0003, with the id

@@ -43,6 +43,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    or_,
     select,
     type_coerce,
     update,
@@ -57,6 +58,7 @@ from dse.exceptions import (
     StudyNotFoundError,
     TrialNotFoundError,
 )
+from dse.gpu_usage import TRIAL_GPU_FIGURES, GpuTotals, trial_gpu_figures
 from dse.names import study_name_problem
 from dse.records import (
     ANSWERED_STATES,
@@ -612,7 +614,7 @@ class Storage:
             row.state = state
             # the loss-parity verdict is the controller's (set_trial_numerics), never the
             # trial's own: a metrics file cannot certify itself
-            row.metrics = {k: v for k, v in outcome.metrics.items() if k != "numerics"}
+            _set_metrics(row, {k: v for k, v in outcome.metrics.items() if k != "numerics"})
             row.numerics = None
             row.value = value
             row.failure_class = outcome.failure_class
@@ -677,7 +679,7 @@ class Storage:
                     metrics.pop("numerics", None)
                 else:
                     metrics["numerics"] = dict(verdict)
-                row.metrics = metrics
+                _set_metrics(row, metrics)
                 row.numerics = numerics_status(metrics)
                 _bump(s, row.study_id)
             return trial_record(row)
@@ -996,6 +998,56 @@ class Storage:
             return float(total or 0.0)
 
         return self._db.run(fn, write=False, what="sum GPU-seconds")
+
+    def gpu_totals(self, study_id: int) -> GpuTotals:
+        """A study's trials added up for its GPU-time figures (:class:`dse.gpu_usage.GpuTotals`,
+        what :func:`dse.gpu_usage.gpu_totals` computes from the records): one aggregate query
+        over the trials' GPU-time columns, read from the index
+        ``ix_trials_study_id_first_step_s_gpu`` alone, the median first step by walking it."""
+        t = TrialModel
+        estimate = t.source == "estimate"
+        mine = or_(t.source.is_(None), t.source != "estimate")
+        g = t.gpu_seconds
+        split = (t.study_id == study_id, mine, t.first_step_s.is_not(None))
+        # the median of an odd or even count: the element at count // 2 in ascending order
+        median = (
+            select(t.first_step_s)
+            .where(*split)
+            .order_by(t.first_step_s)
+            .limit(1)
+            .offset(select(func.count() // 2).where(*split).scalar_subquery())
+            .scalar_subquery()
+        )
+        summed = [c for c in TRIAL_GPU_FIGURES if c != "first_step_s"]
+        query = select(
+            func.count().filter(estimate),
+            func.count().filter(mine),
+            func.sum(g).filter(mine, func.abs(g) <= _MAX_FLOAT),  # finite (NaN: not <=)
+            func.count(g).filter(mine, g != 0),
+            func.sum(g).filter(mine, g != 0),
+            func.count(t.device_seconds).filter(mine),
+            func.count(t.first_step_s).filter(mine),
+            func.max(t.first_step_s).filter(mine),
+            median,
+            *(func.sum(getattr(t, c)).filter(mine) for c in summed),
+        ).where(t.study_id == study_id)
+
+        def fn(s: Session) -> GpuTotals:
+            est, n, spent, ran, ran_s, timed, n_split, top, mid, *sums = s.execute(query).one()
+            return GpuTotals(
+                estimates=int(est),
+                trials=int(n),
+                gpu_seconds=_total(spent),
+                ran=int(ran),
+                ran_seconds=_total(ran_s),
+                timed=int(timed),
+                split=int(n_split),
+                first_step_s_median=None if mid is None else float(mid),
+                first_step_s_max=None if top is None else float(top),
+                **{c: _total(x) for c, x in zip(summed, sums, strict=True)},
+            )
+
+        return self._db.run(fn, write=False, what="sum GPU time")
 
     def find_trial(self, study_id: int, params_key: str) -> TrialRecord | None:
         """The first answered (complete, infeasible or pruned) trial of that configuration,
@@ -1435,6 +1487,24 @@ def _release_imported(s: Session, study: StudyModel) -> None:
         _requeue_row(row, "imported: it was unfinished where the study was exported")
     if study.state in ("running", "stopping"):
         study.state = "stopped"
+
+
+#: The largest finite float: ``abs(x) <= it`` holds for the finite numbers only, on SQLite
+#: (which stores a NaN as NULL) and PostgreSQL (where NaN is above every number).
+_MAX_FLOAT = 1.7976931348623157e308
+
+
+def _total(x: Any) -> float:
+    """A SUM of floats as a float (0.0 for none)."""
+    return 0.0 if x is None else float(x)
+
+
+def _set_metrics(row: TrialModel, metrics: dict[str, Any]) -> None:
+    """Store a trial's metrics with the GPU-time columns they give
+    (:func:`dse.gpu_usage.trial_gpu_figures`, summed by :meth:`Storage.gpu_totals`)."""
+    row.metrics = metrics
+    for k, v in trial_gpu_figures(metrics).items():
+        setattr(row, k, v)
 
 
 def _requeue_row(row: TrialModel, reason: str) -> None:

@@ -81,3 +81,39 @@ def test_study_summary_has_the_gpu_usage(url: str) -> None:
     with redirect_stdout(buf):
         assert cli_main(["status", "--storage", url, "--study", "timed"]) == 0
     assert "GPU-busy" in buf.getvalue() and "saved" in buf.getvalue()
+
+
+def test_study_list_reads_gpu_totals_not_every_trial(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a write, the study list's GPU figures come from the storage's aggregate of the
+    trials' columns (Storage.gpu_totals), not from reading every trial (8.2 s at 100,000
+    trials before, docs/BENCHMARKS.md section 28); they are the fold over the records."""
+    from dse.gpu_usage import gpu_totals, study_gpu_usage
+    from dse.gpu_usage import grid_of_study as grid_of
+    from dse.storage import Storage
+
+    st = open_storage(url)
+    try:
+        study = st.get_study("timed")
+        attrs = st.get_study_attrs(study.id)
+        want = study_gpu_usage(st.list_trials(study.id), attrs, device="cuda",
+                               grid=grid_of(study, attrs))  # fmt: skip
+        assert st.gpu_totals(study.id).trials == gpu_totals(st.list_trials(study.id)).trials
+    finally:
+        st.close()
+
+    def no_list(*a: object, **kw: object) -> None:
+        raise AssertionError("the study list read every trial")
+
+    from dse.api import views
+
+    monkeypatch.setattr(Storage, "list_trials", no_list)
+    views._GPU_CACHE.clear()  # no answer kept from an earlier test
+    with make_client(url) as client:
+        listed = client.get(f"{V1}/studies").json()["data"][0]["gpu"]
+        one = client.get(f"{V1}/studies/timed").json()["gpu"]
+    assert listed == one
+    assert {k: v for k, v in listed.items() if v is not None} == pytest.approx(
+        {k: v for k, v in want.items() if v is not None}
+    )

@@ -3,6 +3,9 @@ a study's held time and busy fraction, and the saving against the whole grid."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import random
 from typing import Any
 
 import pytest
@@ -163,3 +166,52 @@ def test_measured_share_leaves_out_builds_first_and_warmup_steps() -> None:
     g = study_gpu_usage([old], attrs, device="cuda", grid=None)
     assert g["measured_fraction"] == pytest.approx(5.0 / 80.0)
     assert g["trials_without_split"] == 1 and g["first_step_s_median"] is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_usage_of_records_is_the_reference_fold(seed: int) -> None:
+    """study_gpu_usage (per-trial figures added up, then one builder shared with the
+    storage's totals) gives exactly what the fold over every trial's metrics gave before
+    (tests/gpu_reference.py), on random trials: estimates, trials without timing or split,
+    values that are not numbers, ties and zeros among the first steps."""
+    from tests.gpu_reference import GRID, random_attrs, random_trials, reference_usage
+
+    rng = random.Random(seed)
+    trials = random_trials(rng, rng.choice([0, 1, 2, 7, 60, 301]))
+    for device in ("cuda", "cpu"):
+        attrs = random_attrs(rng)
+        grid = rng.choice([GRID, None])
+        got = study_gpu_usage(trials, attrs, device=device, grid=grid)
+        assert got == reference_usage(trials, attrs, device=device, grid=grid)
+    # all estimates: no GPU time
+    est = [dataclasses.replace(t, source="estimate") for t in trials[:3]]
+    if est:
+        assert study_gpu_usage(est, {}, device="cuda", grid=GRID) == reference_usage(
+            est, {}, device="cuda", grid=GRID
+        )
+
+
+def test_trial_gpu_figures() -> None:
+    """One trial's part of its study's GPU time (the storage's columns): finite numbers or
+    None, whatever its metrics hold."""
+    from dse.gpu_usage import TRIAL_GPU_FIGURES, trial_gpu_figures
+
+    assert trial_gpu_figures({}) == dict.fromkeys(TRIAL_GPU_FIGURES)
+    m = trial_timing(wall_s=10.0, devices=2, device="cuda", steps=_steps(1.0, 3.0),
+                     measured=True)  # fmt: skip
+    f = trial_gpu_figures(m)
+    assert f == {"gpu_seconds_startup": 12.0, "gpu_seconds_measure": 8.0, "device_seconds": 20.0,
+                 "device_seconds_measure": 8.0, "device_seconds_measured": 8.0,
+                 "device_seconds_kernel": 8.0, "device_seconds_first_step": None,
+                 "first_step_s": None}  # fmt: skip
+    m.update(build_s=2.0, first_step_s=1.0, measured_steps_s=2.5)
+    f = trial_gpu_figures(m)
+    assert (f["device_seconds_measured"], f["device_seconds_kernel"]) == (5.0, 12.0)
+    assert (f["device_seconds_first_step"], f["first_step_s"]) == (2.0, 1.0)
+    # not numbers count as 0, a product beyond a float too; a first step is never -0.0
+    huge = {"timing": {"devices": 1e200, "wall_s": 1e200, "measure_s": "x"},
+            "measured_steps_s": 1.0, "first_step_s": -0.0,
+            "gpu_seconds_startup": float("nan")}  # fmt: skip
+    f = trial_gpu_figures(huge)
+    assert f["device_seconds"] == 0.0 and f["gpu_seconds_startup"] is None
+    assert f["device_seconds_measure"] == 0.0 and math.copysign(1.0, f["first_step_s"]) == 1.0
