@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs dse with every extra into .venv and runs the checks CI runs: ruff, mypy,
-# import-linter (the layer contracts of pyproject.toml), pytest with line and branch coverage
-# (printed at the end; DSE_COVERAGE=0 runs without it). Arguments go to pytest.
+# import-linter (the layer contracts of pyproject.toml), pytest on two workers with line and
+# branch coverage (printed at the end; DSE_COVERAGE=0 runs without it, DSE_TEST_WORKERS=0 in
+# one process). Arguments go to pytest.
 #
 # On a fresh Debian machine as root it first installs and starts what the tests use:
 # python3-venv, PostgreSQL with a test role of its own (scripts/pg_up.sh; the tests never log
@@ -56,4 +57,9 @@ fi
 .venv/bin/python scripts/lint_imports.py
 cov=(--cov --cov-report=term)
 [ "${DSE_COVERAGE:-1}" = 0 ] && cov=()
-.venv/bin/python -m pytest -q "${cov[@]}" "$@"
+# two workers (pytest-xdist): most of the suite waits on subprocesses, servers and queues;
+# a test file stays on one worker, the Slurm tests on one, the Ray tests on one
+# (tests/conftest.py). DSE_TEST_WORKERS=0 runs it in one process.
+par=(-n "${DSE_TEST_WORKERS:-2}" --dist loadgroup)
+[ "${DSE_TEST_WORKERS:-2}" = 0 ] && par=()
+.venv/bin/python -m pytest -q "${par[@]}" "${cov[@]}" "$@"

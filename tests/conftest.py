@@ -227,3 +227,24 @@ def pg_databases(pg_admin: Engine) -> Iterator[PgDatabases]:
 def pg_url(pg_databases: PgDatabases) -> str:
     """A brand-new PostgreSQL database for one test (dropped at the end of the session)."""
     return pg_databases.create()
+
+
+# --- parallel runs (pytest-xdist, scripts/test.sh) -------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` each test file runs on one worker (its module fixtures built
+    once, its tests in order), and every test that uses the one-node Slurm or a local Ray
+    instance runs on one worker for each (one job queue and one Ray at a time, as in a
+    serial run). Without xdist nothing changes."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "slurm" in names or item.get_closest_marker("slurm"):
+            group = "slurm"
+        elif "ray_cluster" in names or item.get_closest_marker("ray"):
+            group = "ray"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
