@@ -27,6 +27,7 @@ The mapping tables below are the one place the CloudAI field names live.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import shlex
 import tomllib
@@ -581,6 +582,84 @@ def _cuda_graph_scope(b: _Builder, ck: str, raw: Any, swept: bool) -> None:
         spec["when"] = {"cuda_graph_impl": ["local", "transformer_engine"]}
 
 
+def _bridge_recipe_defaults(
+    recipe: str,
+    task: str,
+    args: dict[str, Any],
+    gpu_type: str | None,
+    gbs: Any,
+    seq: Any,
+    notes: list[str],
+    pinned: str | None = None,
+) -> tuple[Any, Any]:
+    """The global batch size and sequence length the test leaves to its Megatron-Bridge
+    recipe, from the recipe Bridge's performance launcher builds for it (CloudAI passes
+    ``-mr``, ``--task``, ``-g gpu_type``, ``-c compute_dtype``, ``-ng num_gpus``, with
+    CloudAI's defaults gb200, bf16 and 8), read from ``dse/catalog/bridge_recipe_defaults.yaml``;
+    a note says which values came from where (and the Megatron-Bridge commit the test pins,
+    if any). Unchanged when the table has no such recipe."""
+    from dse.catalog.bridge_recipes import recipe_defaults
+
+    gpu = str(gpu_type or args.get("gpu_type") or "gb200")
+    dtypes = args.get("compute_dtype", "bf16")
+    dtypes = [str(d) for d in dtypes] if isinstance(dtypes, list) else [str(dtypes)]
+    num = args.get("num_gpus", 8)
+    use_recipes = args.get("use_recipes") is True or str(args.get("use_recipes")).lower() == "true"
+    variant = args.get("config_variant")
+    try:
+        num_gpus = int(num)
+    except (TypeError, ValueError):
+        num_gpus = None
+    picks = [
+        recipe_defaults(
+            recipe,
+            task,
+            gpu=gpu,
+            compute_dtype=d,
+            num_gpus=num_gpus,
+            use_recipes=use_recipes,
+            config_variant=str(variant) if variant is not None else None,
+        )
+        for d in dtypes or ["bf16"]
+    ]
+    found = [p for p in picks if p is not None]
+    if len(found) < len(picks):
+        return gbs, seq
+    pick = found[0]
+    if len({(p.global_batch_size, p.seq_length) for p in found}) > 1:
+        lib = recipe_defaults(recipe, task, use_recipes=True)
+        if lib is None:
+            return gbs, seq
+        why = "the compute_dtype sweep's performance recipes differ"
+        pick = dataclasses.replace(lib, why=why)
+    took = []
+    if gbs is None and pick.global_batch_size is not None:
+        gbs = pick.global_batch_size
+        took.append(f"global_batch_size {gbs}")
+    if seq is None and pick.seq_length is not None:
+        seq = pick.seq_length
+        took.append(f"seq_length {seq}")
+    if took:
+        if pick.kind == "perf":
+            how = (
+                f"the performance recipe Bridge's launcher builds for -g {gpu} -c "
+                f"{dtypes[0]} -ng {num_gpus}"
+            )
+        else:
+            how = "the library recipe" + (f"; {pick.why}" if pick.why else "")
+        notes.append(
+            f"{' and '.join(took)} from the recipe's defaults (the test leaves them to the "
+            f"recipe): {pick.source()}, {how}"
+            + (
+                f" (the test pins Megatron-Bridge at {pinned}; the table is {pick.version}'s)"
+                if pinned
+                else ""
+            )
+            + "; give cmd_args.gb / seq_length or --global-batch-size / --seq-length to change"
+        )
+    return gbs, seq
+
+
 def import_scenario(
     path: str | Path,
     *,
@@ -753,8 +832,15 @@ def import_scenario(
         v = args.pop(ck, None)
         why = f"{name} is a training semantic in dse (one study per value)"
         sem_vals[name] = first(f"cmd_args.{ck}", v, why) if v is not None else None
-    gbs = sem_vals["global_batch_size"] or global_batch_size or base_sem.get("global_batch_size")
-    seq = sem_vals["seq_length"] or seq_length or base_sem.get("seq_length")
+    gbs = sem_vals["global_batch_size"] or global_batch_size
+    seq = sem_vals["seq_length"] or seq_length
+    if workload == "bridge" and (gbs is None or seq is None):
+        repos = [r for r in test.get("git_repos") or [] if isinstance(r, dict)]
+        bridge_repos = [r for r in repos if "Megatron-Bridge" in str(r.get("url"))]
+        pinned = next((str(r["commit"]) for r in bridge_repos if r.get("commit")), None)
+        gbs, seq = _bridge_recipe_defaults(key, task, args, gpu_type, gbs, seq, notes, pinned)
+    gbs = gbs or base_sem.get("global_batch_size")
+    seq = seq or base_sem.get("seq_length")
     if seq is None and isinstance(model, dict) and model.get("seq_length"):
         seq = model["seq_length"]
     steps = sem_vals["steps"] or base_sem.get("steps", 30)

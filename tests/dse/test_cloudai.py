@@ -341,6 +341,12 @@ CURRENT = {
         "test/megatron_bridge_nemotron_nano_pytorch_profiler.toml",
         {"seq_length": 8192, "global_batch_size": 3072},
     ),
+    # gb and seq_length left to the recipe: its defaults (dse/catalog/bridge_recipe_defaults.yaml)
+    "nemotron_recipe_defaults": ("test/megatron_bridge_nemotron_nano_pytorch_profiler.toml", {}),
+    "bridge_dse_bayesian_recipe_defaults": (
+        "test_scenario/megatron_bridge_deepseekv3_bayesian.toml",
+        {},
+    ),
 }
 
 
@@ -764,9 +770,13 @@ def test_cli_import_with_system_says_what_it_took_and_assumed(
     assert "dse: note: Slurm runner options from the system 'example-cluster'" in err
     assert "dse: not mapped: cmd_args.hf_token = '<not copied>'" in err
     assert "REPLACE_ME" not in out.read_text()
-    # without the sequence length the recipe would choose, the import names what to give
-    assert main(["cloudai", "import", str(src), "--tests", str(CUR / "test")]) == 2
-    assert "--seq-length" in capsys.readouterr().err
+    # without the sequence length: the recipe's default, said (Megatron-Bridge 0.6.2's table)
+    assert main(["cloudai", "import", str(src), "--tests", str(CUR / "test")]) == 0
+    assert "dse: note: seq_length 4096 from the recipe's defaults" in capsys.readouterr().err
+    # a recipe the table does not have: the import names what to give
+    bad = _nano_with(tmp_path, model_family_name="mixtral", model_recipe_name="mixtral_8x7b")
+    assert main(["cloudai", "import", str(bad)]) == 2
+    assert "--global-batch-size" in capsys.readouterr().err
 
 
 def test_nemorun_finetune_task_round_trips(tmp_path: Path) -> None:
@@ -797,3 +807,81 @@ def test_nemorun_finetune_task_round_trips(tmp_path: Path) -> None:
     bad = import_scenario(t, system=SYSTEM)
     assert [u.value for u in bad.unmapped if u.key == "cmd_args.task"] == ["evaluate"]
     assert bad.space["workload"]["launcher"]["task"] == "pretrain"
+
+
+# --- a Megatron-Bridge test that leaves gb / seq_length to its recipe ----------------------
+
+NANO = CUR / "test" / "megatron_bridge_nemotron_nano_pytorch_profiler.toml"
+
+
+def _nano_with(tmp_path: Path, **cmd_args: object) -> Path:
+    """The nemotron_nano fixture with ``cmd_args`` fields set (or replaced)."""
+    text = NANO.read_text()
+    for k, v in cmd_args.items():
+        text = re.sub(rf"(?m)^{k} = .*\n", "", text)
+        value = f'"{v}"' if isinstance(v, str) else str(v).lower()
+        text = text.replace("[cmd_args]\n", f"[cmd_args]\n{k} = {value}\n", 1)
+    path = tmp_path / "nano.toml"
+    path.write_text(text)
+    return path
+
+
+def test_bridge_test_without_gb_or_seq_length_takes_the_recipe_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The current nemotron_nano file sets neither: the performance recipe Bridge's launcher
+    builds for it (gb200, fp8_mx, 8 GPUs) gives them, named on stderr and in the header."""
+    out = tmp_path / "nano.yaml"
+    assert main(["cloudai", "import", str(NANO), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    text = out.read_text()
+    space = parse_space_text(text, "nano")
+    assert space.semantics.global_batch_size == 512 and space.semantics.seq_length == 8192
+    for where in (err, "\n".join(ln for ln in text.splitlines() if ln.startswith("#"))):
+        assert "global_batch_size 512 and seq_length 8192 from the recipe's defaults" in where
+        assert (
+            "Megatron-Bridge 0.6.2 src/megatron/bridge/perf_recipes/nemotronh/gb200/nemotronh.py: "
+            "nemotron_3_nano_pretrain_8gpu_gb200_fp8mx_config" in where
+        )
+        assert "the test pins Megatron-Bridge at 8a34622655951e44e1847796d9b2a0ce647999ee" in where
+    assert main(["validate", str(out)]) == 0
+
+
+def test_recipe_defaults_come_after_the_test_and_the_command_line(tmp_path: Path) -> None:
+    got = import_scenario(_nano_with(tmp_path, gb=256))  # the test's own value
+    assert got.space["semantics"]["global_batch_size"] == 256
+    assert got.space["semantics"]["seq_length"] == 8192
+    note = next(n for n in got.notes if "recipe's defaults" in n)
+    assert note.startswith("seq_length 8192 from the recipe's defaults")
+    got = import_scenario(NANO, global_batch_size=3072)  # the command line's
+    assert got.space["semantics"]["global_batch_size"] == 3072
+    assert got.space["semantics"]["seq_length"] == 8192
+    got = import_scenario(NANO, global_batch_size=3072, seq_length=4096)
+    assert not [n for n in got.notes if "recipe's defaults" in n]
+
+
+def test_recipe_defaults_follow_bridge_launchers_choice_of_recipe(tmp_path: Path) -> None:
+    # use_recipes: the library recipe nemotron_3_nano_pretrain_config (an alias)
+    got = import_scenario(_nano_with(tmp_path, use_recipes=True))
+    assert got.space["semantics"]["global_batch_size"] == 1024
+    note = next(n for n in got.notes if "recipe's defaults" in n)
+    assert "recipes/nemotronh/h100/nemotron_3_nano.py: nemotron_3_nano_pretrain_config (= " in note
+    # no performance recipe for 16 GPUs: the library recipe stands in, and the note says why
+    got = import_scenario(_nano_with(tmp_path, num_gpus=16))
+    assert got.space["semantics"]["global_batch_size"] == 1024
+    note = next(n for n in got.notes if "recipe's defaults" in n)
+    assert "no performance recipe for 16 GPUs" in note
+    assert "nemotron_3_nano_pretrain_8gpu_gb200_fp8mx_config exist" in note
+    # the test's GPU type picks the performance recipe (h100 has bf16 and fp8_cs only)
+    got = import_scenario(_nano_with(tmp_path, gpu_type="h100", compute_dtype="bf16"))
+    note = next(n for n in got.notes if "recipe's defaults" in n)
+    assert "nemotron_3_nano_pretrain_8gpu_h100_bf16_config" in note
+
+
+def test_a_recipe_not_in_the_table_still_needs_gb_and_seq_length(tmp_path: Path) -> None:
+    # Megatron-Bridge 0.6.2 has no Mixtral recipe (dse's catalog has the model)
+    path = _nano_with(tmp_path, model_family_name="mixtral", model_recipe_name="mixtral_8x7b")
+    with pytest.raises(SpaceError, match=r"leaves global_batch_size \(cmd_args.gb, or "):
+        import_scenario(path)
+    got = import_scenario(path, global_batch_size=256, seq_length=4096)
+    assert not [n for n in got.notes if "recipe's defaults" in n]
