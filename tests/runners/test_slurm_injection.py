@@ -460,12 +460,22 @@ def test_ray_options_refuse_shell_text_and_loader_variables(tmp_path: Path) -> N
     assert canary.exists()  # what the policy keeps out
 
 
-def test_the_ray_runner_checks_its_environment_itself(tmp_path: Path) -> None:
+def test_the_ray_runner_checks_its_environment_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ray options built without the space file's validation (``model_construct``): the Ray
     runner refuses a variable the policy keeps out, a name that is not an identifier and a
-    NUL in a value itself, naming runner.options.env, before it starts or joins Ray."""
+    NUL in a value itself, naming runner.options.env, before it starts or joins Ray (here
+    Ray looks not started, and starting or joining it fails the test: another test of this
+    process may have started a real one)."""
     pytest.importorskip("ray")
     import ray
+
+    def no_init(*a: Any, **k: Any) -> None:
+        raise AssertionError("the Ray runner started or joined Ray before its check")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_init)
 
     from dse.space import RayOptions
     from dse.workloads.runners.ray_runner import RayRunner
