@@ -18,18 +18,41 @@ from dataclasses import dataclass
 from typing import Any
 
 from dse.agents._base import BaseAgent, Feedback, Proposal
+from dse.expr import evaluated_nodes
 from dse.records import MEASURED_STATES
 from dse.space import SearchSpace, params_key
 
-__all__ = ["SpaceAgent", "Observation", "knob_order", "canonical", "in_domain"]
+__all__ = [
+    "SpaceAgent",
+    "Observation",
+    "knob_order",
+    "canonical",
+    "in_domain",
+    "MAX_CONSTRAINT_WORK",
+]
 
 log = logging.getLogger("dse.agents")
 
 #: Spaces with at most this many raw combinations may be enumerated (exhaustion checks,
 #: the grid's shuffle, the prior's candidate set).
 ENUMERATE_LIMIT = 200_000
-#: Unseen configurations checked against the validity rules when random draws found none.
+#: Unseen configurations checked against the validity rules when random draws found none,
+#: and unseen neighbours of a configuration (fewer when their constraints reach
+#: :data:`MAX_CONSTRAINT_WORK`).
 VALIDITY_SCAN = 2_000
+#: Syntax nodes of constraints (:func:`dse.expr.evaluated_nodes`) that the validity checks
+#: of one search may evaluate: the structured start's choice of one proposal, a scan of
+#: unseen neighbours or configurations. A check stops at the first rule broken, so only the
+#: configurations that pass the other rules cost constraint evaluations; the most
+#: constraints a space may have (64 of 200 nodes) cost 3 to 6 ms per configuration on a
+#: loaded core, and a start looks at up to 50,000 candidates, a neighbour scan at up to a
+#: million (256 knobs of 4,096 values): a search among configurations that its constraints
+#: mostly reject took minutes per proposal. This is about 312 such configurations at the
+#: most constraints (1 to 2 s); a space without constraints never reaches it. Past it a
+#: candidate counts as invalid: the start proposes the best one checked, or ends there when
+#: none was valid (the sampler proposes; another ask would check the same candidates again);
+#: a scan gives what it found.
+MAX_CONSTRAINT_WORK = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -232,7 +255,10 @@ class SpaceAgent(BaseAgent):
             return first_valid
         left = list(self._unseen_configs())
         self._rng.shuffle(left)
+        since = evaluated_nodes()
         for p in left[:VALIDITY_SCAN]:
+            if evaluated_nodes() - since >= MAX_CONSTRAINT_WORK:
+                break
             if self._is_valid(p):
                 return p
         return first or (left[0] if left else None)
@@ -244,18 +270,33 @@ class SpaceAgent(BaseAgent):
     ) -> dict[str, Any] | None:
         """An unseen valid configuration one knob away from ``params`` (random knob and
         value); with ``accept``, the first that it accepts, else the first valid unseen one,
-        else the first unseen one."""
+        else the first unseen one. At most :data:`VALIDITY_SCAN` unseen neighbours are
+        checked in a space of up to 8 knobs, ``VALIDITY_SCAN * 8 / knobs`` with more (each
+        costs time in proportion to the knobs), fewer when their constraints reach
+        :data:`MAX_CONSTRAINT_WORK`: a space of 256 knobs of 4,096 values has a million
+        neighbours, 2,000 of them took 10 s, and a check of the most constraints a space may
+        have takes milliseconds. A scan cut short without a valid neighbour gives None (the
+        caller draws at random)."""
         names = list(self.space.knobs)
         self._rng.shuffle(names)
         first: dict[str, Any] | None = None
         first_valid: dict[str, Any] | None = None
+        left = VALIDITY_SCAN * 8 // max(8, len(names))
+        since = evaluated_nodes()
         for name in names:
+            if left <= 0:
+                break
             values = [v for v in self.space.knobs[name].values() if not _same(v, params[name])]
             self._rng.shuffle(values)
             for v in values:
                 p = canonical(self.space, {**params, name: v})
                 if params_key(p) in self._seen:
                     continue
+                if evaluated_nodes() - since >= MAX_CONSTRAINT_WORK:
+                    left = 0
+                if left <= 0:
+                    break
+                left -= 1
                 ok = self._is_valid(p)
                 if ok and (accept is None or accept(p)):
                     return p
@@ -263,6 +304,8 @@ class SpaceAgent(BaseAgent):
                     first_valid = p
                 if first is None:
                     first = p
+        if left <= 0 and first_valid is None:
+            return None
         return first_valid if first_valid is not None else first
 
     def active_params(self, params: Mapping[str, Any]) -> dict[str, Any]:

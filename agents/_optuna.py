@@ -35,7 +35,8 @@ neighbor (one knob changed) of the last sample is proposed, then a random unseen
 Given the validity rules (``set_validity``, from the proposer), a sample that breaks one is
 never proposed: it is marked seen and discarded (told FAIL, so the sampler's model of the
 objective is not fed placeholder values for configurations the rules already exclude), and
-drawn again up to :data:`MAX_INVALID_REDRAWS` times; the neighbor and random fallbacks pick
+drawn again up to :data:`MAX_INVALID_REDRAWS` times (fewer in a space of many knob values:
+:data:`REDRAW_CHOICES`); the neighbor and random fallbacks pick
 valid configurations. Why: on a Bridge-style space with SP on and TP in {1, 2, 4, 8}, the
 start's favourite TP 1 configurations were rejected one by one, 184 in one ask.
 """
@@ -55,10 +56,11 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from dse.agents._base import Feedback, MemoryHint, SpeedHint
-from dse.agents._common import ENUMERATE_LIMIT, SpaceAgent, canonical
+from dse.agents._common import ENUMERATE_LIMIT, MAX_CONSTRAINT_WORK, SpaceAgent, canonical
 from dse.agents._estimate import EstimateGuide
 from dse.agents._prior import PriorGuide
 from dse.exceptions import DSEError
+from dse.expr import evaluated_nodes
 from dse.records import MEASURED_STATES, OOM_CLASSES, REJECTION_KINDS, finite
 from dse.space import SearchSpace, params_key
 
@@ -72,8 +74,15 @@ _VIOLATION_ATTR = "dse:violation"
 # constraints_func, which reads the violation from a user attribute.
 _NEW_CONSTRAINTS = hasattr(Trial, "set_constraint")
 
-#: Samples that break a validity rule, drawn again in one ask before moving to a neighbor.
+#: Samples that break a validity rule, drawn again in one ask before moving to a neighbor
+#: (fewer in a space of more than :data:`REDRAW_CHOICES` choices).
 MAX_INVALID_REDRAWS = 8
+#: Knob values in all (the sum of the domains' sizes) up to which an ask redraws
+#: :data:`MAX_INVALID_REDRAWS` times; with more, ``MAX_INVALID_REDRAWS * REDRAW_CHOICES /
+#: values`` times, at least once. An Optuna draw costs time in proportion to the values (its
+#: distributions are compared and copied whole): at 256 knobs of 4,096 values about 1 s a
+#: draw, and an ask redrew for 20 s in a space whose draws were mostly invalid.
+REDRAW_CHOICES = 65_536
 
 #: A sample below this probability of fitting in memory (see ``OptunaAgent._fit_check``) is
 #: drawn again.
@@ -142,6 +151,9 @@ class OptunaAgent(SpaceAgent):
         self._dists = {
             name: CategoricalDistribution(spec.values()) for name, spec in space.knobs.items()
         }
+        values = sum(len(v) for v in self._values.values())
+        #: invalid samples drawn again in one ask (see REDRAW_CHOICES)
+        self._redraws = max(1, MAX_INVALID_REDRAWS * REDRAW_CHOICES // max(values, REDRAW_CHOICES))
         self._directions = [o.direction for o in space.objectives]
         with _quiet():
             self._sampler = self._make_sampler()
@@ -165,6 +177,9 @@ class OptunaAgent(SpaceAgent):
         self._start_count = 1 + len(space.agent.warm_start)
         #: random start-up trials proposed after the estimate's picks (estimate start only)
         self._random_starts = 0
+        #: the structured start ended early: no valid candidate within the checks that
+        #: MAX_CONSTRAINT_WORK allows
+        self._start_over = False
 
     # --- sampler ---------------------------------------------------------------------------
     def _make_sampler(self) -> optuna.samplers.BaseSampler:  # pragma: no cover - abstract
@@ -177,9 +192,12 @@ class OptunaAgent(SpaceAgent):
     def _suggest(self) -> tuple[dict[str, Any], Any] | None:
         if self._prior_active():
             assert self._guide is not None
+            check = self._start_check()
             c = self._guide.propose(
-                self._observations, self._prior_candidates(), self._seen, self.valid
+                self._observations, self._prior_candidates(), self._seen, check
             )
+            if c is None and check is not None and check.spent:
+                self._start_over = True
             if c is None and isinstance(self._guide, EstimateGuide):
                 # the estimate's picks are over: the rest of the start-up trials are random
                 # samples, as without the estimate
@@ -205,7 +223,7 @@ class OptunaAgent(SpaceAgent):
                     self._study.tell(trial, state=TrialState.FAIL)
                     last = params
                     invalid += 1
-                    if invalid <= MAX_INVALID_REDRAWS:
+                    if invalid <= self._redraws:
                         continue
                     break
                 tries += 1
@@ -223,6 +241,10 @@ class OptunaAgent(SpaceAgent):
         if alt is None:
             return None
         return alt, self._fixed(alt)
+
+    def _start_check(self) -> _StartCheck | None:
+        """The validity check of one structured-start proposal (None: no rules given)."""
+        return None if self.valid is None else _StartCheck(self.valid)
 
     def _fit_check(self) -> Callable[[Mapping[str, Any]], bool] | None:
         """Whether a sample is worth a trial memory-wise: once an OOM was measured (or with a
@@ -320,7 +342,7 @@ class OptunaAgent(SpaceAgent):
 
     # --- structured start ------------------------------------------------------------------
     def _prior_active(self) -> bool:
-        if self._guide is None:
+        if self._guide is None or self._start_over:
             return False
         if isinstance(self._guide, EstimateGuide):
             # its picks, then random start-up trials: n_startup_trials in all
@@ -406,6 +428,29 @@ class OptunaAgent(SpaceAgent):
                 yield p
                 if depth > 1:
                     yield from self._moves(p, depth - 1)
+
+
+class _StartCheck:
+    """The validity rules for one structured-start proposal: each candidate is checked once
+    (sampled moves repeat), until the checks have evaluated :data:`MAX_CONSTRAINT_WORK`
+    nodes of constraints; past that a candidate counts as invalid and :attr:`spent` is set."""
+
+    def __init__(self, valid: Callable[[Mapping[str, Any]], bool]) -> None:
+        self._valid = valid
+        self._since = evaluated_nodes()
+        self._checked: dict[str, bool] = {}
+        #: a candidate was refused unchecked: the limit was reached
+        self.spent = False
+
+    def __call__(self, params: Mapping[str, Any]) -> bool:
+        key = params_key(params)
+        ok = self._checked.get(key)
+        if ok is None:
+            if evaluated_nodes() - self._since >= MAX_CONSTRAINT_WORK:
+                self.spent = True
+                return False
+            ok = self._checked[key] = self._valid(params)
+        return ok
 
 
 def _num_metric(metrics: Mapping[str, Any], key: str) -> float | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dse.agents._common import VALIDITY_SCAN, SpaceAgent
+from dse.agents._common import MAX_CONSTRAINT_WORK, VALIDITY_SCAN, SpaceAgent
+from dse.expr import evaluated_nodes
 from dse.space import SearchSpace, params_key
 
 __all__ = ["RandomAgent", "GridAgent"]
@@ -42,11 +43,12 @@ class GridAgent(SpaceAgent):
         return self._iter
 
     def _suggest(self) -> tuple[dict[str, Any], Any] | None:
-        skipped = 0
+        skipped, since = 0, evaluated_nodes()
         for p in self._configs():
             if params_key(p) in self._seen:
                 continue
-            if self._is_valid(p) or skipped >= VALIDITY_SCAN:
+            spent = evaluated_nodes() - since >= MAX_CONSTRAINT_WORK  # large constraints
+            if self._is_valid(p) or skipped >= VALIDITY_SCAN or spent:
                 return p, None
             skipped += 1  # breaks a rule: never proposed (a long run of them: handed out)
         return None

@@ -29,7 +29,15 @@ from dse.bounds import (
     MAX_INT_BITS,
 )
 
-__all__ = ["ConstraintError", "parse_expr", "check_expr", "eval_expr", "EXTRA_NAMES"]
+__all__ = [
+    "ConstraintError",
+    "parse_expr",
+    "check_expr",
+    "eval_expr",
+    "node_count",
+    "evaluated_nodes",
+    "EXTRA_NAMES",
+]
 
 #: Names a constraint may use besides the knobs.
 EXTRA_NAMES = frozenset({"world_size", "dp"})
@@ -126,6 +134,24 @@ def parse_expr(expr: str) -> ast.Expression:
     return tree
 
 
+@functools.lru_cache(maxsize=512)
+def node_count(expr: str) -> int:
+    """Syntax nodes of a constraint (at most :data:`~dse.bounds.MAX_CONSTRAINT_NODES`): an
+    evaluation visits at most this many."""
+    return sum(1 for _ in ast.walk(parse_expr(expr)))
+
+
+#: Syntax nodes of the constraints evaluated in this process so far (:func:`evaluated_nodes`).
+_EVALUATED = [0]
+
+
+def evaluated_nodes() -> int:
+    """Syntax nodes of the constraints evaluated in this process so far, each evaluation
+    counted at every node of its expression: the work a caller that checks many
+    configurations bounds (the agents' searches for a valid configuration)."""
+    return _EVALUATED[0]
+
+
 def check_expr(expr: str, names: set[str] | frozenset[str]) -> ast.Expression:
     """:func:`parse_expr`, and every name must be a knob (or ``world_size``, ``dp``)."""
     tree = parse_expr(expr)
@@ -142,7 +168,12 @@ def eval_expr(expr: str | ast.Expression, env: Mapping[str, Any]) -> Any:
         ConstraintError: the expression is malformed, or an operation fails or exceeds the
             bounds (the message says which operation and why).
     """
-    tree = parse_expr(expr) if isinstance(expr, str) else expr
+    if isinstance(expr, str):
+        tree = parse_expr(expr)
+        _EVALUATED[0] += node_count(expr)
+    else:
+        tree = expr
+        _EVALUATED[0] += sum(1 for _ in ast.walk(tree))
     try:
         return _eval(tree.body, env)
     except ConstraintError:

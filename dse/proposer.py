@@ -27,7 +27,7 @@ from dse.records import (
     RejectionKind,
     finite,
 )
-from dse.rules import check
+from dse.rules import check, is_valid
 from dse.space import SearchSpace, params_key
 
 __all__ = [
@@ -309,7 +309,7 @@ class Proposer:
 
     def is_valid(self, params: Mapping[str, Any]) -> bool:
         """Whether a configuration passes the validity rules (what the agent samples in)."""
-        return not check(self.space, params, self.features)
+        return is_valid(self.space, params, self.features)
 
     def propose(self, n: int, lookup: Lookup | None = None) -> Proposed:
         """Up to ``n`` launchable proposals (fewer when the agent is spent or the cap is hit).

@@ -12,7 +12,7 @@ first violation as an ``invalid`` failure with the same ``str(violation)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ __all__ = [
     "RuleContext",
     "RULES",
     "check",
+    "is_valid",
     "check_space",
     "SpaceCheck",
     "UnusableValue",
@@ -65,6 +66,7 @@ class RuleContext(Protocol):
     def resources(self) -> Resources: ...
     def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]: ...
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]: ...
+    def constraints_hold(self, params: Mapping[str, Any]) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ class Problem:
 
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
         return []
+
+    def constraints_hold(self, params: Mapping[str, Any]) -> bool:
+        return True
 
 
 class _Checked:
@@ -113,6 +118,9 @@ class _Checked:
 
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
         return self._space.constraint_values(params)
+
+    def constraints_hold(self, params: Mapping[str, Any]) -> bool:
+        return self._space.constraints_hold(params)
 
     @property
     def env_fixed(self) -> Mapping[str, Any]:
@@ -923,23 +931,44 @@ def check(
     ``features`` is the set of optional software present where trials run; None means
     unknown (feature rules are then left to the trial process).
     """
-    p = dict(params)
-    ctx = _Checked(space, p)
-    L = layout(ctx, p)
-    fs = None if features is None else set(features)
-    out = []
-    for fn in RULES.values():
-        v = fn(ctx, p, L, fs)
-        if v is not None:
-            out.append(v)
-    return out
+    return list(_violations(space, params, features))
 
 
 def first_violation(
     space: RuleContext, params: Mapping[str, Any], features: Iterable[str] | None = None
 ) -> Violation | None:
-    vs = check(space, params, features)
-    return vs[0] if vs else None
+    """The first rule the configuration breaks (``check(...)[0]``; no rule after it runs)."""
+    return next(_violations(space, params, features), None)
+
+
+def is_valid(
+    space: RuleContext, params: Mapping[str, Any], features: Iterable[str] | None = None
+) -> bool:
+    """Whether the configuration breaks no rule (``not check(...)``) for less work: it stops
+    at the first rule broken, and the space's own constraints, the costliest rule (up to
+    MAX_CONSTRAINTS of MAX_CONSTRAINT_NODES nodes each), run last and stop at the first one
+    that does not hold. The agents ask this of every candidate they would propose."""
+    rest = [fn for name, fn in RULES.items() if name != "constraints"]
+    for _ in _violations(space, params, features, rest):
+        return False
+    return space.constraints_hold(params)
+
+
+def _violations(
+    space: RuleContext,
+    params: Mapping[str, Any],
+    features: Iterable[str] | None,
+    rules: Iterable[Rule] | None = None,
+) -> Iterator[Violation]:
+    """The rules ``params`` breaks, in order, each worked out when it is asked for."""
+    p = dict(params)
+    ctx = _Checked(space, p)
+    L = layout(ctx, p)
+    fs = None if features is None else set(features)
+    for fn in RULES.values() if rules is None else rules:
+        v = fn(ctx, p, L, fs)
+        if v is not None:
+            yield v
 
 
 #: Knob combinations :func:`check_space` looks at: every one of a space up to this size, else

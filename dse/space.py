@@ -1294,14 +1294,30 @@ class SearchSpace(_Strict):
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
         if not self.constraints:
             return []
-        env = dict(self.full_params(params))
-        layout = Layout.resolve(self.model, self.semantics, self.resources, env)
-        env["world_size"] = layout.world
-        env["dp"] = layout.dp
+        env = self._constraint_env(params)
         return [
             (expr, bool(_eval_expr(expr, env, constraint_where(i))))
             for i, expr in enumerate(self.constraints)
         ]
+
+    def constraints_hold(self, params: Mapping[str, Any]) -> bool:
+        """Whether every constraint holds (``all`` of :meth:`constraint_values`; one that
+        cannot be evaluated does not), evaluated in order up to the first that does not."""
+        if not self.constraints:
+            return True
+        env = self._constraint_env(params)
+        try:
+            return all(eval_expr(expr, env) for expr in self.constraints)
+        except ConstraintError:
+            return False
+
+    def _constraint_env(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The names a constraint reads: the full parameters, ``world_size`` and ``dp``."""
+        env = dict(self.full_params(params))
+        layout = Layout.resolve(self.model, self.semantics, self.resources, env)
+        env["world_size"] = layout.world
+        env["dp"] = layout.dp
+        return env
 
     def study_fields(self) -> dict[str, Any]:
         """What a study record keeps of its space (besides the file's text). The record's
