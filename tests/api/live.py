@@ -5,10 +5,12 @@ The fixtures of the dashboard's browser tests (``browser``, ``page``) are in con
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import struct
 import threading
 import time
+import urllib.request
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -152,3 +154,16 @@ def has_color(
 ) -> int:
     """How many pixels are within ``tol`` (per channel) of ``rgb``."""
     return sum(n for c, n in hist.items() if all(abs(c[k] - rgb[k]) <= tol for k in range(3)))
+
+
+def api_get(base: str, path: str) -> Any:
+    """The JSON answer of ``GET {base}/api/v1{path}`` from a local server of :func:`serve`."""
+    with urllib.request.urlopen(f"{base}/api/v1{path}") as r:  # noqa: S310 - the local server
+        return json.loads(r.read())
+
+
+def open_study(page: Any, base: str, study: str) -> None:
+    """Opens a study's page in the dashboard and waits for it and its best panel to draw."""
+    page.goto(f"{base}/#study={study}")
+    page.wait_for_selector(f'#study-view[data-study="{study}"][data-rendered="true"]')
+    page.wait_for_selector('#best-panel[data-state="shown"]')

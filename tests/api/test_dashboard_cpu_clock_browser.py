@@ -6,15 +6,13 @@ the same study timed by wall time keeps "step time (s)" and shows no wall time."
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.api.live import serve
+from tests.api.live import api_get, open_study, serve
 from tests.api.seed import seed_cpu_clock, seed_database
 
 pytestmark = pytest.mark.slow
@@ -41,22 +39,11 @@ def context_args() -> dict[str, Any]:
     return {"viewport": {"width": 1400, "height": 1000}}
 
 
-def _get(base: str, path: str) -> Any:
-    with urllib.request.urlopen(f"{base}/api/v1{path}") as r:  # noqa: S310 - the local server
-        return json.loads(r.read())
-
-
-def _open(page: Any, base: str, study: str) -> None:
-    page.goto(f"{base}/#study={study}")
-    page.wait_for_selector(f'#study-view[data-study="{study}"][data-rendered="true"]')
-    page.wait_for_selector('#best-panel[data-state="shown"]')
-
-
 def test_a_cpu_clock_study_says_cpu_time_with_the_wall_time_beside(page: Any, site: str) -> None:
-    best = _get(site, f"/studies/{CPU}/best")
+    best = api_get(site, f"/studies/{CPU}/best")
     m = best["metrics"]
     assert m["step_clock"] == "cpu" and m["step_wall_time_s"] == pytest.approx(0.1998)
-    _open(page, site, CPU)
+    open_study(page, site, CPU)
     step = page.locator('#best-metrics div[data-metric="step_time_s"]')
     assert step.get_attribute("data-clock") == "cpu"
     assert step.locator("dt").text_content() == "CPU time per step (s)"
@@ -89,9 +76,9 @@ def test_a_cpu_clock_study_says_cpu_time_with_the_wall_time_beside(page: Any, si
 
 
 def test_a_wall_clock_study_keeps_its_step_time_label(page: Any, site: str) -> None:
-    m = _get(site, f"/studies/{WALL}/best")["metrics"]
+    m = api_get(site, f"/studies/{WALL}/best")["metrics"]
     assert "step_clock" not in m and "step_wall_time_s" not in m
-    _open(page, site, WALL)
+    open_study(page, site, WALL)
     step = page.locator('#best-metrics div[data-metric="step_time_s"]')
     assert step.locator("dt").text_content() == "step time (s)"
     assert step.get_attribute("data-clock") is None and step.locator(".wall").count() == 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import pytest
 
 from dse.cli import main
 from dse.storage import open_storage
-from tests.api.live import serve
+from tests.api.live import api_get, open_study, serve
 from tests.conftest import EXAMPLES
 from tests.study.test_loss_parity_replay import _noise_table, _run, _space
 
@@ -56,24 +55,13 @@ def context_args() -> dict[str, Any]:
     return {"viewport": {"width": 1400, "height": 1000}}
 
 
-def _get(base: str, path: str) -> Any:
-    with urllib.request.urlopen(f"{base}/api/v1{path}") as r:  # noqa: S310 - the local server
-        return json.loads(r.read())
-
-
-def _open(page: Any, base: str, study: str) -> None:
-    page.goto(f"{base}/#study={study}")
-    page.wait_for_selector(f'#study-view[data-study="{study}"][data-rendered="true"]')
-    page.wait_for_selector('#best-panel[data-state="shown"]')
-
-
 def test_the_panel_the_history_and_the_table_show_one_noise_aware_best(
     page: Any, site: str
 ) -> None:
-    best = _get(site, "/studies/noisy/best")
+    best = api_get(site, "/studies/noisy/best")
     noise = best["noise"]
     assert len(noise["trials"]) == 2 and noise["tied"]  # the seed: pooled and tied
-    _open(page, site, "noisy")
+    open_study(page, site, "noisy")
     panel = page.locator("#best-panel")
     assert panel.get_attribute("data-runs") == ",".join(map(str, noise["trials"]))
     assert "2 runs pooled" in page.locator("#best-title").text_content()
@@ -94,7 +82,7 @@ def test_the_panel_the_history_and_the_table_show_one_noise_aware_best(
     # the history's best so far ends at the pooled best, below the lucky single run
     hist = page.locator("#chart-history")
     assert float(hist.get_attribute("data-best-last")) == pytest.approx(best["objective"]["value"])
-    raw = max(p["value"] for p in _get(site, "/studies/noisy/pareto")["points"] if p["value"])
+    raw = max(p["value"] for p in api_get(site, "/studies/noisy/pareto")["points"] if p["value"])
     assert raw > best["objective"]["value"]
     # the table: re-measures flagged, the best's other run marked
     again = page.locator("#trial-table tbody tr[data-remeasure-of] .flag.remeasure")
@@ -111,9 +99,9 @@ def test_the_panel_the_history_and_the_table_show_one_noise_aware_best(
 
 
 def test_a_20_knob_study_page_stays_readable(page: Any, site: str) -> None:
-    knobs = list(_get(site, f"/studies/{OMNI}/insights")["slices"])
+    knobs = list(api_get(site, f"/studies/{OMNI}/insights")["slices"])
     assert len(knobs) >= 20
-    _open(page, site, OMNI)
+    open_study(page, site, OMNI)
     page.wait_for_selector('#chart-slices[data-rendered="true"]')
     page.wait_for_selector('#chart-importance[data-rendered="true"]')
     # importance: a label for every knob it ranks
@@ -157,7 +145,7 @@ def test_a_20_knob_study_page_stays_readable(page: Any, site: str) -> None:
     assert 0 < len(heights) <= 25 and max(heights) < 80
     # the Omni best has no Megatron-LM export (a knob value Megatron-LM cannot express): its
     # tab is off and says why; the Bridge box: each override (and export line) on one line
-    why = _get(site, f"/studies/{OMNI}/best")["exports"]["megatron_why"]
+    why = api_get(site, f"/studies/{OMNI}/best")["exports"]["megatron_why"]
     tab = page.locator('#best-panel .tab[data-format="megatron"]')
     assert tab.is_disabled() and tab.get_attribute("title") == why and "Megatron-LM" in why
     page.click('#best-panel .tab[data-format="bridge"]')
@@ -167,7 +155,7 @@ def test_a_20_knob_study_page_stays_readable(page: Any, site: str) -> None:
     )
     assert len(lines) > 10 and all(n == 1 for _, n in lines), lines
     text = page.locator("#best-export").text_content()
-    assert text == _get(site, f"/studies/{OMNI}/best")["exports"]["bridge"]
+    assert text == api_get(site, f"/studies/{OMNI}/best")["exports"]["bridge"]
     if os.environ.get("DSE_VIEWS_SHOT"):
         page.mouse.move(0, 0)
         page.screenshot(path=str(RESULTS / "dashboard_omni_sim.png"), full_page=True)
