@@ -201,6 +201,28 @@ def wait_idle(node: str, timeout: float = 60) -> None:
 # --- studies ------------------------------------------------------------------------------
 
 
+def wait_node_free(node: str, timeout: float = 120) -> None:
+    """Waits until no job holds any CPU of the Slurm node: earlier tests' jobs, cancelled
+    or ending, may still be completing when the next test wants the whole node."""
+
+    def free() -> bool:
+        jobs = subprocess.run(
+            ["squeue", "-h", "-w", node, "-o", "%i %T"], capture_output=True, text=True
+        ).stdout.strip()
+        return not jobs and node_state(node) == "idle"
+
+    wait_until(
+        free,
+        timeout,
+        lambda: (
+            f"node {node} still busy: {node_state(node)}; "
+            + subprocess.run(
+                ["squeue", "-h", "-o", "%i %T %j %r"], capture_output=True, text=True
+            ).stdout.strip()
+        ),
+    )
+
+
 def write_space(path: Path, space: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(space))
     return path

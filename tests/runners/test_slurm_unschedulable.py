@@ -23,6 +23,7 @@ from tests.runners.conftest import (
     slurm_runner,
     trials_of,
     wait_idle,
+    wait_node_free,
     wait_until,
 )
 
@@ -78,6 +79,7 @@ def test_job_pending_past_the_queue_timeout_on_a_busy_node_is_timeout(
     slurm: str, tmp_path: Path
 ) -> None:
     # another user's job holds every CPU of the node: the trial's job waits for Resources
+    wait_node_free(slurm)  # the earlier tests' jobs are gone, so the blocker can take it all
     blocker = subprocess.run(
         ["sbatch", "--parsable", "--cpus-per-task=8", "--job-name=dse-test-blocker",
          f"--output={tmp_path / 'blocker.out'}", "--wrap", "sleep 120"],
@@ -86,8 +88,13 @@ def test_job_pending_past_the_queue_timeout_on_a_busy_node_is_timeout(
     try:
         wait_until(
             lambda: job_state(blocker) == "RUNNING",
-            60,
-            lambda: f"blocker did not start: {job_state(blocker)}",
+            120,
+            lambda: (
+                f"blocker did not start: {job_state(blocker)}; "
+                + subprocess.run(
+                    ["squeue", "-h", "-o", "%i %T %j %r"], capture_output=True, text=True
+                ).stdout.strip()
+            ),
         )
         r = slurm_runner(queue_timeout_s=4)
         launch = make_launch(tmp_path, 1, 0.1)
