@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from dse.agents import Feedback, create_agent
-from dse.space import SearchSpace, params_key, parse_space
+from dse.space.searchspace import SearchSpace, params_key, parse_space
 
 SPACE: dict[str, Any] = {
     "study": "overhead",

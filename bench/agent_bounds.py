@@ -1,4 +1,4 @@
-"""Seconds per proposal of an agent on a space at the documented bounds (dse/bounds.py).
+"""Seconds per proposal of an agent on a space at the documented bounds (dse/core/bounds.py).
 
 In process (the default): cases ``one4096`` (one knob of MAX_DOMAIN_VALUES values),
 ``k256x16`` (MAX_KNOBS knobs of 16 values), ``k256x4096`` (both bounds at once). Asks 4
@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from dse import bounds as B  # noqa: E402
 from dse.agents import create_agent  # noqa: E402
 from dse.agents._base import Feedback  # noqa: E402
-from dse.space import parse_space  # noqa: E402
+from dse.core import bounds as B  # noqa: E402
+from dse.space.searchspace import parse_space  # noqa: E402
 
 MODEL = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_query_groups": 8,
          "ffn_hidden_size": 1024, "vocab_size": 1024}  # fmt: skip

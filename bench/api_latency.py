@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 import yaml
 
-from dse.space import params_key, parse_space
+from dse.space.searchspace import params_key, parse_space
 from dse.storage import open_storage
 
 # the browser flags and the free-port helper of the dashboard's browser tests

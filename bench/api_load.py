@@ -119,8 +119,8 @@ def _fix_pg_sequences(url: str) -> None:
 
 def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any, cpu: Any) -> None:
     """Add trials as a controller does, ``rate`` per second, from ``ready`` until ``stop``."""
-    from dse.records import Outcome, StepMetrics
-    from dse.space import params_key
+    from dse.core.records import Outcome, StepMetrics
+    from dse.space.searchspace import params_key
     from dse.storage import open_storage
 
     rng = random.Random(7)
@@ -173,8 +173,8 @@ def _writer(url: str, rate: float, ready: Any, stop: Any, done: Any, cpu: Any) -
 
 def _one_write(storage: Any, study_id: int, n: int) -> None:
     """One finished trial, as a controller writes it (claim, start, finish)."""
-    from dse.records import Outcome, StepMetrics
-    from dse.space import params_key
+    from dse.core.records import Outcome, StepMetrics
+    from dse.space.searchspace import params_key
 
     p = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
          "micro_batch_size": 1, "recompute": "none", "use_distributed_optimizer": n % 2 == 0,

@@ -66,7 +66,7 @@ def probe(name: str) -> dict[str, Any]:
 
 
 def space() -> Any:
-    from dse.space import parse_space
+    from dse.space.searchspace import parse_space
 
     return parse_space({
         "version": 1, "study": "bridge-llama32-1b-node", "recipe": f"Bridge {RECIPE}",

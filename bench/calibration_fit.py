@@ -2,7 +2,7 @@
 
 Builds the synthetic 8B table of ``bench/synthetic_tables.py`` (cost-model estimates made
 deliberately wrong; about two OOM rows for every one that runs), feeds its rows to a
-:class:`dse.costmodel.CostModel` in order, and times the refit at a few observation counts.
+:class:`dse.model.costmodel.CostModel` in order, and times the refit at a few observation counts.
 A study refits after every trial (for the pre-screen, the memory hint and the stored
 calibration), so this is the controller's cost per trial.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_tables import build_table  # noqa: E402
 
-from dse.costmodel import CostModel  # noqa: E402
+from dse.model.costmodel import CostModel  # noqa: E402
 from dse.workloads.replay import ReplayTable  # noqa: E402
 
 

@@ -31,7 +31,7 @@ TABLE = REPO / "examples" / "tables" / "h200_llama1b_unfused_1gpu.jsonl"
 
 
 def run_one(runner: str, parallel: int, trials: int, delay: float, tmp: Path) -> dict:
-    from dse.figures import figure
+    from dse.core.figures import figure
 
     space = yaml.safe_load((REPO / "examples" / "replay_llama1b.yaml").read_text())
     study = f"bench-{runner}-{parallel}"

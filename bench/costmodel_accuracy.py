@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from dse.costmodel.table import TableError, evaluate_rows, load_table, summarize
+from dse.model.costmodel.table import TableError, evaluate_rows, load_table, summarize
 
 DEFAULT_TABLE = (
     Path(__file__).resolve().parents[1] / "examples" / "tables" / "h200_llama1b_unfused_1gpu.jsonl"

@@ -88,7 +88,7 @@ def snapshot(url: str, study: str) -> dict[int, dict]:
 
 
 def _study_exists(url: str, study: str) -> bool:
-    from dse.exceptions import StudyNotFoundError
+    from dse.core.exceptions import StudyNotFoundError
     from dse.storage import open_storage
 
     st = open_storage(url)
@@ -167,7 +167,7 @@ def _written_outcome(written: dict[int, dict], final: dict[int, dict]) -> list[i
     """The trials of ``written`` (caught at ``result_written``) that were not recorded from
     their file: re-queued or re-run (attempts grew, the file was rewritten), not finished, or
     stored with other metrics than the file's final line."""
-    from dse.records import read_metrics
+    from dse.core.records import read_metrics
 
     bad: list[int] = []
     for n, w in written.items():

@@ -5,7 +5,7 @@
 
 Each file names its space and ``--set`` overrides in ``args`` (the ``knobs.`` ones only
 narrow the domain and are skipped); each row's configuration is estimated with
-``dse.costmodel`` and compared with its measured fixed-window step time. Prints, per file,
+``dse.model.costmodel`` and compared with its measured fixed-window step time. Prints, per file,
 Kendall's tau between estimate and measurement and how far the estimate's fastest
 configuration measured from the measured fastest (1.000: it is the fastest). The estimates
 are estimates; the step times are the file's measurements.
@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 from scipy.stats import kendalltau
 
-from dse.costmodel import CostModel
-from dse.space import parse_space
+from dse.model.costmodel import CostModel
+from dse.space.searchspace import parse_space
 
 REPO = Path(__file__).resolve().parents[1]
 

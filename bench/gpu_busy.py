@@ -3,7 +3,7 @@
 Runs the same space twice with the same agent and seed, once with
 ``runner.options.warm_workers: false`` (a process per trial) and once with ``true`` (one warm
 worker per GPU slot), and prints for each: the study's wall time, its GPU-busy fraction
-(device-seconds in training steps / device-seconds held, ``dse.gpu_usage``, read from
+(device-seconds in training steps / device-seconds held, ``dse.results.gpu_usage``, read from
 ``dse status --format json``), the median start-up and measured seconds of a trial, the
 warm workers' recycles, and the best configuration and its value; then whether both runs name
 the same best within 2%, and how the configurations both measured compare:

@@ -17,7 +17,7 @@ over time is not read as an effect of a condition:
   the device (``torch.tensor(n, device=...)``: a copy from host memory, which on a GPU waits
   for the stream to drain at every micro-batch);
 * ``legacy_norm``: Megatron-Core's own ``local_multi_tensor_l2_norm`` for the gradient norm
-  again, where dse's trainer bound its on-device norm (``workloads/megatron/_compat.py``):
+  again, where dse's trainer bound its on-device norm (``dse/workloads/megatron/_compat.py``):
   one copy to the host per parameter tensor and step.
 
 ``--count-syncs`` (CUDA) then runs 5 more steps per condition under
@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import adaptive_window as aw  # noqa: E402  (a sibling bench script)
 
-from dse.measure import MeasurementSpec  # noqa: E402
+from dse.core.measure import MeasurementSpec  # noqa: E402
 
 CONDITIONS = ("default", "manual_gc", "pinned", "legacy_loss", "legacy_norm")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from dse.exceptions import SpaceError
-from dse.rules import check_space
-from dse.space import parse_space_text
+from dse.core.exceptions import SpaceError
+from dse.model.rules import check_space
+from dse.space.searchspace import parse_space_text
 
 TINY = (Path(__file__).resolve().parents[1] / "examples" / "tiny_gpt_cpu.yaml").read_text()
 RUNNER = "runner: {name: local, max_parallel: 1, workdir: dse_runs}\n"

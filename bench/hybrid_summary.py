@@ -11,7 +11,7 @@ worker compiles the Triton kernels; later ones read them) and the Mamba kernels 
 
 Table (``bench/measure_table.py`` rows): the cost model's accuracy before any fit (all
 rows), and after a fit on the even-numbered rows checked on the odd-numbered ones (held
-out; row numbers from 0 in file order), as :func:`dse.costmodel.table.summarize` reports it.
+out; row numbers from 0 in file order), as :func:`dse.model.costmodel.table.summarize` reports it.
 Every predicted figure is an estimate and says so (``source: estimate``).
 """
 
@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dse.costmodel import CostModel
-from dse.costmodel.table import evaluate_rows, load_table, row_problem, summarize
-from dse.space import load_space
+from dse.model.costmodel import CostModel
+from dse.model.costmodel.table import evaluate_rows, load_table, row_problem, summarize
+from dse.space.searchspace import load_space
 
 _TRIAL_KEYS = ("tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib",
                "first_step_s", "build_s", "mamba_kernels", "init")  # fmt: skip

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.storage._export import parse_export
 
 #: The study's space: the import derives the study's fields from it and checks every trial

@@ -84,8 +84,8 @@ def drifted_table(table: Path, factor: float, work: Path) -> Path:
 
 
 def report(url: str, study_name: str, wall_s: float) -> dict[str, Any]:
-    from dse.export import best_payload
-    from dse.loss_guard import LOSS_PARITY_ATTR
+    from dse.loop.loss_guard import LOSS_PARITY_ATTR
+    from dse.results.export import best_payload
     from dse.storage import open_storage
 
     with open_storage(url) as st:
@@ -142,7 +142,7 @@ def main() -> int:
     ap.add_argument("--drift-fastest", type=float, help="replay: scale the fastest row's loss")
     args = ap.parse_args()
 
-    from dse.cli import main as dse_main
+    from dse.cli.main import main as dse_main
 
     with tempfile.TemporaryDirectory(prefix="dse-parity-") as tmp:
         space = make_space(args, Path(tmp))

@@ -4,7 +4,7 @@
         --grid tensor_model_parallel_size=1,2 --grid micro_batch_size=1,2,4,8 ...
 
 Every combination of the ``--grid`` values (on top of the space's baseline) that passes
-:func:`dse.rules.check` is run once as a separate trial process; each becomes one row of
+:func:`dse.model.rules.check` is run once as a separate trial process; each becomes one row of
 the replay format (see the shared data README): ``ok`` with the summary's figures, ``oom``
 with the peak reached, ``invalid`` or ``error`` with the reason. Rows are appended as they
 finish, so a run cut short keeps what it measured.
@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dse.records import MetricsWriter, Outcome, TrialSpec, read_metrics
-from dse.rules import check
-from dse.space import load_space
+from dse.core.records import MetricsWriter, Outcome, TrialSpec, read_metrics
+from dse.model.rules import check
+from dse.space.searchspace import load_space
 
 _MODEL_KEYS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 for k in ("tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib")
             }
             metrics["loss"] = [s.loss for s in oc.steps]
-            # the measurement and its intervals (dse.measure), which the replay passes on;
+            # the measurement and its intervals (dse.core.measure), which the replay passes on;
             # where the time went apart from the measured steps; the Mamba kernels used
             for k in ("measurement", "step_time_ci_s", "tflops_per_gpu_ci", "first_step_s",
                       "build_s", "mamba_kernels", "model_flops_per_step"):  # fmt: skip

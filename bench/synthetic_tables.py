@@ -4,7 +4,7 @@ The agents issue's figures are measured on one real table (a 0.9B model on one H
 benchmark builds other spaces the agents will meet (bigger models, several GPUs, tensor and
 pipeline parallelism, both attention backends, a memory wall that moves with the layout)
 and checks the same figures on them. The tables are **synthetic**: every row is the cost
-model's *estimate* (``dse.costmodel``) made deliberately wrong, so that the agents' use of
+model's *estimate* (``dse.model.costmodel``) made deliberately wrong, so that the agents' use of
 the cost model's memory predictions is not tested against itself: the table's memory is the
 estimate x a per-table bias (uniform in [1 - model_error, 1 + model_error]) x a per-knob-value
 factor exp(N(0, model_error / 2)) x row noise exp(N(0, sigma)); its throughput is the
@@ -33,10 +33,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dse.bench import bench
-from dse.costmodel import CostModel
-from dse.rules import check
-from dse.space import SearchSpace
+from dse.cli.bench import bench
+from dse.model.costmodel import CostModel
+from dse.model.rules import check
+from dse.space.searchspace import SearchSpace
 
 LLAMA_8B = {
     "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_query_groups": 8,

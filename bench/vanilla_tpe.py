@@ -24,9 +24,9 @@ from typing import Any
 
 import optuna
 
-from dse.bench import bench
-from dse.rules import check
-from dse.space import params_key
+from dse.cli.bench import bench
+from dse.model.rules import check
+from dse.space.searchspace import params_key
 from dse.workloads.replay import ReplayTable
 
 

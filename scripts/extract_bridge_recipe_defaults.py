@@ -5,7 +5,7 @@ the recipe Megatron-Bridge's ``scripts/performance`` launcher builds: a *perform
 (``src/megatron/bridge/perf_recipes``, named ``<recipe>_<task>_<N>gpu_<gpu>_<dtype>_config``)
 by default, the *library recipe* (``src/megatron/bridge/recipes/<family>``, named
 ``<recipe>_<task>_config``) with ``use_recipes``. ``dse cloudai import`` takes those values
-from the data file this writes (``dse/catalog/bridge_recipe_defaults.yaml``).
+from the data file this writes (``dse/space/catalog/bridge_recipe_defaults.yaml``).
 
 Nothing is imported: each public recipe function is read by AST and its body followed
 (the helpers it calls, the dataclass constructors and field defaults it relies on) for
@@ -14,7 +14,7 @@ depends on something not known statically (a branch on an unknown condition, a m
 provider read from a Hugging Face config) is written as null.
 
     python scripts/extract_bridge_recipe_defaults.py --tree PATH/TO/unpacked-wheel \\
-        --version 0.6.2 -o dse/catalog/bridge_recipe_defaults.yaml
+        --version 0.6.2 -o dse/space/catalog/bridge_recipe_defaults.yaml
     python scripts/extract_bridge_recipe_defaults.py --repo PATH/TO/Megatron-Bridge/.git \\
         --commit v0.6.2 -o ...
 

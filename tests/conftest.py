@@ -127,7 +127,7 @@ SMALL_MODEL: dict[str, Any] = {
 def small_space(study: str, knobs: dict[str, Any], world_size: int = 1, **extra: Any) -> Any:
     """A parsed space over :data:`SMALL_MODEL` (GBS 8, sequence 128, 80 GiB GPUs), ``extra``
     replacing top-level fields."""
-    from dse.space import parse_space
+    from dse.space.searchspace import parse_space
 
     data: dict[str, Any] = {
         "study": study,

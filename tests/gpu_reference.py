@@ -1,4 +1,4 @@
-"""The GPU-time fold of ``dse.gpu_usage`` as it was before the storage kept each trial's
+"""The GPU-time fold of ``dse.results.gpu_usage`` as it was before the storage kept each trial's
 figures as columns (schema 0006), kept here verbatim as the reference the new paths must
 match (``study_gpu_usage`` over records, ``Storage.gpu_totals``), and random trials to match
 it on: metrics with and without a ``timing`` record and the first-step split, values that
@@ -12,8 +12,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dse.gpu_usage import HELD_ATTR_PREFIX, GridCount, _no_gpu_study, held_record
-from dse.records import TrialRecord, finite
+from dse.core.records import TrialRecord, finite
+from dse.results.gpu_usage import HELD_ATTR_PREFIX, GridCount, _no_gpu_study, held_record
 
 
 def _num(x: Any) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dse import bench
+from dse.cli import bench
 from tests.conftest import REPLAY_TABLE
 
 MODEL = {

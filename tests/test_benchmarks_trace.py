@@ -23,7 +23,7 @@ HEADING = re.compile(r"^(#{2,3}) (.+)$", re.M)
 TRACED = re.compile(r"^Traced: (.+?)(?=\n\n|\n#|\Z)", re.M | re.S)
 #: A path a ``Traced:`` line names (backticked or not): docs/..., tests/..., examples/...
 TRACED_PATH = re.compile(r"(?<![\w/.])((?:docs|tests|examples)/[\w./*\-]*[\w*])")
-#: One agent row of a ``dse bench`` table (the columns of dse.bench.format_report).
+#: One agent row of a ``dse bench`` table (the columns of dse.cli.bench.format_report).
 ROW = re.compile(
     r"^(?P<agent>[a-z0-9_]+)\s+(?P<median>\S+)\s+(?P<reached>\d+)%\s+(?P<pct>\S+)\s+"
     r"(?P<oom>\d+)\s+(?P<oom2>\d+)\s+(?P<rejected>\d+)\s+(?P<saved>\d+)\s+(?P<secs>[\d.]+)"
@@ -203,7 +203,7 @@ def section_3_reports() -> dict[str, dict[str, Any]]:
         argv = shlex.split(command)
         assert argv[:2] == ["dse", "bench"], command
         procs[command] = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from dse.cli import main; sys.exit(main())",
+            [sys.executable, "-c", "import sys; from dse.cli.main import main; sys.exit(main())",
              *argv[1:], "--json"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

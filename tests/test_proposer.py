@@ -8,17 +8,17 @@ from typing import Any
 import pytest
 
 from dse.agents import BaseAgent, Feedback, Proposal, create_agent
-from dse.costmodel import CostModel
-from dse.proposer import (
+from dse.core.records import Outcome
+from dse.loop.proposer import (
     UNCALIBRATED_SD,
     Proposed,
     Proposer,
     cost_model_memory_hint,
     feedback_from_outcome,
 )
-from dse.records import Outcome
-from dse.rules import check
-from dse.space import SearchSpace, params_key, parse_space
+from dse.model.costmodel import CostModel
+from dse.model.rules import check
+from dse.space.searchspace import SearchSpace, params_key, parse_space
 from tests.conftest import small_space
 
 
@@ -146,7 +146,7 @@ def test_exhausted_agent_and_rejection_cap() -> None:
 
 
 def test_the_rejection_cap_is_tens_and_stalled_calls_end_the_search() -> None:
-    from dse.proposer import MAX_REJECTIONS
+    from dse.loop.proposer import MAX_REJECTIONS
 
     assert 10 <= MAX_REJECTIONS <= 100
     sp = _space()
@@ -326,7 +326,7 @@ def test_bridge_style_space_is_searched_within_the_rules(derived: bool) -> None:
 
 
 def test_progress_lines_while_the_agent_searches(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dse.proposer as proposer_mod
+    import dse.loop.proposer as proposer_mod
 
     monkeypatch.setattr(proposer_mod, "PROGRESS_EVERY_S", 0.0)
     monkeypatch.setattr(proposer_mod, "SLOW_CALL_S", 0.0)
@@ -354,7 +354,7 @@ class SlowAgent(Scripted):
 def test_a_slow_agent_is_not_silent(monkeypatch: pytest.MonkeyPatch) -> None:
     """No rejection, one ask that takes long: lines say the agent is still at work (the GP
     agent on the Bridge-style space: one call of 33-85 s with no line before it returned)."""
-    import dse.proposer as proposer_mod
+    import dse.loop.proposer as proposer_mod
 
     monkeypatch.setattr(proposer_mod, "ASK_HEARTBEAT_S", 0.1)
     sp = _space()

@@ -1,4 +1,4 @@
-"""The agents' first proposals on spaces at the documented bounds (dse/bounds.py: one knob of
+"""The agents' first proposals on spaces at the documented bounds (dse/core/bounds.py: one knob of
 MAX_DOMAIN_VALUES values, MAX_KNOBS knobs, both at once, MAX_KNOBS fixed knobs,
 MAX_LIST_ITEMS warm-start configurations, MAX_CONSTRAINTS constraints of
 MAX_CONSTRAINT_NODES nodes, a file of MAX_SPACE_BYTES with nearly MAX_YAML_NODES nodes):
@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
-from dse import bounds as B
 from dse.agents import create_agent
 from dse.agents._base import Feedback
 from dse.agents._common import MAX_CONSTRAINT_WORK, VALIDITY_SCAN
 from dse.agents._optuna import MAX_INVALID_REDRAWS, MAX_MOVES, REDRAW_CHOICES
-from dse.expr import node_count
+from dse.core import bounds as B
+from dse.core.expr import node_count
 from tests.conftest import EXAMPLES, REPO, small_space
 
 
@@ -188,10 +188,10 @@ def test_dry_run_at_every_bound(case: str, tmp_path: Path, hang_guard: None) -> 
     checking a bounded number of candidates. Before the bound, 64 constraints of 200 nodes
     took 33 s to the first proposal (3,398 checks, each evaluating every constraint), and a
     start whose favourites the constraints reject checked 8,000 candidates per proposal."""
-    from dse.costmodel import CostModel
-    from dse.expr import evaluated_nodes
-    from dse.proposer import Proposer, cost_model_memory_hint, cost_model_speed_hint
-    from dse.space import load_space
+    from dse.core.expr import evaluated_nodes
+    from dse.loop.proposer import Proposer, cost_model_memory_hint, cost_model_speed_hint
+    from dse.model.costmodel import CostModel
+    from dse.space.searchspace import load_space
 
     path = BENCH.write_space(case, tmp_path)
     if case == "all":  # the file and YAML bounds at their maximum too
@@ -283,8 +283,8 @@ def test_fallback_scans_bounded_by_constraints(scan: str, hang_guard: None) -> N
     constraints: about 312 configurations at the most constraints, not all 741 neighbours
     here (a million at 256 knobs of 4,096 values), each of 64 evaluations."""
     from dse.agents._simple import GridAgent
-    from dse.expr import evaluated_nodes
-    from dse.proposer import Proposer
+    from dse.core.expr import evaluated_nodes
+    from dse.loop.proposer import Proposer
 
     space = _rejecting_space()
     nodes = sum(node_count(e) for e in space.constraints)
@@ -317,7 +317,7 @@ def test_is_valid_agrees_with_check() -> None:
     """``rules.is_valid`` (the agents' check: first rule broken, constraints last, each up
     to the first that fails) says what ``not rules.check`` says, also for a constraint that
     cannot be evaluated."""
-    from dse.rules import check, is_valid
+    from dse.model.rules import check, is_valid
 
     space = small_space(
         "b",

@@ -9,7 +9,7 @@ import pytest
 
 from dse.agents import AGENTS, BaseAgent, Feedback, create_agent
 from dse.agents._prior import PriorGuide
-from dse.space import SearchSpace, params_key
+from dse.space.searchspace import SearchSpace, params_key
 from tests.conftest import small_space
 
 NAMES = sorted(AGENTS)

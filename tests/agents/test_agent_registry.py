@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from dse.agents import AGENTS, SpaceAgent, agent_class
-from dse.exceptions import SpaceError
-from dse.records import AGENT_NAMES
+from dse.core.exceptions import SpaceError
+from dse.core.records import AGENT_NAMES
 
 
 def test_every_agent_name_has_a_class() -> None:
@@ -27,7 +27,7 @@ def test_an_unknown_name_says_which_ones_exist() -> None:
 
 def test_importing_the_package_does_not_import_optuna() -> None:
     code = (
-        "import sys, dse.agents, dse.proposer\n"
+        "import sys, dse.agents, dse.loop.proposer\n"
         "assert 'optuna' not in sys.modules, 'optuna imported'\n"
         "names = list(dse.agents.AGENTS)\n"
         "assert 'optuna' not in sys.modules, 'optuna imported by the names'\n"

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from dse.agents import Feedback, create_agent
-from dse.bench import bench
-from dse.costmodel import CostModel
-from dse.proposer import cost_model_speed_hint
-from dse.rules import check
-from dse.space import SearchSpace, load_space, params_key
+from dse.cli.bench import bench
+from dse.loop.proposer import cost_model_speed_hint
+from dse.model.costmodel import CostModel
+from dse.model.rules import check
+from dse.space.searchspace import SearchSpace, load_space, params_key
 from tests.conftest import small_space
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from dse.records import Outcome, StepMetrics
-from dse.space import params_key, parse_space
+from dse.core.records import Outcome, StepMetrics
+from dse.space.searchspace import params_key, parse_space
 from dse.storage import Storage, open_storage
 from tests.conftest import EXAMPLES
 
@@ -261,7 +261,7 @@ def seed_database(url: str, fill: Callable[[Storage], T]) -> T:
 def seed_cpu_clock(storage: Storage, name: str = "demo-cpu-clock", *, clock: str = "cpu") -> None:
     """The README demo's space (examples/demo_cpu.yaml) with three trials whose steps were
     timed by CPU time (``measurement.clock: cpu``: metrics ``step_clock`` "cpu" and
-    ``step_wall_time_s`` beside ``step_time_s``), as workloads/megatron/trainer.py writes
+    ``step_wall_time_s`` beside ``step_time_s``), as dse/workloads/megatron/trainer.py writes
     them; ``clock="wall"``: the same study timed by wall time (neither key)."""
     d = yaml.safe_load((EXAMPLES / "demo_cpu.yaml").read_text())
     d["study"] = name

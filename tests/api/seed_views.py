@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dse.space import params_key, parse_space
+from dse.space.searchspace import params_key, parse_space
 from dse.storage import Storage
 from tests.api.seed import create_study, space_dict
 

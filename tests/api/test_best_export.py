@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from dse.cli import main
-from dse.records import Outcome
-from dse.space import params_key, parse_space
+from dse.cli.main import main
+from dse.core.records import Outcome
+from dse.space.searchspace import params_key, parse_space
 from dse.storage import open_storage
 from tests.api.conftest import make_client
 from tests.conftest import EXAMPLES

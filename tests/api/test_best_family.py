@@ -13,7 +13,7 @@ import pytest
 import yaml
 from sqlalchemy import text as sql
 
-from dse.space import parse_space
+from dse.space.searchspace import parse_space
 from dse.storage import open_storage
 from tests.api.conftest import TestClient, make_client
 from tests.api.seed import _run, ok, space_dict

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dse.space import parse_space
+from dse.space.searchspace import parse_space
 from dse.storage import open_storage
 from tests.api.conftest import TestClient, make_client
 from tests.api.seed import _run, create_study, ok, space_dict

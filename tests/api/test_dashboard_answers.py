@@ -1,7 +1,7 @@
 """The answers a user looks for on the dashboard, in headless Chromium against a real server:
 the best configuration with its launcher overrides (copyable), the best row highlighted,
 chart axes that fit the data, no horizontal scrolling at 1280 px, ``#study=`` in the URL,
-and figures with four significant digits (the same rule as dse.figures)."""
+and figures with four significant digits (the same rule as dse.core.figures)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.figures import figure
-from dse.space import parse_space
+from dse.core.figures import figure
+from dse.space.searchspace import parse_space
 from dse.storage import Storage
 from tests.api.live import serve
 from tests.api.seed import _run, create_from_dict, ok, seed_all, seed_cpu_demo, seed_database
@@ -56,13 +56,13 @@ def _wide(storage: Storage) -> None:
     ]  # fmt: skip
     for change, outcome in variants:
         _run(storage, sid, {**base, **change}, outcome, gpu_seconds=480.0)
-    from dse.records import Outcome
+    from dse.core.records import Outcome
 
     reason = "RuntimeError: " + "x" * 300  # one long word: must wrap, not scroll
     _run(storage, sid, {**base, "context_parallel_size": 2},
          Outcome.failure("error", reason), gpu_seconds=20.0)  # fmt: skip
     params = {**base, "micro_batch_size": 4, "recompute": "none"}
-    from dse.space import params_key
+    from dse.space.searchspace import params_key
 
     storage.add_rejection(
         study_id=sid, params=params, params_key=params_key(params), kind="predicted_oom",

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.storage import open_storage
 from tests.api.live import api_get, open_study, serve
 from tests.conftest import EXAMPLES

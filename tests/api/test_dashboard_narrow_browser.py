@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.api.live import serve
 from tests.api.seed import seed_cpu_demo, seed_database
 from tests.conftest import EXAMPLES

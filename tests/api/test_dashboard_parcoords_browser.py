@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.api.live import serve
 from tests.conftest import EXAMPLES
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from dse.figures import figure
-from dse.studyplots import BASELINE_COLOR, STATE_COLORS
+from dse.core.figures import figure
+from dse.report.plots import BASELINE_COLOR, STATE_COLORS
 from tests.api.live import serve
 from tests.api.seed import seed_database
 from tests.api.seed_views import ViewSeed, seed_views, set_pruned

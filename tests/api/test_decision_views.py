@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from dse.report.plots import STATE_COLORS
 from dse.storage import open_storage
-from dse.studyplots import STATE_COLORS
 from tests.api.conftest import BACKENDS, TOKEN, TestClient, make_client, new_url
 from tests.api.seed import seed_database
 from tests.api.seed_views import ViewSeed, seed_views, set_pruned
@@ -253,8 +253,8 @@ def test_measurement_fields_on_pages_and_the_best(views: tuple[TestClient, ViewS
 
 
 def test_the_report_data_carries_the_views(views: tuple[TestClient, ViewSeed]) -> None:
-    """The report draws the same data the routes answer (dse.studyplots)."""
-    from dse.studyplots import study_plot_data
+    """The report draws the same data the routes answer (dse.report.plots)."""
+    from dse.report.plots import study_plot_data
 
     c, seeded = views
     storage = open_storage(seeded.url)
@@ -279,7 +279,7 @@ def test_the_report_data_lists_the_trials_once(
     """Insights are the heaviest read answer (seconds at 10,000 trials, BENCHMARKS 20): the
     study's trials are read once for all of their parts, and the importance from that one
     list is the one computed on its own."""
-    from dse.studyplots import knob_importance, study_plot_data
+    from dse.report.plots import knob_importance, study_plot_data
 
     _, seeded = views
     storage = open_storage(seeded.url)

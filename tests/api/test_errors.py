@@ -9,7 +9,7 @@ import pytest
 from dse.api import Settings, create_app
 from dse.api.deps import get_storage
 from dse.api.errors import status_of
-from dse.exceptions import (
+from dse.core.exceptions import (
     DSEError,
     DuplicatedStudyError,
     SchemaVersionError,

@@ -1,5 +1,6 @@
 """The `gpu` object of a study summary (GET /studies, GET /studies/{name}): the same figures
-as `dse status` (dse.gpu_usage), with each trial's start-up / measure split in its metrics."""
+as `dse status` (dse.results.gpu_usage), with each trial's start-up / measure split in its
+metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main as cli_main
-from dse.gpu_usage import HELD_ATTR_PREFIX, held_record, study_gpu_usage_of, trial_timing
-from dse.records import Outcome
-from dse.space import params_key
+from dse.cli.main import main as cli_main
+from dse.core.records import Outcome
+from dse.results.gpu_usage import HELD_ATTR_PREFIX, held_record, study_gpu_usage_of, trial_timing
+from dse.space.searchspace import params_key
 from dse.storage import open_storage
 from tests.api.conftest import BACKENDS, make_client, new_url
 from tests.api.seed import create_study, ok
@@ -89,8 +90,8 @@ def test_study_list_reads_gpu_totals_not_every_trial(
     """After a write, the study list's GPU figures come from the storage's aggregate of the
     trials' columns (Storage.gpu_totals), not from reading every trial (8.2 s at 100,000
     trials before, docs/BENCHMARKS.md section 28); they are the fold over the records."""
-    from dse.gpu_usage import gpu_totals, study_gpu_usage
-    from dse.gpu_usage import grid_of_study as grid_of
+    from dse.results.gpu_usage import gpu_totals, study_gpu_usage
+    from dse.results.gpu_usage import grid_of_study as grid_of
     from dse.storage import Storage
 
     st = open_storage(url)

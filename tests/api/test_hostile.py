@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from dse.api import Settings, create_app
 from dse.api.deps import SpaceChecker
 from dse.api.launch import SubprocessLauncher, controller_command
-from dse.cli import build_parser
+from dse.cli.main import build_parser
 from tests.api.conftest import TOKEN, make_client
 from tests.api.live import serve
 from tests.api.seed import space_dict, space_yaml

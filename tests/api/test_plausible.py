@@ -1,4 +1,4 @@
-"""api/plausible.py on its own: which objective values count in the cross-study ``/best``
+"""dse/api/plausible.py on its own: which objective values count in the cross-study ``/best``
 (finite and physically possible for the study's hardware), so an imported 1e308 or a
 TFLOP/s figure above the GPU's peak cannot win it for everyone."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dse.api.plausible import CPU_TFLOPS, MAX_MEM_GIB, UNKNOWN_GPU_TFLOPS, value_range
-from dse.costmodel.throughput import gpu_spec
+from dse.model.costmodel.throughput import gpu_spec
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dse.records import Outcome
+from dse.core.records import Outcome
 from dse.storage import open_storage
 from tests.api.conftest import make_client
 from tests.api.seed import _run, create_study, ok

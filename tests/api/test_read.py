@@ -9,7 +9,7 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
-from dse.cli import main as cli_main
+from dse.cli.main import main as cli_main
 from tests.api.conftest import TestClient
 from tests.api.seed import Seeded
 

@@ -19,10 +19,10 @@ from dse.api import Settings, create_app
 from dse.api.readcache import StudyVersions, VersionMemo
 from dse.api.schemas import TrialPublic
 from dse.api.views import best_public, json_bytes, trial_row
-from dse.exceptions import NoCompleteTrialError
-from dse.records import Outcome
-from dse.run_settings import RUN_SETTINGS_ATTR, effective_space, run_settings
-from dse.space import params_key
+from dse.core.exceptions import NoCompleteTrialError
+from dse.core.records import Outcome
+from dse.results.run_settings import RUN_SETTINGS_ATTR, effective_space, run_settings
+from dse.space.searchspace import params_key
 from dse.storage import Storage, open_storage
 from tests.api.conftest import BACKENDS, TOKEN, TestClient, new_url
 from tests.api.live import serve

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from dse.api import Settings, create_app
 from dse.api.config import bind_warnings, is_loopback
-from dse.cli import main as cli_main
-from dse.space import params_key
+from dse.cli.main import main as cli_main
+from dse.space.searchspace import params_key
 from dse.storage import open_storage
 from tests.api.conftest import TestClient
 from tests.api.live import free_port

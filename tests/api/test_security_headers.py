@@ -1,4 +1,4 @@
-"""Security headers (api/security.py) on every kind of answer, and the dashboard working in
+"""Security headers (dse/api/security.py) on every kind of answer, and the dashboard working in
 Chromium under its content security policy (no violation reported while it draws a study)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 
 from dse.api.schemas import BestQuery
 from dse.api.views import clean, finite, pareto_front, study_matches
-from dse.records import StudyRecord
+from dse.core.records import StudyRecord
 
 
 def _dominated(i: int, pts: list[tuple[float, float]]) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.conftest import EXAMPLES
 
 
@@ -145,7 +145,7 @@ def test_mistyped_storage_creates_nothing(
 def test_validate_refuses_runners_start_refuses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dse.registry import REGISTRY
+    from dse.core.registry import REGISTRY
 
     # a runner this installation lacks: validate and start ask the same registry
     d = _tiny()
@@ -160,9 +160,9 @@ def test_validate_refuses_runners_start_refuses(
 def test_validate_prints_the_cap_as_a_cap(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dse.rules
+    import dse.model.rules
 
-    monkeypatch.setattr(dse.rules, "CHECK_SPACE_CAP", 20)
+    monkeypatch.setattr(dse.model.rules, "CHECK_SPACE_CAP", 20)
     rc = main(["validate", str(_write(tmp_path, _tiny()))])
     out, err = capsys.readouterr()
     assert rc == 0, err
@@ -251,7 +251,7 @@ def test_best_without_a_complete_trial_is_not_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A study that exists but has no complete trial yet: exit 1 (ask again later), not 2."""
-    from dse.space import parse_space
+    from dse.space.searchspace import parse_space
     from dse.storage import open_storage
 
     url = f"sqlite:///{tmp_path / 'x.db'}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES
 from tests.study.test_loss_parity_replay import _noise_table, _run, _space

@@ -1,4 +1,4 @@
-"""The CLI starts without the heavy stacks: importing dse.cli (and with it the study loop,
+"""The CLI starts without the heavy stacks: importing dse.cli.main (and with it the study loop,
 the agents' interface and the runners) loads no Optuna, SQLAlchemy, numpy, torch or FastAPI;
 they load when a command needs them."""
 
@@ -12,7 +12,7 @@ HEAVY = ("optuna", "sqlalchemy", "alembic", "numpy", "torch", "megatron", "fasta
 
 def test_importing_the_cli_loads_no_heavy_stack() -> None:
     code = (
-        "import sys, dse.cli, dse.study, dse.agents, dse.proposer\n"
+        "import sys, dse.cli.main, dse.loop.study, dse.agents, dse.loop.proposer\n"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     out = subprocess.run(

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from dse import DISTRIBUTION, install_hint
-from dse.cli import listen_socket, main
+from dse.cli.main import listen_socket, main
 from dse.storage import open_storage
 
 

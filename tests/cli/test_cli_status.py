@@ -1,5 +1,5 @@
 """``dse status`` text: the best trial with its step time and memory, figures with four
-significant digits (dse.figures), one row per trial."""
+significant digits (dse.core.figures), one row per trial."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.storage import open_storage
 from tests.api.seed import _run, create_study, ok
 
@@ -28,7 +28,8 @@ def test_status_text_shows_step_time_memory_and_four_digits(
         storage.close()
     assert main(["status", "--study", "fmt", "--storage", url]) == 0
     out = capsys.readouterr().out
-    # the best with its noise-aware interval (dse.noise: from the per-step times), four digits
+    # the best with its noise-aware interval (dse.results.noise: from the per-step times), four
+    # digits
     best = next(line for line in out.splitlines() if line.strip().startswith("best: "))
     assert best.strip().startswith("best: trial 0 tflops_per_gpu=123.5 [")
     assert ", step 0.5000 s, peak 61.23 GiB" in best

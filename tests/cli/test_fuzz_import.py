@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dse.cli import main
-from dse.exceptions import StudyFormatError
-from dse.records import Outcome, StepMetrics
-from dse.space import parse_space_text
+from dse.cli.main import main
+from dse.core.exceptions import StudyFormatError
+from dse.core.records import Outcome, StepMetrics
+from dse.space.searchspace import parse_space_text
 from dse.storage import Storage, open_storage, read_export_text
 from tests.conftest import EXAMPLES
 from tests.hostile import assert_clean_message, mutated_doc

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from dse.cli import main
-from dse.exceptions import StudyFormatError
-from dse.records import Outcome, StepMetrics
-from dse.space import parse_space_text
+from dse.cli.main import main
+from dse.core.exceptions import StudyFormatError
+from dse.core.records import Outcome, StepMetrics
+from dse.space.searchspace import parse_space_text
 from dse.storage import open_storage, read_export_text
 from dse.storage._export import parse_export
 from tests.conftest import EXAMPLES

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 
 OMNI = Path(__file__).resolve().parents[2] / "examples" / "nemotron_omni.yaml"
 

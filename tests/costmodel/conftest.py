@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dse.space import ModelSpec, Resources, Semantics
+from dse.space.searchspace import ModelSpec, Resources, Semantics
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from dse.costmodel import Calibrator, Coefficients, CostModel, estimate_memory
-from dse.space import ModelSpec, Resources, Semantics
+from dse.model.costmodel import Calibrator, Coefficients, CostModel, estimate_memory
+from dse.space.searchspace import ModelSpec, Resources, Semantics
 
 MODEL = ModelSpec(
     num_layers=16, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
@@ -126,8 +126,8 @@ def test_rejects_bad_peaks():
 def test_prediction_at_or_above_a_measured_oom_does_not_fit() -> None:
     """Once an OOM was measured, anything the model ranks at least as large is rejected,
     even with a generous margin (the model's order is trusted before its level)."""
-    from dse.costmodel import CostModel
-    from dse.space import ModelSpec, Resources, Semantics
+    from dse.model.costmodel import CostModel
+    from dse.space.searchspace import ModelSpec, Resources, Semantics
 
     model = ModelSpec(
         num_layers=16, hidden_size=2048, num_attention_heads=16, num_query_groups=8,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dse.costmodel import cli
-from dse.knobs import get_knob
+from dse.model.costmodel import cli
+from dse.space.knobs import get_knob
 
 SPACE = """\
 study: t

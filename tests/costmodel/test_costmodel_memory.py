@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from dse.costmodel import GPUSpec, MemoryEstimate, estimate_memory
-from dse.costmodel._layout import resolve
-from dse.costmodel.memory import GIB, Coefficients, layer_activations
-from dse.space import ModelSpec, Resources, Semantics
+from dse.model.costmodel import GPUSpec, MemoryEstimate, estimate_memory
+from dse.model.costmodel._layout import resolve
+from dse.model.costmodel.memory import GIB, Coefficients, layer_activations
+from dse.space.searchspace import ModelSpec, Resources, Semantics
 
 L, H, N, D, G, F, V_PAD, S, B = 2, 64, 4, 16, 2, 256, 1024, 32, 2
 Q, KV = N * D, G * D
@@ -200,7 +200,7 @@ def test_recompute_and_backend_order_the_peak(small_model):
 
 
 def test_pipeline_inflight_microbatches(small_model, small_semantics):
-    from dse.costmodel.memory import inflight_layer_microbatches
+    from dse.model.costmodel.memory import inflight_layer_microbatches
 
     res = Resources(world_size=4, features=[])
     lay = resolve(small_model, small_semantics, res, {"pipeline_model_parallel_size": 4})
@@ -249,14 +249,14 @@ def test_activation_scale_scales_activation_terms(small_model):
 
 
 def test_unknown_knob_is_an_error(small_model, small_semantics, one_gpu):
-    from dse.exceptions import UnknownKnobError
+    from dse.core.exceptions import UnknownKnobError
 
     with pytest.raises(UnknownKnobError):
         _mem(small_model, small_semantics, one_gpu, micro_batchsize=2)
 
 
 def test_gpu_spec_lookup():
-    from dse.costmodel import gpu_spec
+    from dse.model.costmodel import gpu_spec
 
     assert gpu_spec("NVIDIA H200").bf16_tflops == 989.0
     assert gpu_spec("NVIDIA H100 80GB HBM3").hbm_tbps == 3.35

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.costmodel.table import TableError, evaluate_rows, load_table, spearman, summarize
+from dse.model.costmodel.table import TableError, evaluate_rows, load_table, spearman, summarize
 
 
 def test_uncalibrated_figures_on_the_shared_table(shared_table):

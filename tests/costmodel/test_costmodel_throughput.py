@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dse.costmodel import estimate_throughput
-from dse.flops import model_flops_per_step
-from dse.space import ModelSpec, Resources, Semantics
+from dse.model.costmodel import estimate_throughput
+from dse.model.flops import model_flops_per_step
+from dse.space.searchspace import ModelSpec, Resources, Semantics
 
 MODEL = ModelSpec(
     num_layers=16, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
@@ -59,7 +59,7 @@ def test_fp8_runs_the_linear_gemms_at_the_fp8_peak():
     """FP8 (the fp8 knob) estimates faster than bf16 where the GPU has FP8 tensor cores
     (the GEMM share at the published dense FP8 peak, 2x bf16 on Hopper), never faster than
     the GEMM share allows, and the same where it has none (A100)."""
-    from dse.costmodel.throughput import gpu_spec
+    from dse.model.costmodel.throughput import gpu_spec
 
     h200, b200 = gpu_spec("NVIDIA H200"), gpu_spec("NVIDIA B200")
     assert h200.fp8_tflops == pytest.approx(2 * h200.bf16_tflops, rel=1e-3)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.conftest import EXAMPLES
 
 OMNI = str(EXAMPLES / "nemotron_omni.yaml")

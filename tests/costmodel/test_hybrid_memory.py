@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
-from dse.costmodel.memory import GIB, Coefficients, estimate_memory
-from dse.space import load_space
+from dse.cli.main import main
+from dse.model.costmodel.memory import GIB, Coefficients, estimate_memory
+from dse.space.searchspace import load_space
 from tests.dse.test_hybrid import TUNED
 
 ROOT = Path(__file__).resolve().parents[2]

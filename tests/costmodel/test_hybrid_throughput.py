@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import dse.costmodel.throughput as thr
-from dse.flops import model_flops_per_step
-from dse.space import load_space
+import dse.model.costmodel.throughput as thr
+from dse.model.flops import model_flops_per_step
+from dse.space.searchspace import load_space
 from tests.dse.test_hybrid import TUNED
 
 ROOT = Path(__file__).resolve().parents[2]

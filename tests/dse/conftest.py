@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

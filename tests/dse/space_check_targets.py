@@ -1,5 +1,5 @@
 """Functions the space-check child runs in tests/dse/test_space_check.py (``module:function``
-targets of dse.space_check.check_space_text)."""
+targets of dse.model.space_check.check_space_text)."""
 
 from __future__ import annotations
 

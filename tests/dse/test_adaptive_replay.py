@@ -1,6 +1,6 @@
 """bench/adaptive_window.py --from-json: the adaptive rule of this checkout replayed on the
 per-step series a run saved (what the next GPU run is analysed with). Seeded series, the
-real dse.measure rule and the real space file; no training."""
+real dse.core.measure rule and the real space file; no training."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dse.measure import MeasurementSpec, StepSeries
+from dse.core.measure import MeasurementSpec, StepSeries
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The study loop's conversation with its agent (dse/agent_session.py), on real parts: a
+"""The study loop's conversation with its agent (dse/loop/agent_session.py), on real parts: a
 SQLite storage, the random agent of the registry, the cost model. What storage holds is what
 the agent is told on a restore or a warm start; rejections are stored as they happen;
 duplicates are answered from storage; every tell reaches the agent and the calibration."""
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from dse.agent_session import AgentSession, outcome_of_record
 from dse.agents import SpaceAgent, create_agent
-from dse.costmodel import CostModel
-from dse.records import PRUNED_STOP_REASON, Outcome, TrialRecord
-from dse.space import SearchSpace, params_key
+from dse.core.records import PRUNED_STOP_REASON, Outcome, TrialRecord
+from dse.loop.agent_session import AgentSession, outcome_of_record
+from dse.model.costmodel import CostModel
+from dse.space.searchspace import SearchSpace, params_key
 from dse.storage import Storage, open_storage
 from tests.conftest import SMALL_MODEL, small_space
 
@@ -181,7 +181,7 @@ def test_restore_feeds_measured_peaks_to_the_cost_model(
                                              source="estimate"))  # fmt: skip
     cm = CostModel(sp.model, sp.semantics, sp.resources)
     session, _, _ = _session(storage, sp, sid, cm)
-    with caplog.at_level(logging.DEBUG, logger="dse.study"):
+    with caplog.at_level(logging.DEBUG, logger="dse.loop.study"):
         session.restore()
     cal = cm.calibration()
     assert [(o["peak_gib"], o["oom"]) for o in cal["observations"]] == [(1.3, False), (81.0, True)]
@@ -191,7 +191,7 @@ def test_restore_feeds_measured_peaks_to_the_cost_model(
     storage.set_study_attr(sid, "costmodel", cal)
     cm2 = CostModel(sp.model, sp.semantics, sp.resources)
     session2, _, _ = _session(storage, sp, sid, cm2)
-    with caplog.at_level(logging.DEBUG, logger="dse.study"):
+    with caplog.at_level(logging.DEBUG, logger="dse.loop.study"):
         session2.restore()
     assert "stored calibration" in caplog.text
     assert len(cm2.calibration()["observations"]) == 2

@@ -1,5 +1,5 @@
 """Megatron-Bridge recipes' default global batch size and sequence length
-(``dse/catalog/bridge_recipe_defaults.yaml``, written by
+(``dse/space/catalog/bridge_recipe_defaults.yaml``, written by
 ``scripts/extract_bridge_recipe_defaults.py``): the recipes CloudAI's tests and dse's catalog
 name are there, the lookup follows Bridge's performance launcher, and the file is what the
 script extracts from Megatron-Bridge 0.6.2 (where a copy of that source is at hand)."""
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.catalog import catalog
-from dse.catalog.bridge_recipes import bridge_recipe_table, recipe_defaults
+from dse.space.catalog import catalog
+from dse.space.catalog.bridge_recipes import bridge_recipe_table, recipe_defaults
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "dse" / "catalog" / "bridge_recipe_defaults.yaml"
+DATA = REPO / "dse" / "space" / "catalog" / "bridge_recipe_defaults.yaml"
 
 #: dse's catalog models -> the Megatron-Bridge recipe of each (None: Bridge 0.6.2 has none)
 CATALOG_RECIPES = {

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.cli import main
-from dse.cloudai import import_scenario
-from dse.exceptions import SpaceError
-from dse.records import Outcome
-from dse.space import params_key, parse_space, parse_space_text
+from dse.cli.main import main
+from dse.core.exceptions import SpaceError
+from dse.core.records import Outcome
+from dse.interop.cloudai import import_scenario
+from dse.space.searchspace import params_key, parse_space, parse_space_text
 from dse.storage import open_storage
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "cloudai"
@@ -119,7 +119,7 @@ def test_env_vars_become_env_section_or_are_listed(tmp_path: Path) -> None:
     assert space.env.fixed["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert space.fixed["sequence_parallel"] is True
     assert space.resources.world_size == 16
-    # a CloudAI scenario keeps its environment (dse.envpolicy refuses only what loads code)
+    # a CloudAI scenario keeps its environment (dse.core.envpolicy refuses only what loads code)
     assert not got.unmapped
     for var, value in (("TORCHX_MAX_RETRIES", "0"), ("TRANSFORMERS_OFFLINE", "1"),
                        ("NEMO_LOG_MEMORY_USAGE", "1")):  # fmt: skip
@@ -341,7 +341,8 @@ CURRENT = {
         "test/megatron_bridge_nemotron_nano_pytorch_profiler.toml",
         {"seq_length": 8192, "global_batch_size": 3072},
     ),
-    # gb and seq_length left to the recipe: its defaults (dse/catalog/bridge_recipe_defaults.yaml)
+    # gb and seq_length left to the recipe: its defaults
+    # (dse/space/catalog/bridge_recipe_defaults.yaml)
     "nemotron_recipe_defaults": ("test/megatron_bridge_nemotron_nano_pytorch_profiler.toml", {}),
     "bridge_dse_bayesian_recipe_defaults": (
         "test_scenario/megatron_bridge_deepseekv3_bayesian.toml",
@@ -361,7 +362,7 @@ def test_current_cloudai_files_round_trip(
 ) -> None:
     """import -> validate -> dry-run -> export -> import again: the same recipe, semantics,
     world and baseline configuration come back."""
-    from dse.cloudai import dump_toml, export_test_full
+    from dse.interop.cloudai import dump_toml, export_test_full
 
     got = _import(kind)
     text = got.to_yaml(kind)
@@ -448,7 +449,7 @@ def test_use_megatron_fsdp_is_the_knob_with_the_performance_launchers_sharding(
     """CloudAI's use_megatron_fsdp is dse's knob (ddp.use_megatron_fsdp), with the sharding
     Megatron-Bridge's performance launcher pairs with it; fixed on, its other FSDP settings
     travel as recipe overrides; the export writes the field and imports back the same."""
-    from dse.cloudai import dump_toml, export_test_full
+    from dse.interop.cloudai import dump_toml, export_test_full
     from dse.workloads.launchers._core import launcher_for
 
     base = _import("bridge_dse_bayesian")
@@ -515,7 +516,7 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai(tmp_path: Path) -
     (Bridge's pipeline_model_parallel_layout; dse splits evenly)."""
     import itertools
 
-    from dse.rules import check
+    from dse.model.rules import check
 
     raw = tomllib.loads((CUR / "test" / "megatron_bridge_deepseekv3_bayesian.toml").read_text())
     cmd = raw["cmd_args"]
@@ -571,7 +572,7 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai(tmp_path: Path) -
 
 
 def test_tp_gt_1_moe_points_are_valid_through_derived_sp() -> None:
-    from dse.rules import check
+    from dse.model.rules import check
 
     space = parse_space(_import("bridge_dse_bayesian").space, "t")
     cfg = {**space.baseline(), "tensor_model_parallel_size": 2}
@@ -651,7 +652,7 @@ def test_unknown_agent_is_named_and_swept_compute_dtype_is_two_knobs(tmp_path: P
     space = parse_space_text(text, "t")
     assert space.agent.name == "tpe"
     assert space.knobs["fp8"].values() == [None, "hybrid", "e4m3"]
-    from dse.rules import check
+    from dse.model.rules import check
 
     pairs = {
         (c.get("fp8"), c.get("fp8_recipe") if c.get("fp8") else None)
@@ -665,7 +666,7 @@ def test_export_names_full_recipe_task_and_labels_an_estimate(tmp_path: Path) ->
     """The Omni SFT recipe: model_recipe_name is the recipe's stem, task sft; every tuned
     knob travels (CloudAI fields or the recipe's own overrides); a sim figure is an
     estimate."""
-    from dse.cloudai import bridge_recipe_parts, export_test_full
+    from dse.interop.cloudai import bridge_recipe_parts, export_test_full
 
     parts = bridge_recipe_parts("nemotron_omni_cord_v2_sft_8gpu_h100_bf16_config")
     assert parts["model_recipe_name"] == "nemotron_omni_cord_v2"
@@ -692,7 +693,7 @@ def test_export_names_full_recipe_task_and_labels_an_estimate(tmp_path: Path) ->
     }  # fmt: skip
     named = {k for k, _v, _w in got.not_taken}
     assert missing <= named | {"attention_backend", "recompute"} or not missing, missing
-    from dse.cloudai import figure_label
+    from dse.interop.cloudai import figure_label
 
     est = figure_label({"objective": {"value": 249.354}, "source": "estimate"})
     assert "estimate" in est and "measured" in figure_label(
@@ -738,8 +739,8 @@ def test_every_cloudai_test_imports_validates_renders_and_exports(path: Path) ->
     """Any current or older CloudAI test of the two workloads: its baseline passes dse's rules
     (e.g. a precision-aware optimizer with the recipes' distributed Adam), the launcher
     renders it, and it exports as valid TOML."""
-    from dse.cloudai import dump_toml, export_test_full
-    from dse.rules import check_space
+    from dse.interop.cloudai import dump_toml, export_test_full
+    from dse.model.rules import check_space
     from dse.workloads.launchers._core import launcher_for
 
     got = import_scenario(path, seq_length=4096, global_batch_size=512)
@@ -782,7 +783,7 @@ def test_cli_import_with_system_says_what_it_took_and_assumed(
 def test_nemorun_finetune_task_round_trips(tmp_path: Path) -> None:
     """NeMoRun's task (CloudAI runs llm.pretrain or llm.finetune): the import keeps it, the
     trial runs `nemo llm finetune`, the export writes it and it imports back."""
-    from dse.cloudai import dump_toml, export_test_full
+    from dse.interop.cloudai import dump_toml, export_test_full
     from dse.workloads.launchers._core import launcher_for
 
     src = (CUR / "test" / "nemo_run_llama3_8b.toml").read_text()

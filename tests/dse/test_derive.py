@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from dse.exceptions import SpaceError
-from dse.rules import check, layout
-from dse.space import params_key, parse_space
+from dse.core.exceptions import SpaceError
+from dse.model.rules import check, layout
+from dse.space.searchspace import params_key, parse_space
 
 
 @pytest.fixture

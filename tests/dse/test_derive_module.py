@@ -1,4 +1,4 @@
-"""dse/derive.py on its own: each derivation of DERIVATIONS against the layout it reads,
+"""dse/space/derive.py on its own: each derivation of DERIVATIONS against the layout it reads,
 forced() and inert() per knob, and canonical() folding twins into one configuration
 (tests/dse/test_derive.py checks the same facts end to end through the space file)."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dse.derive import DERIVATIONS, INERT, canonical, derive, forced, inert
+from dse.space.derive import DERIVATIONS, INERT, canonical, derive, forced, inert
 from tests.conftest import SMALL_MODEL, small_space
 
 MOE = {**SMALL_MODEL, "num_moe_experts": 4, "moe_router_topk": 2}

@@ -1,4 +1,4 @@
-"""The one environment policy (dse.envpolicy), wherever a variable enters a trial: env.fixed,
+"""The one environment policy (dse.core.envpolicy), wherever a variable enters a trial: env.fixed,
 env.knobs, runner.options.env of the Ray and Slurm runners (the CloudAI import:
 tests/dse/test_cloudai.py)."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.envpolicy import env_var_problem
-from dse.exceptions import SpaceError
-from dse.space import parse_space
+from dse.core.envpolicy import env_var_problem
+from dse.core.exceptions import SpaceError
+from dse.space.searchspace import parse_space
 from tests.conftest import EXAMPLES
 
 #: Variables a recipe's environment holds that must be kept (CloudAI scenarios set them).

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.cli import main
-from dse.exceptions import DSEError, NoEquivalentError
-from dse.export import EXPORT_TARGETS, best_payload, best_space, render_best
-from dse.records import BEST_FORMATS, Outcome, StudyRecord
-from dse.space import SearchSpace, load_space, parse_space
+from dse.cli.main import main
+from dse.core.exceptions import DSEError, NoEquivalentError
+from dse.core.records import BEST_FORMATS, Outcome, StudyRecord
+from dse.results.export import EXPORT_TARGETS, best_payload, best_space, render_best
+from dse.space.searchspace import SearchSpace, load_space, parse_space
 from dse.storage import Storage, open_storage
 from dse.workloads.launchers.flags import export_text, launch_flags
 from tests.conftest import EXAMPLES

@@ -1,12 +1,12 @@
-"""dse/expr.py on its own: the constraint subset, evaluated node by node with bounds, every
+"""dse/core/expr.py on its own: the constraint subset, evaluated node by node with bounds, every
 failure a ConstraintError naming the problem (the space tests reach it through parse_space)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dse.bounds import MAX_CONSTRAINT_CHARS, MAX_CONSTRAINT_NODES, MAX_EXPONENT, MAX_INT_BITS
-from dse.expr import EXTRA_NAMES, ConstraintError, check_expr, eval_expr, parse_expr
+from dse.core.bounds import MAX_CONSTRAINT_CHARS, MAX_CONSTRAINT_NODES, MAX_EXPONENT, MAX_INT_BITS
+from dse.core.expr import EXTRA_NAMES, ConstraintError, check_expr, eval_expr, parse_expr
 
 ENV = {"tensor_model_parallel_size": 2, "micro_batch_size": 4, "dp": 4, "world_size": 8,
        "recompute": "selective", "use_distributed_optimizer": True}  # fmt: skip

@@ -1,4 +1,4 @@
-"""Figures are shown with four significant digits, by one rule (dse.figures.figure)."""
+"""Figures are shown with four significant digits, by one rule (dse.core.figures.figure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dse.figures import figure
+from dse.core.figures import figure
 
 #: (value, shown). The dashboard's fmt() is checked on the same cases in the browser tests.
 CASES: list[tuple[float | int | None, str]] = [

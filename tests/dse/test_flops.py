@@ -1,11 +1,12 @@
-"""Megatron's model-FLOPs formula (dse.flops) against hand computations and a measured row."""
+"""Megatron's model-FLOPs formula (dse.model.flops) against hand computations and a measured
+row."""
 
 from __future__ import annotations
 
 import pytest
 
-from dse.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
-from dse.space import ModelSpec, Semantics
+from dse.model.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
+from dse.space.searchspace import ModelSpec, Semantics
 
 # The 0.9B Llama-style model of reference/gpu.md and the first row of
 # data/h200_llama1b_unfused_1gpu.jsonl: 1 H200, step time 1.5614 s, 120.2 TFLOP/s per GPU.

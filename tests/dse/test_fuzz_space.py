@@ -8,10 +8,10 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
-from dse.cli import main
-from dse.exceptions import SpaceError
-from dse.rules import check_space
-from dse.space import parse_space_text
+from dse.cli.main import main
+from dse.core.exceptions import SpaceError
+from dse.model.rules import check_space
+from dse.space.searchspace import parse_space_text
 from tests.hostile import assert_clean_message, space_bytes, space_texts
 
 SOURCE = "fuzz.yaml"

@@ -1,4 +1,4 @@
-"""GPU time of trials and studies (dse.gpu_usage): the start-up / measure split of a trial,
+"""GPU time of trials and studies (dse.results.gpu_usage): the start-up / measure split of a trial,
 a study's held time and busy fraction, and the saving against the whole grid."""
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
-from dse.gpu_usage import (
+from dse.core.records import StepMetrics, StudyRecord, TrialRecord
+from dse.loop.study import _slots_of
+from dse.model.rules import check_space
+from dse.results.gpu_usage import (
     HELD_ATTR_PREFIX,
     GridCount,
     count_grid,
@@ -20,10 +23,7 @@ from dse.gpu_usage import (
     study_gpu_usage,
     trial_timing,
 )
-from dse.records import StepMetrics, StudyRecord, TrialRecord
-from dse.rules import check_space
-from dse.space import load_space
-from dse.study import _slots_of
+from dse.space.searchspace import load_space
 from tests.conftest import EXAMPLES
 
 
@@ -130,7 +130,7 @@ def test_grid_of_a_large_space_is_estimated_from_a_bounded_sample() -> None:
     cap (it used to check 100,000 configurations, 18 s of CPU, in `dse status` and in each
     API process), and the figure is an estimate for the whole space, not the valid ones among
     the first combinations in enumeration order (62,496 of 100,000 there)."""
-    from dse.rules import CHECK_SPACE_CAP
+    from dse.model.rules import CHECK_SPACE_CAP
 
     space = load_space(EXAMPLES / "bridge_moe_sim.yaml")
     g = count_grid(space)
@@ -194,7 +194,7 @@ def test_usage_of_records_is_the_reference_fold(seed: int) -> None:
 def test_trial_gpu_figures() -> None:
     """One trial's part of its study's GPU time (the storage's columns): finite numbers or
     None, whatever its metrics hold."""
-    from dse.gpu_usage import TRIAL_GPU_FIGURES, trial_gpu_figures
+    from dse.results.gpu_usage import TRIAL_GPU_FIGURES, trial_gpu_figures
 
     assert trial_gpu_figures({}) == dict.fromkeys(TRIAL_GPU_FIGURES)
     m = trial_timing(wall_s=10.0, devices=2, device="cuda", steps=_steps(1.0, 3.0),

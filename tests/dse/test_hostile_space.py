@@ -9,11 +9,17 @@ from typing import Any
 import pytest
 import yaml
 
-from dse import bounds
-from dse.cli import main
-from dse.exceptions import SpaceError
-from dse.rules import check, check_space
-from dse.space import RayOptions, SearchSpace, SlurmOptions, parse_space, parse_space_text
+from dse.cli.main import main
+from dse.core import bounds
+from dse.core.exceptions import SpaceError
+from dse.model.rules import check, check_space
+from dse.space.searchspace import (
+    RayOptions,
+    SearchSpace,
+    SlurmOptions,
+    parse_space,
+    parse_space_text,
+)
 from tests.conftest import EXAMPLES
 
 TINY = (EXAMPLES / "tiny_gpt_cpu.yaml").read_text()

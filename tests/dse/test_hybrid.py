@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dse import rules
-from dse.catalog import catalog, get_entry
-from dse.costmodel._params import total_params
-from dse.exceptions import SpaceError
-from dse.knobs import KNOBS, assignments
-from dse.space import ModelSpec, load_space, parse_space
+from dse.core.exceptions import SpaceError
+from dse.model import rules
+from dse.model.costmodel._params import total_params
+from dse.space.catalog import catalog, get_entry
+from dse.space.knobs import KNOBS, assignments
+from dse.space.searchspace import ModelSpec, load_space, parse_space
 from dse.workloads.launchers import NotTaken
 from dse.workloads.launchers.flags import launch_flags
 from tests.conftest import require_megatron
@@ -273,7 +273,7 @@ def test_knob_fields_exist_in_megatron_core_or_are_sourced():
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import TransformerConfig
 
-    from dse.knobs import FIELD_SOURCES
+    from dse.space.knobs import FIELD_SOURCES
 
     have = {
         "model": {f.name for f in dataclasses.fields(TransformerConfig)},
@@ -379,7 +379,7 @@ def test_shared_expert_grouped_gemm_is_fine_with_swiglu(omni):
 
 
 def test_mamba_ssm_feature_probe_is_declared():
-    from dse.knobs import FEATURES
+    from dse.space.knobs import FEATURES
 
     assert "mamba_ssm" in FEATURES
     assert importlib.util.find_spec("dse.workloads.megatron.features") is not None

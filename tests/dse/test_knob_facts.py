@@ -1,4 +1,4 @@
-"""The knob facts live on the ``Knob`` (dse/knobs.py): MoE-only, the prior's preference, the
+"""The knob facts live on the ``Knob`` (dse/space/knobs.py): MoE-only, the prior's preference, the
 CloudAI names and the progress abbreviation. The rules, the prior, the CloudAI importer and
 exporter and the progress lines read them there; these tests change a fact on the catalog
 entry and see the reader follow, and check the facts for consistency."""
@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 
-from dse import knobs
 from dse.agents import _prior
-from dse.cloudai import BRIDGE_KNOBS, NEMO_RUN_KNOBS
-from dse.knobs import CLOUDAI_TEMPLATES, KNOBS, Preference
-from dse.launcher import short_params
-from dse.rules import check
+from dse.interop.cloudai import BRIDGE_KNOBS, NEMO_RUN_KNOBS
+from dse.loop.launcher import short_params
+from dse.model.rules import check
+from dse.space import knobs
+from dse.space.knobs import CLOUDAI_TEMPLATES, KNOBS, Preference
 from tests.conftest import small_space
 
 
@@ -45,7 +45,7 @@ def test_a_moe_only_switch_on_a_dense_model_is_rejected_naming_it(name: str) -> 
 
 
 def test_the_moe_only_rule_follows_the_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dse import rules
+    from dse.model import rules
 
     dense = small_space("dense", {"moe_grouped_gemm": {"type": "bool"}})
     assert [v.rule for v in check(dense, {"moe_grouped_gemm": True})] == ["moe_only"]

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from dse.exceptions import UnknownKnobError
-from dse.knobs import KNOBS, assignments, get_knob
+from dse.core.exceptions import UnknownKnobError
+from dse.space.knobs import KNOBS, assignments, get_knob
 
 
 def test_every_knob_has_fields_and_description() -> None:

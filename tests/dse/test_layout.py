@@ -1,5 +1,5 @@
 """One layout and one set of rules: before launch, in the cost model, in space constraints
-and in the trial process (dse.layout, dse.rules, workloads/megatron/_plan.py)."""
+and in the trial process (dse.space.layout, dse.model.rules, dse/workloads/megatron/_plan.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from dse import rules
-from dse.costmodel._layout import resolve as cost_resolve
-from dse.layout import Layout
-from dse.records import MetricsWriter, TrialSpec, read_metrics
-from dse.space import SearchSpace, parse_space
+from dse.core.records import MetricsWriter, TrialSpec, read_metrics
+from dse.model import rules
+from dse.model.costmodel._layout import resolve as cost_resolve
+from dse.space.layout import Layout
+from dse.space.searchspace import SearchSpace, parse_space
 from dse.workloads.megatron._plan import TrialFailure, make_plan
 from dse.workloads.megatron.trainer import _Dist, run_trial
 

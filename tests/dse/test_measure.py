@@ -1,4 +1,4 @@
-"""The statistics of dse.measure on synthetic step-time series with a known mean: the t
+"""The statistics of dse.core.measure on synthetic step-time series with a known mean: the t
 quantile, MSER warm-up detection, the coverage of the interval, the stopping rule and the
 dominance test. Seeded generators (numpy) and Hypothesis; no timing."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dse.measure import (
+from dse.core.measure import (
     MIN_MEASURED,
     TRIM,
     MeasurementSpec,
@@ -481,8 +481,8 @@ def test_measurement_section_checks_its_bounds() -> None:
 
 
 def test_the_cpu_clock_is_identity_only_when_set_and_only_on_cpu() -> None:
-    from dse.exceptions import SpaceError
-    from dse.space import load_space, parse_space
+    from dse.core.exceptions import SpaceError
+    from dse.space.searchspace import load_space, parse_space
     from tests.conftest import EXAMPLES
 
     assert MeasurementSpec(clock="cpu").identity()["clock"] == "cpu"

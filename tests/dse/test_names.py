@@ -1,11 +1,11 @@
-"""dse/names.py on its own: the one study-name rule (a single path component, nothing that
+"""dse/core/names.py on its own: the one study-name rule (a single path component, nothing that
 hides or forges a line of output) and the escaping used to print a name."""
 
 from __future__ import annotations
 
 import pytest
 
-from dse.names import check_study_name, display_name, study_name_problem
+from dse.core.names import check_study_name, display_name, study_name_problem
 
 
 @pytest.mark.parametrize("name", ["llama-1b", "a.b_c", "étude", "研究", "x" * 200, "a b"])

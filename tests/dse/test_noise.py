@@ -1,4 +1,4 @@
-"""The noise-aware best (dse.noise): intervals, pooling, configurations equal in effect,
+"""The noise-aware best (dse.results.noise): intervals, pooling, configurations equal in effect,
 ties and the re-measure plan, on trial records."""
 
 from __future__ import annotations
@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
-from dse.noise import noisy_best, rank_configurations, remeasure_plan, t_quantile, trial_figures
-from dse.records import StepMetrics, TrialRecord
-from dse.space import params_key, parse_space
+from dse.core.records import StepMetrics, TrialRecord
+from dse.results.noise import (
+    noisy_best,
+    rank_configurations,
+    remeasure_plan,
+    t_quantile,
+    trial_figures,
+)
+from dse.space.searchspace import params_key, parse_space
 
 SPACE = parse_space(
     {

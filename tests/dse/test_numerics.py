@@ -1,4 +1,5 @@
-"""The loss-parity arithmetic (dse.numerics) and the ``loss_parity`` section of a space file."""
+"""The loss-parity arithmetic (dse.core.numerics) and the ``loss_parity`` section of a space
+file."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from dse.exceptions import SpaceError
-from dse.numerics import (
+from dse.core.exceptions import SpaceError
+from dse.core.numerics import (
     DEFAULT_REL_TOLERANCE,
     floor_of,
     judge,
@@ -15,8 +16,8 @@ from dse.numerics import (
     losses_of,
     tolerance_of,
 )
-from dse.records import StepMetrics, TrialRecord
-from dse.space import parse_space
+from dse.core.records import StepMetrics, TrialRecord
+from dse.space.searchspace import parse_space
 
 #: Losses of the measured H200 table's baseline row (bf16, llama 1B, examples/tables).
 H200 = [10.77427, 10.78199, 10.7834, 10.75606, 10.71542, 10.66171]

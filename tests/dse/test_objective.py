@@ -1,10 +1,11 @@
-"""dse/objective.py on its own: the value storage keeps for a trial is the space's objective
+"""dse/results/objective.py on its own: the value storage keeps for a trial is the space's
+objective
 metric of an ``ok`` outcome, a float; nothing for a failure or a missing metric."""
 
 from __future__ import annotations
 
-from dse.objective import objective_value
-from dse.records import Outcome
+from dse.core.records import Outcome
+from dse.results.objective import objective_value
 from tests.conftest import small_space
 
 KNOBS = {"micro_batch_size": {"values": [1, 2]}}

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
-from dse.export import best_payload
-from dse.figures import figure
-from dse.report import _sections
+from dse.cli.main import main
+from dse.core.figures import figure
+from dse.report.page import _sections
+from dse.report.plots import compare_studies, running_best, study_plot_data
+from dse.results.export import best_payload
 from dse.storage import open_storage
-from dse.studyplots import compare_studies, running_best, study_plot_data
 from tests.conftest import EXAMPLES
 from tests.study.test_loss_parity_replay import _noise_table, _run, _space
 
@@ -108,7 +108,7 @@ def test_running_best_follows_pooled_configurations() -> None:
     """A lucky run lifts the line until its configuration's re-measure pools it down."""
     from dataclasses import dataclass, field
 
-    from dse.space import load_space
+    from dse.space.searchspace import load_space
 
     space = load_space(EXAMPLES / "tiny_gpt_cpu.yaml")
     base = space.baseline()

@@ -12,7 +12,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import optuna
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.conftest import free_port
 
 
@@ -102,8 +102,8 @@ def test_optuna_dashboard_serves_the_exported_study(dashboard: str) -> None:
 def test_a_pruned_trial_is_optunas_pruned(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
-    from dse.records import Outcome
-    from dse.space import params_key, parse_space
+    from dse.core.records import Outcome
+    from dse.space.searchspace import params_key, parse_space
     from dse.storage import open_storage
     from tests.conftest import EXAMPLES
 
@@ -148,9 +148,9 @@ def test_follower_keeps_a_running_study_live_in_optuna_dashboard(tmp_path) -> No
     import yaml
     from optuna_dashboard import wsgi
 
-    from dse.optuna_export import follow_study
-    from dse.records import Outcome
-    from dse.space import params_key, parse_space
+    from dse.core.records import Outcome
+    from dse.interop.optuna_export import follow_study
+    from dse.space.searchspace import params_key, parse_space
     from dse.storage import open_storage
     from tests.conftest import EXAMPLES
 
@@ -226,9 +226,9 @@ def test_follower_keeps_a_running_study_live_in_optuna_dashboard(tmp_path) -> No
 def test_follow_refuses_an_optuna_study_of_another_dse_study(tmp_path) -> None:
     import yaml
 
-    from dse.exceptions import DSEError
-    from dse.optuna_export import follow_study
-    from dse.space import parse_space
+    from dse.core.exceptions import DSEError
+    from dse.interop.optuna_export import follow_study
+    from dse.space.searchspace import parse_space
     from dse.storage import open_storage
     from tests.conftest import EXAMPLES
 

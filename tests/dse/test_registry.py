@@ -12,12 +12,12 @@ import pytest
 from pydantic import BaseModel
 
 from dse.agents import AGENTS, SpaceAgent, create_agent
-from dse.cli import build_parser
-from dse.exceptions import SpaceError
-from dse.recipe_spec import LAUNCHERS
-from dse.records import AGENT_NAMES, RUNNER_NAMES, WORKLOAD_NAMES
-from dse.registry import PLUGIN_KINDS, REGISTRY, DuplicatePluginError, Plugin, Registry
-from dse.space import RUNNER_OPTIONS, RunnerOptions
+from dse.cli.main import build_parser
+from dse.core.exceptions import SpaceError
+from dse.core.records import AGENT_NAMES, RUNNER_NAMES, WORKLOAD_NAMES
+from dse.core.registry import PLUGIN_KINDS, REGISTRY, DuplicatePluginError, Plugin, Registry
+from dse.space.recipe_spec import LAUNCHERS
+from dse.space.searchspace import RUNNER_OPTIONS, RunnerOptions
 from dse.workloads import trial_command
 from dse.workloads.launchers import Launcher
 from dse.workloads.runners import RUNNERS, check_runner

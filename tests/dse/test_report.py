@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
-from dse.figures import figure
+from dse.cli.main import main
+from dse.core.figures import figure
 from tests.api.live import chromium, serve
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -117,7 +117,7 @@ def test_dashboard_draws_importance_and_slices_from_the_report_data(
 
 
 def test_report_of_a_study_without_a_complete_trial(tmp_path: Path) -> None:
-    from dse.records import Outcome
+    from dse.core.records import Outcome
     from dse.storage import open_storage
     from tests.api.seed import create_study
 
@@ -126,7 +126,7 @@ def test_report_of_a_study_without_a_complete_trial(tmp_path: Path) -> None:
     sid = create_study(storage, "all-failed")
     params = {"tensor_model_parallel_size": 2, "micro_batch_size": 4,
               "use_distributed_optimizer": False}  # fmt: skip
-    from dse.space import params_key
+    from dse.space.searchspace import params_key
 
     t = storage.claim_trial(study_id=sid, params=params, params_key=params_key(params), budget=5)
     assert t is not None
@@ -165,9 +165,10 @@ def test_report_of_a_model_studied_on_other_hardware(tmp_path: Path) -> None:
     assert rows == ["gpt-h200", "gpt-h100", "gpt-bridge-h200"]  # not the other model's
     for name in rows:
         assert f"<tr data-study='{name}'>" in page
-    # the best's figures and intervals are its configuration's noise-aware ones (dse.noise),
+    # the best's figures and intervals are its configuration's noise-aware ones
+    # (dse.results.noise),
     # the same in the best section and the comparison
-    from dse.figures import figure
+    from dse.core.figures import figure
 
     figs = data["best"]["noise"]["figures"]
     lo, hi = (figure(x) for x in figs["tflops_per_gpu"]["ci"])

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
-from dse.figures import figure
+from dse.cli.main import main
+from dse.core.figures import figure
 from dse.storage import open_storage
 from tests.api.live import chromium
 from tests.api.seed import seed_cpu_clock, seed_database

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.api.live import chromium
 from tests.conftest import EXAMPLES
 

@@ -4,8 +4,8 @@ import copy
 
 import pytest
 
-from dse.rules import RULES, check, layout
-from dse.space import parse_space
+from dse.model.rules import RULES, check, layout
+from dse.space.searchspace import parse_space
 
 
 def _space(d: dict, **model) -> object:
@@ -180,8 +180,8 @@ def test_the_space_check_estimates_a_sampled_space_like_its_whole_count(
     """Above the cap the space check samples combinations at random; its estimate of the
     distinct valid configurations counts equivalent combinations once (an inactive
     conditional knob, the distributed optimizer at DP 1) and lands near the whole count."""
-    import dse.rules
-    from dse.rules import check_space
+    import dse.model.rules
+    from dse.model.rules import check_space
 
     d = copy.deepcopy(tiny_space_dict)
     d["resources"]["world_size"] = 8
@@ -202,7 +202,7 @@ def test_the_space_check_estimates_a_sampled_space_like_its_whole_count(
     whole = check_space(sp, "x")
     assert whole.complete and whole.estimated_valid == whole.valid
     assert whole.valid < whole.looked_at < sp.size()  # rules and equivalent combinations
-    monkeypatch.setattr(dse.rules, "CHECK_SPACE_CAP", 1_000)
+    monkeypatch.setattr(dse.model.rules, "CHECK_SPACE_CAP", 1_000)
     sampled = check_space(sp, "x")
     assert not sampled.complete and sampled.combinations == sp.size() == 1728
     assert abs(sampled.estimated_valid - whole.valid) <= 0.1 * whole.valid, (

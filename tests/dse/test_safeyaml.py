@@ -1,4 +1,4 @@
-"""dse/safeyaml.py on its own: PyYAML's safe loader with limits; each refusal a
+"""dse/core/safeyaml.py on its own: PyYAML's safe loader with limits; each refusal a
 MarkedYAMLError naming the problem and its line (the space and import tests reach it
 through their parsers)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dse.bounds import MAX_SCALAR_CHARS, MAX_YAML_ALIASES, MAX_YAML_DEPTH, MAX_YAML_NODES
-from dse.safeyaml import safe_load
+from dse.core.bounds import MAX_SCALAR_CHARS, MAX_YAML_ALIASES, MAX_YAML_DEPTH, MAX_YAML_NODES
+from dse.core.safeyaml import safe_load
 
 
 def _refused(text: str) -> yaml.MarkedYAMLError:

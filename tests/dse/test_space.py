@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.exceptions import SpaceError
-from dse.space import load_space, params_key, parse_space
+from dse.core.exceptions import SpaceError
+from dse.space.searchspace import load_space, params_key, parse_space
 from tests.conftest import EXAMPLES
 
 
@@ -131,7 +131,7 @@ def test_measurement_defaults_keep_the_study_hash() -> None:
 
 
 def test_how_a_trial_measures_is_identity_pruning_is_a_run_setting() -> None:
-    from dse.run_settings import identity_changes, run_settings, with_run_settings
+    from dse.results.run_settings import identity_changes, run_settings, with_run_settings
 
     base = _with_measurement()
     adaptive = _with_measurement(mode="adaptive", min_steps=8, max_steps=40)

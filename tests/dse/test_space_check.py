@@ -1,4 +1,4 @@
-"""dse/space_check.py on its own: a space file validated in a child process bounded in time
+"""dse/model/space_check.py on its own: a space file validated in a child process bounded in time
 and memory, every failure a SpaceError naming the source and the cause, the API token never
 passed to the child (the API tests reach it through POST /studies)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dse.exceptions import SpaceError
-from dse.space_check import CheckedSpace, check_space_text
+from dse.core.exceptions import SpaceError
+from dse.model.space_check import CheckedSpace, check_space_text
 from tests.conftest import EXAMPLES
 
 T = "tests.dse.space_check_targets"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dse.exceptions import SpaceError, StorageURLError
-from dse.space import parse_space
+from dse.core.exceptions import SpaceError, StorageURLError
+from dse.space.searchspace import parse_space
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES
 

@@ -1,4 +1,4 @@
-"""The pure parts of the decision views (dse.studyplots): GPU slots from the runners' records,
+"""The pure parts of the decision views (dse.report.plots): GPU slots from the runners' records,
 lanes of the timeline (recorded, placed, or inferred from overlaps: as few as the overlaps
 need), idle gaps, host names hidden for readers without the token, and model identity."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dse.records import TrialRecord
-from dse.studyplots import STATE_COLORS, model_differences, parse_placement, timeline
+from dse.core.records import TrialRecord
+from dse.report.plots import STATE_COLORS, model_differences, parse_placement, timeline
 
 
 def _t(

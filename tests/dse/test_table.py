@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dse.exceptions import WorkloadError
-from dse.space import ModelSpec
-from dse.table import TableError, read_table, space_model_fields
+from dse.core.exceptions import WorkloadError
+from dse.core.table import TableError, read_table, space_model_fields
+from dse.space.searchspace import ModelSpec
 
 
 def test_reads_rows_with_their_lines(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The trial contract: the one metrics writer, its typed lines and the reader (dse.records)."""
+"""The trial contract: the one metrics writer, its typed lines and the reader
+(dse.core.records)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from dse.records import (
+from dse.core.records import (
     FailureLine,
     MetricsWriter,
     Outcome,

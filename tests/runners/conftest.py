@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.records import TrialRecord
+from dse.core.records import TrialRecord
 from dse.storage import open_storage
 from dse.workloads.runners import BaseRunner, Finished, Launch
 from dse.workloads.runners.slurm_runner import SlurmOptions, SlurmRunner

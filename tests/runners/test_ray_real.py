@@ -147,7 +147,7 @@ def test_placement_group_waiting_past_the_queue_timeout_is_timeout(
 
 @pytest.mark.slow
 def test_tiny_study_through_ray(ray_cluster: None, tmp_path: Path) -> None:
-    from dse.cli import main
+    from dse.cli.main import main
 
     p = tiny_space(tmp_path, remeasure=None, name="ray")  # the example's re-measures
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.conftest import EXAMPLES
 
 
@@ -66,7 +66,7 @@ def test_bad_slurm_option_is_named(
 
 
 def test_recipe_launcher_trials_ask_for_gpus_replay_trials_do_not() -> None:
-    from dse.space import load_space
+    from dse.space.searchspace import load_space
     from dse.workloads.runners.slurm_runner import make_runner
 
     nemo = load_space(EXAMPLES / "llama3_8b.yaml")  # NeMo recipe, 8 GPUs per trial
@@ -80,8 +80,8 @@ def test_llama3_8b_dry_run_prints_the_scripts_the_runner_submits(
 ) -> None:
     """`dse start --space examples/llama3_8b.yaml --runner slurm --dry-run`: each script is
     the one the Slurm runner would write for that trial, byte for byte, and valid bash."""
-    from dse.space import load_space
-    from dse.study import trial_launch
+    from dse.loop.study import trial_launch
+    from dse.space.searchspace import load_space
     from dse.workloads.runners.slurm_runner import dry_run_script, make_runner
 
     monkeypatch.chdir(tmp_path)
@@ -93,7 +93,7 @@ def test_llama3_8b_dry_run_prints_the_scripts_the_runner_submits(
     space = load_space(EXAMPLES / "llama3_8b.yaml")
     data = space.model_dump(mode="json")
     data["runner"]["name"] = "slurm"
-    from dse.space import parse_space
+    from dse.space.searchspace import parse_space
 
     space = parse_space(data, "llama3_8b (--runner slurm)")
     for s in scripts:

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.cli import main
-from dse.exceptions import SpaceError, TrialLaunchError
-from dse.space import SlurmOptions, parse_space
+from dse.cli.main import main
+from dse.core.exceptions import SpaceError, TrialLaunchError
+from dse.space.searchspace import SlurmOptions, parse_space
 from dse.storage import open_storage
 from dse.workloads.runners import Launch
 from dse.workloads.runners._cluster import trial_shape
@@ -327,7 +327,7 @@ _STUB_PORT = str(20000 + 4242 % 20000)
 def _recipe_launch(tmp_path: Path, space: Any, rendered: Any, args_out: Path) -> Launch:
     """A trial of ``rendered`` whose recipe command only prints the arguments it was given
     (the recipe's ``torchrun`` replaced by a program that dumps its argv)."""
-    from dse.records import TrialSpec
+    from dse.core.records import TrialSpec
 
     recipe = {
         **rendered.to_dict(),
@@ -477,7 +477,7 @@ def test_the_ray_runner_checks_its_environment_itself(
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", no_init)
 
-    from dse.space import RayOptions
+    from dse.space.searchspace import RayOptions
     from dse.workloads.runners.ray_runner import RayRunner
 
     rc = tmp_path / "rc.sh"
@@ -501,7 +501,7 @@ def test_shell_text_in_a_ray_env_value_stays_literal(ray_cluster: None, tmp_path
     """A Ray trial gets runner.options.env as its environment (the node task starts it with
     an argument list, no shell in between): each payload the policy allows in a value reaches
     the trial as it is, also read by a bash, and none of its commands runs."""
-    from dse.space import RayOptions
+    from dse.space.searchspace import RayOptions
     from dse.workloads.runners.ray_runner import RayRunner
     from tests.runners.conftest import drain
 

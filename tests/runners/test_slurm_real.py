@@ -210,7 +210,7 @@ def test_recipe_trial_runs_under_the_batch_scripts_srun(slurm: str, tmp_path: Pa
     """A recipe launcher's trial through sbatch: the node step runs on the node first (and is
     skipped with a note where it is not permitted), srun starts the recipe's command, and dse's
     trial process reads its output into the metrics contract."""
-    from dse.records import TrialSpec
+    from dse.core.records import TrialSpec
     from dse.workloads import trial_command
 
     log = LOGS / "megatron_mixtral_16xh100.log"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.records import INFEASIBLE_CLASSES
+from dse.core.records import INFEASIBLE_CLASSES
 from dse.workloads.runners.slurm_runner import pending_class, submission_env
 from tests.runners.conftest import (
     drain,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from dse.workloads.procgroup import OWNER_ENV
 from dse.workloads.runners import Launch
-from dse.workloads.runners._procgroup import OWNER_ENV
 from dse.workloads.runners.local import LocalRunner
 
 #: A rank: notes its pid and session, then sleeps (a trial mid-step).

@@ -1,5 +1,5 @@
 """A study's GPU-time totals from the trials' columns (``Storage.gpu_totals``, schema 0006)
-are the fold over its trial records (``dse.gpu_usage``), on every backend: for trials
+are the fold over its trial records (``dse.results.gpu_usage``), on every backend: for trials
 finished through the storage API, imported, and back-filled by the migration; and the
 figures built from them are those of the fold used before (``tests/gpu_reference.py``).
 Sums may differ in the last bits (the database adds in its own order); counts, the median
@@ -15,8 +15,8 @@ import pytest
 from alembic import command
 from sqlalchemy import event, text
 
-from dse.gpu_usage import TRIAL_GPU_FIGURES, gpu_totals, trial_gpu_figures, usage_of_totals
-from dse.records import Outcome
+from dse.core.records import Outcome
+from dse.results.gpu_usage import TRIAL_GPU_FIGURES, gpu_totals, trial_gpu_figures, usage_of_totals
 from dse.storage import Storage, open_storage
 from dse.storage._engine import alembic_config
 from tests.gpu_reference import (

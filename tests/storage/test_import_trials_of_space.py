@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dse.cli import main
-from dse.exceptions import StudyFormatError, StudyNotFoundError
-from dse.space import params_key
+from dse.cli.main import main
+from dse.core.exceptions import StudyFormatError, StudyNotFoundError
+from dse.space.searchspace import params_key
 from dse.storage import open_storage
 from tests.api.seed import create_study, ok
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dse.records import Outcome
+from dse.core.records import Outcome
 from dse.storage import Storage, trial_from_stored
 from dse.storage._rows import TRIAL_COLUMNS
 

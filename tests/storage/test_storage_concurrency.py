@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dse.records import Outcome
+from dse.core.records import Outcome
 from dse.storage import open_storage
 
 N_WORKERS = 4

@@ -12,15 +12,15 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from dse.exceptions import (
+from dse.core.exceptions import (
     DuplicatedStudyError,
     StorageError,
     StudyFormatError,
     StudyNotFoundError,
     TrialNotFoundError,
 )
-from dse.records import Outcome, StepMetrics, StudyRecord, TrialRecord
-from dse.space import parse_space_text
+from dse.core.records import Outcome, StepMetrics, StudyRecord, TrialRecord
+from dse.space.searchspace import parse_space_text
 from dse.storage import Storage, head_revision
 from tests.conftest import EXAMPLES
 
@@ -285,7 +285,7 @@ def test_finish_is_idempotent(storage: Storage) -> None:
 
 
 def pruned(value: float) -> Outcome:
-    """An ok outcome of a trial that stopped as dominated (dse.measure)."""
+    """An ok outcome of a trial that stopped as dominated (dse.core.measure)."""
     m = {"mode": "adaptive", "warmup_steps": 1, "measured_steps": 4, "stop_reason": "dominated"}
     return Outcome("ok", {"tflops_per_gpu": value, "measurement": m}, steps=steps(5))
 
@@ -571,7 +571,7 @@ def test_export_import_round_trip(storage: Storage) -> None:
     copy = storage.import_study(data, name="s-copy", trials_of_space=False)
     assert dataclasses.replace(copy, id=s.id, name="s") == s
     again = storage.export_study("s-copy")
-    # an import is marked: its run settings came from elsewhere (dse.run_settings)
+    # an import is marked: its run settings came from elsewhere (dse.results.run_settings)
     assert again["attrs"].pop("imported") is True
     for doc in (exported, again):
         doc.pop("exported_at")

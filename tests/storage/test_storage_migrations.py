@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
-from dse.exceptions import SchemaVersionError, StorageError
+from dse.core.exceptions import SchemaVersionError, StorageError
 from dse.storage import head_revision, open_storage
 from dse.storage._engine import MIGRATIONS_DIR, SCHEMA_HEAD, alembic_config
 from dse.storage._models import Base

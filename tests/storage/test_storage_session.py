@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from dse.exceptions import StorageError
+from dse.core.exceptions import StorageError
 from dse.storage import open_storage
 from dse.storage._engine import SessionScope, is_transient, make_engine
 

@@ -8,7 +8,7 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, text
 
-from dse.records import Outcome, StepMetrics
+from dse.core.records import Outcome, StepMetrics
 from dse.storage import Storage, head_revision, open_storage
 from dse.storage._engine import alembic_config
 from tests.storage.conftest import FILE_BACKENDS

@@ -1,4 +1,4 @@
-"""Storage speaks the vocabulary of dse.records: its states are the records' states (a trial
+"""Storage speaks the vocabulary of dse.core.records: its states are the records' states (a trial
 ``pruned`` among them: stopped early, dominated), and a row holding a value no dse writes (a
 trial ``abandoned``, a study ``paused``) still loads."""
 
@@ -10,7 +10,7 @@ from typing import get_args
 import pytest
 from sqlalchemy import create_engine, text
 
-from dse.records import FINISHED_STATES, STUDY_STATES, TRIAL_STATES, TrialState
+from dse.core.records import FINISHED_STATES, STUDY_STATES, TRIAL_STATES, TrialState
 from dse.storage import has_password, is_ephemeral, open_storage, safe_url
 
 

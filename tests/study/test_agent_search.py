@@ -9,9 +9,9 @@ from typing import Any
 import yaml
 
 from dse.agents import BaseAgent, Feedback, Proposal
-from dse.space import SearchSpace, parse_space
+from dse.loop.study import StudyRunner
+from dse.space.searchspace import SearchSpace, parse_space
 from dse.storage import open_storage
-from dse.study import StudyRunner
 from dse.workloads.runners import LocalRunner
 from tests.conftest import EXAMPLES
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.space import params_key
+from dse.space.searchspace import params_key
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES
 

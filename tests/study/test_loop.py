@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from dse.agents import create_agent
-from dse.cli import main
-from dse.reconcile import SAME_HOST_STALE_S, STALE_S, Owner, Reconciler
-from dse.records import Outcome, TrialRecord
-from dse.space import params_key, parse_space
+from dse.cli.main import main
+from dse.core.records import Outcome, TrialRecord
+from dse.loop.reconcile import SAME_HOST_STALE_S, STALE_S, Owner, Reconciler
+from dse.loop.study import StudyRunner
+from dse.space.searchspace import params_key, parse_space
 from dse.storage import Storage, open_storage
-from dse.study import StudyRunner
 from dse.workloads.runners import OWNER_ENV, InProcessRunner, kill_owned_group
 from tests.conftest import EXAMPLES, REPLAY_TABLE
 
@@ -371,7 +371,7 @@ def test_resuming_an_import_does_not_use_its_runner_options(
     """The runner options of an export that name code or where trials run (a container image,
     mounts, scheduler flags, variables, a Ray cluster) are refused unconfirmed, as
     runner.python and the table path are; a local space file or --trust-imported confirms."""
-    from dse.run_settings import RunOverrides, strip_imported
+    from dse.results.run_settings import RunOverrides, strip_imported
 
     d = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu.yaml").read_text())
     d.update(study="opts", budget={"n_trials": 1})
@@ -400,7 +400,7 @@ def test_resuming_an_import_does_not_use_its_runner_options(
 
 
 def test_import_refuses_a_name_that_is_not_a_path_component(tmp_path: Path) -> None:
-    from dse.exceptions import StudyFormatError
+    from dse.core.exceptions import StudyFormatError
 
     d = yaml.safe_load((EXAMPLES / "replay_llama1b.yaml").read_text())
     space = parse_space({**d, "study": "ok"}, "t")

@@ -5,7 +5,7 @@ drifts by 1 %: the guard flags it and no best (``dse best``, ``GET .../best``, i
 the cross-study ``/best``) ever names it. A table with two configurations within noise: the
 study re-measures them (recorded ``remeasure_of`` trials) and the best pools the runs and says
 the tie. The guard's re-evaluation when the baseline finishes last, and the tolerance from
-measured noise, through the controller's one place (:class:`dse.loss_guard.LossGuard`).
+measured noise, through the controller's one place (:class:`dse.loop.loss_guard.LossGuard`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from dse.agents import create_agent
-from dse.cli import main
-from dse.loss_guard import LOSS_PARITY_ATTR, LossGuard
-from dse.records import Outcome, StepMetrics
-from dse.space import params_key, parse_space
+from dse.cli.main import main
+from dse.core.records import Outcome, StepMetrics
+from dse.loop.loss_guard import LOSS_PARITY_ATTR, LossGuard
+from dse.loop.study import StudyRunner
+from dse.space.searchspace import params_key, parse_space
 from dse.storage import Storage, open_storage
-from dse.study import StudyRunner
 from dse.workloads.replay import ReplayTable
 from dse.workloads.runners import InProcessRunner
 from tests.api.conftest import make_client

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.cli import main
-from dse.records import TrialSpec
+from dse.cli.main import main
+from dse.core.records import TrialSpec
 from dse.storage import open_storage
 
 SPACE = """

@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 
 from dse.agents import create_agent
+from dse.loop.study import StudyRunner
 from dse.storage import open_storage
-from dse.study import StudyRunner
 from dse.workloads.replay import ReplayTable
 from dse.workloads.runners import InProcessRunner
 from tests.study.test_loss_parity_replay import _noise_table, _space

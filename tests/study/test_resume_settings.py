@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES, REPLAY_TABLE
 

@@ -1,4 +1,4 @@
-"""One builder of a trial's spec (``dse.launcher.trial_spec``): the study loop's launches and
+"""One builder of a trial's spec (``dse.loop.launcher.trial_spec``): the study loop's launches and
 the benches that run the trainer in their own process write the same ``trial.json``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from dse.launcher import trial_spec
-from dse.measure import MeasurementSpec
-from dse.space import load_space
+from dse.core.measure import MeasurementSpec
+from dse.loop.launcher import trial_spec
+from dse.space.searchspace import load_space
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from dse.cli import main
-from dse.space import params_key
+from dse.cli.main import main
+from dse.space.searchspace import params_key
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES
 

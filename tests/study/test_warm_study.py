@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.gpu_usage import HELD_ATTR_PREFIX
+from dse.results.gpu_usage import HELD_ATTR_PREFIX
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from dse.records import MetricsWriter, TrialSpec
+from dse.core.records import MetricsWriter, TrialSpec
 from dse.workloads.megatron import trainer
 from dse.workloads.megatron._plan import TrialFailure
 

@@ -30,10 +30,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.cli import main
-from dse.export import EXPORT_TARGETS
-from dse.records import Outcome
-from dse.space import SearchSpace, load_space, params_key, parse_space
+from dse.cli.main import main
+from dse.core.records import Outcome
+from dse.results.export import EXPORT_TARGETS
+from dse.space.searchspace import SearchSpace, load_space, params_key, parse_space
 from dse.storage import open_storage
 from dse.workloads.launchers import launcher_for
 from dse.workloads.launchers._core import shell_word

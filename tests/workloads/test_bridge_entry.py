@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.records import MetricsWriter, TrialSpec, read_metrics
-from dse.space import parse_space
+from dse.core.records import MetricsWriter, TrialSpec, read_metrics
+from dse.space.searchspace import parse_space
 from dse.workloads.launchers import launcher_for
 from dse.workloads.launchers.bridge import ENTRY_FILE, RUN_RECIPE
 from dse.workloads.launchers.resolved import RESOLVED_FILE
@@ -131,7 +131,7 @@ def test_validate_reports_a_knob_the_recipe_overwrites_where_it_resolves_here(
     """Where Bridge imports on the controller, dse validate resolves the recipe for every
     rendering it checks and names a field the recipe overwrites: without the mixed-precision
     field (the plain Bridge command) the recipe's bf16 reduction undoes the knob."""
-    from dse.exceptions import SpaceError
+    from dse.core.exceptions import SpaceError
     from dse.workloads.launchers import check_launcher
 
     monkeypatch.syspath_prepend(str(STANDIN))

@@ -1,4 +1,4 @@
-"""dse's Bridge entry script (workloads/launchers/bridge_entry.py) run as a script, the way a
+"""dse's Bridge entry script (dse/workloads/launchers/bridge_entry.py) run as a script, the way a
 trial runs it (a copy named ``dse_bridge_entry.py`` in the trial folder), on the stand-in
 Bridge of tests/workloads/bridge_standin: the user's script or module runs as ``__main__``
 with the arguments after ``--``; a mixed-precision preset is resolved before its fields are

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dse.knobs import KNOBS
-from dse.space import parse_space
+from dse.space.knobs import KNOBS
+from dse.space.searchspace import parse_space
 from dse.workloads.launchers import NotTaken, launcher_for
 from dse.workloads.launchers.flags import TARGETS, launch_flags
 from tests.conftest import EXAMPLES
@@ -80,7 +80,7 @@ def test_megatron_fsdp_renders_where_the_target_runs_it_and_is_refused_elsewhere
     asserts, Bridge's ddp field; NeMo (its strategy's fsdp argument) and dse's built-in
     trainer (Megatron-Core's DDP wrapper) refuse it by name, in the launcher and in the
     trial process alike."""
-    from dse.records import TrialSpec
+    from dse.core.records import TrialSpec
     from dse.workloads.megatron._plan import TrialFailure, make_plan
 
     on = {"use_megatron_fsdp": True, "use_distributed_optimizer": True}

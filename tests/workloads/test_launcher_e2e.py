@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.records import MetricsWriter, TrialSpec, read_metrics
+from dse.core.records import MetricsWriter, TrialSpec, read_metrics
 from dse.workloads.launchers.run import main, run_rendered
 from tests.conftest import LOGS
 
@@ -204,7 +204,7 @@ def test_noisy_recipe_is_stopped_at_max_steps(tmp_path: Path) -> None:
 
 def test_a_dominated_recipe_is_stopped_and_recorded_pruned(tmp_path: Path) -> None:
     m = {"mode": "adaptive", "min_steps": 10, "max_steps": 250, "prune": True}
-    from dse.flops import model_flops_per_step
+    from dse.model.flops import model_flops_per_step
 
     # the fake recipe's steady 0.1 s step, in dse's TFLOP/s; the study's best is 1.5x that
     tf = model_flops_per_step(MODEL, {"global_batch_size": 8, "seq_length": 4096}) / 0.1e12

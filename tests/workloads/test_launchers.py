@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.cli import main
-from dse.exceptions import SpaceError
-from dse.knobs import trial_env
-from dse.space import load_space, parse_space
-from dse.study import trial_launch
+from dse.cli.main import main
+from dse.core.exceptions import SpaceError
+from dse.loop.study import trial_launch
+from dse.space.knobs import trial_env
+from dse.space.searchspace import load_space, parse_space
 from dse.workloads import trial_command
 from dse.workloads.launchers import NotTaken, check_launcher, launcher_for, run_node_steps
 from dse.workloads.launchers.megatron_lm import parse_megatron_args
@@ -262,7 +262,7 @@ def test_dry_run_slurm_batch_script_golden(
 
 
 def test_a_combination_the_recipe_cannot_take_becomes_an_invalid_trial(tmp_path: Path) -> None:
-    from dse.records import TrialSpec, read_metrics
+    from dse.core.records import TrialSpec, read_metrics
     from dse.workloads.launchers.run import main as run_main
 
     # 32 layers do not split into PP=2 x VPP=3 stages: only this combination fails

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
-from dse.flops import model_flops_per_step
+from dse.cli.main import main
+from dse.model.flops import model_flops_per_step
 from dse.workloads.logs import classify_failure, classify_log, detect_format, parse_log
 from dse.workloads.runners import classify_log as runner_classify_log
 from tests.conftest import EXAMPLES, LOGS
@@ -225,7 +225,7 @@ def test_nan_loss_of_a_real_nemo_log() -> None:
 
 
 def test_nan_loss_recorded_as_nan_by_the_trial_process(tmp_path: Path) -> None:
-    from dse.records import MetricsWriter, TrialSpec, read_metrics
+    from dse.core.records import MetricsWriter, TrialSpec, read_metrics
     from dse.workloads.launchers.run import run_rendered
 
     spec = TrialSpec(

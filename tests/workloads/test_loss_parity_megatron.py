@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from dse.loss_guard import LossGuard
-from dse.numerics import floor_of, judge, losses_of, tolerance_of
-from dse.records import Outcome, TrialRecord, TrialSpec, read_metrics
-from dse.space import params_key, parse_space
+from dse.core.numerics import floor_of, judge, losses_of, tolerance_of
+from dse.core.records import Outcome, TrialRecord, TrialSpec, read_metrics
+from dse.loop.loss_guard import LossGuard
+from dse.space.searchspace import params_key, parse_space
 from dse.storage import open_storage
 from tests.conftest import require_megatron
 

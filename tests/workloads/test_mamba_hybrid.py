@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dse.records import TrialSpec
+from dse.core.records import TrialSpec
 from dse.workloads.megatron._plan import TrialFailure, make_plan
 from tests.conftest import needs_megatron
 from tests.workloads.test_megatron_trainer import make_spec, run_trial

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dse.records import Outcome, TrialSpec, read_metrics
+from dse.core.records import Outcome, TrialSpec, read_metrics
 from dse.workloads.megatron._plan import TrialFailure, make_plan
 from tests.conftest import needs_megatron, require_megatron
 
@@ -150,7 +150,7 @@ def test_importing_the_package_does_not_import_torch() -> None:
 def test_global_batches_do_not_depend_on_the_layout(tmp_path: Path) -> None:
     import torch
 
-    from dse.space import DataSpec
+    from dse.space.searchspace import DataSpec
     from dse.workloads.megatron._data import GlobalBatches
 
     data = GlobalBatches(DataSpec(seed=7), global_batch_size=8, seq_length=16, vocab_size=50)
@@ -175,7 +175,7 @@ def test_global_batches_do_not_depend_on_the_layout(tmp_path: Path) -> None:
 def test_token_file_data(tmp_path: Path) -> None:
     import numpy as np
 
-    from dse.space import DataSpec
+    from dse.space.searchspace import DataSpec
     from dse.workloads.megatron._data import GlobalBatches
 
     path = tmp_path / "tokens.npy"
@@ -340,7 +340,7 @@ def test_a_rule_is_reported_by_the_trial_process_with_its_pre_launch_text(
     tmp_path: Path,
 ) -> None:
     """num_attention_heads % TP: the trial process (2 ranks under torchrun) checks
-    dse.rules before building and reports the rule's own text."""
+    dse.model.rules before building and reports the rule's own text."""
     spec = make_spec(
         tmp_path,
         "heads",
@@ -414,7 +414,7 @@ def test_adaptive_trial_stops_between_min_and_max_on_every_rank(tmp_path: Path) 
     rank that went on alone would wait in a collective until the timeout)."""
     from scipy import stats
 
-    from dse.measure import TRIM
+    from dse.core.measure import TRIM
 
     m = {"mode": "adaptive", "min_steps": 6, "max_steps": 40, "rel_halfwidth": 0.25}
     spec = make_spec(tmp_path, "adaptive", {"tensor_model_parallel_size": 2}, world=2)

@@ -1,6 +1,6 @@
-"""The built-in trainer behind a Megatron-LM command line (workloads/megatron/mlm.py): the
+"""The built-in trainer behind a Megatron-LM command line (dse/workloads/megatron/mlm.py): the
 lines it prints are Megatron-LM's, read back by dse's own Megatron-LM log parser
-(workloads/logs.py) figure for figure; run as the megatron_lm launcher renders it, it trains
+(dse/workloads/logs.py) figure for figure; run as the megatron_lm launcher renders it, it trains
 on CPU and prints one iteration line per step; a configuration Megatron refuses ends in an
 ``AssertionError`` that the log classification reads as ``invalid`` with Megatron's message."""
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.records import StepMetrics, TrialSpec
-from dse.space import SearchSpace, parse_space
+from dse.core.records import StepMetrics, TrialSpec
+from dse.space.searchspace import SearchSpace, parse_space
 from dse.workloads.launchers import launcher_for
 from dse.workloads.logs import classify_failure, parse_log
 from dse.workloads.megatron.mlm import _MegatronLog

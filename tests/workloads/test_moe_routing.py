@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.exceptions import SpaceError
-from dse.records import TrialSpec
-from dse.space import MoeRouting, SearchSpace, parse_space
+from dse.core.exceptions import SpaceError
+from dse.core.records import TrialSpec
+from dse.space.searchspace import MoeRouting, SearchSpace, parse_space
 from dse.workloads.launchers import NotTaken, check_launcher, launcher_for
 from dse.workloads.launchers import megatron_lm as mlm
 from dse.workloads.launchers.bridge import hydra_value

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from tests.conftest import EXAMPLES
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "dryrun_nemotron_omni.txt"

@@ -1,7 +1,7 @@
 """The value syntax of the recipe launchers on its own: a value dse renders as a Hydra
-override (Megatron-Bridge, workloads/launchers/bridge.py) reads back as the same value the
+override (Megatron-Bridge, dse/workloads/launchers/bridge.py) reads back as the same value the
 way Hydra/YAML reads it (``resolved_expectations``), and a NeMo-Run override value
-(workloads/launchers/nemo.py) is the Python literal of the value."""
+(dse/workloads/launchers/nemo.py) is the Python literal of the value."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dse.exceptions import WorkloadError
-from dse.records import TrialSpec, read_metrics
+from dse.core.exceptions import WorkloadError
+from dse.core.records import TrialSpec, read_metrics
 from dse.workloads.replay import ReplayTable, run_trial
 
 MODEL = {

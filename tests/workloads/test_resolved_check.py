@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.records import MetricsWriter, TrialSpec, read_metrics
-from dse.space import ModelSpec
+from dse.core.records import MetricsWriter, TrialSpec, read_metrics
+from dse.space.searchspace import ModelSpec
 from dse.workloads.launchers.megatron_lm import BUILTIN_MODULE, resolved_expectations
 from dse.workloads.launchers.resolved import (
     RESOLVED_FILE,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.exceptions import TrialLaunchError
+from dse.core.exceptions import TrialLaunchError
 from dse.workloads.runners import BaseRunner, Finished, Launch, LocalRunner
 
 RUNNERS: dict[str, Callable[..., BaseRunner]] = {

@@ -7,7 +7,7 @@ import math
 import subprocess
 import sys
 
-from dse.records import TrialSpec, read_metrics
+from dse.core.records import TrialSpec, read_metrics
 from dse.workloads import sim
 
 MODEL = {
@@ -138,7 +138,7 @@ def test_sim_loss_is_the_same_for_every_execution_knob(tmp_path):
 
 
 def test_sim_loss_follows_what_defines_the_training(tmp_path):
-    from dse.numerics import floor_of, judge, tolerance_of
+    from dse.core.numerics import floor_of, judge, tolerance_of
 
     base = _losses(tmp_path, EXECUTION[0])[0]
     tol = tolerance_of(floor_of(None, "bf16"), 3.0, [])
@@ -172,7 +172,7 @@ def test_a_sim_study_flags_no_execution_knob_and_says_its_losses_are_simulated(t
     """The Bridge-style 16-knob sim space through ``dse start``: every trial's loss is
     compared with the baseline's over every step (non-zero losses, drift 0: nothing flagged),
     and ``dse status`` says the figures and losses are estimates."""
-    from dse.cli import main
+    from dse.cli.main import main
     from dse.storage import open_storage
     from tests.conftest import EXAMPLES
 

@@ -1,4 +1,4 @@
-"""The trainer's speed parts (workloads/megatron/_speed.py): torch's AdamW switched between
+"""The trainer's speed parts (dse/workloads/megatron/_speed.py): torch's AdamW switched between
 its foreach and fused implementations mid-run gives the same parameters as either alone;
 the rotary-embedding cache of a finished trial is cleared; live tensors are counted.
 torch and Megatron-Core (the megatron extra) are real parts: without them these tests skip

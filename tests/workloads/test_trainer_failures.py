@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dse.records import MetricsWriter, Outcome, StepMetrics, TrialSpec, read_metrics
+from dse.core.records import MetricsWriter, Outcome, StepMetrics, TrialSpec, read_metrics
 from dse.workloads.runners import Launch
 from dse.workloads.runners._cluster import outcome_after_exit
 from dse.workloads.runners.local import LocalRunner
@@ -164,7 +164,7 @@ def test_a_schedulers_class_wins_over_the_trials_interrupted_line(tmp_path: Path
 #: line (as the built-in trainer does).
 SLOW_TRIAL = """
 import signal, sys, time
-from dse.records import MetricsWriter, StepMetrics
+from dse.core.records import MetricsWriter, StepMetrics
 w = MetricsWriter(sys.argv[1])
 def stop(signum, frame):
     w.failure("interrupted", "stopped by SIGTERM")

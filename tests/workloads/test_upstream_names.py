@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from dse.exceptions import NoEquivalentError, SpaceError
-from dse.export import EXPORT_TARGETS, render_best
-from dse.knobs import FIELD_SOURCES, KNOBS, Knob, ModulesKnob
-from dse.registry import REGISTRY
-from dse.space import SearchSpace, load_space
+from dse.core.exceptions import NoEquivalentError, SpaceError
+from dse.core.registry import REGISTRY
+from dse.results.export import EXPORT_TARGETS, render_best
+from dse.space.knobs import FIELD_SOURCES, KNOBS, Knob, ModulesKnob
+from dse.space.searchspace import SearchSpace, load_space
 from dse.workloads.launchers import NotTaken, launcher_for
 from dse.workloads.launchers.flags import export_text
 from tests.workloads import upstream
@@ -76,7 +76,7 @@ LAUNCHERS = REGISTRY.names("launcher")
 
 def _documented_newer(problem: str) -> bool:
     """A field the knob catalog records as newer than the pinned releases
-    (:data:`dse.knobs.FIELD_SOURCES`: where it is defined instead)."""
+    (:data:`dse.space.knobs.FIELD_SOURCES`: where it is defined instead)."""
     return any(
         f"'{f}'" in problem or problem.startswith(f"--{f.replace('_', '-')}:")
         for f in FIELD_SOURCES

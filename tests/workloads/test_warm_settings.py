@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dse.exceptions import SpaceError
-from dse.space import LocalOptions, load_space, parse_space
+from dse.core.exceptions import SpaceError
+from dse.space.searchspace import LocalOptions, load_space, parse_space
 from dse.workloads.runners import LocalRunner, make_runner
 from dse.workloads.runners._registry import warm_settings
 from tests.conftest import EXAMPLES

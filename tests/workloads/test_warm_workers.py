@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dse.records import Outcome, read_metrics
+from dse.core.records import Outcome, read_metrics
 from dse.workloads.runners import Finished, Launch, LocalRunner
 from dse.workloads.runners.warm import WarmSettings
 from tests.workloads.test_megatron_trainer import make_spec, needs_megatron

@@ -1,0 +1,1 @@
+"""The ``dse`` command (:mod:`dse.cli.main`) and its sub-commands' modules."""

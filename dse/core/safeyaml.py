@@ -1,0 +1,156 @@
+"""A YAML reader for files written by someone else: PyYAML's safe loader with limits.
+
+On top of ``yaml.safe_load`` it refuses, at parse time and with the line of the problem:
+
+- alias expansion beyond a small bound (a 1.8 KB anchor chain expands to 9^9 nodes) and
+  recursive aliases (``&a [*a]``);
+- nesting deeper than :data:`~dse.core.bounds.MAX_YAML_DEPTH`;
+- duplicate keys in a mapping (PyYAML keeps the last one silently);
+- numbers written with more than :data:`~dse.core.bounds.MAX_SCALAR_CHARS` characters (Python
+  refuses to convert an int of more than 4,300 digits; no field needs more than 40).
+
+Errors are ``yaml.MarkedYAMLError`` subclasses, like PyYAML's own, so a caller that reports
+``problem`` and ``problem_mark`` reports these too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from dse.core.bounds import (
+    MAX_SCALAR_CHARS,
+    MAX_YAML_ALIASES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+)
+
+__all__ = ["safe_load"]
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise ComposerError(
+                    None,
+                    None,
+                    f"more than {MAX_YAML_ALIASES} aliases in one document",
+                    event.start_mark,  # type: ignore[arg-type]
+                )
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark
+                )
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE:
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # unhashable: the base class says so
+                if first is not None:
+                    shown = repr(key) if len(repr(key)) <= 80 else repr(key)[:77] + "..."
+                    raise ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"duplicate key {shown} (first given at line {first + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)  # type: ignore[arg-type]
+
+    def _short_number(self, node: ScalarNode) -> None:
+        if len(node.value) > MAX_SCALAR_CHARS:
+            raise ConstructorError(
+                None,
+                None,
+                f"a number of {len(node.value)} characters is too long "
+                f"(at most {MAX_SCALAR_CHARS})",
+                node.start_mark,
+            )
+
+    def construct_bounded_int(self, node: ScalarNode) -> int:
+        self._short_number(node)
+        return self.construct_yaml_int(node)  # type: ignore[no-any-return]
+
+    def construct_bounded_float(self, node: ScalarNode) -> float:
+        self._short_number(node)
+        return self.construct_yaml_float(node)  # type: ignore[no-any-return]
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_bounded_int)
+_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.construct_bounded_float)
+
+
+def _expanded_size(root: Node) -> None:
+    """Count the nodes of the document with aliases expanded; refuse cycles and a count
+    above :data:`MAX_YAML_NODES` (linear in the nodes as written, whatever the expansion)."""
+    memo: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def size(node: Node) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in on_path:
+            raise ComposerError(None, None, "an alias refers to itself", node.start_mark)
+        on_path.add(key)
+        n = 1
+        if isinstance(node, SequenceNode):
+            children: list[Node] = list(node.value)
+        elif isinstance(node, MappingNode):
+            children = [c for pair in node.value for c in pair]
+        else:
+            children = []
+        for child in children:
+            n += size(child)
+            if n > MAX_YAML_NODES:
+                raise ComposerError(
+                    None,
+                    None,
+                    f"the document expands to more than {MAX_YAML_NODES} nodes "
+                    "(aliases of aliases?)",
+                    node.start_mark,
+                )
+        on_path.discard(key)
+        memo[key] = n
+        return n
+
+    size(root)
+
+
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load(text)`` with the limits of this module (one document)."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()

@@ -1,0 +1,1666 @@
+"""CloudAI test scenarios in and out, against CloudAI's current schema.
+
+:func:`import_scenario` turns a CloudAI test scenario (or one test definition) of the NeMoRun
+or MegatronBridge workloads into a dse space. The fields are read as CloudAI's current
+``NeMoRunCmdArgs`` / ``MegatronBridgeCmdArgs`` name them (older names still read:
+:data:`BRIDGE_RENAMED`); every field dse has a knob for becomes that knob (list values:
+explored, CloudAI's implicit DSE dimensions; scalars: ``fixed``), ``compute_dtype`` and the
+FP8 plugin fields become dse's FP8 knobs (so FLOPs and the cost model see FP8), ``agent``
+maps to the dse agent of the same meaning (:data:`AGENTS`). ``extra_env_vars`` become the
+``env`` section, ``num_nodes`` / ``num_gpus`` and the system's GPUs per node the resources, the
+recipe and container the launcher settings, and an optional CloudAI system TOML
+(:func:`read_system`) the GPUs per node, partition, account, container mounts and Slurm
+options. The model comes from dse's model catalog or the example space of the recipe.
+Whatever has no dse equivalent is returned in :attr:`CloudAIImport.unmapped` with what was
+done about it, never dropped silently; what the import assumed is in
+:attr:`CloudAIImport.notes`.
+
+:func:`export_test` writes a configuration back as a CloudAI test TOML with scalar fields in
+the current names (the full recipe in ``model_family_name`` / ``model_recipe_name`` and
+``task``); knobs CloudAI names no field for travel as the recipe's own overrides
+(``extra_cmd_args`` for MegatronBridge, dotted ``cmd_args`` for NeMoRun) through the recipe
+launcher's table, and what the target cannot take is named.
+
+The mapping tables below are the one place the CloudAI field names live.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import shlex
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dse.core.envpolicy import env_var_problem
+from dse.core.exceptions import SpaceError
+from dse.space.knobs import KNOBS, ModulesKnob, get_knob
+
+__all__ = [
+    "CloudAIImport",
+    "CloudAISystem",
+    "Unmapped",
+    "import_scenario",
+    "read_system",
+    "export_test",
+    "dump_toml",
+    "NEMO_RUN_KNOBS",
+    "BRIDGE_KNOBS",
+    "BRIDGE_RENAMED",
+    "COMPUTE_DTYPES",
+    "AGENTS",
+    "bridge_recipe_parts",
+]
+
+# --- the mapping tables (CloudAI field -> dse) -------------------------------------------
+
+#: NeMoRun ``cmd_args`` paths that set one dse knob, value for value (CloudAI's
+#: ``NeMoRunCmdArgs``: trainer.strategy, trainer.plugins, data, optim.config): the knob
+#: catalog's ``Knob.cloudai["NeMoRun"]``.
+NEMO_RUN_KNOBS: dict[str, str] = {
+    k.cloudai["NeMoRun"]: name for name, k in KNOBS.items() if "NeMoRun" in k.cloudai
+}
+
+#: MegatronBridge ``cmd_args`` (CloudAI's ``MegatronBridgeCmdArgs``) that set one dse knob,
+#: value for value (Megatron-Bridge's perf launcher flags -tp ... --moe_a2a_overlap, which
+#: Bridge's _set_moe_a2a_overlap_overrides turns into
+#: comm_overlap.overlap_moe_expert_parallel_comm): ``Knob.cloudai["MegatronBridge"]``.
+BRIDGE_KNOBS: dict[str, str] = {
+    k.cloudai["MegatronBridge"]: name for name, k in KNOBS.items() if "MegatronBridge" in k.cloudai
+}
+
+#: MegatronBridge fields renamed by CloudAI (December 2025), still read on import: old ->
+#: current. The old ``model_name`` + ``model_size`` together name the recipe
+#: (``qwen3`` + ``30b_a3b`` -> ``qwen3_30b_a3b``).
+BRIDGE_RENAMED: dict[str, str] = {
+    "model_name": "model_family_name",
+    "model_size": "model_recipe_name",
+}
+
+#: MegatronBridge ``compute_dtype`` -> dse's FP8 knobs (fp8, fp8_recipe), as Megatron-Bridge's
+#: perf scripts' get_precision_config picks the MixedPrecisionConfig preset:
+#: fp8_cs bf16_with_fp8_current_scaling_mixed, fp8_mx bf16_with_mxfp8_mixed, fp8_sc
+#: bf16_with_fp8_subchannel_scaling_mixed, fp8_ds (older ``fp8`` + ``fp8_recipe = "ds"``)
+#: bf16_with_fp8_delayed_scaling_mixed.
+COMPUTE_DTYPES: dict[str, tuple[str | None, str | None]] = {
+    "bf16": (None, None),
+    "fp8_cs": ("hybrid", "tensorwise"),
+    "fp8_mx": ("e4m3", "mxfp8"),
+    "fp8_sc": ("hybrid", "blockwise"),
+    "fp8_ds": ("hybrid", "delayed"),
+}
+#: Older MegatronBridge ``compute_dtype = "fp8"`` with ``fp8_recipe`` (ds/cs/mx/ss).
+_OLD_FP8_RECIPES = {"ds": "fp8_ds", "cs": "fp8_cs", "mx": "fp8_mx", "ss": "fp8_sc"}
+#: Megatron-Bridge mixed_precision preset names (a launcher override) -> compute_dtype.
+_MIXED_PRECISION = {
+    "bf16_mixed": "bf16",
+    "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
+    "bf16_with_mxfp8_mixed": "fp8_mx",
+    "bf16_with_fp8_subchannel_scaling_mixed": "fp8_sc",
+    "bf16_with_fp8_delayed_scaling_mixed": "fp8_ds",
+    "bf16_with_fp8_mixed": "fp8_ds",
+}
+
+#: Training semantics (never knobs): CloudAI field -> ``semantics`` field.
+_SEMANTICS = {
+    "nemo": {
+        "data.global_batch_size": "global_batch_size",
+        "data.seq_length": "seq_length",
+        "trainer.max_steps": "steps",
+    },
+    "bridge": {"gb": "global_batch_size", "seq_length": "seq_length", "max_steps": "steps"},
+}
+
+#: MegatronBridge fields that are CloudAI's or the launcher's bookkeeping, not part of what a
+#: trial trains (listed as not mapped when set, with this reason).
+_BRIDGE_BOOKKEEPING = {
+    "log_dir", "dryrun", "enable_nsys", "save_config_filepath", "max_retries", "nemo_home",
+    "wandb_key", "wandb_project_name", "wandb_entity_name", "wandb_experiment_name",
+    "wandb_save_dir", "pytorch_profiler", "profiling_start_step", "profiling_stop_step",
+    "record_memory_history", "profiling_gpu_metrics", "profiling_ranks", "nsys_trace",
+    "nsys_extra_args", "list_config_variants", "config_variant", "use_recipes",
+    "venv_path", "megatron_bridge_dir", "pretrained_checkpoint", "save_dir", "load_dir",
+    "save_interval", "most_recent_k",
+}  # fmt: skip
+
+#: MegatronBridge fields that reshape the model's layers, which dse's model schema does not
+#: describe (listed as not mapped with this reason; the recipe's own layers run).
+_BRIDGE_MODEL_SHAPE = {
+    "first_k_dense_replace": "dense first layers of a MoE model (moe_layer_freq): dse's model "
+    "describes every layer of a MoE GPT model as MoE, so it is not passed; the recipe's own "
+    "dense layers run",
+    "pipeline_model_parallel_layout": "an uneven pipeline layout: dse splits the layers evenly "
+    "over pipeline stages and describes no layout, so it is not passed; the recipe's own "
+    "layout runs",
+}
+
+#: CloudAI agents -> dse agents by meaning (CloudAI's own registry ships grid_search; the
+#: others are the plug-in agents' names: bo_gp a Bayesian optimisation with a Gaussian
+#: process, ga a genetic algorithm).
+AGENTS: dict[str, str] = {
+    "grid_search": "grid",
+    "bo_gp": "gp",
+    "bo": "gp",
+    "bayesian_optimization": "gp",
+    "random": "random",
+    "random_search": "random",
+    "ga": "nsga2",
+    "genetic_algorithm": "nsga2",
+    "tpe": "tpe",
+}
+
+#: CloudAI ``gpu_type`` -> the GPU name dse's cost model knows.
+_GPU_NAMES = {
+    "h100": "NVIDIA H100 80GB HBM3",
+    "h200": "NVIDIA H200",
+    "b200": "NVIDIA B200",
+    "gb200": "NVIDIA GB200",
+    "gb300": "NVIDIA GB300",
+}
+
+#: CloudAI agent metrics -> dse objective (NeMoRun "default" is the step time).
+_METRICS = {
+    "step-time": ("step_time_s", "minimize"),
+    "iteration-time": ("step_time_s", "minimize"),
+    "tflops-per-gpu": ("tflops_per_gpu", "maximize"),
+}
+
+_WORKLOADS = {"NeMoRun": "nemo", "MegatronBridge": "bridge"}
+#: NeMoRun ``task`` values: CloudAI's run script calls llm.pretrain or llm.finetune
+#: (cloudai_nemorun.py); dse's NeMo launcher runs ``nemo llm TASK``.
+_NEMO_TASKS = ("pretrain", "finetune")
+_TEMPLATES = {v: k for k, v in _WORKLOADS.items()}
+
+#: Recipe names (CloudAI's / Bridge's) -> dse catalog entries where the names differ.
+_CATALOG_ALIASES = {
+    "llama31_405b": "llama3_405b",
+    "llama3_1_405b": "llama3_405b",
+    "nemotron_15b": "nemotron4_15b",
+    "nemotron_340b": "nemotron4_340b",
+    "nemotron_3_nano": "nemotron_3_nano_30b_a3b",
+    "nemotron3_nano": "nemotron_3_nano_30b_a3b",
+    "deepseekv3": "deepseek_v3",
+    "qwen3_30b": "qwen3_30b_a3b",
+}
+
+#: Megatron-Bridge recipe families (``recipes/<family>/``, the perf launcher's
+#: --model_family_name), by the recipe's first words, most specific first.
+_FAMILIES = (
+    ("nemotron_omni", "nemotron_omni"),
+    ("nemotron_3_nano", "nemotronh"),
+    ("nemotron_nano", "nemotronh"),
+    ("nemotronh", "nemotronh"),
+    ("nemotron", "nemotron"),
+    ("llama", "llama"),
+    ("qwen", "qwen"),
+    ("deepseek", "deepseek"),
+    ("gpt_oss", "gpt_oss"),
+    ("kimi", "kimi"),
+    ("mixtral", "mixtral"),
+    ("gemma", "gemma"),
+)
+
+#: A Bridge recipe function name: <recipe>_<task>[_<N>gpu][_<gpu>][_<dtype>]_config.
+_RECIPE_RE = re.compile(
+    r"^(?P<stem>.+?)_(?P<task>pretrain|sft|finetune|peft|lora)"
+    r"(?:_(?P<gpus>\d+)gpu)?(?:_(?P<gpu>[hb]\d+|gb\d+|vr\d+))?"
+    r"(?:_(?P<dtype>bf16|fp8_cs|fp8_mx|fp8_sc|fp8_ds|nvfp4|fp8))?_config$"
+)
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    """A CloudAI field dse has no equivalent for, and what the import did about it."""
+
+    key: str
+    value: Any
+    why: str
+
+
+@dataclass
+class CloudAIImport:
+    """The space a CloudAI scenario became, what could not be mapped, what was assumed."""
+
+    space: dict[str, Any]
+    unmapped: list[Unmapped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_yaml(self, source: str) -> str:
+        """The space file, headed by comments that list every unmapped field."""
+        head = [f"# Imported by `dse cloudai import` from the CloudAI scenario {source}."]
+        for n in self.notes:
+            head.append(f"# note: {n}")
+        if self.unmapped:
+            head.append("# Not mapped (no dse equivalent):")
+            for u in self.unmapped:
+                head.append(f"#   {u.key} = {u.value!r}: {u.why}")
+        return "\n".join(head) + "\n" + yaml.safe_dump(self.space, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class CloudAISystem:
+    """What dse takes from a CloudAI system TOML (``SlurmSystem`` fields)."""
+
+    name: str
+    scheduler: str
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    srun_args: tuple[str, ...] = ()
+    container_mount_home: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    gpu_type: str | None = None
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise SpaceError(f"{path}: cannot read the CloudAI file ({e.strerror})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise SpaceError(f"{path}: not valid TOML: {e}") from e
+
+
+def read_system(path: str | Path) -> CloudAISystem:
+    """The parts of a CloudAI system TOML a dse space uses.
+
+    Raises:
+        SpaceError: unreadable TOML or a field of the wrong type, naming the file and field.
+    """
+    src = Path(path)
+    data = _read_toml(src)
+    where = str(src)
+    if "scheduler" not in data:
+        raise SpaceError(f"{where}: not a CloudAI system TOML (no scheduler field)")
+
+    def opt_int(key: str) -> int | None:
+        v = data.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpaceError(f"{where}: {key} must be a positive integer, got {v!r}")
+        return v
+
+    def opt_str(key: str) -> str | None:
+        v = data.get(key)
+        if v is None or v == "":
+            return None
+        if not isinstance(v, str):
+            raise SpaceError(f"{where}: {key} must be a string, got {v!r}")
+        return v
+
+    sbatch = data.get("extra_sbatch_args") or []
+    if not isinstance(sbatch, list) or not all(isinstance(x, str) for x in sbatch):
+        raise SpaceError(f"{where}: extra_sbatch_args must be a list of strings")
+    srun = opt_str("extra_srun_args")
+    env = data.get("global_env_vars") or {}
+    if not isinstance(env, Mapping):
+        raise SpaceError(f"{where}: global_env_vars must be a table")
+    return CloudAISystem(
+        name=str(data.get("name") or src.stem),
+        scheduler=str(data["scheduler"]),
+        gpus_per_node=opt_int("gpus_per_node"),
+        partition=opt_str("default_partition"),
+        account=opt_str("account"),
+        sbatch_args=tuple(sbatch),
+        srun_args=tuple(shlex.split(srun)) if srun else (),
+        container_mount_home=bool(data.get("container_mount_home", False)),
+        env=tuple((str(k), str(v)) for k, v in env.items()),
+        gpu_type=opt_str("gpu_type"),
+    )
+
+
+def _find_test(name: str, tests_dir: Path | None, where: str) -> dict[str, Any]:
+    if tests_dir is None:
+        raise SpaceError(
+            f"{where}: test_name {name!r} names a test definition; give the folder of the "
+            "CloudAI test TOMLs with --tests DIR"
+        )
+    for p in sorted(tests_dir.rglob("*.toml")):
+        data = _read_toml(p)
+        if data.get("name") == name and "test_template_name" in data:
+            return data
+    raise SpaceError(f"{where}: no test named {name!r} in {tests_dir}")
+
+
+def _example_space(recipe: str, examples: Path | None) -> dict[str, Any] | None:
+    """The example space of ``recipe`` (matched by file name or launcher recipe), if any."""
+    if examples is None or not examples.is_dir():
+        return None
+    for p in sorted(examples.glob("*.yaml")):
+        data = yaml.safe_load(p.read_text())
+        if not isinstance(data, dict):
+            continue
+        launcher = (data.get("workload") or {}).get("launcher") or {}
+        if p.stem == recipe or launcher.get("recipe") == recipe:
+            return data
+    return None
+
+
+def default_catalog() -> Path:
+    """The example spaces next to the package (a source checkout)."""
+    return Path(__file__).resolve().parents[2] / "examples"
+
+
+def _catalog_entry(key: str) -> str | None:
+    from dse.space.catalog import catalog
+
+    name = _CATALOG_ALIASES.get(key, key)
+    return name if name in catalog() else None
+
+
+def _recipe_key(recipe: str) -> str:
+    # CloudAI's own NeMo-Run factories are cloudai_<model>_recipe (cloudai_nemorun.py)
+    return recipe.removeprefix("cloudai_").removesuffix("_recipe")
+
+
+def bridge_recipe_parts(recipe: str) -> dict[str, str | None]:
+    """A Bridge recipe function name as CloudAI's fields: ``model_recipe_name`` (the stem),
+    ``task``, ``model_family_name`` (the recipe family) and what the name pins (GPUs, GPU,
+    dtype). A name that does not follow ``<stem>_<task>[_<N>gpu][_<gpu>][_<dtype>]_config``
+    is kept whole as the stem with task ``pretrain``."""
+    m = _RECIPE_RE.match(recipe)
+    stem = m.group("stem") if m else recipe.removesuffix("_config")
+    return {
+        "model_recipe_name": stem,
+        "task": m.group("task") if m else "pretrain",
+        "model_family_name": recipe_family(stem),
+        "num_gpus": m.group("gpus") if m else None,
+        "gpu": m.group("gpu") if m else None,
+        "dtype": m.group("dtype") if m else None,
+    }
+
+
+def recipe_family(stem: str) -> str:
+    """The Megatron-Bridge recipe family of a recipe stem (``qwen3_30b_a3b`` -> ``qwen``)."""
+    for prefix, fam in _FAMILIES:
+        if stem.startswith(prefix):
+            return fam
+    head = stem.split("_", 1)[0]
+    return re.sub(r"\d.*$", "", head) or head
+
+
+def _as_int(v: Any, key: str, where: str) -> int:
+    if isinstance(v, bool):
+        raise SpaceError(f"{where}: {key} must be an integer, got {v!r}")
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise SpaceError(f"{where}: {key} must be an integer, got {v!r}") from None
+
+
+def _module_list(v: Any) -> str | None:
+    """CloudAI's list-in-a-string (``"[mlp, moe_act]"``, ``"attn,moe"``) as dse's
+    comma-separated form; None for an empty list."""
+    s = str(v).strip().strip("\"'")
+    if s.startswith("[") and s.endswith("]"):
+        s = s[1:-1]
+    parts = [p.strip().strip("\"'").lower() for p in s.split(",") if p.strip().strip("\"'")]
+    return ",".join(parts) or None
+
+
+def _as_list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, list) else [v]
+
+
+class _Builder:
+    """Collects the knobs, fixed values and unmapped fields of one import."""
+
+    def __init__(self, excluded: list[str]) -> None:
+        self.knobs: dict[str, dict[str, Any]] = {}
+        self.fixed: dict[str, Any] = {}
+        self.constraints: list[str] = []
+        self.unmapped: list[Unmapped] = []
+        self.notes: list[str] = []
+        self.excluded = excluded
+
+    def swept(self, key: str, v: Any) -> bool:
+        return isinstance(v, list) and not any(key.startswith(e) for e in self.excluded)
+
+    def add(self, ck: str, knob: str, raw: Any, vals: list[Any], *, swept: bool) -> None:
+        """Knob ``knob`` from CloudAI field ``ck`` (``raw`` as written) with dse values
+        ``vals``: values the knob cannot take are listed and dropped."""
+        kb = get_knob(knob)
+        good: list[Any] = []
+        bad: list[Any] = []
+        for x in vals:
+            (bad if x is not None and kb.check_value(x) else good).append(x)
+        for x in bad:
+            self.unmapped.append(
+                Unmapped(ck, raw, f"not a value of the knob {knob}: {kb.check_value(x)}")
+            )
+        uniq: list[Any] = []
+        for x in good:
+            if x not in uniq:
+                uniq.append(x)
+        if not uniq:
+            return
+        if swept and len(uniq) > 1:
+            self.knobs[knob] = {"values": uniq, "baseline": uniq[0]}
+        elif uniq[0] is not None:
+            self.fixed[knob] = uniq[0]
+        elif knob in self.fixed:
+            del self.fixed[knob]
+
+
+def _compute_dtype(b: _Builder, ck: str, raw: Any, old_recipe: Any, swept: bool) -> None:
+    """compute_dtype (and the older compute_dtype = "fp8" + fp8_recipe) as dse's FP8 knobs."""
+    names = []
+    for v in _as_list(raw):
+        name = str(v).strip().lower()
+        if name == "fp8":
+            name = _OLD_FP8_RECIPES.get(str(old_recipe or "ds").lower(), "")
+        if name not in COMPUTE_DTYPES:
+            b.unmapped.append(
+                Unmapped(
+                    ck, v, f"no dse precision knob value for it (known: {sorted(COMPUTE_DTYPES)})"
+                )
+            )
+            continue
+        if name not in names:
+            names.append(name)
+    if not names:
+        return
+    pairs = [COMPUTE_DTYPES[n] for n in names]
+    if len(pairs) == 1 or not swept:
+        fp8, recipe = pairs[0]
+        b.fixed["fp8"] = fp8
+        if fp8 is None:
+            b.fixed.pop("fp8")
+        else:
+            b.fixed["fp8_recipe"] = recipe
+        return
+    fp8s = list(dict.fromkeys(p[0] for p in pairs))
+    recipes = list(dict.fromkeys(p[1] for p in pairs if p[1] is not None))
+    b.knobs["fp8"] = {"values": fp8s, "baseline": fp8s[0]}
+    if len(recipes) == 1:
+        b.fixed["fp8_recipe"] = recipes[0]
+    else:
+        b.knobs["fp8_recipe"] = {
+            "values": recipes,
+            "baseline": recipes[0],
+            "when": {"fp8": [f for f in fp8s if f is not None]},
+        }
+        allowed = ", ".join(f"({f!r}, {r!r})" for f, r in pairs if f is not None)
+        b.constraints.append(f"fp8 == None or (fp8, fp8_recipe) in [{allowed}]")
+    b.notes.append(
+        f"compute_dtype {names} explored as the knobs fp8 / fp8_recipe "
+        "(Megatron-Bridge's precision presets)"
+    )
+
+
+def _recompute_modules(b: _Builder, ck: str, raw: Any, swept: bool) -> None:
+    """recompute_modules ("[mlp, moe_act]", "[]") as recompute: selective + recompute_modules;
+    an empty list is no recompute."""
+    sets = []
+    for v in _as_list(raw):
+        mods = _module_list(v)
+        if mods is not None:
+            why = get_knob("recompute_modules").check_value(mods)
+            if why:
+                b.unmapped.append(Unmapped(ck, v, f"not a value of recompute_modules: {why}"))
+                continue
+        if mods not in sets:
+            sets.append(mods)
+    if not sets:
+        return
+    modes = list(dict.fromkeys("none" if m is None else "selective" for m in sets))
+    mods_only = [m for m in sets if m is not None]
+    many = swept and len(sets) > 1
+    if many and len(modes) > 1:
+        b.knobs["recompute"] = {"values": modes, "baseline": modes[0]}
+    else:
+        b.fixed["recompute"] = modes[0]
+    if many and len(mods_only) > 1:
+        spec: dict[str, Any] = {"values": mods_only, "baseline": mods_only[0]}
+        if "recompute" in b.knobs:
+            spec["when"] = {"recompute": "selective"}
+        b.knobs["recompute_modules"] = spec
+    elif mods_only:
+        b.fixed["recompute_modules"] = mods_only[0]
+
+
+#: What Megatron-Bridge's performance launcher (scripts/performance/utils/overrides.py,
+#: _set_megatron_fsdp_overrides) sets with --use_megatron_fsdp besides ddp.use_megatron_fsdp
+#: (the ConfigContainer overrides a trial gives where the study always runs FSDP).
+_BRIDGE_FSDP_OVERRIDES = {
+    "ddp.average_in_collective": False,
+    "ddp.keep_fp8_transpose_cache": False,
+    "model.init_model_with_meta_device": True,
+}
+
+
+def _megatron_fsdp(
+    when: str, fixed: dict[str, Any], overrides: dict[str, Any], notes: list[str]
+) -> None:
+    """use_megatron_fsdp true: the sharding Megatron-Bridge's performance launcher pairs with
+    it (data_parallel_sharding_strategy optim_grads_params, read only with FSDP) and, where
+    every trial runs FSDP, its other FSDP settings as recipe overrides."""
+    if "ddp.data_parallel_sharding_strategy" not in overrides:
+        fixed.setdefault("data_parallel_sharding_strategy", "optim_grads_params")
+    if when == "always":
+        for k, v in _BRIDGE_FSDP_OVERRIDES.items():
+            overrides.setdefault(k, v)
+        notes.append(
+            "use_megatron_fsdp: data_parallel_sharding_strategy optim_grads_params and "
+            f"{sorted(_BRIDGE_FSDP_OVERRIDES)}, as Megatron-Bridge's performance launcher "
+            "sets them with --use_megatron_fsdp"
+        )
+    else:
+        notes.append(
+            "use_megatron_fsdp explored: data_parallel_sharding_strategy optim_grads_params "
+            "(read only with FSDP), as Megatron-Bridge's performance launcher sets it; its "
+            f"other FSDP settings {sorted(_BRIDGE_FSDP_OVERRIDES)} are left to the recipe "
+            "(they would apply to the trials without FSDP too)"
+        )
+
+
+def _cuda_graph_scope(b: _Builder, ck: str, raw: Any, swept: bool) -> None:
+    vals = [_module_list(v) for v in _as_list(raw)]
+    b.add(ck, "cuda_graph_scope", raw, vals, swept=swept)
+    spec = b.knobs.get("cuda_graph_scope")
+    if spec is not None and "cuda_graph_impl" in b.knobs:
+        spec["when"] = {"cuda_graph_impl": ["local", "transformer_engine"]}
+
+
+def _bridge_recipe_defaults(
+    recipe: str,
+    task: str,
+    args: dict[str, Any],
+    gpu_type: str | None,
+    gbs: Any,
+    seq: Any,
+    notes: list[str],
+    pinned: str | None = None,
+) -> tuple[Any, Any]:
+    """The global batch size and sequence length the test leaves to its Megatron-Bridge
+    recipe, from the recipe Bridge's performance launcher builds for it (CloudAI passes
+    ``-mr``, ``--task``, ``-g gpu_type``, ``-c compute_dtype``, ``-ng num_gpus``, with
+    CloudAI's defaults gb200, bf16 and 8), read from
+    ``dse/space/catalog/bridge_recipe_defaults.yaml``;
+    a note says which values came from where (and the Megatron-Bridge commit the test pins,
+    if any). Unchanged when the table has no such recipe."""
+    from dse.space.catalog.bridge_recipes import recipe_defaults
+
+    gpu = str(gpu_type or args.get("gpu_type") or "gb200")
+    dtypes = args.get("compute_dtype", "bf16")
+    dtypes = [str(d) for d in dtypes] if isinstance(dtypes, list) else [str(dtypes)]
+    num = args.get("num_gpus", 8)
+    use_recipes = args.get("use_recipes") is True or str(args.get("use_recipes")).lower() == "true"
+    variant = args.get("config_variant")
+    try:
+        num_gpus = int(num)
+    except (TypeError, ValueError):
+        num_gpus = None
+    picks = [
+        recipe_defaults(
+            recipe,
+            task,
+            gpu=gpu,
+            compute_dtype=d,
+            num_gpus=num_gpus,
+            use_recipes=use_recipes,
+            config_variant=str(variant) if variant is not None else None,
+        )
+        for d in dtypes or ["bf16"]
+    ]
+    found = [p for p in picks if p is not None]
+    if len(found) < len(picks):
+        return gbs, seq
+    pick = found[0]
+    if len({(p.global_batch_size, p.seq_length) for p in found}) > 1:
+        lib = recipe_defaults(recipe, task, use_recipes=True)
+        if lib is None:
+            return gbs, seq
+        why = "the compute_dtype sweep's performance recipes differ"
+        pick = dataclasses.replace(lib, why=why)
+    took = []
+    if gbs is None and pick.global_batch_size is not None:
+        gbs = pick.global_batch_size
+        took.append(f"global_batch_size {gbs}")
+    if seq is None and pick.seq_length is not None:
+        seq = pick.seq_length
+        took.append(f"seq_length {seq}")
+    if took:
+        if pick.kind == "perf":
+            how = (
+                f"the performance recipe Bridge's launcher builds for -g {gpu} -c "
+                f"{dtypes[0]} -ng {num_gpus}"
+            )
+        else:
+            how = "the library recipe" + (f"; {pick.why}" if pick.why else "")
+        notes.append(
+            f"{' and '.join(took)} from the recipe's defaults (the test leaves them to the "
+            f"recipe): {pick.source()}, {how}"
+            + (
+                f" (the test pins Megatron-Bridge at {pinned}; the table is {pick.version}'s)"
+                if pinned
+                else ""
+            )
+            + "; give cmd_args.gb / seq_length or --global-batch-size / --seq-length to change"
+        )
+    return gbs, seq
+
+
+def import_scenario(
+    path: str | Path,
+    *,
+    tests_dir: str | Path | None = None,
+    test_id: str | None = None,
+    gpus_per_node: int | None = None,
+    model_from: str | Path | None = None,
+    catalog: str | Path | None = None,
+    system: str | Path | CloudAISystem | None = None,
+    gpu_type: str | None = None,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+) -> CloudAIImport:
+    """A CloudAI scenario (or test definition) TOML as a dse space mapping.
+
+    ``system``: a CloudAI system TOML (or one read with :func:`read_system`) for the GPUs per
+    node, partition, account and Slurm options; ``gpu_type`` overrides the test's GPU type;
+    ``seq_length`` / ``global_batch_size`` stand in for what the test leaves to the recipe.
+
+    Raises:
+        SpaceError: unreadable TOML, a workload dse cannot launch, a missing test
+            definition or model, naming the file and the field.
+    """
+    src = Path(path)
+    where = str(src)
+    top = _read_toml(src)
+    unmapped: list[Unmapped] = []
+    notes: list[str] = []
+    run: dict[str, Any] = {}
+    if "test_template_name" in top and "Tests" not in top:  # a test definition on its own
+        test = top
+    else:
+        tests = top.get("Tests")
+        if not isinstance(tests, list) or not tests:
+            raise SpaceError(f"{where}: neither a CloudAI test scenario ([[Tests]]) nor a test")
+        if test_id is not None:
+            pick = [t for t in tests if t.get("id") == test_id]
+            if not pick:
+                ids = [t.get("id") for t in tests]
+                raise SpaceError(f"{where}: no test with id {test_id!r} (ids: {ids})")
+            run = pick[0]
+        else:
+            run = tests[0]
+        for other in tests:
+            if other is not run:
+                unmapped.append(
+                    Unmapped(
+                        f"Tests[id={other.get('id')!r}]",
+                        other.get("test_name") or other.get("name"),
+                        "a dse space is one study; import it with --test-id",
+                    )
+                )
+        if "test_spec" in run:
+            test = run["test_spec"]
+        elif "test_name" in run:
+            test = _find_test(run["test_name"], Path(tests_dir) if tests_dir else None, where)
+        else:
+            test = run
+        for k in ("cmd_args", "extra_env_vars", "extra_cmd_args"):  # scenario overrides
+            if isinstance(run.get(k), dict) and run is not test:
+                merged = _flatten(test.get(k, {}))
+                merged.update(_flatten(run[k]))
+                test = {**test, k: merged}
+    template = test.get("test_template_name")
+    workload = _WORKLOADS.get(str(template))
+    if workload is None:
+        raise SpaceError(
+            f"{where}: test_template_name {template!r}: dse launches {sorted(_WORKLOADS)} "
+            "tests (Megatron training recipes) only"
+        )
+    args = _flatten(test.get("cmd_args") or {})
+    if workload == "bridge":
+        for old, new in BRIDGE_RENAMED.items():
+            if old in args and new not in args:
+                notes.append(f"cmd_args.{old} is CloudAI's older name of {new}")
+    excluded = [str(x).removeprefix("cmd_args.") for x in run.get("dse_excluded_args") or []]
+    excluded += [str(x).removeprefix("cmd_args.") for x in test.get("dse_excluded_args") or []]
+    b = _Builder(excluded)
+    b.unmapped, b.notes = unmapped, notes
+
+    def first(key: str, v: Any, why: str) -> Any:
+        if isinstance(v, list):
+            if len(v) > 1:
+                unmapped.append(Unmapped(key, v, why + f"; the space takes {v[0]!r}"))
+            return v[0] if v else None
+        return v
+
+    sys_info = read_system(system) if isinstance(system, (str, Path)) else system
+
+    # --- the recipe, the model and the semantics ------------------------------------------
+    env_in = _flatten(test.get("extra_env_vars") or {})
+    launcher: dict[str, Any] = {}
+    if workload == "nemo":
+        recipe = args.pop("recipe_name", None)
+        image = args.pop("docker_image_url", None)
+        task = str(args.pop("task", "pretrain"))
+        family = None
+    else:
+        family = args.pop("model_family_name", None)
+        recipe = args.pop("model_recipe_name", None)
+        old_name, old_size = args.pop("model_name", None), args.pop("model_size", None)
+        if not recipe and old_name and old_size:
+            recipe = f"{old_name}_{old_size}"
+        family = family or (recipe_family(str(recipe)) if recipe else None)
+        image = args.pop("container_image", None)
+        task = str(args.pop("task", "pretrain"))
+        domain = args.pop("domain", None)
+        if domain not in (None, "llm"):
+            raise SpaceError(
+                f"{where}: cmd_args.domain {domain!r}: dse tunes language-model recipes "
+                "(domain llm) only"
+            )
+    if workload == "nemo" and task not in _NEMO_TASKS:
+        # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
+        unmapped.append(
+            Unmapped("cmd_args.task", task, f"NeMo's CLI task is one of {list(_NEMO_TASKS)}")
+        )
+        task = "pretrain"
+    elif task not in ("pretrain", "sft", "finetune", "peft", "lora"):
+        unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
+    if not recipe:
+        names = "recipe_name" if workload == "nemo" else "model_recipe_name / model_family_name"
+        raise SpaceError(f"{where}: cmd_args names no recipe ({names})")
+    key = _recipe_key(str(recipe))
+    if family and family != recipe_family(key):
+        notes.append(
+            f"model_family_name {family!r} differs from the family dse reads from the recipe "
+            f"({recipe_family(key)!r}); the export writes dse's"
+        )
+    base: dict[str, Any] | None = None
+    model: Any = None
+    if model_from is not None:
+        base = yaml.safe_load(Path(model_from).read_text())
+        notes.append(f"model and sequence length from {Path(model_from).name}")
+    else:
+        base = _example_space(key, Path(catalog) if catalog else default_catalog())
+        if base is not None:
+            notes.append(f"model and sequence length from the example space of {key!r}")
+        else:
+            entry = _catalog_entry(key)
+            if entry is not None:
+                model = entry
+                notes.append(f"model from dse's model catalog entry {entry!r}")
+    if model is None:
+        if not base or "model" not in base:
+            raise SpaceError(
+                f"{where}: no example space or catalog model for the recipe {key!r}; give a "
+                "space file with its model section with --model-from"
+            )
+        model = base["model"]
+    base_sem = dict((base or {}).get("semantics") or {})
+    if workload == "nemo":
+        launcher["recipe"] = key
+        launcher["task"] = task  # nemo llm TASK --factory RECIPE
+        if key != recipe:
+            notes.append(
+                f"CloudAI's factory {recipe!r} (cloudai_nemorun.py) runs as NeMo's own recipe "
+                f"{key!r}: the settings CloudAI's factory adds (callbacks, TP-overlap "
+                "configurations) are not part of the trial"
+            )
+    else:
+        blaunch = ((base or {}).get("workload") or {}).get("launcher") or {}
+        launcher["recipe"] = blaunch.get("recipe") or f"{key}_{task}_config"
+    if image:
+        launcher["container_image"] = str(image).removeprefix("http://").removeprefix("https://")
+
+    sem_map = _SEMANTICS[workload]
+    sem_vals: dict[str, Any] = {}
+    for ck, name in sem_map.items():
+        v = args.pop(ck, None)
+        why = f"{name} is a training semantic in dse (one study per value)"
+        sem_vals[name] = first(f"cmd_args.{ck}", v, why) if v is not None else None
+    gbs = sem_vals["global_batch_size"] or global_batch_size
+    seq = sem_vals["seq_length"] or seq_length
+    if workload == "bridge" and (gbs is None or seq is None):
+        repos = [r for r in test.get("git_repos") or [] if isinstance(r, dict)]
+        bridge_repos = [r for r in repos if "Megatron-Bridge" in str(r.get("url"))]
+        pinned = next((str(r["commit"]) for r in bridge_repos if r.get("commit")), None)
+        gbs, seq = _bridge_recipe_defaults(key, task, args, gpu_type, gbs, seq, notes, pinned)
+    gbs = gbs or base_sem.get("global_batch_size")
+    seq = seq or base_sem.get("seq_length")
+    if seq is None and isinstance(model, dict) and model.get("seq_length"):
+        seq = model["seq_length"]
+    steps = sem_vals["steps"] or base_sem.get("steps", 30)
+    missing = [
+        f"{n} (cmd_args.{ck}, or --{n.replace('_', '-')})"
+        for n, ck, v in (
+            ("global_batch_size", "data.global_batch_size" if workload == "nemo" else "gb", gbs),
+            ("seq_length", "data.seq_length" if workload == "nemo" else "seq_length", seq),
+        )
+        if v is None
+    ]
+    if missing:
+        raise SpaceError(
+            f"{where}: the test leaves {' and '.join(missing)} to the recipe, whose value dse "
+            "does not know; give it"
+        )
+    steps = _as_int(steps, "max_steps", where)
+    # CloudAI's NeMoRun metric averages steps 80-100: time the last 20 steps
+    warmup = max(steps - 20, 1) if steps > 21 else max(steps // 2, 1)
+    model_over: dict[str, Any] = {}
+    for mk in ("num_layers", "hidden_size"):
+        v = args.pop(mk, None)
+        if v is None:
+            continue
+        v = _as_int(first(f"cmd_args.{mk}", v, "a model field"), mk, where)
+        current = model.get(mk) if isinstance(model, dict) else None
+        if isinstance(model, str):
+            from dse.space.catalog import get_entry
+
+            current = get_entry(model).model.get(mk)
+        if v != current:
+            model_over[mk] = v
+            notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
+    if model_over:
+        model = (
+            {"catalog": model, **model_over} if isinstance(model, str) else {**model, **model_over}
+        )
+    semantics = {
+        "global_batch_size": _as_int(gbs, "global_batch_size", where),
+        "seq_length": _as_int(seq, "seq_length", where),
+        "steps": steps,
+        "warmup_steps": warmup,
+        "precision": base_sem.get("precision", "bf16"),
+    }
+
+    # --- resources and where trials run -----------------------------------------------------
+    nodes_v = run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
+    args.pop("trainer.num_nodes", None)
+    nodes = _as_int(
+        first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
+    )
+    old_gpn = args.pop("gpus_per_node", None) if workload == "bridge" else None
+    num_gpus = args.pop("num_gpus", None) if workload == "bridge" else None
+    if gpus_per_node is not None:
+        gpn = gpus_per_node
+    elif old_gpn:  # the older MegatronBridge schema named it in the test
+        gpn = _as_int(old_gpn, "gpus_per_node", where)
+        if sys_info is not None and sys_info.gpus_per_node not in (None, gpn):
+            notes.append(
+                f"cmd_args.gpus_per_node {gpn} used; the system {sys_info.name!r} says "
+                f"{sys_info.gpus_per_node}"
+            )
+    elif sys_info is not None and sys_info.gpus_per_node:
+        gpn = sys_info.gpus_per_node
+        notes.append(f"{gpn} GPUs per node from the system {sys_info.name!r}")
+    elif num_gpus and nodes:
+        gpn = max(1, _as_int(num_gpus, "num_gpus", where) // nodes)
+        notes.append(f"{gpn} GPUs per node assumed (num_gpus / num_nodes); give --system")
+    else:
+        gpn = 8
+        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
+    world = _as_int(num_gpus, "num_gpus", where) if num_gpus else nodes * gpn
+    if num_gpus and nodes * gpn != world:
+        notes.append(
+            f"num_gpus {world} is not num_nodes x GPUs per node ({nodes} x {gpn}); "
+            "the world size is num_gpus"
+        )
+    resources: dict[str, Any] = {"world_size": world, "gpus_per_node": min(gpn, world)}
+    gtype = gpu_type or args.pop("gpu_type", None) or env_in.get("CLOUDAI_GPU_TYPE")
+    args.pop("gpu_type", None)
+    if not gtype and sys_info is not None:
+        gtype = sys_info.gpu_type
+    if gtype:
+        from dse.model.costmodel.throughput import DEFAULT_GPU, gpu_spec
+
+        gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
+        resources["gpu"] = gname
+        spec = gpu_spec(gname)
+        if spec is not DEFAULT_GPU:
+            resources["gpu_memory_gib"] = spec.memory_gib
+            notes.append(
+                f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
+                "memory pre-screen (an estimate)"
+            )
+        else:
+            notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
+    else:
+        notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
+    resources["device"] = "cuda"
+    # The NeMo Framework container the recipes run in ships Transformer Engine and Apex;
+    # declared, so the space validates the same on any machine (edit for another image).
+    feats = ["transformer_engine", "apex"]
+    if _model_fields(model).get("hybrid_layer_pattern"):
+        feats.append("mamba_ssm")
+    resources["features"] = feats
+    notes.append(f"features {feats} declared (the NeMo container's); edit if the image differs")
+
+    # --- knobs, fixed knobs and recipe overrides ------------------------------------------
+    overrides: dict[str, Any] = {}
+    knob_map = NEMO_RUN_KNOBS if workload == "nemo" else BRIDGE_KNOBS
+    old_fp8_recipe = args.pop("fp8_recipe", None) if workload == "bridge" else None
+    node_steps: list[str] = []
+    slurm_old: dict[str, Any] = {}
+    fsdp_on: str | None = None  # use_megatron_fsdp true: "always" or "swept"
+    for k, v in args.items():
+        ck = f"cmd_args.{k}"
+        sw = b.swept(k, v)
+        if k == "hf_token":
+            if v:
+                unmapped.append(Unmapped(ck, "<not copied>", "a secret: give it as HF_TOKEN"))
+            continue
+        if workload == "bridge" and k == "compute_dtype":
+            _compute_dtype(b, ck, v, old_fp8_recipe, sw)
+            continue
+        if workload == "bridge" and k == "recompute_modules":
+            _recompute_modules(b, ck, v, sw)
+            continue
+        if workload == "bridge" and k == "cuda_graph_scope":
+            _cuda_graph_scope(b, ck, v, sw)
+            continue
+        if workload == "bridge" and k == "use_megatron_fsdp":
+            b.add(ck, "use_megatron_fsdp", v, _as_list(v), swept=sw)
+            if True in _as_list(v):
+                fsdp_on = "always" if b.fixed.get("use_megatron_fsdp") is True else "swept"
+            continue
+        if workload == "bridge" and k == "enable_vboost":
+            if any(bool(x) for x in _as_list(v)):
+                node_steps.append("vboost")
+            continue
+        if workload == "bridge" and k == "use_tokendrop":
+            unmapped.append(
+                Unmapped(
+                    ck,
+                    v,
+                    "MoE token dropping changes which experts tokens reach (a routing "
+                    "semantic, semantics.moe_routing); set it there for the study",
+                )
+            )
+            continue
+        if workload == "bridge" and k in _BRIDGE_MODEL_SHAPE:
+            unmapped.append(Unmapped(ck, v, _BRIDGE_MODEL_SHAPE[k]))
+            continue
+        if workload == "bridge" and k in ("account", "partition"):
+            slurm_old[k] = v
+            continue
+        if workload == "bridge" and k in _BRIDGE_BOOKKEEPING:
+            if v not in (None, "", False):
+                unmapped.append(Unmapped(ck, v, "a CloudAI launcher setting, not part of a trial"))
+            continue
+        knob = knob_map.get(k)
+        if knob is None:
+            if sw:
+                unmapped.append(Unmapped(ck, v, "a list over a field dse has no knob for"))
+            elif workload == "nemo":
+                overrides[k] = v  # the recipe's own override syntax (NeMo-Run dotted paths)
+            else:
+                unmapped.append(
+                    Unmapped(ck, v, "a MegatronBridge launcher argument dse has no knob for")
+                )
+            continue
+        vals = _as_list(v)
+        if knob == "virtual_pipeline_model_parallel_size":
+            vals = [None if x in (None, 1, "None", "none") else x for x in vals]
+        if knob == "cuda_graph_impl":
+            vals = ["none" if x in (None, "", "null", "None") else str(x).lower() for x in vals]
+        b.add(ck, knob, v, vals, swept=sw)
+        if workload == "nemo" and k.startswith("trainer.plugins.fp8") and not sw:
+            # NeMo's precision plugin sets the model's FP8 fields when the trial starts (over
+            # model.config.*): the recipe keeps it as written, the knob tells dse's cost model
+            overrides[k] = v
+    if workload == "bridge":
+        for hk, hv in (test.get("extra_cmd_args") or {}).items():
+            if hk == "mixed_precision" and str(hv) in _MIXED_PRECISION:
+                _compute_dtype(b, f"extra_cmd_args.{hk}", _MIXED_PRECISION[str(hv)], None, False)
+            else:
+                overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
+    knobs, fixed = b.knobs, b.fixed
+    if fsdp_on:
+        _megatron_fsdp(fsdp_on, fixed, overrides, notes)
+    if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:
+        # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
+        # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
+        pair = (fixed["fp8"], fixed.get("fp8_recipe"))
+        preset = next((m for m, d in _MIXED_PRECISION.items() if COMPUTE_DTYPES[d] == pair), None)
+        if preset is not None:
+            overrides["mixed_precision"] = preset
+    is_moe = _is_moe(model)
+    derived: dict[str, str] = {}
+    if workload == "bridge":
+        # Megatron-Bridge finalizes SP off at TP 1 and ETP 1 where EP > 1 (dse.space.derive)
+        fixed.setdefault("sequence_parallel", True)
+        derived["sequence_parallel"] = "bridge"
+        if is_moe:
+            derived["expert_tensor_parallel_size"] = "bridge"
+            fixed.setdefault("moe_grouped_gemm", True)
+            notes.append("moe_grouped_gemm on: Megatron-Bridge's MoE model providers' default")
+    elif is_moe:
+        derived["sequence_parallel"] = "tp_gt_1"  # MoE with TP > 1 needs SP
+    if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
+        # NeMo 2.0's and Megatron-Bridge's recipes train with the distributed optimizer
+        # (distributed_fused_adam_with_cosine_annealing); Megatron-Core's default is off
+        fixed["use_distributed_optimizer"] = True
+        notes.append("use_distributed_optimizer on: the recipes' distributed Adam")
+    if "attention_backend" not in fixed and "attention_backend" not in knobs:
+        fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
+        notes.append("attention_backend te: the recipe's Transformer Engine attention")
+
+    env_fixed: dict[str, Any] = {}
+    env_knobs: dict[str, Any] = {}
+    for var, v in env_in.items():
+        if var == "ENABLE_VBOOST":  # CloudAI's generic Slurm vboost step
+            if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
+                node_steps.append("vboost")
+            continue
+        env_why = env_var_problem(var)
+        if var.startswith("CLOUDAI_") and var != "CLOUDAI_GPU_TYPE" and not env_why:
+            env_why = (
+                "read by CloudAI's own recipe factories (cloudai_nemorun.py), which dse does "
+                "not run"
+            )
+        if var == "CLOUDAI_GPU_TYPE":
+            continue  # resources.gpu
+        if env_why:
+            unmapped.append(Unmapped(f"extra_env_vars.{var}", v, env_why))
+        elif isinstance(v, list) and len(v) > 1:
+            env_knobs[var] = {"values": v, "baseline": v[0]}
+        else:
+            env_fixed[var] = v[0] if isinstance(v, list) else v
+
+    if not knobs and not env_knobs:
+        # a test that sweeps nothing: its own values become one-value knobs to widen
+        for name in list(fixed):
+            if name in ("tensor_model_parallel_size", "micro_batch_size"):
+                knobs[name] = {"values": [fixed.pop(name)]}
+        notes.append("the test sweeps nothing: widen the knobs' values to explore")
+        if not knobs:
+            knobs["micro_batch_size"] = {"values": [1]}
+
+    # --- agent, objective, budget ---------------------------------------------------------
+    agent_name = str(run.get("agent") or test.get("agent") or "grid_search")
+    dse_agent = AGENTS.get(agent_name)
+    agent: dict[str, Any] = {"name": dse_agent or "tpe"}
+    if dse_agent is None:
+        unmapped.append(
+            Unmapped(
+                "agent",
+                agent_name,
+                f"no dse agent of that meaning (known: {sorted(AGENTS)}); tpe used",
+            )
+        )
+    elif dse_agent != "grid":
+        notes.append(f"agent {agent_name!r} is dse's {dse_agent!r}")
+    agent_cfg = run.get("agent_config") or test.get("agent_config") or {}
+    if isinstance(agent_cfg, Mapping):
+        for ak, av in agent_cfg.items():
+            if ak == "random_seed" and isinstance(av, int):
+                agent["seed"] = av
+            elif ak == "sobol_num_trials" and isinstance(av, int) and dse_agent == "gp":
+                agent["n_startup_trials"] = av
+            else:
+                unmapped.append(Unmapped(f"agent_config.{ak}", av, "no dse agent setting"))
+    metrics = run.get("agent_metrics", test.get("agent_metrics", ["default"]))
+    metric = str(metrics[0]) if metrics else "default"
+    if metric == "default":
+        metric = "step-time" if workload == "nemo" else "tflops-per-gpu"
+    obj = _METRICS.get(metric)
+    if obj is None:
+        unmapped.append(Unmapped("agent_metrics", metrics, "no dse metric; tflops_per_gpu used"))
+        obj = ("tflops_per_gpu", "maximize")
+    n_configs = 1
+    for spec in [*knobs.values(), *env_knobs.values()]:
+        n_configs *= len(spec["values"])
+    steps_budget = run.get("agent_steps", test.get("agent_steps"))
+    budget: dict[str, Any] = {"n_trials": int(steps_budget or n_configs)}
+    tl = run.get("time_limit")
+    if isinstance(tl, str) and tl.count(":") == 2:
+        h, m, s = (int(x) for x in tl.split(":"))
+        budget["trial_timeout_s"] = float(h * 3600 + m * 60 + s)
+
+    mounts: list[str] = []
+    for holder in (test, run):
+        mounts += [str(x) for x in holder.get("extra_container_mounts") or [] if str(x).strip()]
+    runner = _runner(
+        sys_info, slurm_old, mounts, launcher.get("container_image"), gpn, unmapped, notes
+    )
+
+    space: dict[str, Any] = {
+        "version": 1,
+        "study": str(run.get("id") or test.get("name") or src.stem).replace(".", "-"),
+        "recipe": f"CloudAI {template} {test.get('name', '')}".strip(),
+        "model": model,
+        "semantics": semantics,
+        "resources": resources,
+        "knobs": knobs,
+        "fixed": fixed,
+    }
+    if derived:
+        space["derived"] = derived
+    if b.constraints:
+        space["constraints"] = b.constraints
+    if env_fixed or env_knobs or node_steps:
+        space["env"] = {"fixed": env_fixed} if env_fixed else {}
+        if env_knobs:
+            space["env"]["knobs"] = env_knobs
+        if node_steps:
+            space["env"]["node_steps"] = sorted(set(node_steps))
+    if overrides:
+        launcher["overrides"] = overrides
+    space.update(
+        {
+            "objective": {"metric": obj[0], "direction": obj[1]},
+            "budget": budget,
+            "agent": agent,
+            "runner": runner,
+            "workload": {"name": workload, "launcher": launcher},
+            "prescreen": {"enabled": "gpu_memory_gib" in resources},
+        }
+    )
+    for k in ("git_repos", "nsys", "env_params"):
+        for holder in (test, run):
+            if holder.get(k):
+                unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
+    _knobs_from_overrides(space, where, notes)
+    _uneven_pipeline_note(space, notes)
+    _valid_baseline(space, where, notes)
+    return CloudAIImport(space, unmapped, notes)
+
+
+def _override_value(v: Any) -> Any:
+    """A recipe override's value as data (Hydra / NeMo-Run text read as YAML)."""
+    if not isinstance(v, str):
+        return v
+    try:
+        return yaml.safe_load(v) if v else None
+    except yaml.YAMLError:
+        return v
+
+
+def _knobs_from_overrides(space: dict[str, Any], where: str, notes: list[str]) -> None:
+    """Recipe overrides that are exactly what the recipe launcher renders for one knob value
+    (the export writes a knob CloudAI names no field for that way) become that knob's fixed
+    value, so an exported test imports back as knobs and renders without a knob and an
+    override setting one field. An override of a knob the test explores stays as written."""
+    from dse.space.searchspace import parse_space
+    from dse.workloads.launchers._core import NotTaken, launcher_for
+
+    launcher_sec = space["workload"]["launcher"]
+    ov: dict[str, Any] = launcher_sec.get("overrides") or {}
+    if not ov:
+        return
+    try:
+        parsed = parse_space(space, where)
+        launcher = launcher_for(parsed)
+        derived_now = parsed.full_params(parsed.baseline())
+    except SpaceError:
+        return
+    have = {k: _override_value(v) for k, v in ov.items()}
+
+    def rendered(name: str, value: Any) -> dict[str, Any] | None:
+        try:
+            items = launcher.knob_overrides({name: value})
+        except (NotTaken, ValueError, TypeError):
+            return None
+        out = {}
+        for item in items:
+            key, sep, text = item.partition("=")
+            if not sep:
+                return None
+            out[key.lstrip("+")] = _override_value(text)
+        return out or None
+
+    taken: list[str] = []
+    for name, kb in KNOBS.items():
+        if name in space["knobs"] or kb.kind == "env":
+            continue
+        probe_value = (
+            kb.default
+            if kb.default is not None
+            else (kb.choices[0] if kb.choices else kb.min_value)
+        )
+        probe = rendered(name, probe_value)
+        if not probe or not set(probe) & set(have):
+            continue
+        first = next(iter(probe))
+        cands: list[Any]
+        if isinstance(kb, ModulesKnob):
+            got = have.get(first)
+            cands = [",".join(map(str, got))] if isinstance(got, list) and got else []
+        elif kb.kind == "bool":
+            cands = [False, True]
+        elif kb.kind == "choice":
+            cands = list(kb.choices)
+        else:
+            cands = [have.get(first)]
+        for v in cands:
+            if v is None and kb.kind == "int" or kb.check_value(v):
+                continue
+            r = rendered(name, v)
+            if r and all(k in have and have[k] == x for k, x in r.items()):
+                # a derived knob at what its derivation gives here (the export writes the
+                # derived value) is redundant; otherwise the test's value is the knob's
+                if not (name in parsed.derived and derived_now.get(name) == v):
+                    if space["fixed"].get(name, v) != v:
+                        notes.append(
+                            f"{name} {v!r} from the test's overrides (over the import's "
+                            f"{space['fixed'][name]!r})"
+                        )
+                    space["fixed"][name] = v
+                for k in r:
+                    have.pop(k, None)
+                    ov.pop(k, None)
+                    ov.pop("+" + k, None)
+                taken.append(name)
+                break
+    if taken:
+        notes.append(f"recipe overrides read back as the knobs {sorted(taken)}")
+    if not ov:
+        launcher_sec.pop("overrides", None)
+
+
+def _uneven_pipeline_note(space: dict[str, Any], notes: list[str]) -> None:
+    """Name the PP values that cannot split the model's layers evenly: dse describes even
+    splits only (a recipe's pipeline_model_parallel_layout or first/last-stage layer counts
+    are not modelled), so those configurations are refused."""
+    n = _model_fields(space["model"]).get("num_layers")
+    spec = space["knobs"].get("pipeline_model_parallel_size")
+    pps = spec["values"] if spec else [space["fixed"].get("pipeline_model_parallel_size", 1)]
+    bad = [pp for pp in pps if isinstance(pp, int) and isinstance(n, int) and n % pp]
+    if bad:
+        notes.append(
+            f"PP {bad} cannot split the model's {n} layers evenly; dse describes even "
+            "splits only (not a recipe's pipeline_model_parallel_layout), so it refuses "
+            "those configurations"
+        )
+
+
+#: Knob combinations looked at for a valid baseline (CloudAI has no baseline; its first
+#: values may break a rule).
+_BASELINE_SEARCH = 100_000
+
+
+def _valid_baseline(space: dict[str, Any], where: str, notes: list[str]) -> None:
+    """CloudAI's first values as the baseline; where they break a dse rule, the first
+    configuration (in the grid's order) that passes every rule, with a note."""
+    from dse.model.rules import check
+    from dse.space.searchspace import parse_space
+
+    try:
+        parsed = parse_space(space, where)
+    except SpaceError:
+        return  # the caller's validation names the problem
+    feats = parsed.resources.features if isinstance(parsed.resources.features, list) else None
+    broken = check(parsed, parsed.baseline(), feats)
+    if not broken:
+        return
+    for cfg in parsed.iter_configs(max_combinations=_BASELINE_SEARCH):
+        if not check(parsed, cfg, feats):
+            for name, spec in space["knobs"].items():
+                if name in cfg:
+                    spec["baseline"] = cfg[name]
+            notes.append(
+                f"CloudAI's first values break a dse rule ({broken[0]}); the baseline is the "
+                f"first valid configuration {cfg}"
+            )
+            return
+    notes.append(f"no configuration looked at passes dse's rules (first: {broken[0]})")
+
+
+def _model_fields(model: Any) -> dict[str, Any]:
+    """A space's ``model`` value (a catalog reference or fields) as its fields."""
+    from dse.space.catalog import expand_model
+
+    out = expand_model(model)
+    return dict(out) if isinstance(out, Mapping) else {}
+
+
+def _is_moe(model: Any) -> bool:
+    return bool(_model_fields(model).get("num_moe_experts"))
+
+
+def _runner(
+    sysi: CloudAISystem | None,
+    old: dict[str, Any],
+    mounts: list[str],
+    image: str | None,
+    gpn: int,
+    unmapped: list[Unmapped],
+    notes: list[str],
+) -> dict[str, Any]:
+    """The runner section: the Slurm runner with the system's options, else the local one."""
+    if sysi is None or sysi.scheduler != "slurm":
+        if sysi is not None:
+            notes.append(f"system scheduler {sysi.scheduler!r}: trials run on the local runner")
+        else:
+            notes.append(
+                "no --system: trials run on the local runner (give the CloudAI system TOML "
+                "for Slurm)"
+            )
+        for k, v in old.items():
+            if v:
+                unmapped.append(Unmapped(f"cmd_args.{k}", v, "a Slurm option; give --system"))
+        if mounts:
+            unmapped.append(
+                Unmapped("extra_container_mounts", mounts, "Slurm container mounts; give --system")
+            )
+        return {"name": "local"}
+    opts: dict[str, Any] = {}
+    partition = sysi.partition or old.get("partition") or None
+    account = sysi.account or old.get("account") or None
+    if partition:
+        opts["partition"] = partition
+    if account:
+        opts["account"] = account
+    opts["gpus_per_node"] = gpn
+    if image:
+        opts["container_image"] = image
+    if mounts:
+        opts["container_mounts"] = mounts
+    if sysi.sbatch_args:
+        opts["sbatch_args"] = list(sysi.sbatch_args)
+    srun = list(sysi.srun_args)
+    if sysi.container_mount_home:
+        srun.append("--container-mount-home")
+    if srun:
+        opts["srun_args"] = srun
+    env: dict[str, str] = {}
+    for var, val in sysi.env:
+        why = env_var_problem(var)
+        if why:
+            unmapped.append(Unmapped(f"system.global_env_vars.{var}", val, why))
+        else:
+            env[var] = val
+    if env:
+        opts["env"] = env
+    notes.append(f"Slurm runner options from the system {sysi.name!r}")
+    return {"name": "slurm", "options": opts}
+
+
+# --- export -------------------------------------------------------------------------------
+
+
+@dataclass
+class CloudAIExport:
+    """A CloudAI test and what of the configuration it could not carry."""
+
+    test: dict[str, Any]
+    not_taken: list[tuple[str, Any, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _cloudai_list(mods: Any) -> str:
+    return "[" + ", ".join(m for m in str(mods or "").split(",") if m) + "]"
+
+
+def _launcher_overrides(space: Any, params: Mapping[str, Any], out: CloudAIExport) -> list[str]:
+    """The recipe launcher's own overrides for ``params`` (knobs it cannot take are named
+    and left out)."""
+    from dse.workloads.launchers._core import NotTaken, launcher_for
+
+    launcher = launcher_for(space)
+    rest = dict(params)
+    for _ in range(len(rest) + 1):
+        try:
+            return launcher.knob_overrides(rest)
+        except NotTaken as e:
+            out.not_taken.append((e.knob, e.value, e.why))
+            rest.pop(e.knob, None)
+    return []
+
+
+def export_test(space: Any, params: dict[str, Any], name: str) -> dict[str, Any]:
+    """A CloudAI test definition (scalar fields) that runs ``params`` of a launcher space."""
+    return export_test_full(space, params, name).test
+
+
+def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudAIExport:
+    """:func:`export_test` with the knobs the target could not take, and notes.
+
+    Raises:
+        SpaceError: the space's workload has no CloudAI test template.
+    """
+    from dse.space.knobs import trial_env
+
+    wl = space.workload
+    if wl.name not in ("nemo", "bridge") or wl.launcher is None:
+        raise SpaceError(
+            f"study {space.study!r}: workload {wl.name!r} has no CloudAI test template "
+            "(nemo -> NeMoRun, bridge -> MegatronBridge)"
+        )
+    out = CloudAIExport({})
+    full = space.full_params(params)
+    set_names = set(space.knobs) | set(space.fixed) | set(space.derived)
+    knob_params = {k: v for k, v in full.items() if not k.startswith("env.") and k in set_names}
+    res, sem = space.resources, space.semantics
+    nodes = max(1, res.world_size // (res.gpus_per_node or res.world_size))
+    cmd: dict[str, Any] = {}
+    test: dict[str, Any] = {
+        "name": name,
+        "description": f"best configuration of dse study {space.study}",
+        "test_template_name": _TEMPLATES[wl.name],
+        "cmd_args": cmd,
+    }
+    if wl.name == "nemo":
+        cmd["docker_image_url"] = wl.launcher.container_image or ""
+        cmd["task"] = wl.launcher.task or "pretrain"
+        cmd["recipe_name"] = wl.launcher.recipe or ""
+        cmd["num_layers"] = space.model.num_layers
+        inv = {v: k for k, v in NEMO_RUN_KNOBS.items()}
+        flat: dict[str, Any] = {
+            "data.global_batch_size": sem.global_batch_size,
+            "data.seq_length": sem.seq_length,
+            "trainer.max_steps": sem.steps,
+            "trainer.num_nodes": nodes,
+        }
+        rest: dict[str, Any] = {}
+        for k, v in knob_params.items():
+            if k in inv:
+                if v is not None:
+                    flat[inv[k]] = v
+            else:
+                rest[k] = v
+        for item in _launcher_overrides(space, rest, out):
+            key, _, text = item.partition("=")
+            flat.setdefault(key, _literal(text))
+        for k, v in wl.launcher.overrides.items():
+            flat.setdefault(k, v)
+        for k, v in flat.items():
+            if v is None:
+                out.notes.append(f"{k}: None (the recipe's default) left out; TOML has no null")
+                continue
+            node = cmd
+            *parts, leaf = k.split(".")
+            for p in parts:
+                node = node.setdefault(p, {})
+            node[leaf] = v
+    else:
+        recipe = wl.launcher.recipe or ""
+        parts_ = bridge_recipe_parts(recipe)
+        cmd["container_image"] = wl.launcher.container_image or ""
+        cmd["model_family_name"] = parts_["model_family_name"]
+        cmd["model_recipe_name"] = parts_["model_recipe_name"]
+        cmd["task"] = parts_["task"]
+        gpu = _gpu_type(res.gpu)
+        if gpu:
+            cmd["gpu_type"] = gpu
+        cmd["num_gpus"] = res.world_size
+        cmd["domain"] = "llm"
+        cmd["hf_token"] = ""  # CloudAI reads HF_TOKEN from the environment when empty
+        cmd["gb"] = sem.global_batch_size
+        cmd["seq_length"] = sem.seq_length
+        cmd["max_steps"] = sem.steps
+        test["description"] += f" (Megatron-Bridge recipe {recipe})"
+        handled: set[str] = set()
+        inv = {v: k for k, v in BRIDGE_KNOBS.items()}
+        for k, v in knob_params.items():
+            if k in inv:
+                if k == "virtual_pipeline_model_parallel_size" and v is None:
+                    v = 1
+                if v is not None:
+                    cmd[inv[k]] = v
+                    handled.add(k)
+        scope = knob_params.get("cuda_graph_scope")
+        if "cuda_graph_scope" in knob_params:
+            handled.add("cuda_graph_scope")
+            if scope is not None:
+                cmd["cuda_graph_scope"] = _cloudai_list(scope)
+        rec = knob_params.get("recompute")
+        if rec in ("none", "selective"):
+            cmd["recompute_modules"] = (
+                _cloudai_list(knob_params.get("recompute_modules") or "core_attn")
+                if rec == "selective"
+                else "[]"
+            )
+            handled |= {"recompute", "recompute_modules"}
+        fp8 = (
+            knob_params.get("fp8"),
+            knob_params.get("fp8_recipe") if knob_params.get("fp8") else None,
+        )
+        mp = wl.launcher.overrides.get("mixed_precision")
+        dtype = next((d for d, pair in COMPUTE_DTYPES.items() if pair == fp8), None)
+        if fp8 == (None, None) and isinstance(mp, str) and mp in _MIXED_PRECISION:
+            dtype = _MIXED_PRECISION[mp]
+        if dtype is not None and dtype != "fp8_ds":
+            cmd["compute_dtype"] = dtype
+            handled |= {"fp8", "fp8_recipe"}
+        elif dtype == "fp8_ds" or fp8[0] is not None:
+            out.not_taken.append(
+                (
+                    "fp8",
+                    fp8,
+                    "no CloudAI compute_dtype is this FP8 recipe (bf16, fp8_cs, fp8_mx, fp8_sc)",
+                )
+            )
+            handled |= {"fp8", "fp8_recipe"}
+        extra: dict[str, str] = {}
+        rest = {k: v for k, v in knob_params.items() if k not in handled}
+        for item in _launcher_overrides(space, rest, out):
+            key, _, text = item.partition("=")
+            extra[key] = text
+        for k, v in wl.launcher.overrides.items():
+            if k == "mixed_precision" and "compute_dtype" in cmd:
+                continue
+            if v is not None:
+                extra.setdefault(k, v if isinstance(v, str) else _hydra(v))
+        if extra:
+            test["extra_cmd_args"] = extra
+        test["git_repos"] = [
+            {"url": "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git", "commit": "main"}
+        ]
+        out.notes.append(
+            "git_repos: CloudAI's MegatronBridge needs the Megatron-Bridge repository; pin the "
+            "commit the study ran"
+        )
+        out.notes.append(
+            f"CloudAI runs Megatron-Bridge's performance launcher, which picks the recipe from "
+            f"model_recipe_name {parts_['model_recipe_name']!r}, task {parts_['task']!r}, "
+            f"num_gpus, gpu_type and compute_dtype; the study ran {recipe!r}"
+        )
+    env = trial_env(full, space.env.fixed)
+    if "vboost" in space.env.node_steps:
+        if wl.name == "bridge":
+            cmd["enable_vboost"] = True
+        else:
+            env["ENABLE_VBOOST"] = "1"
+    if env:
+        test["extra_env_vars"] = env
+    out.test = test
+    return out
+
+
+def _hydra(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, list):
+        return "[" + ",".join(_hydra(x) for x in v) + "]"
+    return str(v)
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _gpu_type(gpu: str | None) -> str | None:
+    if not gpu:
+        return None
+    for short, full in _GPU_NAMES.items():
+        if gpu == full:
+            return short
+    up = gpu.upper()
+    for short in sorted(_GPU_NAMES, key=len, reverse=True):
+        if short.upper() in up:
+            return short
+    return None
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """TOML text of a CloudAI test (tables after scalars, lists of tables as ``[[...]]``;
+    strings, numbers, booleans)."""
+    import json
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    def key(k: str) -> str:
+        return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+    def is_tables(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+    lines: list[str] = []
+
+    def table(d: dict[str, Any], path: str) -> None:
+        for k, v in d.items():
+            if not isinstance(v, dict) and not is_tables(v):
+                lines.append(f"{key(k)} = {scalar(v)}")
+        for k, v in d.items():
+            sub = f"{path}.{key(k)}" if path else key(k)
+            if isinstance(v, dict):
+                lines.append("")
+                lines.append(f"[{sub}]")
+                table(v, sub)
+            elif is_tables(v):
+                for item in v:
+                    lines.append("")
+                    lines.append(f"[[{sub}]]")
+                    table(item, sub)
+
+    table(data, "")
+    return "\n".join(lines) + "\n"
+
+
+def figure_label(payload: Mapping[str, Any]) -> str:
+    """The best figure of a ``dse best`` payload with where it comes from: measured, a
+    replayed measurement, or an estimate (the cost model or the sim workload)."""
+    value = payload["objective"]["value"]
+    source = payload.get("source")
+    if source == "measured":
+        return f"{value} (measured)"
+    if source == "replay":
+        return f"{value} (replayed from a measured table)"
+    return f"{value} (estimate: {source or 'unknown source'}, not measured)"

@@ -1,0 +1,57 @@
+"""dse.storage: the study database (SQLite embedded, PostgreSQL for several writers).
+
+One database holds everything a study has: the space file as given (and its hash), trials
+with their state, parameters, objective value, per-step metrics, classified failures, log
+locations, owner/host, timings and GPU-seconds, plus the proposals rejected before launch.
+The schema is created and upgraded by the Alembic migrations shipped in
+``dse/storage/migrations`` whenever a database is opened; a database from a newer dse is
+refused (:class:`~dse.core.exceptions.SchemaVersionError`).
+
+Everything read comes back as frozen records (:mod:`dse.core.records`), never ORM rows; every
+database error as :class:`~dse.core.exceptions.StorageError`.
+
+Example::
+
+    from dse.storage import open_storage
+
+    with open_storage("sqlite:///dse_runs/studies.db") as storage:
+        study, created = storage.get_or_create_study(
+            name="llama-8b", space_yaml=text, space_hash=digest, direction="maximize",
+            metric="tflops_per_gpu", model={}, hardware={},
+        )
+        trial = storage.claim_trial(
+            study_id=study.id, params=p, params_key=key, budget=40, runner="me"
+        )
+"""
+
+from __future__ import annotations
+
+from dse.storage._engine import (
+    backend_name,
+    has_password,
+    head_revision,
+    is_ephemeral,
+    safe_url,
+    sqlite_file,
+)
+from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
+from dse.storage._repository import Storage, StudyCounters, open_storage
+from dse.storage._rows import StoredTrialRow, trial_from_stored
+
+__all__ = [
+    "Storage",
+    "StudyCounters",
+    "open_storage",
+    "head_revision",
+    "safe_url",
+    "is_ephemeral",
+    "has_password",
+    "sqlite_file",
+    "backend_name",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "StudyExport",
+    "read_export_text",
+    "StoredTrialRow",
+    "trial_from_stored",
+]

@@ -1,0 +1,96 @@
+"""Training data of a trial: the same global batches for every configuration.
+
+The global batch of step ``i`` depends only on the data spec, ``i``, the global batch size
+and the sequence length, never on the parallel layout: every rank builds it (synthetic:
+``torch.randint`` from a generator seeded with ``seed + i``; file: a fixed window of the
+token stream) and keeps its data-parallel rank's micro-batches. Loss curves of different
+layouts are therefore comparable step by step.
+
+Micro-batch ``k`` of data-parallel rank ``r`` holds rows ``[(k*dp + r)*mbs, ... + mbs)`` of the
+global batch (the order of Megatron-LM's pretraining sampler).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dse.space.searchspace import DataSpec
+
+__all__ = ["GlobalBatches", "load_token_file"]
+
+
+def load_token_file(path: str | Path) -> Any:
+    """The token stream of a file as a 1-D numpy array (memory-mapped).
+
+    ``.npy`` files keep their dtype; any other file is read as raw little-endian int32.
+    """
+    import numpy as np
+
+    p = Path(path)
+    if p.suffix == ".npy":
+        arr = np.load(p, mmap_mode="r")
+    else:
+        arr = np.memmap(p, dtype="<i4", mode="r")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{p}: token ids must be integers, got dtype {arr.dtype}")
+    return arr.reshape(-1)
+
+
+class GlobalBatches:
+    """Global batches of ``[global_batch_size, seq_length + 1]`` token ids."""
+
+    def __init__(
+        self, data: DataSpec, *, global_batch_size: int, seq_length: int, vocab_size: int
+    ) -> None:
+        self.data = data
+        self.global_batch_size = global_batch_size
+        self.seq_length = seq_length
+        self.vocab_size = vocab_size
+        self._tokens: Any = None
+        if data.kind == "path":
+            if data.path is None:  # DataSpec validates this; keep mypy informed
+                raise ValueError("data.path is required when data.kind is 'path'")
+            self._tokens = load_token_file(data.path)
+            need = seq_length + 2
+            if self._tokens.shape[0] < need:
+                raise ValueError(
+                    f"{data.path}: {self._tokens.shape[0]} tokens, fewer than one sequence "
+                    f"(seq_length + 1 = {seq_length + 1})"
+                )
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        """The int64 tokens of step ``step`` (on the CPU)."""
+        rows, width = self.global_batch_size, self.seq_length + 1
+        if self._tokens is None:
+            gen = torch.Generator().manual_seed(self.data.seed + step)
+            return torch.randint(0, self.vocab_size, (rows, width), generator=gen)
+        import numpy as np
+
+        n = self._tokens.shape[0]
+        windows = n - width + 1  # distinct start offsets
+        starts = [((step * rows + j) * self.seq_length) % windows for j in range(rows)]
+        batch = np.stack([np.asarray(self._tokens[s : s + width], dtype=np.int64) for s in starts])
+        out = torch.from_numpy(batch)
+        hi = int(out.max())
+        if hi >= self.vocab_size or int(out.min()) < 0:
+            raise ValueError(
+                f"{self.data.path}: token id {hi} is outside the vocabulary "
+                f"(vocab_size={self.vocab_size})"
+            )
+        return out
+
+    def microbatches(
+        self, batch: torch.Tensor, *, dp_rank: int, dp_size: int, micro_batch_size: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This data-parallel rank's ``(tokens, labels)`` micro-batches of a global batch."""
+        mbs = micro_batch_size
+        n = self.global_batch_size // (mbs * dp_size)
+        out = []
+        for k in range(n):
+            lo = (k * dp_size + dp_rank) * mbs
+            rows = batch[lo : lo + mbs]
+            out.append((rows[:, :-1].contiguous(), rows[:, 1:].contiguous()))
+        return out
