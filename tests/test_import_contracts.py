@@ -92,7 +92,8 @@ def test_no_two_dse_modules_import_each_other() -> None:
         # the layout reaching back into the space that imports it (a type-only import counts)
         (
             "dse/space/layout.py",
-            "import typing\nif typing.TYPE_CHECKING:\n    import dse.space.searchspace  # injected",
+            "import typing\nif typing.TYPE_CHECKING:\n"
+            "    import dse.space.searchspace  # injected",
             "dse.space.layout <-> dse.space.searchspace",
         ),
         # a runner base importing a runner (inside a function: still a cycle)

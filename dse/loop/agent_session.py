@@ -9,7 +9,6 @@ model's calibration up to date with measured peaks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dse.core.exceptions import StudyNotFoundError
@@ -20,12 +19,12 @@ from dse.core.records import (
     Outcome,
     TrialRecord,
 )
+from dse.loop.context import StudyContext
 from dse.loop.proposer import Proposed, Proposer, cost_model_prescreen, feedback_from_outcome
-from dse.space.searchspace import SearchSpace, params_key
+from dse.space.searchspace import params_key
 
 if TYPE_CHECKING:
     from dse.agents import BaseAgent
-    from dse.storage import Storage
 
 __all__ = ["AgentSession", "outcome_of_record"]
 
@@ -46,30 +45,21 @@ def outcome_of_record(t: TrialRecord) -> Outcome:
 class AgentSession:
     """Every ask, tell, restore and warm start of one study's agent."""
 
-    def __init__(
-        self,
-        space: SearchSpace,
-        agent: BaseAgent,
-        storage: Storage,
-        study_id: int,
-        *,
-        features: set[str] | None,
-        cost_model: Any = None,
-        progress: Callable[[str], None] = lambda _m: None,
-    ) -> None:
-        self.space = space
+    def __init__(self, ctx: StudyContext, agent: BaseAgent, *, cost_model: Any = None) -> None:
+        self.ctx = ctx
+        self.space = ctx.space
         self.agent = agent
-        self.storage = storage
-        self.study_id = study_id
+        self.storage = ctx.storage
+        self.study_id = ctx.study_id
         self.cost_model = cost_model
-        self.progress = progress
+        self.progress = ctx.progress
         self.proposer = Proposer(
-            space,
+            ctx.space,
             agent,
-            features,
-            prescreen=cost_model_prescreen(space, cost_model),
+            ctx.features,
+            prescreen=cost_model_prescreen(ctx.space, cost_model),
             on_reject=self._store_rejection,  # stored and shown as they happen
-            on_progress=progress,
+            on_progress=ctx.progress,
         )
         #: storage trial id -> the agent's id of the proposal it runs
         self._agent_ids: dict[int, str] = {}

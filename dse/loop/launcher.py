@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dse.core.exceptions import TrialLaunchError
 from dse.core.measure import prune_target
 from dse.core.records import Outcome, TrialRecord, TrialSpec
+from dse.loop.context import StudyContext
 from dse.space.searchspace import SearchSpace
 from dse.workloads import trial_command
 from dse.workloads.runners import OWNER_ENV, BaseRunner, Launch
 
 if TYPE_CHECKING:
-    from dse.storage import Storage
+    pass
 
 __all__ = ["TrialLauncher", "short_params", "trial_launch", "trial_spec"]
 
@@ -35,23 +36,16 @@ class TrialLauncher:
     """
 
     def __init__(
-        self,
-        space: SearchSpace,
-        storage: Storage,
-        runner: BaseRunner,
-        owner: str,
-        *,
-        features: set[str] | None,
-        workdir: Path,
-        progress: Callable[[str], None] = lambda _m: None,
+        self, ctx: StudyContext, runner: BaseRunner, owner: str, *, workdir: Path
     ) -> None:
-        self.space = space
-        self.storage = storage
+        self.ctx = ctx
+        self.space = ctx.space
+        self.storage = ctx.storage
         self.runner = runner
         self.owner = owner
-        self.features = features
+        self.features = ctx.features
         self.workdir = workdir
-        self.progress = progress
+        self.progress = ctx.progress
 
     def prune_target(self, t: TrialRecord) -> dict[str, Any] | None:
         """The study's best when ``t`` starts, as the trial's ``prune`` target (None when the

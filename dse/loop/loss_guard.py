@@ -14,7 +14,6 @@ attribute ``loss_parity`` (:data:`LOSS_PARITY_ATTR`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dse.core.numerics import (
@@ -27,10 +26,11 @@ from dse.core.numerics import (
     verdict,
 )
 from dse.core.records import TrialRecord
-from dse.space.searchspace import SearchSpace, params_key
+from dse.loop.context import StudyContext
+from dse.space.searchspace import params_key
 
 if TYPE_CHECKING:
-    from dse.storage import Storage
+    pass
 
 __all__ = ["LossGuard", "LOSS_PARITY_ATTR"]
 
@@ -42,19 +42,14 @@ LOSS_PARITY_ATTR = "loss_parity"
 class LossGuard:
     """Judges a study's complete trials against its baseline's loss curve."""
 
-    def __init__(
-        self,
-        space: SearchSpace,
-        storage: Storage,
-        study_id: int,
-        progress: Callable[[str], None] = lambda _m: None,
-    ) -> None:
-        self.space = space
-        self.storage = storage
-        self.study_id = study_id
-        self.progress = progress
-        self.settings = space.loss_parity
-        self.baseline_key = params_key(space.baseline())
+    def __init__(self, ctx: StudyContext) -> None:
+        self.ctx = ctx
+        self.space = ctx.space
+        self.storage = ctx.storage
+        self.study_id = ctx.study_id
+        self.progress = ctx.progress
+        self.settings = ctx.space.loss_parity
+        self.baseline_key = params_key(ctx.space.baseline())
 
     @property
     def enabled(self) -> bool:

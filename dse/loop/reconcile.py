@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dse.core.records import Outcome, TrialRecord, read_metrics
+from dse.loop.context import StudyContext
 from dse.results.objective import objective_value
-from dse.space.searchspace import SearchSpace
 from dse.workloads.runners import kill_owned_group
 
 if TYPE_CHECKING:
-    from dse.storage import Storage
+    pass
 
 __all__ = ["Owner", "Reconciler", "HEARTBEAT_S", "STALE_S", "SAME_HOST_STALE_S", "pid_alive"]
 
@@ -80,32 +80,30 @@ class Reconciler:
     """Ownership and heartbeat of a study's trials, for one controller (``me``).
 
     Args:
-        space: the study's space (for the objective of a result found in a metrics file).
-        storage: the study's storage.
+        ctx: the study (its space gives the objective of a result found in a metrics file;
+            its progress sink gets one line per reconciled trial).
         me: this controller.
         trust_paths: read the metrics files and signal the process groups that stored trials
             name (False for an imported study whose paths came from the export).
-        progress: one line per reconciled trial.
         clock, alive, kill: time, pid check and leftover killer (tests substitute them).
     """
 
     def __init__(
         self,
-        space: SearchSpace,
-        storage: Storage,
+        ctx: StudyContext,
         me: Owner,
         *,
         trust_paths: bool = True,
-        progress: Callable[[str], None] = lambda _m: None,
         clock: Callable[[], float] = time.time,
         alive: Callable[[int], bool] = pid_alive,
         kill: Callable[[Path, str], bool] | None = None,
     ) -> None:
-        self.space = space
-        self.storage = storage
+        self.ctx = ctx
+        self.space = ctx.space
+        self.storage = ctx.storage
         self.me = me
         self.trust_paths = trust_paths
-        self.progress = progress
+        self.progress = ctx.progress
         self.clock = clock
         self.alive = alive
         self._kill = kill
@@ -131,15 +129,15 @@ class Reconciler:
             return age > SAME_HOST_STALE_S
         return age > STALE_S
 
-    def reconcile(self, study_id: int) -> int:
+    def reconcile(self) -> int:
         """Trials left queued/running by a dead controller: a finished result is taken from
         the metrics file, the rest re-queued (leftover processes killed). Returns how many."""
         n = 0
-        for t in self.storage.list_trials(study_id, state="queued"):
+        for t in self.storage.list_trials(self.ctx.study_id, state="queued"):
             if t.runner and self.owner_dead(t):
                 self.storage.requeue_trial(t.id, reason="interrupted: controller died")
                 n += 1
-        for t in self.storage.list_trials(study_id, state="running"):
+        for t in self.storage.list_trials(self.ctx.study_id, state="running"):
             if not self.owner_dead(t):
                 continue
             out: Outcome | None = None

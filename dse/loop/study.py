@@ -30,6 +30,7 @@ from dse.core.exceptions import StudyNotFoundError
 from dse.core.names import display_name
 from dse.core.records import FINISHED_STATES, Outcome, TrialRecord
 from dse.loop.agent_session import AgentSession
+from dse.loop.context import StudyContext
 from dse.loop.launcher import TrialLauncher, trial_launch
 from dse.loop.loss_guard import LossGuard
 from dse.loop.reconcile import HEARTBEAT_S, STALE_S, Owner, Reconciler
@@ -321,24 +322,19 @@ class StudyRunner:
 
     def _run(self, study_id: int, trusted: bool) -> StudyResult:
         try:
+            self.ctx = StudyContext(
+                self.space, self.storage, study_id, features=self.features, progress=self.progress
+            )
             self.reconciler = Reconciler(
-                self.space,
-                self.storage,
+                self.ctx,
                 self.me,
                 trust_paths=trusted,
-                progress=self.progress,
                 kill=self.runner.kill_leftover,  # process group, or the runner's own (scancel)
             )
-            self.session = AgentSession(
-                self.space, self.agent, self.storage, study_id,
-                features=self.features, cost_model=self.cost_model, progress=self.progress,
-            )  # fmt: skip
-            self.launcher = TrialLauncher(
-                self.space, self.storage, self.runner, self.owner,
-                features=self.features, workdir=self.workdir, progress=self.progress,
-            )  # fmt: skip
-            self.guard = LossGuard(self.space, self.storage, study_id, progress=self.progress)
-            self.reconciler.reconcile(study_id)
+            self.session = AgentSession(self.ctx, self.agent, cost_model=self.cost_model)
+            self.launcher = TrialLauncher(self.ctx, self.runner, self.owner, workdir=self.workdir)
+            self.guard = LossGuard(self.ctx)
+            self.reconciler.reconcile()
             self.guard.judge_all()  # trials reconciled, or judged under other settings
             self.session.restore()
             complete = self._loop(study_id)
@@ -421,7 +417,7 @@ class StudyRunner:
                     "running", 0
                 ):
                     # another controller's trials: wait for them (or their staleness)
-                    if self.reconciler.reconcile(study_id):
+                    if self.reconciler.reconcile():
                         counts = self._counts(study_id)
             if now >= next_state:
                 next_state = now + STATE_CHECK_S

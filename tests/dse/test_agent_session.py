@@ -16,6 +16,7 @@ import pytest
 from dse.agents import SpaceAgent, create_agent
 from dse.core.records import PRUNED_STOP_REASON, Outcome, TrialRecord
 from dse.loop.agent_session import AgentSession, outcome_of_record
+from dse.loop.context import StudyContext
 from dse.model.costmodel import CostModel
 from dse.space.searchspace import SearchSpace, params_key
 from dse.storage import Storage, open_storage
@@ -76,8 +77,8 @@ def _session(
 ) -> tuple[AgentSession, SpaceAgent, list[str]]:
     agent = create_agent(sp)
     lines: list[str] = []
-    session = AgentSession(sp, agent, st, sid, features=set(), cost_model=cost_model,
-                           progress=lines.append)  # fmt: skip
+    ctx = StudyContext(sp, st, sid, features=set(), progress=lines.append)
+    session = AgentSession(ctx, agent, cost_model=cost_model)
     return session, agent, lines
 
 

@@ -20,6 +20,7 @@ import yaml
 from dse.agents import create_agent
 from dse.cli.main import main
 from dse.core.records import Outcome, TrialRecord
+from dse.loop.context import StudyContext
 from dse.loop.reconcile import SAME_HOST_STALE_S, STALE_S, Owner, Reconciler
 from dse.loop.study import StudyRunner
 from dse.space.searchspace import params_key, parse_space
@@ -79,10 +80,8 @@ def test_owner_dead(owner: str | None, alive: bool, age: float, dead: bool) -> N
         None: None,
     }[owner]
     now = 1_000_000.0
-    rec = Reconciler(
-        _sim_space(Path("/nonexistent")), storage=None, me=me,  # type: ignore[arg-type]
-        clock=lambda: now, alive=lambda pid: alive,
-    )  # fmt: skip
+    ctx = StudyContext(_sim_space(Path("/nonexistent")), storage=None, study_id=0)  # type: ignore[arg-type]
+    rec = Reconciler(ctx, me=me, clock=lambda: now, alive=lambda pid: alive)
     assert rec.owner_dead(_trial(runner=runner, heartbeat_at=now - age)) is dead
 
 
@@ -109,10 +108,10 @@ def test_reconcile_requeues_and_kills_only_owned_groups(tmp_path: Path) -> None:
     t = _running_trial(st, space, dead_owner, tdir / "metrics.jsonl")
     killed: list[tuple[Path, str]] = []
     rec = Reconciler(
-        space, st, Owner("here", os.getpid(), "new00000"),
+        StudyContext(space, st, t.study_id), Owner("here", os.getpid(), "new00000"),
         alive=lambda pid: False, kill=lambda d, o: killed.append((d, o)) or True,
     )  # fmt: skip
-    assert rec.reconcile(t.study_id) == 1
+    assert rec.reconcile() == 1
     assert st.get_trial(t.id).state == "queued"
     assert killed == [(tdir, dead_owner)]
     # an imported study: its paths are not trusted, nothing is read or signalled
@@ -122,7 +121,7 @@ def test_reconcile_requeues_and_kills_only_owned_groups(tmp_path: Path) -> None:
     )
     killed.clear()
     rec.trust_paths = False
-    rec.reconcile(t2.study_id)
+    rec.reconcile()
     assert st.get_trial(t2.id).state == "queued" and killed == []
     st.close()
 

@@ -20,6 +20,7 @@ import yaml
 from dse.agents import create_agent
 from dse.cli.main import main
 from dse.core.records import Outcome, StepMetrics
+from dse.loop.context import StudyContext
 from dse.loop.loss_guard import LOSS_PARITY_ATTR, LossGuard
 from dse.loop.study import StudyRunner
 from dse.space.searchspace import params_key, parse_space
@@ -188,7 +189,7 @@ def test_the_baseline_finishing_last_judges_the_others_again(tmp_path: Path) -> 
     curve = [10.0, 9.0, 8.0]
     with open_storage(f"sqlite:///{tmp_path / 'late.db'}") as st:
         rec, _ = st.get_or_create_study(space_yaml="{}", **space.study_fields())
-        guard = LossGuard(space, st, rec.id)
+        guard = LossGuard(StudyContext(space, st, rec.id))
         # trials run in parallel: the other one finishes before the baseline
         t1 = guard.on_finished(_finish(st, rec.id, other, [10.0, 9.1, 8.0]))
         assert t1.metrics["numerics"]["status"] == "unchecked"

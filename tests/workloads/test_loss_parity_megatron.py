@@ -31,6 +31,7 @@ import pytest
 
 from dse.core.numerics import floor_of, judge, losses_of, tolerance_of
 from dse.core.records import Outcome, TrialRecord, TrialSpec, read_metrics
+from dse.loop.context import StudyContext
 from dse.loop.loss_guard import LossGuard
 from dse.space.searchspace import params_key, parse_space
 from dse.storage import open_storage
@@ -115,7 +116,7 @@ def test_execution_knobs_are_not_flagged_through_the_controllers_guard(
     )  # fmt: skip
     with open_storage(f"sqlite:///{tmp_path / 'p.db'}") as st:
         rec = st.create_study(space_yaml="{}", **space.study_fields())
-        guard = LossGuard(space, st, rec.id)
+        guard = LossGuard(StudyContext(space, st, rec.id))
         verdicts = {}
         for name in ("baseline", *EXECUTION):
             params = {**KNOBS, **CONFIGS[name][0]}
