@@ -35,11 +35,13 @@ from dse.storage._engine import (
     sqlite_file,
 )
 from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
-from dse.storage._repository import Storage, StudyCounters, open_storage
+from dse.storage._reads import StorageReads, StudyCounters
+from dse.storage._repository import Storage, open_storage
 from dse.storage._rows import StoredTrialRow, trial_from_stored
 
 __all__ = [
     "Storage",
+    "StorageReads",
     "StudyCounters",
     "open_storage",
     "head_revision",
