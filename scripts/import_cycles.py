@@ -3,7 +3,7 @@ builds: imports inside functions and under ``TYPE_CHECKING`` count, since a read
 type checker follow them too).
 
 ``python scripts/import_cycles.py [PACKAGE]`` (run where PACKAGE is importable, as
-``scripts/lint_imports.py`` does on the installed layout) prints each cycle, one strongly
+``scripts/lint_imports.py`` does on the checkout) prints each cycle, one strongly
 connected set of modules per line, and exits 1 when there is one.
 """
 

@@ -1,6 +1,6 @@
 """The import contracts of pyproject.toml hold, and break on an upward import.
 
-``scripts/lint_imports.py`` runs import-linter on the installed layout; here it runs on this
+``scripts/lint_imports.py`` runs import-linter and the cycle check; here it runs on this
 checkout (kept) and on a copy with one upward import injected (broken, naming the import).
 """
 
