@@ -45,6 +45,7 @@ from dse.core.records import (
     StudyState,
     TrialState,
 )
+from dse.results.gpu_usage import TRIAL_GPU_FIGURES
 
 __all__ = [
     "Base",
@@ -198,13 +199,7 @@ class TrialModel(Base):
             "first_step_s",
             "source",
             "gpu_seconds",
-            "gpu_seconds_startup",
-            "gpu_seconds_measure",
-            "device_seconds",
-            "device_seconds_measure",
-            "device_seconds_measured",
-            "device_seconds_kernel",
-            "device_seconds_first_step",
+            *(f for f in TRIAL_GPU_FIGURES if f != "first_step_s"),
         ),
     )
 
@@ -244,6 +239,18 @@ class TrialModel(Base):
     device_seconds_kernel: Mapped[float | None] = mapped_column(Float)
     device_seconds_first_step: Mapped[float | None] = mapped_column(Float)
     first_step_s: Mapped[float | None] = mapped_column(Float)
+
+
+# The figures are named once, in dse.results.gpu_usage; the columns above are declared for the
+# type checker, and a figure without its column (or a column left behind) stops the import.
+_GPU_PREFIXES = ("gpu_", "device_", "first_")
+_GPU_COLUMNS = {c.name for c in TrialModel.__table__.columns if c.name.startswith(_GPU_PREFIXES)}
+_GPU_COLUMNS -= {"gpu_seconds"}  # the trial's whole GPU time, older than the figures
+if _GPU_COLUMNS != set(TRIAL_GPU_FIGURES):  # pragma: no cover - a developer's slip
+    raise RuntimeError(
+        f"TrialModel's GPU-time columns {sorted(_GPU_COLUMNS)} are not "
+        f"dse.results.gpu_usage.TRIAL_GPU_FIGURES {sorted(TRIAL_GPU_FIGURES)}"
+    )
 
 
 # Pages by -value (best first, ties by number, no value last) walk this one (0003, with the id
