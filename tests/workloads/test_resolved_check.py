@@ -14,8 +14,13 @@ from pathlib import Path
 import pytest
 
 from dse.core.records import MetricsWriter, TrialSpec, read_metrics
-from dse.space.searchspace import ModelSpec
-from dse.workloads.launchers.megatron_lm import BUILTIN_MODULE, resolved_expectations
+from dse.space.searchspace import ModelSpec, MoeRouting
+from dse.workloads.launchers.megatron_lm import (
+    ARG_DEFAULTS,
+    BUILTIN_MODULE,
+    resolved_expectations,
+    routing_flags,
+)
 from dse.workloads.launchers.resolved import (
     RESOLVED_FILE,
     ArgsTableReader,
@@ -84,6 +89,31 @@ def test_expectations_cover_fields_left_at_megatrons_default() -> None:
     assert want["accumulate_allreduce_grads_in_fp32"] is True
     assert want["recompute_modules"] == ["core_attn"] and want["sequence_parallel"] is True
     assert want["num_layers"] == "2" and want["bf16"] is True and want["add_bias_linear"] is False
+
+
+ROUTING = ("moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_router_score_function",
+           "moe_router_enable_expert_bias")  # fmt: skip
+
+
+def test_the_declared_moe_routing_is_checked_against_the_table() -> None:
+    # semantics.moe_routing is rendered as flags; the table of core_v0.16.1 prints each field
+    # under its own name (the load-balancing type and the coefficient, taken as lists, are
+    # printed as the value: validate_args unwraps a one-element list)
+    model = ModelSpec.model_validate(MODEL)
+    same = MoeRouting(moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.0,
+                      moe_router_score_function="softmax")  # fmt: skip
+    want = resolved_expectations(RAN, model, routing_flags(same))
+    assert want["moe_router_load_balancing_type"] == "aux_loss"
+    assert want["moe_router_score_function"] == "softmax"
+    assert normalize(want["moe_aux_loss_coeff"]) == 0.0
+    assert compare(want, _table(), ARG_DEFAULTS) == []
+    other = MoeRouting(
+        moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=0.01,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+    )  # fmt: skip
+    bad = compare(resolved_expectations(RAN, model, routing_flags(other)), _table(), ARG_DEFAULTS)
+    assert {m.field for m in bad} == set(ROUTING)
+    assert "moe_router_enable_expert_bias: asked True, resolved 'False'" in map(str, bad)
 
 
 def _spec(tmp_path: Path, params: dict, **launcher: object) -> TrialSpec:

@@ -372,7 +372,8 @@ def resolved_expectations(
     """What Megatron-LM's argument table must show for a trial: argument name -> the value
     dse asked, for every field its knob values set (also the ones left at Megatron-LM's
     default, which render no flag) and every model/semantics flag of ``argv`` (the rendered
-    command). Compared with :func:`dse.workloads.launchers.resolved.compare`."""
+    command, the MoE routing of ``semantics.moe_routing`` included). Compared with
+    :func:`dse.workloads.launchers.resolved.compare`."""
     out: dict[str, Any] = {}
     flex = params.get("moe_token_dispatcher_type") == "flex"
     for _name, _value, a in Launcher.assignments_of(params):
@@ -398,7 +399,19 @@ def resolved_expectations(
         elif tok in _MODEL_SWITCHES:
             dest, val = _MODEL_SWITCHES[tok]
             out[dest] = val
+        elif tok in _ROUTING_FIELD_OF_FLAG:
+            # semantics.moe_routing: the table prints the field under its own name; Megatron-LM
+            # takes the load-balancing type and the aux-loss coefficient as lists and its
+            # validate_args turns a one-element list back into the value before printing
+            f = _ROUTING_FIELD_OF_FLAG[tok]
+            if isinstance(MoeRouting.model_fields[f].default, bool):
+                out[f] = True
+            elif i + 1 < len(args):
+                out[f] = args[i + 1]
     return out
+
+
+_ROUTING_FIELD_OF_FLAG = {flag: f for f, flag in ROUTING_FLAG_OF_FIELD.items()}
 
 
 # --- reading a Megatron-LM command line back --------------------------------------------
