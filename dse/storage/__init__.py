@@ -26,18 +26,47 @@ Example::
 
 from __future__ import annotations
 
-from dse.storage._engine import (
-    backend_name,
-    has_password,
-    head_revision,
-    is_ephemeral,
-    safe_url,
-    sqlite_file,
-)
-from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
-from dse.storage._reads import StorageReads, StudyCounters
-from dse.storage._repository import Storage, open_storage
-from dse.storage._rows import StoredTrialRow, trial_from_stored
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dse.storage._engine import (
+        backend_name,
+        has_password,
+        head_revision,
+        is_ephemeral,
+        safe_url,
+        sqlite_file,
+    )
+    from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
+    from dse.storage._reads import StorageReads, StudyCounters
+    from dse.storage._repository import Storage, open_storage
+    from dse.storage._rows import StoredTrialRow, trial_from_stored
+
+#: Public name -> the module that defines it. Loaded when first asked for, so that a command
+#: that only locates its database (:mod:`dse.storage.locate`) starts without SQLAlchemy.
+_LAZY = {
+    **dict.fromkeys(
+        ("backend_name", "has_password", "head_revision", "is_ephemeral", "safe_url",
+         "sqlite_file"),
+        "dse.storage._engine",
+    ),
+    **dict.fromkeys(("FORMAT", "FORMAT_VERSION", "StudyExport", "read_export_text"),
+                    "dse.storage._export"),
+    **dict.fromkeys(("StorageReads", "StudyCounters"), "dse.storage._reads"),
+    **dict.fromkeys(("Storage", "open_storage"), "dse.storage._repository"),
+    **dict.fromkeys(("StoredTrialRow", "trial_from_stored"), "dse.storage._rows"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dse.storage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Storage",
