@@ -201,6 +201,13 @@ def wait_idle(node: str, timeout: float = 60) -> None:
 # --- studies ------------------------------------------------------------------------------
 
 
+def queue_listing() -> str:
+    """Slurm's queue, one ``id state name reason`` line per job (for failure messages)."""
+    return subprocess.run(
+        ["squeue", "-h", "-o", "%i %T %j %r"], capture_output=True, text=True
+    ).stdout.strip()
+
+
 def wait_node_free(node: str, timeout: float = 120) -> None:
     """Waits until no job holds any CPU of the Slurm node: earlier tests' jobs, cancelled
     or ending, may still be completing when the next test wants the whole node."""
@@ -214,12 +221,7 @@ def wait_node_free(node: str, timeout: float = 120) -> None:
     wait_until(
         free,
         timeout,
-        lambda: (
-            f"node {node} still busy: {node_state(node)}; "
-            + subprocess.run(
-                ["squeue", "-h", "-o", "%i %T %j %r"], capture_output=True, text=True
-            ).stdout.strip()
-        ),
+        lambda: f"node {node} still busy: {node_state(node)}; {queue_listing()}",
     )
 
 

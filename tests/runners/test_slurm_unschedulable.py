@@ -19,6 +19,7 @@ from tests.runners.conftest import (
     job_id,
     job_state,
     make_launch,
+    queue_listing,
     replay_space,
     slurm_runner,
     trials_of,
@@ -89,12 +90,7 @@ def test_job_pending_past_the_queue_timeout_on_a_busy_node_is_timeout(
         wait_until(
             lambda: job_state(blocker) == "RUNNING",
             120,
-            lambda: (
-                f"blocker did not start: {job_state(blocker)}; "
-                + subprocess.run(
-                    ["squeue", "-h", "-o", "%i %T %j %r"], capture_output=True, text=True
-                ).stdout.strip()
-            ),
+            lambda: f"blocker did not start: {job_state(blocker)}; {queue_listing()}",
         )
         r = slurm_runner(queue_timeout_s=4)
         launch = make_launch(tmp_path, 1, 0.1)
