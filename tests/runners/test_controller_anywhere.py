@@ -137,6 +137,12 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """A Ray head of its own (4 CPUs, its job server on a free port), stopped by its own
     process (``ray start --block``), never by ``ray stop``."""
     port, dash = free_port(), free_port()
+    # the head's agents on free ports too: Ray's fixed defaults (the job agent's 52365, ...)
+    # may still be held by another Ray instance of the test run, and then the job agent
+    # never registers ("No available agent to submit job")
+    agents = [f"--dashboard-agent-listen-port={free_port()}",
+              f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
+              f"--runtime-env-agent-port={free_port()}"]  # fmt: skip
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -144,7 +150,7 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     head = subprocess.Popen(
         [*ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-         "--disable-usage-stats"],
+         "--disable-usage-stats", *agents],
         env=env, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
@@ -191,7 +197,9 @@ def test_controller_as_a_ray_job_on_the_head(
         # machine): Ray's own advice is to try again; nothing was submitted
         if "No available agent to submit job" not in r.stdout + r.stderr:
             break
-        assert time.monotonic() < deadline, "the Ray head's job agent did not come up"
+        assert time.monotonic() < deadline, (
+            "the Ray head's job agent did not come up: " + r.stdout[-1500:] + r.stderr[-1500:]
+        )
         time.sleep(2.0)
     assert r.returncode == 0 and "succeeded" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr
     assert "study 'tiny-gpt-cpu': created" in r.stdout + r.stderr  # the job's own output
