@@ -36,11 +36,7 @@ from typing import Any
 from dse.core.records import MetricsWriter, Outcome, TrialSpec, read_metrics
 from dse.model.rules import check
 from dse.space.searchspace import load_space
-
-_MODEL_KEYS = (
-    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-    "vocab_size", "gated_linear_unit", "activation", "normalization",
-)  # fmt: skip
+from dse.space.tablemodel import model_row as model_row_of
 
 
 class _WarmWorker:
@@ -147,13 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             configs.append(p)
     configs = configs[args.skip : None if args.limit is None else args.skip + args.limit]
     world = space.resources.world_size
-    model_row = {k: getattr(space.model, k) for k in _MODEL_KEYS}
-    # every ModelSpec field that is set (hybrid pattern, MoE and Mamba sizes, ...), so that
-    # the cost model rebuilds the same model from the row
-    model_row.update(space.model.model_dump(exclude_none=True))
-    model_row.update(
-        seq_length=sem.seq_length, global_batch_size=sem.global_batch_size, precision=sem.precision
-    )
+    # every ModelSpec field (hybrid pattern, MoE and Mamba sizes, ...) through the one schema
+    # every table reader shares, so that the readers rebuild the identical model from the row
+    model_row = model_row_of(space.model, sem)
     hw = {"gpu": space.resources.gpu, "gpu_memory_gib": space.resources.gpu_memory_gib}
     out = Path(args.out)
     tmp = Path(tempfile.mkdtemp(prefix="dse_measure_"))

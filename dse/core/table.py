@@ -12,46 +12,25 @@ Several rows of one configuration are repeated measurements of it (the replay an
 configuration's re-measurements with them in turn); ``step_times_s`` gives the per-step times
 its intervals come from.
 
-Two layers read tables: the replay workload (``dse.workloads.replay``), which answers trials
-from them, and the cost model's evaluation (``dse estimate --table``). Both read rows here;
-each adds the checks its use needs (the replay needs the metrics of ok rows, the cost model
-a model per row).
+Every reader reads rows here, and a row's ``model`` through one schema
+(:mod:`dse.space.tablemodel`): the replay workload (``dse.workloads.replay``), which answers
+trials from them, the cost model's evaluation (``dse estimate --table``, ``dse bench``) and the
+estimate's basis. Each adds the checks its use needs (the replay needs the metrics of ok rows,
+the cost model a model per row).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dse.core.exceptions import WorkloadError
 
-__all__ = ["STATUSES", "MeasuredRow", "TableError", "read_table", "space_model_fields"]
+__all__ = ["STATUSES", "MeasuredRow", "TableError", "read_table"]
 
 STATUSES = ("ok", "oom", "invalid", "error")
-
-#: Architecture fields of a row's ``model`` that the space's ``model`` section takes as is.
-_MODEL_FIELDS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_query_groups",
-    "ffn_hidden_size",
-    "vocab_size",
-    "kv_channels",
-    "normalization",
-    "position_embedding_type",
-    "add_bias_linear",
-    "untie_embeddings_and_output_weights",
-    "hidden_dropout",
-    "attention_dropout",
-    "num_moe_experts",
-    "moe_router_topk",
-    "moe_ffn_hidden_size",
-    "moe_shared_expert_intermediate_size",
-)
 
 
 class TableError(WorkloadError, ValueError):
@@ -125,20 +104,3 @@ def _row(rec: Any, where: str, line: int) -> MeasuredRow:
 
 def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def space_model_fields(model: Mapping[str, Any]) -> dict[str, Any]:
-    """The space file's ``model`` section (``dse.space.searchspace.ModelSpec`` fields) from a row's
-    ``model``: the architecture fields it has, and the activation, where a gated linear unit
-    (``gated_linear_unit: true``) is the space's ``swiglu`` and ``swiglu`` declared not gated
-    is ``silu``."""
-    out = {k: model[k] for k in _MODEL_FIELDS if model.get(k) is not None}
-    act = model.get("activation")
-    glu = model.get("gated_linear_unit")
-    if glu is True:
-        act = "swiglu"
-    elif glu is False and act == "swiglu":
-        act = "silu"
-    if act is not None:
-        out["activation"] = act
-    return out

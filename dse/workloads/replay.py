@@ -32,8 +32,9 @@ from pydantic import ValidationError
 
 from dse.core.exceptions import DSEError, WorkloadError
 from dse.core.records import FailureClass, MetricsWriter, Outcome, StepMetrics, TrialSpec
-from dse.core.table import MeasuredRow, read_table, space_model_fields
+from dse.core.table import MeasuredRow, read_table
 from dse.space.searchspace import SearchSpace, params_key
+from dse.space.tablemodel import RowModelError, row_problem
 
 __all__ = ["ReplayRow", "ReplayTable", "main"]
 
@@ -139,10 +140,18 @@ class ReplayTable:
         row's value (or ``baseline``'s). ``agent``, ``budget`` and ``objectives`` are
         passed through (``AgentSpec`` / ``Budget`` / a list of ``Objective``, or dicts);
         the workload is ``replay`` with ``table`` (default: the path the table was loaded
-        from). Resources declare no optional features (``features: []``).
+        from). The model, semantics and resources are read through
+        :mod:`dse.space.tablemodel`, the schema every table reader shares; the features are
+        the ones the table records, else those its measured configurations needed.
         """
         first = self.rows[0]
         m = first.model
+        try:
+            model, sem, res = row_problem(
+                m, first.world_size, first.hardware, (r.params for r in self.rows)
+            )
+        except RowModelError as e:
+            raise WorkloadError(f"{self.path}:{first.line}: {e}") from e
         base = dict(baseline) if baseline is not None else dict(first.params)
         unknown = sorted(set(base) - set(self.param_names))
         if unknown:
@@ -152,20 +161,17 @@ class ReplayTable:
         steps = len(ok_losses[0]) if ok_losses else 6
         data: dict[str, Any] = {
             "study": study,
-            "model": space_model_fields(m),
+            "model": model.model_dump(exclude_none=True),
             "semantics": {
-                "global_batch_size": m.get("global_batch_size"),
-                "seq_length": m.get("seq_length"),
-                "precision": m.get("precision", "bf16"),
+                "global_batch_size": sem.global_batch_size,
+                "seq_length": sem.seq_length,
+                "precision": sem.precision,
                 "steps": steps,
                 "warmup_steps": min(2, steps - 1),
             },
-            "resources": {
-                "world_size": first.world_size,
-                "gpu": first.hardware.get("gpu"),
-                "gpu_memory_gib": first.hardware.get("gpu_memory_gib"),
-                "features": [],
-            },
+            "resources": res.model_dump(
+                include={"world_size", "gpu", "gpu_memory_gib", "features"}
+            ),
             "knobs": {
                 name: {"domain": {"type": "choice", "values": values}, "baseline": base[name]}
                 for name, values in self.space_knobs().items()

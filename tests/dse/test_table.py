@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from dse.core.exceptions import WorkloadError
-from dse.core.table import TableError, read_table, space_model_fields
+from dse.core.table import TableError, read_table
 from dse.space.searchspace import ModelSpec
+from dse.space.tablemodel import space_model_fields
 
 
 def test_reads_rows_with_their_lines(tmp_path: Path) -> None:

@@ -80,6 +80,8 @@ class CostLayout:
     #: optimizer states Transformer Engine's FusedAdam copies to fp32 for the update
     #: (precision-aware optimizer; see memory._optimizer_temporaries)
     unscaled_states: int = 0
+    #: Mamba layers on the memory-efficient path (one fused kernel, conv1d recomputed)
+    mamba_mem_eff: bool = True
 
     def recomputes(self, module: str) -> bool:
         """True when selective recompute covers ``module`` (``core_attn``, ``moe`` ...)."""
@@ -205,6 +207,7 @@ def resolve(
             else None
         ),
         unscaled_states=unscaled,
+        mamba_mem_eff=bool(knob(params, "use_mamba_mem_eff_path")),
     )
 
 

@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from dse.core.records import finite
-from dse.core.table import MeasuredRow, TableError, read_table, space_model_fields
+from dse.core.table import MeasuredRow, TableError, read_table
 from dse.model.costmodel.model import CostModel
 from dse.space.knobs import KNOBS
 from dse.space.searchspace import ModelSpec, Resources, Semantics
+from dse.space.tablemodel import RowModelError
+from dse.space.tablemodel import row_problem as _row_problem
 
 __all__ = [
     "TableError",
@@ -46,25 +48,9 @@ def load_table(path: str | Path) -> list[MeasuredRow]:
 
 def row_problem(row: MeasuredRow) -> tuple[ModelSpec, Semantics, Resources, dict[str, Any]]:
     """The (model, semantics, resources, params) of a row; unknown knob names are dropped."""
-    m = row.model
     try:
-        model = ModelSpec.model_validate(space_model_fields(m))
-        sem = Semantics.model_validate(
-            {
-                "global_batch_size": int(m["global_batch_size"]),
-                "seq_length": int(m["seq_length"]),
-                "precision": m.get("precision", "bf16"),
-            }
-        )
-        res = Resources.model_validate(
-            {
-                "world_size": row.world_size,
-                "gpu": row.hardware.get("gpu"),
-                "gpu_memory_gib": row.hardware.get("gpu_memory_gib"),
-                "features": [],
-            }
-        )
-    except (KeyError, TypeError, ValueError) as e:
+        model, sem, res = _row_problem(row.model, row.world_size, row.hardware, [row.params])
+    except RowModelError as e:
         raise TableError(f"line {row.line}: cannot build the model from the row ({e})") from e
     params = {k: v for k, v in row.params.items() if k in KNOBS}
     return model, sem, res, params
