@@ -270,6 +270,7 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
     from dse.results.gpu_usage import study_gpu_usage_of
     from dse.results.noise import study_best
     from dse.results.run_settings import effective_space
+    from dse.results.trust import trust_summary
 
     trials = storage.list_trials(st.id)
     attrs = storage.get_study_attrs(st.id)
@@ -300,6 +301,7 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
         },
         "best": None if best is None else {**_trial_json(best), "noise": noise},
         "trials": [_trial_json(t) for t in trials],
+        "trust": trust_summary([_trial_json(t) for t in trials], st.metric, st.direction),
     }
 
 
@@ -416,6 +418,33 @@ def _pooled(noise: dict[str, Any], metric: str, metrics: dict[str, Any]) -> Any:
     return fig.get("value", metrics.get(metric))
 
 
+def _trust_text(s: dict[str, Any]) -> list[str]:
+    """The trust of a study's estimates: the best calibrated or interpolated estimate beside
+    an extrapolated best (dse.results.trust)."""
+    from dse.core.figures import figure
+
+    tr = s.get("trust")
+    if not tr:
+        return []
+    counts = ", ".join(f"{n} {label}" for label, n in sorted(tr["counts"].items()))
+    lines = [f"  estimates' trust: {counts} (dse/model/costmodel/basis.py)"]
+    best, trusted = tr["best"], tr["trusted_best"]
+    if best and best["label"] == "extrapolated":
+        lines.append(
+            f"  the highest estimate, trial {best['number']} ({figure(best['value'])}), is "
+            f"EXTRAPOLATED (outside every measured range: {best['why']}); not a best"
+        )
+        if trusted:
+            lines.append(
+                f"  best within the measured range: trial {trusted['number']} "
+                f"{s['metric']}={figure(trusted['value'])} ({trusted['label']}): "
+                f"{json.dumps(trusted['params'])}"
+            )
+        else:
+            lines.append("  best within the measured range: none (every estimate extrapolated)")
+    return lines
+
+
 def _status_text(s: dict[str, Any]) -> str:
     """A study's best trial and trial table (figures with four significant digits)."""
     from dse.core.figures import figure
@@ -445,6 +474,7 @@ def _status_text(s: dict[str, Any]) -> str:
         )
         if noise.get("message"):
             lines.append(f"  {noise['message']} (their intervals overlap; re-measure to split)")
+    lines.extend(_trust_text(s))
     nline = _numerics_text(s)
     if nline:
         lines.append(nline)

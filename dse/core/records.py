@@ -39,6 +39,7 @@ __all__ = [
     "STUDY_STATES",
     "FailureClass",
     "FAILURE_CLASSES",
+    "ESTIMATE_WORKLOADS",
     "INFEASIBLE_CLASSES",
     "OOM_CLASSES",
     "OutcomeStatus",
@@ -184,6 +185,9 @@ RUNNER_NAMES: tuple[RunnerName, ...] = get_args(RunnerName)
 #: Workloads a trial may run (``workload.name``; bridge / nemo / megatron_lm: the user's recipe
 #: through its launcher).
 WorkloadName = Literal["megatron", "replay", "sim", "bridge", "nemo", "megatron_lm"]
+#: Workloads whose figures are the cost model's estimate, not a measurement (the sim): their
+#: memory verdict is the pre-screen's own, so the pre-screen takes it without a margin.
+ESTIMATE_WORKLOADS: frozenset[str] = frozenset({"sim"})
 WORKLOAD_NAMES: tuple[WorkloadName, ...] = get_args(WorkloadName)
 
 

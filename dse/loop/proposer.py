@@ -20,6 +20,7 @@ from typing import Any, overload
 
 from dse.agents import BaseAgent, Feedback, MemoryHint, Proposal, SpeedHint
 from dse.core.records import (
+    ESTIMATE_WORKLOADS,
     OOM_CLASSES,
     SPEED_METRICS,
     FinishedState,
@@ -183,15 +184,20 @@ def cost_model_prescreen(space: SearchSpace, cost_model: Any) -> Prescreen | Non
     if cost_model is None or not space.prescreen.enabled or cap is None:
         return None
 
+    # The sim answers from this very memory model: a margin for its uncertainty would only
+    # let through configurations the sim then reports as out of memory.
+    exact = space.workload.name in ESTIMATE_WORKLOADS
+    usable = float(getattr(cost_model, "usable_gib", None) or cap)
+
     def screen(params: dict[str, Any]) -> tuple[RejectionKind, str, dict[str, Any]] | None:
-        margin = float(cost_model.margin(space.prescreen.margin))
+        margin = 0.0 if exact else float(cost_model.margin(space.prescreen.margin))
         ok, pred = cost_model.fits(space.full_params(params), margin)
         if ok:
             return None
         return (
             "predicted_oom",
-            f"predicted peak {pred:.1f} GiB > {cap:.1f} GiB x (1 + margin {margin:.2f}) "
-            "(cost-model estimate)",
+            f"predicted peak {pred:.1f} GiB > {usable:.1f} GiB usable of {cap:.1f} GiB x "
+            f"(1 + margin {margin:.2f}) (cost-model estimate)",
             {"predicted_peak_mem_gib": round(float(pred), 3), "margin": round(margin, 4)},
         )
 

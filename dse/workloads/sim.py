@@ -160,17 +160,25 @@ def simulate(
     cm = CostModel(model, sem, res)
     mem = cm.predict_memory(spec.params)
     fits, total = cm.fits(spec.params, 0.0)
+    # how far the estimate is to be trusted (calibrated / interpolated / extrapolated): on
+    # every sim trial, so no figure outside the measured range passes for a calibrated one
+    trust = cm.trust(spec.params).as_dict()
     if not fits:
         return [
             FailureLine(
                 failure_class="oom",
                 reason=(
-                    f"predicted peak {total:.2f} GiB > {res.gpu_memory_gib} GiB per GPU "
-                    f"({mem.peak_phase}, cost-model estimate)"
+                    f"predicted peak {total:.2f} GiB > {cm.usable_gib:.2f} GiB usable of "
+                    f"{res.gpu_memory_gib} GiB per GPU ({mem.peak_phase}, cost-model estimate)"
                 ),
                 metrics={
-                    "peak_mem_gib": round(mem.allocated_gib, 4),
+                    # the device-level need that decided it (allocated + fragmentation +
+                    # context), so the figure shown beside "oom" is the one over the capacity
+                    "peak_mem_gib": round(total, 4),
+                    "predicted_allocated_gib": round(mem.allocated_gib, 4),
                     "predicted_total_gib": round(total, 4),
+                    "usable_gib": round(float(cm.usable_gib or 0.0), 4),
+                    "trust": trust,
                 },
                 source="estimate",
             )
@@ -222,6 +230,7 @@ def simulate(
                 "memory": mem.as_dict() | {"details": None},
                 "throughput_breakdown_s": thr["breakdown_s"],
                 "gpu": thr["gpu"],
+                "trust": trust,
                 "source": "estimate",
             }
         )

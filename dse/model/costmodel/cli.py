@@ -137,16 +137,19 @@ def _run_space(args: argparse.Namespace) -> int:
     margin = space.prescreen.margin
     passes, _ = cm.fits(params, margin)
     thr = cm.estimate_throughput(params)
+    trust = cm.trust(params)
     out = {
         "source": "estimate",
         "study": space.study,
         "params": params,
         "memory": {**mem.as_dict(), "device_peak_gib": round(mem.device_peak_gib(cap), 4)},
         "capacity_gib": cap,
+        "usable_gib": cm.usable_gib,
         "fits": fits,
         "passes_prescreen": passes,
         "prescreen_margin": margin,
         "throughput": thr,
+        "trust": trust.as_dict(),
         "not_taken": inactive,
     }
     if args.json:
@@ -221,7 +224,8 @@ def _format_space(out: dict[str, Any], total: float) -> str:
         lines.append("  fits: yes (no gpu_memory_gib declared)")
     else:
         lines.append(
-            f"  fits in {cap} GiB: {'yes' if out['fits'] else 'NO'}; pre-screen (margin "
+            f"  fits in {out['usable_gib']:.2f} GiB usable of {cap} GiB: "
+            f"{'yes' if out['fits'] else 'NO'}; pre-screen (margin "
             f"{out['prescreen_margin']:.2f}): {'pass' if out['passes_prescreen'] else 'reject'}"
         )
     t = out["throughput"]
@@ -229,7 +233,14 @@ def _format_space(out: dict[str, Any], total: float) -> str:
         f"  throughput (estimate, {t['gpu']}): {t['tflops_per_gpu']:.1f} TFLOP/s/GPU, "
         f"step {t['step_time_s']:.3f} s"
     )
+    from dse.model.costmodel.basis import Trust
+
+    tr = out["trust"]
+    lines.append(f"  trust: {Trust(**{k: tr[k] for k in _TRUST_FIELDS}).describe()}")
     return "\n".join(lines)
+
+
+_TRUST_FIELDS = ("label", "basis", "memory_band", "speed_band", "why")
 
 
 def _run_table(args: argparse.Namespace) -> int:

@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dse.model.costmodel.basis import Trust, assess
 from dse.model.costmodel.calibration import Calibrator
 from dse.model.costmodel.memory import Coefficients, MemoryEstimate, estimate_memory
 from dse.model.costmodel.throughput import estimate_throughput
 from dse.space.searchspace import ModelSpec, Resources, Semantics
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "HEADROOM_GIB", "headroom_from_oom_messages"]
+
+#: Device memory a configuration cannot count on (GiB): the "fits" verdict is
+#: ``predicted total <= capacity - headroom``. Derived from measured OOM boundaries: at every
+#: out-of-memory failure of the committed H200 tables (examples/tables/, the 1- and 2-GPU
+#: unfused tables) PyTorch's message reports the device with 1.88-3.09 GiB still free while
+#: the allocation failed, so a prediction within the smallest of those of the capacity is not
+#: "fits" (:func:`headroom_from_oom_messages`; a 4.5B table's rows predicted at 139.78 GiB
+#: of 139.8 ran out of memory). A study's own OOM messages refine it (:meth:`CostModel.observe`).
+HEADROOM_GIB = 1.88
+
+_OOM_FREE = re.compile(
+    r"total capacity of ([0-9.]+) GiB of which ([0-9.]+) (GiB|MiB|KiB|bytes) is free"
+)
+_UNITS = {"GiB": 1.0, "MiB": 1.0 / 1024, "KiB": 1.0 / (1024 * 1024), "bytes": 1.0 / (1 << 30)}
+
+
+def headroom_from_oom_messages(messages: Iterable[str]) -> float | None:
+    """The smallest free memory (GiB) PyTorch reported at an out-of-memory failure among
+    ``messages`` ("GPU 0 has a total capacity of C GiB of which F GiB is free"); None when
+    no message says."""
+    seen: list[float] = []
+    for msg in messages:
+        for m in _OOM_FREE.finditer(msg or ""):
+            seen.append(float(m.group(2)) * _UNITS[m.group(3)])
+    return min(seen) if seen else None
 
 
 class CostModel:
@@ -42,12 +69,20 @@ class CostModel:
         self._calibrator = Calibrator(self._estimate, resources.gpu_memory_gib, self._prior)
         self._floor: float | None = None
         self._floor_key: tuple[int, Coefficients] | None = None
+        self.headroom_gib = HEADROOM_GIB
 
     # --- memory ----------------------------------------------------------------------------
     @property
     def capacity_gib(self) -> float | None:
         """GPU memory per device from the resources (None when not declared)."""
         return self.resources.gpu_memory_gib
+
+    @property
+    def usable_gib(self) -> float | None:
+        """What a configuration may count on: the capacity less :attr:`headroom_gib` (the
+        same figure for the pre-screen, the sim and ``dse estimate``)."""
+        cap = self.capacity_gib
+        return None if cap is None else max(0.0, cap - self.headroom_gib)
 
     @property
     def coefficients(self) -> Coefficients:
@@ -66,13 +101,13 @@ class CostModel:
     def fits(self, params: Mapping[str, Any], margin: float) -> tuple[bool, float]:
         """(fits, predicted total GiB).
 
-        Rejected if predicted > capacity * (1 + margin), or, once an OOM was measured, if the
-        prediction is at least that of a configuration measured to run out of memory: the
-        model's order of configurations by memory is trusted even where its absolute level
-        is not calibrated yet.
+        Rejected if predicted > usable capacity (:attr:`usable_gib`) * (1 + margin), or, once
+        an OOM was measured, if the prediction is at least that of a configuration measured
+        to run out of memory: the model's order of configurations by memory is trusted even
+        where its absolute level is not calibrated yet.
         """
         pred = self.predict_memory(params).total_gib
-        cap = self.capacity_gib
+        cap = self.usable_gib
         if cap is None:
             return True, pred
         oom_floor = self._oom_floor()
@@ -90,9 +125,15 @@ class CostModel:
         return self._floor
 
     # --- calibration -------------------------------------------------------------------------
-    def observe(self, params: Mapping[str, Any], peak_mem_gib: float, oom: bool) -> None:
-        """Record a measured trial (peak of an ok run, or memory reached by an OOM) and refit."""
+    def observe(
+        self, params: Mapping[str, Any], peak_mem_gib: float, oom: bool, message: str = ""
+    ) -> None:
+        """Record a measured trial (peak of an ok run, or memory reached by an OOM) and refit;
+        an OOM's message lowers the headroom to the free memory it reports, if smaller."""
         self._calibrator.observe(params, float(peak_mem_gib), bool(oom))
+        free = headroom_from_oom_messages([message]) if oom else None
+        if free is not None:
+            self.headroom_gib = min(self.headroom_gib, free)
 
     def calibration(self) -> dict[str, Any]:
         """JSON-ready calibration state (coefficients, fit error, margin, observations)."""
@@ -117,6 +158,15 @@ class CostModel:
     def peak_error(self) -> float | None:
         """Median relative error of the fitted peak on the trials that ran (None before)."""
         return self._calibrator.peak_error
+
+    # --- trust -------------------------------------------------------------------------------
+    def trust(
+        self, params: Mapping[str, Any], measured: Iterable[Mapping[str, Any]] = ()
+    ) -> Trust:
+        """How far this model's estimate of ``params`` is to be trusted: its label
+        (calibrated / interpolated / extrapolated), error bands and basis
+        (:mod:`dse.model.costmodel.basis`); ``measured``: the study's measured configurations."""
+        return assess(self.model, self.semantics, self.resources, params, measured)
 
     # --- speed -------------------------------------------------------------------------------
     def estimate_throughput(self, params: Mapping[str, Any]) -> dict[str, Any]:
