@@ -41,7 +41,7 @@ def test_the_device_peak_line_of_a_configuration_that_does_not_fit(
     assert main(["estimate", "--space", OMNI, "--set", "tensor_model_parallel_size=1",
                  "--set", "micro_batch_size=4"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert "fits in 79.6 GiB: NO" in out
+    assert "usable of 79.6 GiB: NO" in out
     line = next(x for x in out.splitlines() if "device peak" in x)
     peak = float(line.split()[2])
     assert peak > 79.6 and "at most the capacity" not in line

@@ -82,6 +82,9 @@ class CostLayout:
     unscaled_states: int = 0
     #: Mamba layers on the memory-efficient path (one fused kernel, conv1d recomputed)
     mamba_mem_eff: bool = True
+    #: layers built without Transformer Engine (Megatron-Core's local spec: dse's built-in
+    #: trainer on a node without TE); a TE attention backend or a declared TE means TE layers
+    local_spec: bool = False
 
     def recomputes(self, module: str) -> bool:
         """True when selective recompute covers ``module`` (``core_attn``, ``moe`` ...)."""
@@ -208,6 +211,7 @@ def resolve(
         ),
         unscaled_states=unscaled,
         mamba_mem_eff=bool(knob(params, "use_mamba_mem_eff_path")),
+        local_spec=not (attention in TE_BACKENDS or "transformer_engine" in declared),
     )
 
 

@@ -135,6 +135,16 @@ MAMBA_ELEMENTWISE_BYTES = 24.0
 #: layer's forward (and its recomputation) to size the permuted tensors, draining the GPU's
 #: queue; the flex dispatchers (DeepEP, HybridEP) size them on the device.
 DISPATCH_SYNC_S = 1.0e-4
+#: Host-bound time of one Mamba or MoE layer per micro-batch (forward + backward) of a
+#: hybrid model built on Megatron-Core's local spec (no Transformer Engine: Mamba's conv1d
+#: as a torch stand-in beside mamba-ssm's Triton SSD kernels, the experts one after another
+#: without grouped GEMM): launches and host synchronisations that do not shrink with the
+#: tokens. Fitted on the measured hybrid study of one H200 (examples/tables/
+#: h200_hybrid_proxy_study_1gpu.jsonl: 46.8 TFLOP/s/GPU at MBS 1, 168.7 at MBS 16, where the
+#: estimate without it was flat at 203-226) by ``python bench/hybrid_speed_fit.py``: a least-
+#: squares fit of measured step = scale x estimated step + micro-batches x layers x this.
+#: Layers built with Transformer Engine (the Omni recipe's) do not pay it.
+LOCAL_HYBRID_LAYER_S = 0.0168
 
 
 def gpu_spec(name: str | None) -> GPUSpec:
@@ -385,6 +395,8 @@ def _step_parts(
     launches = (
         n_layers * m * KERNELS_PER_LAYER * LAUNCH_S * (1.5 if lay.recompute == "full" else 1.0)
     )
+    if model.is_hybrid and lay.local_spec:
+        launches += n_layers * (f_mamba + f_moe) * m * LOCAL_HYBRID_LAYER_S
     return {
         "compute": compute,
         "communication": comm,
