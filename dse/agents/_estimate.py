@@ -16,9 +16,11 @@ ran, averaged with weights :data:`DECAY` ** (number of knobs in which the two di
 the baseline alone the correction is one number, so the first choice is the estimate's best;
 where the estimate was wrong, the configurations near the wrong one inherit its error.
 
-It goes on only while the estimate is right: once one of its picks measured no better than
-the best measured before it (or ran out of memory or failed), or no candidate's corrected
-estimate beats the best measured value, the picks end, and the rest of the
+It goes on only while the estimate is right. Once its rank agreement with the study's own
+measured trials (Spearman's rho of estimate against measurement, checked before every pick
+once three trials measured) falls to :data:`MIN_AGREEMENT`, or one of its picks measured no
+better than the best measured before it (or ran out of memory or failed), or no candidate's
+corrected estimate beats the best measured value, the picks end, and the rest of the
 ``n_startup_trials`` start-up trials are random samples, as without the estimate; then the
 sampler takes over. The start is as long as without the estimate: its picks take the place
 of random start-up trials. (The picks are counted in memory: after a restart the start may
@@ -38,10 +40,14 @@ from dse.agents._prior import PriorGuide
 from dse.core.records import SPEED_METRICS
 from dse.space.searchspace import SearchSpace, params_key
 
-__all__ = ["DECAY", "EstimateGuide"]
+__all__ = ["DECAY", "MIN_AGREEMENT", "MIN_AGREEMENT_TRIALS", "EstimateGuide"]
 
 #: Weight of a measured trial's correction per knob in which it differs from the candidate.
 DECAY = 0.2
+#: The estimate steers only while its rank agreement with the study's measured trials
+#: (Spearman's rho, from :data:`MIN_AGREEMENT_TRIALS` of them on) stays above this.
+MIN_AGREEMENT = 0.0
+MIN_AGREEMENT_TRIALS = 3
 
 
 class EstimateGuide:
@@ -107,7 +113,12 @@ class EstimateGuide:
         """The unseen candidate with the largest expected gain ``P(fits) * (corrected
         estimate - best measured)`` on the log scale; None when none promises a gain or the
         picks are over (see the module docstring)."""
-        if self._over or self._lost(observations) or len(self._picks) >= self.max_picks:
+        if (
+            self._over
+            or self._lost(observations)
+            or len(self._picks) >= self.max_picks
+            or not self._agrees(observations)
+        ):
             self._over = True
             return None
         corr = self.corrections(observations)
@@ -153,6 +164,29 @@ class EstimateGuide:
                 ref = max(ref, self._sign * math.log(float(fb.values[0])))
         return ref
 
+    def rank_agreement(self, observations: Sequence[Observation]) -> float | None:
+        """Spearman's rank correlation between the estimate and what the study measured, over
+        its measured trials (signed so that +1 is the estimate ordering them right); None
+        before :data:`MIN_AGREEMENT_TRIALS` measured trials with an estimate."""
+        pairs: list[tuple[float, float]] = []
+        for ob in observations:
+            fb = ob.feedback
+            if not (fb.measured and fb.values and float(fb.values[0]) > 0):
+                continue
+            e = self.log_estimate(ob.params)
+            if e is not None:
+                pairs.append((e, math.log(float(fb.values[0]))))
+        if len(pairs) < MIN_AGREEMENT_TRIALS:
+            return None
+        return _spearman([a for a, _ in pairs], [b for _, b in pairs])
+
+    def _agrees(self, observations: Sequence[Observation]) -> bool:
+        """Whether the estimate has earned its steering: its rank agreement with the study's
+        own measurements (checked before every pick) is above :data:`MIN_AGREEMENT`, or too
+        few trials measured to tell."""
+        rho = self.rank_agreement(observations)
+        return rho is None or rho > MIN_AGREEMENT
+
     def _lost(self, observations: Sequence[Observation]) -> bool:
         """Whether a pick that finished measured no better than the best before it."""
         done = {params_key(ob.params): ob.feedback for ob in observations}
@@ -165,6 +199,30 @@ class EstimateGuide:
             if self._sign * math.log(float(fb.values[0])) <= ref + 1e-12:
                 return True
         return False
+
+
+def _spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rho with average ranks for ties (0 where one side is constant)."""
+
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return 0.0 if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
 
 
 def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:

@@ -376,6 +376,13 @@ class BestPublic(BaseModel):
         "a knob value, with '<format>_why' naming the knob, its value and the nearest "
         "upstream setting."
     )
+    trust: dict[str, Any] | None = Field(
+        None,
+        description="For a study of estimates (workload sim): its estimates by trust label "
+        "(calibrated, interpolated, extrapolated), the highest estimate and the best within "
+        "the measured range ('trusted_best'), which an extrapolated estimate never replaces. "
+        "Null for a measured study.",
+    )
 
 
 #: Fields of a study's hardware that a best query may match (``GET /best`` and the body of

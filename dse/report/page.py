@@ -276,6 +276,33 @@ def _cpu_clock(m: dict[str, Any]) -> bool:
     return m.get("step_clock") == "cpu"
 
 
+def _trust_section(tr: dict[str, Any], metric: str) -> tuple[str, list[tuple[str, str, str]], str]:
+    """How far the study's estimates are to be trusted (dse.results.trust): the counts by
+    label, the highest estimate and the best within the measured range beside it."""
+
+    def one(t: dict[str, Any] | None) -> str:
+        if not t:
+            return "none: every estimate is extrapolated"
+        why = f" ({t['why']})" if t["label"] == "extrapolated" and t.get("why") else ""
+        return (
+            f"trial {t['number']}, {metric} {figure(t['value'])}, {t['label']}{why}: "
+            + json.dumps(t["params"], sort_keys=True)
+        )
+
+    counts = ", ".join(f"{n} {label}" for label, n in sorted(tr["counts"].items()))
+    rows = [
+        ("trust-counts", "estimates by trust", counts),
+        ("trust-best", "highest estimate", one(tr["best"])),
+        ("trust-calibrated-best", "best within the measured range", one(tr["trusted_best"])),
+    ]
+    note = (
+        "estimates (cost model): calibrated = a measured layout of this model; interpolated = "
+        "inside a measured range of its family; extrapolated = outside every measured range, "
+        "never a best on its own"
+    )
+    return ("Estimates' trust", rows, note)
+
+
 def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]], str]]:
     """(title, rows of (id, label, value), note) for the page and the Markdown."""
     b = data["best"]
@@ -339,6 +366,9 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
         if cpu:
             note += f"; {CPU_CLOCK_NOTE}"
         secs.append(("Best configuration", rows, note))
+    tr = data.get("trust")
+    if tr:
+        secs.append(_trust_section(tr, data["metric"]))
     g = data["gpu"]
     if g.get("estimate_trials"):  # a sim study: nothing ran on a GPU
         rows = [("gpu-spent", "GPU-hours spent", "0 (cost-model estimates: no GPU used)")]

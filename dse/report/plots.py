@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dse.results.trust import trust_summary
+
 __all__ = [
     "pareto_front",
     "study_plot_data",
@@ -342,6 +344,14 @@ def study_plot_data(
         "counts": counts,
         "rejections": rejections,
         "best": best,
+        "trust": trust_summary(
+            [
+                {"number": t.number, "state": t.state, "params": t.params, "metrics": t.metrics}
+                for t in trials
+            ],
+            study.metric,
+            study.direction,
+        ),
         "exports": exports,
         "history": history,
         "pareto": {
