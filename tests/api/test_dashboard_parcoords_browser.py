@@ -126,6 +126,12 @@ def test_sim_trials_and_their_losses_are_labelled_estimates(page: Any, site: str
     assert page.locator(
         '#trial-table tbody tr[data-source="estimate"] .flag.estimate'
     ).count() == (rows.count())
+    # every estimate says how far it is to be trusted (calibrated / interpolated /
+    # extrapolated), its basis and band in the title
+    trust = page.locator('#trial-table tbody tr[data-source="estimate"] .flag[data-flag="trust"]')
+    labels = set(trust.all_text_contents())
+    assert labels and labels <= {"calibrated", "interpolated", "extrapolated"}, labels
+    assert "basis:" in (trust.first.get_attribute("title") or "")
     page.check('#trial-table input.pick[data-number="1"]')
     page.wait_for_function("document.querySelector('#chart-losses').dataset.traces === '2'")
     assert page.locator("#chart-losses").get_attribute("data-simulated") == "true"

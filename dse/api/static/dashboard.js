@@ -254,6 +254,15 @@ function renderTable(page) {
       stateCell.append(el("span", { class: "flag estimate",
         title: "sim workload: figures and losses are cost-model estimates, not measured" },
       "estimate"));
+      const trust = m.trust && m.trust.label;
+      if (trust) { // how far the estimate is to be trusted (dse/model/costmodel/basis.py)
+        tr.dataset.trust = trust;
+        const band = m.trust.speed_band == null ? "error band unknown"
+          : `speed ±${Math.round(100 * m.trust.speed_band)}%`;
+        stateCell.append(el("span", { class: `flag trust trust-${trust}`, "data-flag": "trust",
+          title: `${trust} estimate (${band}; basis: ${(m.trust.basis || []).join(", ") || "none"})`
+            + (m.trust.why ? `: ${m.trust.why}` : "") }, trust));
+      }
     }
     tr.append(
       num,
