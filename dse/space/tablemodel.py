@@ -11,10 +11,12 @@ architecture sets (the hybrid layer pattern and Mamba sizes, the MoE sizes, the 
 ``precision``). Rules of the schema:
 
 * a key that is neither a ``ModelSpec`` field nor one of :data:`ROW_SEMANTICS` /
-  :data:`ROW_INFORMATIONAL` is an error naming it (a field this reader would drop would make
-  the row another model);
+  :data:`ROW_INFORMATIONAL` is not part of the model dse estimates (an initialisation
+  setting, a writer's own note): :func:`unknown_model_fields` names them, and the readers say
+  so, rather than refuse a table whose model they can build;
 * a hybrid row (``hybrid_layer_pattern``) must state its Mamba sizes
-  (:data:`HYBRID_REQUIRED`) and an MoE row (``num_moe_experts``) its routing width
+  (:data:`HYBRID_REQUIRED`; ``mamba_num_heads`` may be absent or null: Megatron derives it
+  from the hidden size) and an MoE row (``num_moe_experts``) its routing width
   (:data:`MOE_REQUIRED`): a default would describe some other model silently;
 * ``gated_linear_unit`` (Megatron's name) maps to the space's ``activation``: ``true`` is
   ``swiglu``, ``false`` with ``swiglu`` declared is ``silu``.
@@ -45,6 +47,7 @@ __all__ = [
     "model_row",
     "row_problem",
     "space_model_fields",
+    "unknown_model_fields",
 ]
 
 #: Semantics a row's ``model`` carries (what the estimate reads of them).
@@ -54,14 +57,13 @@ ROW_SEMANTICS = ("global_batch_size", "seq_length", "precision")
 ROW_INFORMATIONAL = ("gated_linear_unit", "steps", "warmup_steps")
 #: Fields a hybrid row must state.
 HYBRID_REQUIRED = (
-    "mamba_num_heads",
     "mamba_head_dim",
     "mamba_state_dim",
     "mamba_num_groups",
     "mamba_chunk_size",
 )
 #: Fields an MoE row must state.
-MOE_REQUIRED = ("moe_router_topk", "moe_ffn_hidden_size")
+MOE_REQUIRED = ("moe_router_topk",)
 
 _MODEL_FIELDS = tuple(ModelSpec.model_fields)
 
@@ -73,15 +75,7 @@ class RowModelError(ValueError):
 def space_model_fields(model: Mapping[str, Any]) -> dict[str, Any]:
     """The space file's ``model`` section from a row's ``model``: every ``ModelSpec`` field
     it has (a ``null`` is left to the field's default), the activation from
-    ``gated_linear_unit``. Raises :class:`RowModelError` naming an unknown or missing field."""
-    unknown = sorted(
-        k for k in model if k not in _MODEL_FIELDS + ROW_SEMANTICS + ROW_INFORMATIONAL
-    )
-    if unknown:
-        raise RowModelError(
-            f"model field(s) {unknown} are not fields of a dse model "
-            f"(known: ModelSpec's fields, {list(ROW_SEMANTICS)}, {list(ROW_INFORMATIONAL)})"
-        )
+    ``gated_linear_unit``. Raises :class:`RowModelError` naming a missing field."""
     need: list[str] = []
     if model.get("hybrid_layer_pattern") is not None:
         need += [k for k in HYBRID_REQUIRED if k not in model]
@@ -102,6 +96,11 @@ def space_model_fields(model: Mapping[str, Any]) -> dict[str, Any]:
     if act is not None:
         out["activation"] = act
     return out
+
+
+def unknown_model_fields(model: Mapping[str, Any]) -> list[str]:
+    """The keys of a row's ``model`` that are not part of the model dse estimates (sorted)."""
+    return sorted(k for k in model if k not in _MODEL_FIELDS + ROW_SEMANTICS + ROW_INFORMATIONAL)
 
 
 def features_needed(params_rows: Iterable[Mapping[str, Any]]) -> list[str]:

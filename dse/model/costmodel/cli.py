@@ -245,8 +245,15 @@ _TRUST_FIELDS = ("label", "basis", "memory_band", "speed_band", "why")
 
 def _run_table(args: argparse.Namespace) -> int:
     from dse.model.costmodel.table import evaluate_rows, load_table, summarize
+    from dse.space.tablemodel import unknown_model_fields
 
     rows = load_table(args.table)
+    unknown = sorted({k for r in rows for k in unknown_model_fields(r.model)})
+    if unknown:
+        sys.stderr.write(
+            f"dse estimate: note: {args.table}: model field(s) {unknown} are not part of the "
+            "model dse estimates; left out\n"
+        )
     results = evaluate_rows(rows, calibrate=args.calibrate)
     if args.json:
         _out(json.dumps([r.as_dict() for r in results], indent=1))
