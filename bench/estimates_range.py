@@ -2,9 +2,9 @@
 
     python bench/estimates_range.py [--seeds 10] [--sim-seeds 3] [--sim-trials 30] [--skip-bench]
 
-1. ``dse estimate --table`` on every measured table (examples/tables, and any given with
-   ``--table``): rows, fits-vs-OOM accuracy, median / max peak error, TFLOP/s Spearman.
-2. ``dse bench --table`` on the same tables, TPE: the default start (knob-semantics prior), the
+1. ``dse estimate --table`` on every measured table (examples/tables, examples/studies, and
+   any given with ``--table``): rows, fits-vs-OOM accuracy, median / max peak error, TFLOP/s Spearman.
+2. ``dse bench --table`` on the grids (examples/tables and ``--table``), TPE: the default start (knob-semantics prior), the
    cost-model start (``--no-prior``), a random start (``--no-prior --no-estimate``), and random
    search: median trials (baseline included) to within 2% of the table's best.
 3. The Omni space (examples/nemotron_omni.yaml) without its warm start, ``workload: sim``,
@@ -34,7 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tables(extra: list[str]) -> list[Path]:
+    """The measured grids (examples/tables) and any given."""
     return sorted((ROOT / "examples" / "tables").glob("*.jsonl")) + [Path(p) for p in extra]
+
+
+def studies() -> list[Path]:
+    """Measured studies as tables (examples/studies): a study's trials, not a grid, so not a
+    bench terrain (its space holds many configurations no trial measured)."""
+    return sorted((ROOT / "examples" / "studies").glob("*.jsonl"))
 
 
 def estimate_part(paths: list[Path]) -> list[dict[str, Any]]:
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = tables(args.table)
     w = sys.stdout.write
     w("1. dse estimate --table (estimates, uncalibrated)\n")
-    for r in estimate_part(paths):
+    for r in estimate_part(paths + studies()):
         w(json.dumps(r) + "\n")
     if not args.skip_bench:
         w(f"2. dse bench --table, TPE, {args.seeds} seeds: median trials to within 2%\n")

@@ -1,6 +1,6 @@
 """Fit the host-bound time of a hybrid model's Mamba and MoE layers on the local spec.
 
-    python bench/hybrid_speed_fit.py [examples/tables/h200_hybrid_proxy_study_1gpu.jsonl]
+    python bench/hybrid_speed_fit.py [examples/studies/h200_hybrid_proxy_study_1gpu.jsonl]
 
 Least squares over the ok rows of a measured hybrid table: measured step time =
 ``scale`` x the estimated step time without the host term + micro-batches x (Mamba + MoE
@@ -47,6 +47,6 @@ def fit(path: str) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    default = "examples/tables/h200_hybrid_proxy_study_1gpu.jsonl"
+    default = "examples/studies/h200_hybrid_proxy_study_1gpu.jsonl"
     table = sys.argv[1] if len(sys.argv) > 1 else default
     sys.stdout.write(json.dumps(fit(table)) + "\n")

@@ -2,8 +2,8 @@
 
     python scripts/derive_estimate_basis.py [--check]
 
-Reads every measured table in examples/tables/ and every published figure in
-examples/published/ (replay format; a row's ``source`` names where it comes from) and writes,
+Reads every measured table in examples/tables/ (grids) and examples/studies/ (a study's
+measured trials), and every published figure in examples/published/ (replay format; a row's ``source`` names where it comes from) and writes,
 per data set (a file, one model and GPU), what :mod:`dse.model.costmodel.basis` needs: its
 family, GPU, size, layer kinds, the layout range and the layouts it measured, and the error
 bands of the estimate on its held-out rows:
@@ -37,7 +37,7 @@ from dse.space.knobs import KNOBS
 from dse.space.tablemodel import row_problem
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("examples/tables", "examples/published")
+SOURCES = ("examples/tables", "examples/studies", "examples/published")
 OUT = ROOT / "dse" / "model" / "costmodel" / BASIS_FILE
 
 

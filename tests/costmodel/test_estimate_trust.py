@@ -31,8 +31,10 @@ from dse.space.tablemodel import row_problem as table_row_problem
 from dse.workloads.replay import ReplayTable
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLES = sorted((ROOT / "examples" / "tables").glob("*.jsonl"))
-HYBRID = ROOT / "examples" / "tables" / "h200_hybrid_proxy_study_1gpu.jsonl"
+TABLES = sorted((ROOT / "examples" / "tables").glob("*.jsonl")) + sorted(
+    (ROOT / "examples" / "studies").glob("*.jsonl")
+)
+HYBRID = ROOT / "examples" / "studies" / "h200_hybrid_proxy_study_1gpu.jsonl"
 OMNI = ROOT / "examples" / "nemotron_omni.yaml"
 
 

@@ -139,7 +139,7 @@ DISPATCH_SYNC_S = 1.0e-4
 #: hybrid model built on Megatron-Core's local spec (no Transformer Engine: Mamba's conv1d
 #: as a torch stand-in beside mamba-ssm's Triton SSD kernels, the experts one after another
 #: without grouped GEMM): launches and host synchronisations that do not shrink with the
-#: tokens. Fitted on the measured hybrid study of one H200 (examples/tables/
+#: tokens. Fitted on the measured hybrid study of one H200 (examples/studies/
 #: h200_hybrid_proxy_study_1gpu.jsonl: 46.8 TFLOP/s/GPU at MBS 1, 168.7 at MBS 16, where the
 #: estimate without it was flat at 203-226) by ``python bench/hybrid_speed_fit.py``: a least-
 #: squares fit of measured step = scale x estimated step + micro-batches x layers x this.
