@@ -2,11 +2,13 @@
 
     python bench/estimates_range.py [--seeds 10] [--sim-seeds 3] [--sim-trials 30] [--skip-bench]
 
-1. ``dse estimate --table`` on every measured table (examples/tables, examples/studies, and
-   any given with ``--table``): rows, fits-vs-OOM accuracy, median / max peak error, TFLOP/s Spearman.
-2. ``dse bench --table`` on the grids (examples/tables and ``--table``), TPE: the default start (knob-semantics prior), the
-   cost-model start (``--no-prior``), a random start (``--no-prior --no-estimate``), and random
-   search: median trials (baseline included) to within 2% of the table's best.
+1. ``dse estimate --table`` on every measured table (examples/tables, examples/studies,
+   and any given with ``--table``): rows, fits-vs-OOM accuracy, median / max peak error,
+   TFLOP/s Spearman.
+2. ``dse bench --table`` on the grids (examples/tables and ``--table``), TPE: the default
+   start (knob-semantics prior), the cost-model start (``--no-prior``), a random start
+   (``--no-prior --no-estimate``), and random search: median trials (baseline included) to
+   within 2% of the table's best.
 3. The Omni space (examples/nemotron_omni.yaml) without its warm start, ``workload: sim``,
    ``--sim-seeds`` studies of ``--sim-trials`` trials: simulated OOMs, pre-screen rejections,
    the trials by trust label, the highest estimate's label and the best within the measured

@@ -3,10 +3,10 @@
     python scripts/derive_estimate_basis.py [--check]
 
 Reads every measured table in examples/tables/ (grids) and examples/studies/ (a study's
-measured trials), and every published figure in examples/published/ (replay format; a row's ``source`` names where it comes from) and writes,
-per data set (a file, one model and GPU), what :mod:`dse.model.costmodel.basis` needs: its
-family, GPU, size, layer kinds, the layout range and the layouts it measured, and the error
-bands of the estimate on its held-out rows:
+measured trials), and every published figure in examples/published/ (replay format; a row's
+``source`` names where it comes from) and writes, per data set (a file, one model and GPU),
+what :mod:`dse.model.costmodel.basis` needs: its family, GPU, size, layer kinds, the layout
+range and the layouts it measured, and the error bands of the estimate on its held-out rows:
 
 * speed: the estimate's scale (measured / estimated TFLOP/s, median) fitted on the even ok
   rows (row numbers from 0 in file order), its relative error checked on the odd ones; the
