@@ -9,6 +9,8 @@
    start (knob-semantics prior), the cost-model start (``--no-prior``), a random start
    (``--no-prior --no-estimate``), and random search: median trials (baseline included) to
    within 2% of the table's best.
+   2b. The same on the llama 2B table with its speeds reassigned in the inverse order of the
+   estimate (:func:`inverted_table`; ``--inverted-seeds``, default 30).
 3. The Omni space (examples/nemotron_omni.yaml) without its warm start, ``workload: sim``,
    ``--sim-seeds`` studies of ``--sim-trials`` trials: simulated OOMs, pre-screen rejections,
    the trials by trust label, the highest estimate's label and the best within the measured
@@ -54,6 +56,49 @@ def estimate_part(paths: list[Path]) -> list[dict[str, Any]]:
             "rows", "judged_rows", "fits_accuracy", "median_abs_rel_error", "max_abs_rel_error",
             "tflops_spearman")}})  # fmt: skip
     return out
+
+
+def inverted_table(src: Path, out: Path) -> Path:
+    """Write ``src`` with its TFLOP/s reassigned in the inverse order of the cost model's
+    estimate (the estimate's best row measures the table's worst figure; step times follow).
+    A terrain on which the estimate is exactly wrong; no measurement."""
+    from dse.core.table import read_table
+    from dse.model.costmodel import CostModel
+    from dse.model.costmodel.table import row_problem
+
+    recs = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    est = []
+    for r in read_table(src):
+        model, sem, res, params = row_problem(r)
+        est.append(CostModel(model, sem, res).estimate_throughput(params)["tflops_per_gpu"])
+    ok = [i for i, r in enumerate(recs) if r["status"] == "ok"]
+    values = sorted((recs[i]["metrics"]["tflops_per_gpu"] for i in ok), reverse=True)
+    for i, v in zip(sorted(ok, key=lambda i: est[i]), values, strict=True):
+        m = recs[i]["metrics"]
+        m["step_time_s"] *= m["tflops_per_gpu"] / v
+        m["tflops_per_gpu"] = v
+        m.pop("step_time_ci_s", None)
+        m.pop("tflops_per_gpu_ci", None)
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return out
+
+
+def inverted_part(seeds: int) -> dict[str, Any]:
+    """The cost-model start, a random start and random search on the inverted llama 2B table."""
+    src = ROOT / "examples" / "tables" / "h200_llama2b_sdpa_1gpu.jsonl"
+    with tempfile.TemporaryDirectory() as tmp:
+        table = str(inverted_table(src, Path(tmp) / "inverted.jsonl"))
+
+        def median(agent: str, **kw: Any) -> float | None:
+            rep = bench(table, [agent], seeds=seeds, **kw)
+            return rep["agents"][agent]["median_trials_to_target"]
+
+        return {
+            "table": f"{src.name}, speed order inverted against the estimate",
+            "cost_model_start": median("tpe", prior=False),
+            "random_start": median("tpe", prior=False, estimate=False),
+            "random_search": median("random"),
+        }
 
 
 def bench_part(paths: list[Path], seeds: int) -> list[dict[str, Any]]:
@@ -116,6 +161,7 @@ def sim_part(n_seeds: int, n_trials: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--inverted-seeds", type=int, default=30)
     ap.add_argument("--sim-seeds", type=int, default=3)
     ap.add_argument("--sim-trials", type=int, default=30)
     ap.add_argument("--table", action="append", default=[])
@@ -130,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         w(f"2. dse bench --table, TPE, {args.seeds} seeds: median trials to within 2%\n")
         for r in bench_part(paths, args.seeds):
             w(json.dumps(r) + "\n")
+    if not args.skip_bench:
+        w(f"2b. an estimate that orders the table backwards, TPE, {args.inverted_seeds} seeds\n")
+        w(json.dumps(inverted_part(args.inverted_seeds)) + "\n")
     w(f"3. Omni sim without warm start, {args.sim_seeds} seeds x {args.sim_trials} trials\n")
     for r in sim_part(args.sim_seeds, args.sim_trials):
         w(json.dumps(r) + "\n")

@@ -298,8 +298,8 @@ def test_prescreen_rejections_are_stored_shown_and_restored(storage: Storage) ->
     pred = {params_key(p): cm0.predict_memory(plain.full_params(p)).total_gib for p in ALL}
     low, high = sorted(pred.values())[2:4]
     assert low < high
-    cap = (low + high) / 2
-    resources = {"world_size": 2, "gpu_memory_gib": cap, "features": []}
+    cap = (low + high) / 2  # the usable memory: the capacity less the cost model's headroom
+    resources = {"world_size": 2, "gpu_memory_gib": cap + cm0.headroom_gib, "features": []}
     sp = _space(resources=resources, prescreen={"margin": 0.0}, loss_parity={"enabled": False})
     cm = CostModel(sp.model, sp.semantics, sp.resources)
     sid = _study(storage, sp)
