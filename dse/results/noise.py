@@ -920,16 +920,13 @@ def pooled_best(
                 if p is None:
                     p = pooled[key] = _Group(key, t.number, dict(t.params), t.params_key, set(),
                                              study=study.name)  # fmt: skip
-                p.merge(1, float(t.value), 0.0, t.number, t.params, t.params_key)  # type: ignore[arg-type]
-                if p.study != study.name and t.number < p.number:
-                    p.study = study.name
+                # the representative stays the first run found (the first study's first)
+                p.merge(1, float(t.value), 0.0, p.number, p.params, t.params_key)  # type: ignore[arg-type]
                 p.trials.append(t)
                 p.evidence.append((study.name, t.number))
     if not pooled:
         return None
     for p in pooled.values():
-        rep = [t for t in p.trials if t.number == p.number]
-        p.trials = rep[:1] + [t for t in p.trials if t is not rep[0]] if rep else p.trials
         p.classify()
     model = noise_model(prior, ((g.n, g.mean, g.m2) for g in pooled.values()
                                 if not g.deterministic))  # fmt: skip
