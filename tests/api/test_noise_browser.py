@@ -90,7 +90,8 @@ def test_every_view_shows_one_interval_per_trial(page: Any, site: str) -> None:
         assert shown == table[number][k], k
     # every interval drawn anywhere on the page stays above 0
     lows = page.evaluate(
-        """() => [...document.querySelectorAll('[data-ci]')].map((e) => JSON.parse(e.dataset.ci)[0])"""
+        """() => [...document.querySelectorAll('[data-ci]')]
+            .map((e) => JSON.parse(e.dataset.ci)[0])"""
     )
     assert lows and min(lows) > 0
     assert page.errors == []  # type: ignore[attr-defined]
