@@ -443,8 +443,8 @@ def _status_text(s: dict[str, Any]) -> str:
             + (" (estimates: cost model, not measured)" if b.get("source") == "estimate" else "")
             + f": {json.dumps(b['params'])}"
         )
-        if noise.get("message"):
-            lines.append(f"  {noise['message']} (their intervals overlap; re-measure to split)")
+        if noise.get("message"):  # the tie, said by the noise model (dse.results.noise)
+            lines.append(f"  {noise['message']}")
     nline = _numerics_text(s)
     if nline:
         lines.append(nline)
@@ -491,8 +491,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     _out(render_best(payload, args.format, space, export_text))
     noise = payload.get("noise") or {}
-    if noise.get("message") and args.format not in ("json", "yaml"):
-        _err(f"{noise['message']} (dse best --format json shows their intervals)")
+    if noise.get("answer") and args.format not in ("json", "yaml"):
+        _err(f"{noise['answer']} (dse best --format json shows the intervals)")
     return 0
 
 

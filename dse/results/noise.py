@@ -682,25 +682,23 @@ def rank_configurations(
 def split_budget(best: ConfigEstimate, tied: Sequence[ConfigEstimate], model: NoiseModel,
                  direction: Direction) -> int | None:  # fmt: skip
     """How many more runs (all told) would separate the best from every configuration tied
-    with it, were their means what they are now: each of them run up to ``m`` times, ``m``
-    the fewest runs at which the intervals of the best and of each tied configuration no
-    longer overlap (``2 t rel_sd / sqrt(m)`` below their gap on the log scale). None when a
-    gap is under ``2 t rel_sd / sqrt(SPLIT_MAX_RUNS)``: no practical budget splits them."""
-    if not tied or best.objective.value <= 0:
+    with it, were their means what they are now and the run-to-run spread what the model
+    says: each of them run up to ``m`` times, ``m`` the fewest runs at which the interval of
+    the best and of each tied configuration no longer overlap (``2 t rel_sd / sqrt(m)``
+    below their gap on the log scale, ``t`` on the degrees of freedom the added runs bring).
+    None when that takes more than :data:`SPLIT_MAX_RUNS` runs each: no practical budget
+    splits them."""
+    del direction  # the gap is on the log scale, either way
+    if not tied or best.objective.value <= 0 or any(c.objective.value <= 0 for c in tied):
         return None
-    s = model.t * model.rel_sd
-    need = 1
-    for c in tied:
-        if c.objective.value <= 0:
-            return None
-        gap = abs(math.log(best.objective.value) - math.log(c.objective.value))
-        if gap <= 0:
-            return None
-        m = math.floor((2 * s / gap) ** 2) + 1
-        if m > SPLIT_MAX_RUNS:
-            return None
-        need = max(need, m)
-    return sum(max(0, need - c.n) for c in (best, *tied))
+    gap = min(abs(math.log(best.objective.value) - math.log(c.objective.value)) for c in tied)
+    runs = [c.n for c in (best, *tied)]
+    for m in range(1, SPLIT_MAX_RUNS + 1):
+        added = sum(max(0, m - n) for n in runs)
+        t = t_quantile(0.975, PRIOR_DOF + model.dof + added)
+        if 2 * t * model.rel_sd / math.sqrt(m) < gap:
+            return added
+    return None
 
 
 def _best_of(ranking: Sequence[ConfigEstimate], model: NoiseModel, metric: str,
