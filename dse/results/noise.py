@@ -605,12 +605,15 @@ def _estimate(space: SearchSpace, g: _Group, metric: str, model: NoiseModel) -> 
     halves: dict[str, list[float]] = {}
     srcs: set[IntervalSource] = set()
     for t in g.trials:
+        figs: dict[str, Figure]
+        src: IntervalSource
         if g.deterministic:
-            figs = {k: Figure(v) for k in INTERVAL_FIGURES + ("peak_mem_gib",)
+            figs = {k: Figure(v) for k in (*INTERVAL_FIGURES, "peak_mem_gib")
                     if (v := finite(t.metrics.get(k))) is not None}  # fmt: skip
-            src: IntervalSource = "estimate"
+            src = "estimate"
         else:
-            figs, src = trial_figures(space, t)
+            own, src = trial_figures(space, t)
+            figs = dict(own)
         obj = figs.get(metric)
         # the objective is the stored value (tokens/s derived, sim estimates ...)
         figs[metric] = Figure(float(t.value), obj.ci if obj is not None else None)  # type: ignore[arg-type]
