@@ -386,6 +386,11 @@ class BestNoisePublic(BaseModel):
         description="The re-measure budget (runs, all told) that would split the tie (null: "
         "no tie, estimates, or no practical budget).",
     )
+    inseparable: list[int] = Field(
+        [],
+        description="First trials of the tied configurations no practical re-measure budget "
+        "separates from the best (equal to it within noise).",
+    )
     evidence: list[dict[str, Any]] = Field(
         [],
         description="A cross-study answer: every run pooled into the best, {study, trial}; "

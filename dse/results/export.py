@@ -127,6 +127,7 @@ def noise_payload(nb: NoisyBest) -> dict[str, Any]:
         "verdict": nb.verdict,
         "answer": nb.answer,
         "split_budget": nb.split,
+        "inseparable": [c.number for c in nb.inseparable],
         "evidence": [{"study": s, "trial": n} for s, n in b.evidence],
         "tied": [
             {

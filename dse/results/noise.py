@@ -208,7 +208,8 @@ class NoisyBest:
         rel_sd: the relative run-to-run standard deviation the re-measures show (None
             until a configuration ran twice); ``model`` the noise model the intervals use.
         split: the re-measure budget (runs, all told) that would split the tie (None: no
-            tie, estimates, or no practical budget).
+            tie, estimates, or no practical budget); ``inseparable`` the tied configurations
+            no practical budget splits from the best (equal within noise).
     """
 
     best: ConfigEstimate
@@ -220,6 +221,7 @@ class NoisyBest:
     extra: dict[str, Any] = field(default_factory=dict)
     model: NoiseModel = field(default_factory=lambda: NoiseModel(max(PRIOR_REL_SD.values())))
     split: int | None = None
+    inseparable: tuple[ConfigEstimate, ...] = ()
 
     @property
     def deterministic(self) -> bool:
@@ -247,9 +249,18 @@ class NoisyBest:
                 "re-measured: a deterministic workload gives the same figures again)"
             )
         text = f"tied within noise: {self._names()}"
-        if self.split is not None:
+        if self.split is None:
+            return text + "; no practical re-measure budget splits them (equal within noise)"
+        if not self.inseparable:
             return text + f"; a re-measure budget of {self.split} would split them"
-        return text + "; no practical re-measure budget splits them (equal within noise)"
+        eq_keys = {c.key for c in self.inseparable}
+        off = [_label(c) for c in self.tied if c.key not in eq_keys]
+        eq = [_label(c) for c in self.inseparable]
+        return (
+            text + f"; a re-measure budget of {self.split} would split off {', '.join(off)}; "
+            f"{', '.join(eq)} {'is' if len(eq) == 1 else 'are'} equal to the best within noise "
+            "(no practical budget splits them)"
+        )
 
     @property
     def answer(self) -> str:
@@ -682,26 +693,37 @@ def rank_configurations(
     return ranking, model.learned
 
 
-def split_budget(best: ConfigEstimate, tied: Sequence[ConfigEstimate], model: NoiseModel,
-                 direction: Direction) -> int | None:  # fmt: skip
-    """How many more runs (all told) would separate the best from every configuration tied
+def split_budget(
+    best: ConfigEstimate, tied: Sequence[ConfigEstimate], model: NoiseModel
+) -> tuple[int | None, tuple[ConfigEstimate, ...]]:
+    """How many more runs (all told) would separate the best from the configurations tied
     with it, were their means what they are now and the run-to-run spread what the model
-    says: each of them run up to ``m`` times, ``m`` the fewest runs at which the interval of
-    the best and of each tied configuration no longer overlap (``2 t rel_sd / sqrt(m)``
-    below their gap on the log scale, ``t`` on the degrees of freedom the added runs bring).
-    None when that takes more than :data:`SPLIT_MAX_RUNS` runs each: no practical budget
-    splits them."""
-    del direction  # the gap is on the log scale, either way
+    says, and which of them no practical budget separates.
+
+    A tied configuration is separable when its gap to the best (on the log scale) is above
+    ``2 z rel_sd / sqrt(SPLIT_MAX_RUNS)``: run :data:`SPLIT_MAX_RUNS` times each, their
+    intervals would no longer overlap. The budget runs the best and every separable one up to
+    ``m`` times, ``m`` the fewest at which ``2 t rel_sd / sqrt(m)`` falls below each of
+    their gaps (``t`` on the degrees of freedom the added runs bring). ``(None, tied)`` when
+    none is separable."""
     if not tied or best.objective.value <= 0 or any(c.objective.value <= 0 for c in tied):
-        return None
-    gap = min(abs(math.log(best.objective.value) - math.log(c.objective.value)) for c in tied)
-    runs = [c.n for c in (best, *tied)]
-    for m in range(1, SPLIT_MAX_RUNS + 1):
+        return None, tuple(tied)
+    gap = {c.key: abs(math.log(best.objective.value) - math.log(c.objective.value)) for c in tied}
+    floor = 2 * _Z95 * model.rel_sd / math.sqrt(SPLIT_MAX_RUNS)
+    sep = [c for c in tied if gap[c.key] > floor]
+    rest = tuple(c for c in tied if gap[c.key] <= floor)
+    if not sep:
+        return None, rest
+    need = min(gap[c.key] for c in sep)
+    runs = [c.n for c in (best, *sep)]
+    for m in range(1, 4 * SPLIT_MAX_RUNS + 1):
         added = sum(max(0, m - n) for n in runs)
-        t = t_quantile(0.975, PRIOR_DOF + model.dof + added)
-        if 2 * t * model.rel_sd / math.sqrt(m) < gap:
-            return added
-    return None
+        if (
+            2 * t_quantile(0.975, PRIOR_DOF + model.dof + added) * model.rel_sd / math.sqrt(m)
+            < need
+        ):
+            return added, rest
+    return None, tuple(tied)
 
 
 def _best_of(ranking: Sequence[ConfigEstimate], model: NoiseModel, metric: str,
@@ -711,10 +733,10 @@ def _best_of(ranking: Sequence[ConfigEstimate], model: NoiseModel, metric: str,
         return None
     best = ranking[0]
     tied = tuple(c for c in ranking[1:] if c.overlaps(best))
-    split = None if best.source == "estimate" else split_budget(best, tied, model, direction)
+    split, rest = (None, ()) if best.source == "estimate" else split_budget(best, tied, model)
     return NoisyBest(
         best, tied, tuple(ranking), model.learned, metric, direction, model=model,
-        split=split,
+        split=split, inseparable=rest,
     )  # fmt: skip
 
 

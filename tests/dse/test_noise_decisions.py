@@ -149,3 +149,10 @@ def test_no_practical_budget_splits_equal_configurations() -> None:
     nb = best_of([a, b])
     assert nb.tied and nb.split is None
     assert nb.message.endswith("no practical re-measure budget splits them (equal within noise)")
+    # beside one that a budget separates, the answer names both
+    nb = best_of([a, b, run(2, 4, 0.520)])
+    assert nb.split is not None and [c.number for c in nb.inseparable] == [1]
+    assert nb.message.endswith(
+        f"a re-measure budget of {nb.split} would split off trial 2; trial 1 is equal to the "
+        "best within noise (no practical budget splits them)"
+    )
