@@ -510,8 +510,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     _out(render_best(payload, args.format, space, export_text))
     noise = payload.get("noise") or {}
-    if noise.get("answer") and args.format not in ("json", "yaml"):
-        _err(f"{noise['answer']} (dse best --format json shows the intervals)")
+    if noise.get("message") and args.format not in ("json", "yaml"):  # the tie, said once
+        _err(f"{noise['message']} (dse best --format json shows the intervals)")
     return 0
 
 
