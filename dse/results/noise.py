@@ -79,7 +79,6 @@ __all__ = [
     "SPLIT_MAX_RUNS",
     "DETERMINISTIC_SOURCES",
     "deterministic_run",
-    "MEASURED_SOURCES",
     "NoiseModel",
     "t_quantile",
     "log_step_interval",
@@ -127,8 +126,6 @@ SPLIT_MAX_RUNS = 64
 #: Trial sources whose figures are deterministic (the same configuration gives the same
 #: figure again): never re-measured; their interval is the estimate's error band.
 DETERMINISTIC_SOURCES: tuple[str, ...] = ("estimate", "replay")
-#: Trial sources whose runs are evidence of the run-to-run noise (a NULL source counts too).
-MEASURED_SOURCES: tuple[str, ...] = ("measured", "replay")
 #: The 97.5 % quantile of the normal distribution (a run's 95 % half-width over it is its
 #: standard error).
 _Z95 = 1.959963984540054
@@ -770,12 +767,12 @@ def remeasure_plan(nb: NoisyBest, n: int) -> list[ConfigEstimate]:
 def study_noise(storage: Any, study: Any, space: SearchSpace,
                 value_range: tuple[float, float] | None = None) -> NoiseModel:  # fmt: skip
     """A stored study's noise model: the prior of its device and every configuration it
-    measured more than once (re-measures, repeats; estimates and replays left out), one
-    grouped index walk."""
+    measured more than once (re-measures, repeats), one grouped walk of an index (no filter
+    by source: a study runs one workload, and a deterministic one's runs carry its error
+    band whatever the model says)."""
     stats = storage.configuration_stats(
-        study.id, repeated=True, value_range=value_range, exclude_changed=exclude_changed(space),
-        sources=MEASURED_SOURCES,
-    )  # fmt: skip
+        study.id, repeated=True, value_range=value_range, exclude_changed=exclude_changed(space)
+    )
     merged = _groups_of_stats(space, stats)
     return noise_model(prior_rel_sd(space), ((g.n, g.mean, g.m2) for g in merged.values()))
 

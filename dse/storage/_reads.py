@@ -829,22 +829,17 @@ class StorageReads:
         repeated: bool = False,
         value_range: tuple[float, float] | None = None,
         exclude_changed: bool = False,
-        sources: Sequence[str] | None = None,
     ) -> list[ConfigStats]:
         """The eligible trials (as :meth:`best_configurations` counts them) of configurations
         in aggregate, one :class:`ConfigStats` per ``params_key``: those of ``params_keys``,
         or with ``repeated`` every configuration measured more than once (the study's
-        run-to-run evidence, one grouped index walk). ``sources``: only trials of these
-        sources (NULL counts as measured)."""
+        run-to-run evidence, one grouped index walk)."""
         where = _best_where(study_id, value_range, exclude_changed)
         if params_keys is not None:
             keys = sorted(set(params_keys))
             if not keys:
                 return []
             where.append(TrialModel.params_key.in_(keys))
-        if sources is not None:
-            src = TrialModel.source.in_(sorted(set(sources)))
-            where.append(src | TrialModel.source.is_(None) if "measured" in sources else src)
 
         def fn(s: Session) -> list[ConfigStats]:
             v = TrialModel.value
