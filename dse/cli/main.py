@@ -462,6 +462,9 @@ def _status_text(s: dict[str, Any]) -> str:
         )
         if noise.get("message"):  # the tie, said by the noise model (dse.results.noise)
             lines.append(f"  {noise['message']}")
+        model = (noise.get("model") or {}).get("text")
+        if model and noise.get("kind") != "estimate":
+            lines.append(f"  noise: {model}")
     nline = _numerics_text(s)
     if nline:
         lines.append(nline)
