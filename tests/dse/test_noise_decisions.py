@@ -156,3 +156,18 @@ def test_no_practical_budget_splits_equal_configurations() -> None:
         f"a re-measure budget of {nb.split} would split off trial 2; trial 1 is equal to the "
         "best within noise (no practical budget splits them)"
     )
+
+
+def test_a_trials_recorded_step_interval_never_starts_at_zero() -> None:
+    """Two measured steps of 0.82 and 1.28 s: Student's t on one degree of freedom reaches
+    below zero; the recorded interval stays above it (it said '0-2.343 s')."""
+    from dse.core.measure import MeasurementSpec, StepSeries
+
+    s = StepSeries(MeasurementSpec(), steps=3, warmup_steps=1)
+    for t in (3.0, 0.82, 1.28):
+        s.add(t, tflops_per_gpu=50.0 / t)
+    got = s.result()
+    assert got.step_time_ci_s is not None and got.tflops_per_gpu_ci is not None
+    lo, hi = got.step_time_ci_s
+    assert 0 < lo < 0.82 and hi > 1.28
+    assert got.tflops_per_gpu_ci[0] > 0
