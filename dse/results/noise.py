@@ -761,13 +761,16 @@ def noisy_best(
 
 
 def remeasure_plan(nb: NoisyBest, n: int) -> list[ConfigEstimate]:
-    """Up to ``n`` configurations to run once more each, so a tie resolves: the best and the
-    configurations tied with it, those with the fewest trials first (then by rank); a
+    """Up to ``n`` configurations to run once more each, where a run can change the answer:
+    the best and the configurations tied with it that a re-measure budget can split from it
+    (all the tied ones when none can), those with the fewest trials first (then by rank); a
     configuration may come twice when ``n`` exceeds them. Empty when nothing is tied, and
     for estimates (a deterministic workload gives the same figure again)."""
     if not nb.tied or n <= 0 or nb.deterministic:
         return []
-    cands = [nb.best, *nb.tied]
+    eq = {c.key for c in nb.inseparable}
+    sep = [c for c in nb.tied if c.key not in eq]
+    cands = [nb.best, *(sep or nb.tied)]
     counts = {c.key: c.n for c in cands}
     rank = {c.key: i for i, c in enumerate(cands)}
     out: list[ConfigEstimate] = []

@@ -171,3 +171,14 @@ def test_a_trials_recorded_step_interval_never_starts_at_zero() -> None:
     lo, hi = got.step_time_ci_s
     assert 0 < lo < 0.82 and hi > 1.28
     assert got.tflops_per_gpu_ci[0] > 0
+
+
+def test_re_measures_go_where_they_can_change_the_answer() -> None:
+    """The best and what a budget can split from it first; a configuration equal to the best
+    within noise only when nothing else can be split."""
+    a, eq, far = run(0, 1, 0.500), run(1, 2, 0.5001), run(2, 4, 0.520)
+    nb = best_of([a, eq, far])
+    assert [c.number for c in nb.inseparable] == [1]
+    assert [c.number for c in remeasure_plan(nb, 3)] == [0, 2, 0]
+    only_eq = best_of([a, eq])
+    assert [c.number for c in remeasure_plan(only_eq, 2)] == [0, 1]
