@@ -79,6 +79,8 @@ def test_every_view_shows_one_interval_per_trial(page: Any, site: str) -> None:
         assert c["ci"] == table[c["trial"]]["tflops_per_gpu"]
         text = page.locator(f'#best-tie .tie[data-trial="{c["trial"]}"]').inner_text()
         assert text.startswith(f"trial {c['trial']}: ")
+    # the panel says what the intervals rest on, in the server's words
+    assert page.locator("#best-noise").inner_text().endswith(best["noise"]["model"]["text"])
     # the clearly slower configuration is not tied, the slow step made no tie of its own
     assert {c["trial"] for c in tied} == {1}, tied
 

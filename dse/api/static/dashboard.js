@@ -413,6 +413,11 @@ function renderBest(best) {
     ? `trial ${best.trial} · ${runs.length} runs pooled (trials ${runs.join(", ")})`
     : `trial ${best.trial}`;
   renderTie(best);
+  // what every interval rests on: the study's noise model, in the server's words
+  const nz = $("#best-noise");
+  const model = noise && noise.model && noise.kind !== "estimate" ? noise.model.text : "";
+  nz.hidden = !model;
+  nz.textContent = model ? `95% intervals: step-to-step and ${model}` : "";
   if (!best) return;
   const m = best.metrics || {};
   const obj = best.objective.metric;
