@@ -264,9 +264,40 @@ class TrialPublic(BaseModel):
     )
 
 
+class FigurePublic(BaseModel):
+    """A figure of the best configuration, pooled over its trials, with its interval."""
+
+    value: float | None
+    ci: list[float | None] | None = Field(
+        description="[low, high]: the 95 % interval (null: not known, e.g. peak memory)."
+    )
+
+
+class EstimatePublic(BaseModel):
+    """A configuration's pooled figures with THE 95 % intervals (the noise model of
+    dse.results.noise: the same wherever a trial of it is shown)."""
+
+    trial: int = Field(description="The configuration's first trial.")
+    n: int = Field(description="How many runs of it are pooled.")
+    trials: list[int] = Field(description="Its runs (the first 50 when more).")
+    kind: Literal["measured", "estimate"] = Field(
+        description="'measured' (step-to-step and run-to-run noise) or 'estimate' (a "
+        "deterministic workload's error band: sim, a replay of one run; never re-measured)."
+    )
+    source: str = Field(description="What the interval rests on: steps, measured, repeats, "
+                        "prior, estimate.")  # fmt: skip
+    figures: dict[str, FigurePublic]
+
+
 class TrialsPublic(BaseModel):
     data: list[TrialPublic]
     count: int = Field(description="Trials matching the filter (all pages).")
+    intervals: dict[str, EstimatePublic] = Field(
+        {},
+        description="By trial number, each complete trial's configuration: its pooled "
+        "figures and their 95 % intervals (the ones the best panel, the comparison view, the "
+        "report and the CLI show).",
+    )
 
 
 class StepPublic(BaseModel):
@@ -300,15 +331,6 @@ class ObjectivePublic(BaseModel):
     )
 
 
-class FigurePublic(BaseModel):
-    """A figure of the best configuration, pooled over its trials, with its interval."""
-
-    value: float | None
-    ci: list[float | None] | None = Field(
-        description="[low, high]: the 95 % interval (null: not known, e.g. peak memory)."
-    )
-
-
 class TiePublic(BaseModel):
     """A configuration tied within noise with the best (its interval overlaps the best's)."""
 
@@ -317,6 +339,9 @@ class TiePublic(BaseModel):
     value: float | None = Field(description="Its pooled objective.")
     ci: list[float | None] | None
     params: dict[str, Any] = Field(description="Its knob values.")
+    study: str | None = Field(
+        None, description="The study of its first trial (a cross-study answer), else null."
+    )
 
 
 class BestNoisePublic(BaseModel):
@@ -331,14 +356,45 @@ class BestNoisePublic(BaseModel):
         description="tflops_per_gpu, step_time_s, tokens_per_s_per_gpu (with intervals) and "
         "peak_mem_gib, pooled over the trials."
     )
-    interval_source: Literal["measured", "steps", "repeats", "none"] = Field(
-        description="Where the intervals come from: 'measured' (the trials' own "
-        "tflops_per_gpu_ci / step_time_ci_s), 'steps' (the stored per-step figures after "
-        "warm-up), 'repeats' (run-to-run spread only), 'none'."
+    interval_source: Literal["measured", "steps", "repeats", "prior", "estimate", "none"] = Field(
+        description="What the intervals rest on beside the run-to-run noise model: 'steps' "
+        "(the stored per-step figures after warm-up), 'measured' (the trials' own "
+        "tflops_per_gpu_ci / step_time_ci_s), 'repeats' (run-to-run spread only), 'prior' "
+        "(one run: the model's prior), 'estimate' (a deterministic workload's error band), "
+        "'none'."
+    )
+    kind: Literal["measured", "estimate"] = Field(
+        "measured",
+        description="'estimate': the figures are deterministic (sim, a replay of one run), "
+        "their interval an error band; never re-measured.",
     )
     rel_sd: float | None = Field(
-        description="Relative run-to-run standard deviation of the objective, pooled over "
-        "the configurations measured more than once (null: none yet)."
+        description="Relative run-to-run standard deviation of the objective that the "
+        "re-measures alone show (null: none yet); model.rel_sd is the one the intervals use."
+    )
+    model: dict[str, Any] = Field(
+        {},
+        description="The noise model: rel_sd (used), prior_rel_sd, learned_rel_sd, dof, "
+        "prior_dof, basis ('prior' or 're-measures').",
+    )
+    verdict: Literal["best", "tied"] = Field(
+        "best", description="'best' (its interval clears every other) or 'tied'."
+    )
+    answer: str = Field("", description="The decision in words.")
+    split_budget: int | None = Field(
+        None,
+        description="The re-measure budget (runs, all told) that would split the tie (null: "
+        "no tie, estimates, or no practical budget).",
+    )
+    inseparable: list[int] = Field(
+        [],
+        description="First trials of the tied configurations no practical re-measure budget "
+        "separates from the best (equal to it within noise).",
+    )
+    evidence: list[dict[str, Any]] = Field(
+        [],
+        description="A cross-study answer: every run pooled into the best, {study, trial}; "
+        "a run found twice by its content (an imported copy) once.",
     )
     tied: list[TiePublic] = Field(
         description="Configurations tied within noise with the best, best first."

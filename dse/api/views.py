@@ -48,7 +48,13 @@ from dse.core.records import (
 )
 from dse.report.plots import pareto_front, running_best
 from dse.results.export import best_payload, best_space, render_best
-from dse.results.noise import NoisyBest, study_best
+from dse.results.noise import (
+    NoisyBest,
+    configuration_intervals,
+    estimate_public,
+    pooled_best,
+    study_best,
+)
 from dse.results.run_settings import effective_space
 from dse.results.trust import trust_summary
 from dse.space.searchspace import MODEL_FAMILY_FIELDS, SearchSpace, Semantics, family_value
@@ -99,10 +105,29 @@ def json_bytes(data: Any) -> bytes:
         return json.dumps(clean(data), separators=(",", ":")).encode()
 
 
-def page_bytes(rows: list[bytes], count: int) -> bytes:
-    """``json_bytes({"data": [rows...], "count": count})`` from rows serialized one by one
-    (each by :func:`json_bytes`): the same bytes, without serializing the rows again."""
-    return b'{"data":[' + b",".join(rows) + b'],"count":' + str(int(count)).encode() + b"}"
+def page_bytes(rows: list[bytes], count: int, intervals: Mapping[int, Any] | None = None) -> bytes:
+    """``json_bytes({"data": [rows...], "count": count, "intervals": ...})`` from rows
+    serialized one by one (each by :func:`json_bytes`): the same bytes, without serializing
+    the rows again."""
+    body = b'{"data":[' + b",".join(rows) + b'],"count":' + str(int(count)).encode()
+    if intervals is not None:
+        body += b',"intervals":' + json_bytes({str(k): v for k, v in intervals.items()})
+    return body + b"}"
+
+
+def page_intervals(
+    storage: Storage, study: StudyRecord, trials: list[TrialRecord]
+) -> dict[int, Any]:
+    """Each complete trial's configuration with its pooled figures and THE intervals
+    (:func:`dse.results.noise.configuration_intervals`, as the best panel, the comparison
+    view, the report and the CLI show them), by trial number; {} when the stored space no
+    longer loads."""
+    try:
+        space = effective_space(study.space_yaml, study.name, storage.get_study_attrs(study.id))
+        est = configuration_intervals(storage, study, space, trials)
+    except SpaceError:
+        return {}
+    return {n: clean(estimate_public(c)) for n, c in est.items()}
 
 
 def json_response(data: Any) -> Response:
@@ -506,7 +531,10 @@ def study_matches(study: StudyRecord, query: BestQuery) -> bool:
 
 
 def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
-    """The best complete trial over every study that matches ``query``.
+    """The best configuration over every study that matches ``query``, their evidence
+    pooled (:func:`dse.results.noise.pooled_best`: runs of one configuration under the same
+    model, semantics and hardware are one body of evidence; an imported copy of a run counts
+    once; ties follow the one rule).
 
     Raises:
         StudyNotFoundError: no study matches, or none has a complete trial (404).
@@ -514,28 +542,25 @@ def cross_best(storage: Storage, query: BestQuery) -> CrossBestPublic:
     matched = [s for s in storage.list_studies() if study_matches(s, query)]
     if not matched:
         raise StudyNotFoundError(f"no study matches {_describe(query)}")
-    best: tuple[float, StudyRecord] | None = None
-    maximize = METRIC_DIRECTION.get(query.metric, "maximize") == "maximize"
-    found: dict[int, NoisyBest] = {}
+    usable: list[tuple[StudyRecord, SearchSpace, tuple[float, float] | None]] = []
     for study in matched:
-        # only finite values possible on the study's hardware count (dse/api/plausible.py)
-        bounds = value_range(query.metric, study.hardware)
         try:
-            nb = noisy_best(storage, study, bounds)
+            space = effective_space(
+                study.space_yaml, study.name, storage.get_study_attrs(study.id)
+            )
         except SpaceError:
             continue  # its best cannot be shown (GET .../best answers 409 for it)
-        v = None if nb is None else finite(nb.best.objective.value)
-        if nb is None or v is None:
-            continue
-        found[study.id] = nb
-        if best is None or (v > best[0] if maximize else v < best[0]):
-            best = (v, study)
-    if best is None:
+        # only finite values possible on the study's hardware count (dse/api/plausible.py)
+        usable.append((study, space, value_range(query.metric, study.hardware)))
+    direction = METRIC_DIRECTION.get(query.metric, "maximize")
+    nb = pooled_best(storage, usable, metric=query.metric, direction=direction)
+    if nb is None or finite(nb.best.objective.value) is None:
         names = ", ".join(s.name for s in matched)
         raise StudyNotFoundError(
             f"no complete trial yet in the studies that match {_describe(query)} ({names})"
         )
-    chosen = best_public(storage, best[1], found[best[1].id])
+    home = next(s for s, _, _ in usable if s.name == nb.best.study)
+    chosen = best_public(storage, home, nb)
     return CrossBestPublic(matched=[s.name for s in matched], best=chosen)
 
 

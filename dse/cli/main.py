@@ -268,24 +268,29 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
     from dse.loop.loss_guard import LOSS_PARITY_ATTR
     from dse.results.export import noise_payload
     from dse.results.gpu_usage import study_gpu_usage_of
-    from dse.results.noise import study_best
+    from dse.results.noise import configuration_intervals, estimate_public, study_best
     from dse.results.run_settings import effective_space
     from dse.results.trust import trust_summary
 
     trials = storage.list_trials(st.id)
+    intervals: dict[int, Any] = {}
     attrs = storage.get_study_attrs(st.id)
     numerics = storage.count_numerics(st.id)
     remeasure = numerics.pop("remeasure")
     best: Any = None
     noise: dict[str, Any] | None = None
     try:
-        nb = study_best(storage, st, effective_space(st.space_yaml, st.name, attrs))
+        space = effective_space(st.space_yaml, st.name, attrs)
+        nb = study_best(storage, st, space)
     except SpaceError:  # a stored space that no longer loads: the plain best
         best = storage.best_trial(st.id, st.direction, exclude_changed=True)
     else:
         if nb is not None:
             best = nb.best.trial or storage.get_trial_by_number(st.id, nb.best.number)
             noise = noise_payload(nb)
+            # each trial's configuration with THE interval (the trials table's)
+            est = configuration_intervals(storage, st, space, trials, best=nb)
+            intervals = {n: estimate_public(c) for n, c in est.items()}
     return {
         "study": st.name,
         "state": st.state,
@@ -300,7 +305,7 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
             "guard": attrs.get(LOSS_PARITY_ATTR),
         },
         "best": None if best is None else {**_trial_json(best), "noise": noise},
-        "trials": [_trial_json(t) for t in trials],
+        "trials": [{**_trial_json(t), "interval": intervals.get(t.number)} for t in trials],
         "trust": trust_summary([_trial_json(t) for t in trials], st.metric, st.direction),
     }
 
@@ -445,6 +450,18 @@ def _trust_text(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _interval_text(iv: dict[str, Any] | None, metric: str) -> str:
+    """``[lo, hi]`` of a trial's configuration interval of ``metric`` (``est`` after an
+    estimate's error band), or ``-``."""
+    from dse.core.figures import figure
+
+    ci = ((iv or {}).get("figures") or {}).get(metric, {}).get("ci")
+    if not ci:
+        return "-"
+    text = f"[{figure(ci[0])}, {figure(ci[1])}]"
+    return text + " est" if iv and iv.get("kind") == "estimate" else text
+
+
 def _status_text(s: dict[str, Any]) -> str:
     """A study's best trial and trial table (figures with four significant digits)."""
     from dse.core.figures import figure
@@ -472,8 +489,11 @@ def _status_text(s: dict[str, Any]) -> str:
             + (" (estimates: cost model, not measured)" if b.get("source") == "estimate" else "")
             + f": {json.dumps(b['params'])}"
         )
-        if noise.get("message"):
-            lines.append(f"  {noise['message']} (their intervals overlap; re-measure to split)")
+        if noise.get("message"):  # the tie, said by the noise model (dse.results.noise)
+            lines.append(f"  {noise['message']}")
+        model = (noise.get("model") or {}).get("text")
+        if model and noise.get("kind") != "estimate":
+            lines.append(f"  noise: {model}")
     lines.extend(_trust_text(s))
     nline = _numerics_text(s)
     if nline:
@@ -483,7 +503,8 @@ def _status_text(s: dict[str, Any]) -> str:
         cpu = any(t["metrics"].get("step_clock") == "cpu" for t in s["trials"])
         step = "CPU s" if cpu else "step s"
         lines.append(
-            f"  {'#':>4} {'state':<10} {s['metric']:<14} {step:<8} {'peak GiB':<8} failure / knobs"
+            f"  {'#':>4} {'state':<10} {s['metric']:<14} {'95% interval':<18} {step:<8} "
+            f"{'peak GiB':<8} failure / knobs"
         )
     for t in s["trials"]:
         m = t["metrics"]
@@ -503,6 +524,7 @@ def _status_text(s: dict[str, Any]) -> str:
             extra += f"re-measures #{t['remeasure_of']}: "
         lines.append(
             f"  {t['number']:>4} {t['state']:<10} {figure(t['value']):<14} "
+            f"{_interval_text(t.get('interval'), s['metric']):<18} "
             f"{figure(m.get('step_time_s')):<8} {figure(m.get('peak_mem_gib')):<8} "
             f"{extra}{json.dumps(t['params'])}"
         )
@@ -521,8 +543,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     _out(render_best(payload, args.format, space, export_text))
     noise = payload.get("noise") or {}
-    if noise.get("message") and args.format not in ("json", "yaml"):
-        _err(f"{noise['message']} (dse best --format json shows their intervals)")
+    if noise.get("message") and args.format not in ("json", "yaml"):  # the tie, said once
+        _err(f"{noise['message']} (dse best --format json shows the intervals)")
     return 0
 
 

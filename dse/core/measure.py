@@ -695,14 +695,14 @@ class StepSeries:
         if self.adaptive:
             st = iv.mean if iv is not None else statistics.fmean(tail)
             tf = scale / st if scale else None
-            ci = (max(0.0, iv.lo), iv.hi) if iv is not None else None
+            ci = _above_zero(st, iv.lo, iv.hi) if iv is not None else None
         else:
             st = step_time_s if step_time_s is not None else statistics.median(tail)
             tfs = [x for x in self.tflops[d:] if x is not None]
             tf = tflops_per_gpu if tflops_per_gpu is not None else (
                 statistics.median(tfs) if tfs else None
             )  # fmt: skip
-            ci = (max(0.0, min(iv.lo, st)), max(iv.hi, st)) if iv is not None else None
+            ci = _above_zero(st, min(iv.lo, st), max(iv.hi, st)) if iv is not None else None
         tf_ci: tuple[float, float] | None = None
         if ci is not None and scale and ci[0] > 0:
             tf_ci = (scale / ci[1], scale / ci[0])
@@ -723,6 +723,15 @@ class StepSeries:
             trim=0.0 if iv is None else iv.trim,
             spikes=len(spikes(tail)),
         )
+
+
+def _above_zero(value: float, lo: float, hi: float) -> tuple[float, float]:
+    """A step-time interval that stays above zero: as measured when its lower bound is above
+    zero, else the same relative half-widths on the log scale (``value * exp(-+h / value)``):
+    a time is never 0, however few or noisy the steps."""
+    if lo > 0 or value <= 0:
+        return (lo, hi)
+    return (value * math.exp(-(value - lo) / value), value * math.exp((hi - value) / value))
 
 
 def series_for(spec: TrialSpec, *, tokens_per_step_per_gpu: float | None = None) -> StepSeries:

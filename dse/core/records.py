@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 __all__ = [
     # names (each defined once; every layer imports them from here)
     "TrialState",
+    "REPLAY_RUNS",
     "FinishedState",
     "TRIAL_STATES",
     "FINISHED_STATES",
@@ -150,6 +151,9 @@ STUDY_STATES: tuple[StudyState, ...] = get_args(StudyState)
 OutcomeStatus = Literal["ok", "failed", "infeasible"]
 #: Where an outcome's numbers came from.
 Source = Literal["measured", "replay", "estimate", "rules"]
+#: The metric of a replayed trial that says how many runs its table holds of the
+#: configuration: a replay of one run answers the same figure again (deterministic).
+REPLAY_RUNS = "replay_runs"
 #: Why a proposal was rejected before launch: a validity rule or the cost-model pre-screen
 #: (both are also failure classes: the agent is told them as infeasible).
 RejectionKind = Literal["invalid", "predicted_oom"]

@@ -573,6 +573,8 @@ class StudyRunner:
         rej = sum(self.storage.count_rejections(study_id).values())
         if complete:
             self.progress(self._status_line(counts, nb, rej, prefix="done:"))
+            if nb is not None and not nb.deterministic:  # what the intervals rest on
+                self.progress(f"noise: {nb.model.describe()}")
         else:
             self.progress(self._status_line(counts, nb, rej, prefix=f"stopped ({self._stop}):"))
             self.progress(resume_hint(s.study, self.storage.url))

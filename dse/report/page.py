@@ -356,6 +356,9 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
         rows.insert(1, ("best-tie", "tied within noise",
                         noise.get("message") or "no: the best is ahead of every other "
                         "configuration's interval"))  # fmt: skip
+        model = (noise.get("model") or {}).get("text")
+        if model and noise.get("kind") != "estimate":
+            rows.insert(2, ("best-noise", "noise model (every interval)", model))
         if source == "estimate":
             note = ("estimate (cost model, workload sim): nothing was measured; its interval "
                     "is the synthetic series' own")  # fmt: skip

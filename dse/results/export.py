@@ -121,7 +121,14 @@ def noise_payload(nb: NoisyBest) -> dict[str, Any]:
         "n_trials": b.n,
         "figures": {k: f.as_dict() for k, f in b.figures.items()},
         "interval_source": b.source,
+        "kind": "estimate" if nb.deterministic else "measured",
         "rel_sd": nb.rel_sd,
+        "model": nb.model.as_dict(),
+        "verdict": nb.verdict,
+        "answer": nb.answer,
+        "split_budget": nb.split,
+        "inseparable": [c.number for c in nb.inseparable],
+        "evidence": [{"study": s, "trial": n} for s, n in b.evidence],
         "tied": [
             {
                 "trial": c.number,
@@ -129,6 +136,7 @@ def noise_payload(nb: NoisyBest) -> dict[str, Any]:
                 "value": c.objective.value,
                 "ci": None if c.objective.ci is None else list(c.objective.ci),
                 "params": dict(c.params),
+                "study": c.study,
             }
             for c in nb.tied
         ],

@@ -1,40 +1,46 @@
-"""The noise-aware best: each figure with its interval, repeats pooled, ties said.
+"""The noise model: every interval and every tie that dse shows comes from here.
 
-Run to run, one configuration's throughput varies by about +-1 % on an H200, so two
-configurations within a percent or two of each other cannot be ranked from one trial each.
-Here:
+Run to run, one configuration's throughput varies (about +-1 % on an H200, tens of percent
+for CPU trials on a shared machine), so two configurations a few percent apart cannot be
+ranked from one trial each. Here:
 
 * **Configurations, not trials.** Trials are grouped by the canonical form of their
-  configuration (:meth:`dse.space.searchspace.SearchSpace.canonical`: a knob that does nothing in
-  that
-  layout is at its baseline), so configurations identical in effect count as one and their
-  trials (repeats, re-measures) are pooled.
-* **A trial's interval** of its step time comes from its stored per-step times (the
-  steps after ``metrics["measurement"]["warmup_steps"]``, else ``semantics.warmup_steps``),
-  on the log scale (:func:`log_step_interval`): a step farther than
-  :data:`dse.core.measure.SPIKE_K` normalised MADs from the median of the measured steps is a
-  spike (a late compilation, a host stall) and left out, so that one slow step among 3-4
-  does not widen the interval; then the 95 % Student-t interval of the mean log step time,
-  widened to contain the trial's reported figure. TFLOP/s and tokens/s per GPU follow from
-  it as one over the step time (a step's work is fixed): every bound is above zero. With one
-  measured step there is no interval from the steps (two give a wide one). A trial without
-  per-step times keeps the interval it measured (``tflops_per_gpu_ci`` /
-  ``step_time_ci_s``) when its bounds are above zero.
-* **A configuration's estimate** is the mean of its trials' figures; its interval is on the
-  log scale too, ``mean * exp(-+h)``: ``h`` the larger of the within-run part
-  (``sqrt(sum h_i^2) / k``, ``h_i`` the trials' log half-widths) and the run-to-run part
-  (``t * rel_sd / sqrt(k)``), where ``rel_sd`` is the study's relative run-to-run standard
-  deviation pooled over every configuration measured more than once (unknown until one is).
-  A large spread widens the intervals (a tie may then be the honest answer), but no
-  throughput bound reaches zero.
+  configuration (:meth:`dse.space.searchspace.SearchSpace.canonical`: a knob that does nothing
+  in that layout is at its baseline), so configurations identical in effect count as one and
+  their trials (repeats, re-measures) are pooled.
+* **Within a run** (step to step): a trial's interval of its step time comes from its stored
+  per-step times (the steps after ``metrics["measurement"]["warmup_steps"]``, else
+  ``semantics.warmup_steps``) on the log scale (:func:`log_step_interval`): a step farther
+  than :data:`dse.core.measure.SPIKE_K` normalised MADs from the median is a spike (a late
+  compilation, a host stall) and left out, so one slow step does not widen it; then the 95 %
+  Student-t interval of the mean log step time. TFLOP/s and tokens/s per GPU follow as one
+  over the step time (a step's work is fixed). A trial without per-step times uses the
+  interval it recorded when its bounds are above zero.
+* **Between runs** (:class:`NoiseModel`): the relative standard deviation of one run's
+  figure about its configuration's, learned from the study's re-measures (every
+  configuration measured more than once: ``SS = sum m2 / mean**2`` on ``dof = sum (n - 1)``)
+  and combined with a stated conservative prior (:data:`PRIOR_REL_SD` of the device, worth
+  :data:`PRIOR_DOF` degrees of freedom): ``rel_sd**2 = (PRIOR_DOF * prior**2 + SS) /
+  (PRIOR_DOF + dof)``; the prior alone until the study re-measures anything.
+* **A configuration's interval** (:func:`_estimate`, the one function behind every view):
+  the mean of its runs' figures, ``mean * exp(-+h)`` with ``h = t * sqrt(max(rel_sd**2,
+  mean(w_i**2)) / n)`` (``t`` on ``PRIOR_DOF + dof`` degrees of freedom, ``w_i`` the runs'
+  own log standard errors): a configuration measured once gets the run-to-run spread, not
+  only its steps' spread; no bound of a time or a throughput reaches zero.
+* **Deterministic workloads** (the sim's estimates, replayed rows:
+  :data:`DETERMINISTIC_SOURCES`) are not re-measured; their interval is the estimate's error
+  band (``metrics["error_band"]``, else :data:`ESTIMATE_BAND`), labelled ``estimate``.
 * **The best** is the configuration with the best pooled objective; every configuration whose
-  interval overlaps the best's is **tied within noise** with it. The study loop re-measures
-  tied configurations (``budget.remeasure`` trials, :func:`remeasure_plan`) before it names a
-  best; ``dse best`` and ``GET .../best`` report the figures with their intervals and the
-  tie, instead of flipping between the tied configurations.
+  interval overlaps the best's is **tied** with it (:func:`_best_of`). The answer is "best",
+  or the tied set with the re-measure budget that would split it (:func:`split_budget`); the
+  study loop spends ``budget.remeasure`` on the best and what it cannot yet separate
+  (:func:`remeasure_plan`).
+* **Across studies** (:func:`pooled_best`), runs of the same configuration under the same
+  model, semantics, hardware and measurement are one body of evidence, a run found twice by
+  its content (an imported copy) counted once.
 
-Pure functions over trial records, plus :func:`study_best`, which reads the candidates from a
-storage (any object with ``best_candidates``, like :mod:`dse.results.export`).
+Pure functions over trial records, plus the readers of a storage (:func:`study_best`,
+:func:`study_noise`, :func:`configuration_intervals`, :func:`pooled_best`).
 """
 
 from __future__ import annotations
@@ -47,7 +53,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dse.core.measure import spikes
-from dse.core.records import METRIC_DIRECTION, ConfigStats, Direction, Metric, TrialRecord, finite
+from dse.core.records import (
+    METRIC_DIRECTION,
+    REPLAY_RUNS,
+    ConfigStats,
+    Direction,
+    Metric,
+    TrialRecord,
+    finite,
+)
 from dse.space.searchspace import SearchSpace, params_key
 
 __all__ = [
@@ -59,8 +73,23 @@ __all__ = [
     "ConfigEstimate",
     "NoisyBest",
     "IntervalSource",
+    "PRIOR_REL_SD",
+    "PRIOR_DOF",
+    "ESTIMATE_BAND",
+    "SPLIT_MAX_RUNS",
+    "DETERMINISTIC_SOURCES",
+    "deterministic_run",
+    "NoiseModel",
     "t_quantile",
     "log_step_interval",
+    "noise_model",
+    "prior_rel_sd",
+    "study_noise",
+    "split_budget",
+    "configuration_intervals",
+    "estimate_public",
+    "content_key",
+    "pooled_best",
     "trial_figures",
     "rank_configurations",
     "noisy_best",
@@ -80,10 +109,31 @@ STEPS_BELOW = 3
 #: Trials of one configuration read for its figures other than the objective (the objective
 #: itself is pooled over all of them, from storage aggregates).
 MAX_READ = 50
-#: Where a configuration's interval came from: ``measured`` (the trials' own intervals),
-#: ``steps`` (derived from the stored per-step figures), ``repeats`` (run-to-run spread only),
-#: ``none`` (no interval: one number).
-IntervalSource = Literal["measured", "steps", "repeats", "none"]
+#: The relative run-to-run standard deviation of one run's figure assumed before a study has
+#: re-measured anything, by device (``resources.device``): conservative on purpose. An H200's
+#: runs of one configuration spread by about 1 %, so 3 %; CPU trials on a shared machine
+#: spread by tens of percent (the CPU demo measured one configuration -27 % to +62 % apart
+#: an hour later), so 15 %. Re-measures replace it gradually (:class:`NoiseModel`).
+PRIOR_REL_SD: dict[str, float] = {"cuda": 0.03, "cpu": 0.15}
+#: How many run-to-run degrees of freedom the prior is worth: one lucky re-measure (two
+#: runs that happen to agree) does not shrink every interval to nothing.
+PRIOR_DOF = 4
+#: The relative error band of an estimate (the sim workload's cost-model figures) that does
+#: not state its own (``metrics["error_band"]``), and of a replayed row without an interval.
+ESTIMATE_BAND = 0.10
+#: Runs of one configuration beyond which a re-measure budget is not offered to split a tie.
+SPLIT_MAX_RUNS = 64
+#: Trial sources whose figures are deterministic (the same configuration gives the same
+#: figure again): never re-measured; their interval is the estimate's error band.
+DETERMINISTIC_SOURCES: tuple[str, ...] = ("estimate", "replay")
+#: The 97.5 % quantile of the normal distribution (a run's 95 % half-width over it is its
+#: standard error).
+_Z95 = 1.959963984540054
+#: Where a configuration's interval came from, beside the noise model: ``steps`` (its runs'
+#: per-step figures), ``measured`` (its runs' recorded intervals), ``repeats`` (its runs'
+#: values only), ``prior`` (one run without steps: the noise model alone), ``estimate`` (a
+#: deterministic figure's error band), ``none`` (no interval).
+IntervalSource = Literal["measured", "steps", "repeats", "prior", "estimate", "none"]
 _CI_KEYS: dict[str, str] = {"tflops_per_gpu": "tflops_per_gpu_ci", "step_time_s": "step_time_ci_s"}
 
 
@@ -118,6 +168,9 @@ class ConfigEstimate:
         figures: pooled figures by name (the objective's among them).
         objective: the pooled objective (over all ``n`` trials).
         source: where the objective's interval came from.
+        study: the study of the representative (a cross-study answer), else None.
+        evidence: ``(study, trial)`` of every run pooled (a cross-study answer), else empty.
+        stored_keys: the stored ``params_key`` values pooled into it.
     """
 
     key: str
@@ -130,6 +183,9 @@ class ConfigEstimate:
     figures: dict[str, Figure]
     objective: Figure
     source: IntervalSource
+    study: str | None = None
+    evidence: tuple[tuple[str, int], ...] = ()
+    stored_keys: tuple[str, ...] = ()
 
     def overlaps(self, other: ConfigEstimate) -> bool:
         """Whether the objective intervals of the two overlap (a point is a zero-width
@@ -146,8 +202,11 @@ class NoisyBest:
         best: the configuration with the best pooled objective.
         tied: the other configurations whose interval overlaps the best's, best first.
         ranking: every candidate configuration, best first.
-        rel_sd: the study's relative run-to-run standard deviation of the objective (None
-            until a configuration ran twice).
+        rel_sd: the relative run-to-run standard deviation the re-measures show (None
+            until a configuration ran twice); ``model`` the noise model the intervals use.
+        split: the re-measure budget (runs, all told) that would split the tie (None: no
+            tie, estimates, or no practical budget); ``inseparable`` the tied configurations
+            no practical budget splits from the best (equal within noise).
     """
 
     best: ConfigEstimate
@@ -157,14 +216,59 @@ class NoisyBest:
     metric: str = "tflops_per_gpu"
     direction: Direction = "maximize"
     extra: dict[str, Any] = field(default_factory=dict)
+    model: NoiseModel = field(default_factory=lambda: NoiseModel(max(PRIOR_REL_SD.values())))
+    split: int | None = None
+    inseparable: tuple[ConfigEstimate, ...] = ()
+
+    @property
+    def deterministic(self) -> bool:
+        """The best is an estimate (sim) or a replayed figure: re-measuring changes nothing."""
+        return self.best.source == "estimate"
+
+    @property
+    def verdict(self) -> Literal["best", "tied"]:
+        return "tied" if self.tied else "best"
+
+    def _names(self) -> str:
+        names = [_label(c) for c in (self.best, *self.tied)]
+        return ", ".join(names[:-1]) + " and " + names[-1]
 
     @property
     def message(self) -> str:
-        """``tied within noise: trial A and trial B`` when there is a tie, else ``""``."""
+        """The tie, said, when there is one (else ``""``): ``tied within noise: trial A and
+        trial B; a re-measure budget of K would split them`` for measured figures, ``within
+        the estimates' error band: ...`` for estimates (never re-measured)."""
         if not self.tied:
             return ""
-        names = [f"trial {c.number}" for c in (self.best, *self.tied)]
-        return "tied within noise: " + ", ".join(names[:-1]) + " and " + names[-1]
+        if self.deterministic:
+            return (
+                f"within the estimates' error band: {self._names()} (estimates, not "
+                "re-measured: a deterministic workload gives the same figures again)"
+            )
+        text = f"tied within noise: {self._names()}"
+        if self.split is None:
+            return text + "; no practical re-measure budget splits them (equal within noise)"
+        if not self.inseparable:
+            return text + f"; a re-measure budget of {self.split} would split them"
+        eq_keys = {c.key for c in self.inseparable}
+        off = [_label(c) for c in self.tied if c.key not in eq_keys]
+        eq = [_label(c) for c in self.inseparable]
+        return (
+            text + f"; a re-measure budget of {self.split} would split off {', '.join(off)}; "
+            f"{', '.join(eq)} {'is' if len(eq) == 1 else 'are'} equal to the best within noise "
+            "(no practical budget splits them)"
+        )
+
+    @property
+    def answer(self) -> str:
+        """The decision in words: ``best: trial N`` or ``tied set of N: ...``."""
+        if not self.tied:
+            return f"best: {_label(self.best)} (its 95% interval clears every other)"
+        return f"tied set of {1 + len(self.tied)}: {self.message}"
+
+
+def _label(c: ConfigEstimate) -> str:
+    return f"trial {c.number}" if c.study is None else f"{c.study} trial {c.number}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -326,6 +430,17 @@ class _Group:
     mean: float = 0.0
     m2: float = 0.0
     trials: list[TrialRecord] = field(default_factory=list)
+    study: str | None = None
+    evidence: list[tuple[str, int]] = field(default_factory=list)
+    deterministic: bool = False
+    band: float = ESTIMATE_BAND
+
+    def classify(self) -> None:
+        """Whether its runs are deterministic (every one read is an estimate or a replay),
+        and their error band."""
+        self.deterministic = bool(self.trials) and all(map(deterministic_run, self.trials))
+        if self.deterministic:
+            self.band = max(_band_of(t) for t in self.trials)
 
     def merge(self, n: int, mean: float, m2: float, number: int, params: dict[str, Any],
               params_key: str) -> None:  # fmt: skip
@@ -359,6 +474,8 @@ def _groups_of_trials(space: SearchSpace, trials: Sequence[TrialRecord]) -> dict
         g = out.setdefault(key, _Group(key, t.number, dict(t.params), t.params_key, set()))
         g.merge(1, float(t.value), 0.0, t.number, t.params, t.params_key)  # type: ignore[arg-type]
         g.trials.append(t)
+    for g in out.values():
+        g.classify()
     return out
 
 
@@ -371,122 +488,267 @@ def _groups_of_stats(space: SearchSpace, stats: Sequence[ConfigStats]) -> dict[s
     return out
 
 
-def _rel_sd(groups: Iterable[_Group]) -> tuple[float, int] | None:
-    """(relative run-to-run standard deviation of the objective, pooled over the
-    configurations measured more than once; its degrees of freedom), or None."""
-    ss, dof = 0.0, 0
-    for g in groups:
-        if g.n < 2 or g.mean == 0:
-            continue
-        ss += g.m2 / (g.mean * g.mean)
-        dof += g.n - 1
-    if dof == 0:
+def _log_half(ci: tuple[float, float], value: float) -> float | None:
+    """The half-width on the log scale of an interval around ``value`` (None: not above 0)."""
+    lo, hi = ci
+    if lo <= 0 or value <= 0:
         return None
-    return math.sqrt(ss / dof), dof
+    return max(math.log(hi) - math.log(value), math.log(value) - math.log(lo), 0.0)
 
 
-def _pool(values: Sequence[float], cis: Sequence[tuple[float, float]],
-          rel: tuple[float, int] | None, n: int | None = None,
-          mean: float | None = None) -> Figure:  # fmt: skip
-    """A pooled figure: the mean (``mean`` of ``n`` when given, else of ``values``), and its
-    interval on the log scale: the half-width (of the log) is the larger of the within-run
-    part (``sqrt(sum h_i^2) / k``, ``h_i`` the trials' log half-widths) and the run-to-run
-    part (``t * rel_sd / sqrt(n)``); the bounds are ``mean * exp(-+h)``, above zero. A mean
-    at or below zero (not a throughput) pools its half-widths on the linear scale."""
+def deterministic_run(trial: TrialRecord) -> bool:
+    """Whether a run's figure is deterministic: an estimate, or a replay of a table that
+    holds one run of its configuration (``metrics["replay_runs"]``, one when not said)."""
+    if trial.source == "estimate":
+        return True
+    if trial.source == "replay":
+        runs = trial.metrics.get(REPLAY_RUNS)
+        return not isinstance(runs, int) or runs <= 1
+    return False
+
+
+def _band_of(trial: TrialRecord) -> float:
+    """A deterministic run's relative error band: ``metrics["error_band"]`` (an estimate's
+    own), else a replayed row's recorded interval, else :data:`ESTIMATE_BAND`."""
+    b = finite(trial.metrics.get("error_band"))
+    if b is not None and 0 < b < 10:
+        return b
+    v = finite(trial.metrics.get("tflops_per_gpu"))
+    ci = _ci_of(trial.metrics.get("tflops_per_gpu_ci"))
+    if trial.source == "replay" and v is not None and ci is not None:
+        h = _log_half(ci, v)
+        if h:
+            return math.exp(h) - 1
+    return ESTIMATE_BAND
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """A study's run-to-run noise (see the module docstring): the relative standard deviation
+    of one run's figure about its configuration's true figure, the prior for the study's
+    device combined with what its re-measures showed (a scaled inverse chi-square: ``rel_sd**2
+    = (PRIOR_DOF * prior**2 + SS) / (PRIOR_DOF + dof)``).
+
+    Attributes:
+        prior: the prior relative standard deviation (:data:`PRIOR_REL_SD` of the device).
+        learned: the relative standard deviation the re-measures alone show (None: none yet).
+        dof: the re-measures' degrees of freedom (runs beyond the first of each configuration).
+        ss: their sum of squared relative deviations.
+    """
+
+    prior: float
+    learned: float | None = None
+    dof: int = 0
+    ss: float = 0.0
+
+    @property
+    def rel_sd(self) -> float:
+        return math.sqrt((PRIOR_DOF * self.prior**2 + self.ss) / (PRIOR_DOF + self.dof))
+
+    @property
+    def t(self) -> float:
+        """The 97.5 % Student-t quantile on the model's degrees of freedom."""
+        return t_quantile(0.975, PRIOR_DOF + self.dof)
+
+    @property
+    def basis(self) -> str:
+        """``prior`` (no re-measure yet) or ``re-measures`` (some, combined with the prior)."""
+        return "prior" if self.dof == 0 else "re-measures"
+
+    def half_width(self, n: int, within: Sequence[float] = ()) -> float:
+        """The log half-width of the 95 % interval of a configuration's mean figure over
+        ``n`` runs: ``t * sqrt(max(rel_sd**2, mean(w_i**2)) / n)``, ``w_i`` the runs' own
+        standard errors on the log scale (their 95 % half-widths over 1.96): a run whose own
+        steps spread more than runs do is judged by its steps."""
+        w2 = statistics.fmean((h / _Z95) ** 2 for h in within) if within else 0.0
+        return self.t * math.sqrt(max(self.rel_sd**2, w2) / max(n, 1))
+
+    def describe(self) -> str:
+        """The model in words: ``run to run 12.9% per run (prior 15%, re-measures 10.9% on 5
+        degrees of freedom)``."""
+        learned = (
+            "no re-measure yet"
+            if self.learned is None
+            else f"re-measures {100 * self.learned:.3g}% on {self.dof} degrees of freedom"
+        )
+        return (
+            f"run to run {100 * self.rel_sd:.3g}% per run (prior {100 * self.prior:.3g}%, "
+            f"{learned})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rel_sd": self.rel_sd, "prior_rel_sd": self.prior, "learned_rel_sd": self.learned,
+                "dof": self.dof, "prior_dof": PRIOR_DOF, "basis": self.basis,
+                "text": self.describe()}  # fmt: skip
+
+
+def prior_rel_sd(space: SearchSpace) -> float:
+    """The run-to-run prior of a space's device (:data:`PRIOR_REL_SD`)."""
+    return PRIOR_REL_SD.get(space.resources.device, max(PRIOR_REL_SD.values()))
+
+
+def noise_model(prior: float, stats: Iterable[tuple[int, float, float]]) -> NoiseModel:
+    """The noise model from configurations' ``(n, mean, m2)`` of their measured runs (those
+    measured more than once count)."""
+    ss, dof = 0.0, 0
+    for n, mean, m2 in stats:
+        if n < 2 or mean == 0:
+            continue
+        ss += m2 / (mean * mean)
+        dof += n - 1
+    learned = math.sqrt(ss / dof) if dof else None
+    return NoiseModel(prior, learned, dof, ss)
+
+
+def _model_of_groups(space: SearchSpace, groups: Iterable[_Group]) -> NoiseModel:
+    return noise_model(
+        prior_rel_sd(space), ((g.n, g.mean, g.m2) for g in groups if not g.deterministic)
+    )
+
+
+def _pool(values: Sequence[float], halves: Sequence[float], model: NoiseModel,
+          n: int | None = None, mean: float | None = None) -> Figure:  # fmt: skip
+    """A pooled measured figure: the mean (``mean`` of ``n`` runs when given, else of
+    ``values``) and its 95 % interval ``mean * exp(-+h)``, ``h`` from
+    :meth:`NoiseModel.half_width` (``halves``: the runs' own log half-widths): above zero.
+    A mean at or below zero (not a time or a throughput) takes the same relative half-width
+    on the linear scale."""
     k = n if n is not None else len(values)
     m = mean if mean is not None else statistics.fmean(values)
-    between = None
-    if rel is not None:
-        sd, dof = rel
-        between = t_quantile(0.975, dof) * sd / math.sqrt(k)
-    if m <= 0 or any(lo <= 0 for lo, _ in cis):  # linear (relative run-to-run part)
-        halves = [(hi - lo) / 2 for lo, hi in cis]
-        parts = [math.sqrt(sum(h * h for h in halves)) / len(halves)] if halves else []
-        if between is not None:
-            parts.append(between * abs(m))
-        if not parts:
-            return Figure(m)
-        h = max(parts)
-        return Figure(m, (m - h, m + h))
-    logs = [(math.log(hi) - math.log(lo)) / 2 for lo, hi in cis]
-    parts = [math.sqrt(sum(h * h for h in logs)) / len(logs)] if logs else []
-    if between is not None:
-        parts.append(between)
-    if not parts:
-        return Figure(m)
-    h = max(parts)
+    h = model.half_width(k, halves)
+    if m <= 0:
+        return Figure(m, (m - h * abs(m), m + h * abs(m)))
     return Figure(m, (m * math.exp(-h), m * math.exp(h)))
 
 
-def _estimate(
-    space: SearchSpace, g: _Group, metric: str, rel: tuple[float, int] | None
-) -> ConfigEstimate:
+def _estimate(space: SearchSpace, g: _Group, metric: str, model: NoiseModel) -> ConfigEstimate:
+    """A configuration's pooled figures and their intervals: THE interval of every view."""
     per: dict[str, list[Figure]] = {}
+    halves: dict[str, list[float]] = {}
     srcs: set[IntervalSource] = set()
     for t in g.trials:
-        figs, src = trial_figures(space, t)
+        figs: dict[str, Figure]
+        src: IntervalSource
+        if g.deterministic:
+            figs = {k: Figure(v) for k in (*INTERVAL_FIGURES, "peak_mem_gib")
+                    if (v := finite(t.metrics.get(k))) is not None}  # fmt: skip
+            src = "estimate"
+        else:
+            own, src = trial_figures(space, t)
+            figs = dict(own)
         obj = figs.get(metric)
         # the objective is the stored value (tokens/s derived, sim estimates ...)
         figs[metric] = Figure(float(t.value), obj.ci if obj is not None else None)  # type: ignore[arg-type]
         srcs.add(src)
         for name, f in figs.items():
             per.setdefault(name, []).append(f)
+            if f.ci is not None and (h := _log_half(f.ci, f.value)) is not None:
+                halves.setdefault(name, []).append(h)
     figures: dict[str, Figure] = {}
     for name, fs in per.items():
-        cis = [f.ci for f in fs if f.ci is not None]
-        figures[name] = (
-            Figure(statistics.fmean(f.value for f in fs))
-            if name == "peak_mem_gib"
-            else _pool([f.value for f in fs], cis, rel)
-        )
+        vals = [f.value for f in fs]
+        if name == "peak_mem_gib":
+            figures[name] = Figure(statistics.fmean(vals))
+        elif g.deterministic:
+            figures[name] = _band(statistics.fmean(vals), g.band)
+        else:
+            figures[name] = _pool(vals, halves.get(name, []), model)
     # the objective over every trial of the configuration (read or aggregated)
-    obj_cis = [f.ci for f in per.get(metric, []) if f.ci is not None]
-    objective = _pool([], obj_cis if g.read_all else [], rel, n=g.n, mean=g.mean)
+    if g.deterministic:
+        objective = _band(g.mean, g.band)
+    else:
+        objective = _pool([], halves.get(metric, []) if g.read_all else [], model, n=g.n,
+                          mean=g.mean)  # fmt: skip
     figures[metric] = objective
     source: IntervalSource = (
-        "measured" if "measured" in srcs else "steps" if "steps" in srcs and g.read_all
-        else "none"
+        "estimate" if g.deterministic
+        else "steps" if "steps" in srcs and g.read_all
+        else "measured" if "measured" in srcs
+        else "repeats" if g.n > 1 or model.dof else "prior"
     )  # fmt: skip
-    if source == "none" and objective.ci is not None:
-        source = "repeats"
     first = g.trials[0] if g.trials and g.trials[0].number == g.number else None
     return ConfigEstimate(
         key=g.key, number=g.number, params=g.params, params_key=g.params_key, n=g.n,
         trials=tuple(t.number for t in g.trials) or (g.number,), trial=first,
-        figures=figures, objective=objective, source=source,
+        figures=figures, objective=objective, source=source, study=g.study,
+        evidence=tuple(g.evidence), stored_keys=tuple(sorted(g.stored_keys)),
     )  # fmt: skip
 
 
+def _band(value: float, band: float) -> Figure:
+    """An estimate's figure with its error band: ``[v / (1 + band), v * (1 + band)]``."""
+    if value <= 0:
+        return Figure(value, (value * (1 + band), value / (1 + band)))
+    return Figure(value, (value / (1 + band), value * (1 + band)))
+
+
 def _ranked(
-    space: SearchSpace, groups: Iterable[_Group], metric: str, direction: Direction
-) -> tuple[list[ConfigEstimate], tuple[float, int] | None]:
+    space: SearchSpace, groups: Iterable[_Group], metric: str, direction: Direction,
+    model: NoiseModel | None = None,
+) -> tuple[list[ConfigEstimate], NoiseModel]:  # fmt: skip
     gs = list(groups)
-    rel = _rel_sd(gs)
-    out = [_estimate(space, g, metric, rel) for g in gs]
+    model = model if model is not None else _model_of_groups(space, gs)
+    out = [_estimate(space, g, metric, model) for g in gs]
     sign = -1.0 if direction == "maximize" else 1.0
-    out.sort(key=lambda c: (sign * c.objective.value, c.number))
-    return out, rel
+    out.sort(key=lambda c: (sign * c.objective.value, c.study or "", c.number))
+    return out, model
 
 
 def rank_configurations(
     space: SearchSpace, trials: Sequence[TrialRecord], *, metric: str, direction: Direction
 ) -> tuple[list[ConfigEstimate], float | None]:
     """Every configuration of the complete ``trials`` with a value, pooled and ranked best
-    first (ties: the lower trial number), and the study's relative run-to-run standard
-    deviation of the objective (None while no configuration ran twice)."""
-    ranking, rel = _ranked(space, _groups_of_trials(space, trials).values(), metric, direction)
-    return ranking, None if rel is None else rel[0]
+    first (ties: the lower trial number), and the relative run-to-run standard deviation its
+    re-measures show (None while no configuration ran twice)."""
+    ranking, model = _ranked(space, _groups_of_trials(space, trials).values(), metric, direction)
+    return ranking, model.learned
 
 
-def _best_of(ranking: Sequence[ConfigEstimate], rel: tuple[float, int] | None, metric: str,
+def split_budget(
+    best: ConfigEstimate, tied: Sequence[ConfigEstimate], model: NoiseModel
+) -> tuple[int | None, tuple[ConfigEstimate, ...]]:
+    """How many more runs (all told) would separate the best from the configurations tied
+    with it, were their means what they are now and the run-to-run spread what the model
+    says, and which of them no practical budget separates.
+
+    A tied configuration is separable when its gap to the best (on the log scale) is above
+    ``2 z rel_sd / sqrt(SPLIT_MAX_RUNS)``: run :data:`SPLIT_MAX_RUNS` times each, their
+    intervals would no longer overlap. The budget runs the best and every separable one up to
+    ``m`` times, ``m`` the fewest at which ``2 t rel_sd / sqrt(m)`` falls below each of
+    their gaps (``t`` on the degrees of freedom the added runs bring). ``(None, tied)`` when
+    none is separable."""
+    if not tied or best.objective.value <= 0 or any(c.objective.value <= 0 for c in tied):
+        return None, tuple(tied)
+    gap = {c.key: abs(math.log(best.objective.value) - math.log(c.objective.value)) for c in tied}
+    floor = 2 * _Z95 * model.rel_sd / math.sqrt(SPLIT_MAX_RUNS)
+    sep = [c for c in tied if gap[c.key] > floor]
+    rest = tuple(c for c in tied if gap[c.key] <= floor)
+    if not sep:
+        return None, rest
+    need = min(gap[c.key] for c in sep)
+    runs = [c.n for c in (best, *sep)]
+    for m in range(1, 4 * SPLIT_MAX_RUNS + 1):
+        added = sum(max(0, m - n) for n in runs)
+        if (
+            2 * t_quantile(0.975, PRIOR_DOF + model.dof + added) * model.rel_sd / math.sqrt(m)
+            < need
+        ):
+            return added, rest
+    return None, tuple(tied)
+
+
+def _best_of(ranking: Sequence[ConfigEstimate], model: NoiseModel, metric: str,
              direction: Direction) -> NoisyBest | None:  # fmt: skip
+    """THE tie rule: every configuration whose interval overlaps the best's is tied with it."""
     if not ranking:
         return None
     best = ranking[0]
     tied = tuple(c for c in ranking[1:] if c.overlaps(best))
+    split, rest = (None, ()) if best.source == "estimate" else split_budget(best, tied, model)
     return NoisyBest(
-        best, tied, tuple(ranking), None if rel is None else rel[0], metric, direction
-    )
+        best, tied, tuple(ranking), model.learned, metric, direction, model=model,
+        split=split, inseparable=rest,
+    )  # fmt: skip
 
 
 def noisy_best(
@@ -494,17 +756,21 @@ def noisy_best(
 ) -> NoisyBest | None:
     """The best configuration of ``trials`` and those tied with it within noise (None: no
     complete trial with a value)."""
-    ranking, rel = _ranked(space, _groups_of_trials(space, trials).values(), metric, direction)
-    return _best_of(ranking, rel, metric, direction)
+    ranking, model = _ranked(space, _groups_of_trials(space, trials).values(), metric, direction)
+    return _best_of(ranking, model, metric, direction)
 
 
 def remeasure_plan(nb: NoisyBest, n: int) -> list[ConfigEstimate]:
-    """Up to ``n`` configurations to run once more each, so a tie resolves: the best and the
-    configurations tied with it, those with the fewest trials first (then by rank); a
-    configuration may come twice when ``n`` exceeds them. Empty when nothing is tied."""
-    if not nb.tied or n <= 0:
+    """Up to ``n`` configurations to run once more each, where a run can change the answer:
+    the best and the configurations tied with it that a re-measure budget can split from it
+    (all the tied ones when none can), those with the fewest trials first (then by rank); a
+    configuration may come twice when ``n`` exceeds them. Empty when nothing is tied, and
+    for estimates (a deterministic workload gives the same figure again)."""
+    if not nb.tied or n <= 0 or nb.deterministic:
         return []
-    cands = [nb.best, *nb.tied]
+    eq = {c.key for c in nb.inseparable}
+    sep = [c for c in nb.tied if c.key not in eq]
+    cands = [nb.best, *(sep or nb.tied)]
     counts = {c.key: c.n for c in cands}
     rank = {c.key: i for i, c in enumerate(cands)}
     out: list[ConfigEstimate] = []
@@ -513,6 +779,37 @@ def remeasure_plan(nb: NoisyBest, n: int) -> list[ConfigEstimate]:
         out.append(c)
         counts[c.key] += 1
     return out
+
+
+def study_noise(storage: Any, study: Any, space: SearchSpace,
+                value_range: tuple[float, float] | None = None) -> NoiseModel:  # fmt: skip
+    """A stored study's noise model: the prior of its device and every configuration it
+    measured more than once (re-measures, repeats), one grouped walk of an index (no filter
+    by source: a study runs one workload, and a deterministic one's runs carry its error
+    band whatever the model says)."""
+    stats = storage.configuration_stats(
+        study.id, repeated=True, value_range=value_range, exclude_changed=exclude_changed(space)
+    )
+    merged = _groups_of_stats(space, stats)
+    return noise_model(prior_rel_sd(space), ((g.n, g.mean, g.m2) for g in merged.values()))
+
+
+def _read_groups(storage: Any, study: Any, groups: Sequence[_Group], *, steps: bool, excl: bool,
+                 value_range: tuple[float, float] | None) -> None:  # fmt: skip
+    """Read the eligible trials of ``groups`` (the first MAX_READ of each)."""
+    keys = sorted({k for g in groups for k in g.stored_keys})
+    if not keys:
+        return
+    got: list[TrialRecord] = []
+    for t in storage.trials_of_configurations(study.id, keys, state="complete", with_steps=steps):
+        if not _eligible(t) or (excl and t.numerics == "changed"):
+            continue
+        v = float(t.value)  # type: ignore[arg-type]
+        if value_range is None or value_range[0] < v <= value_range[1]:
+            got.append(t)
+    for g in groups:
+        g.trials = [t for t in got if t.params_key in g.stored_keys][:MAX_READ]
+        g.classify()
 
 
 def study_best(
@@ -527,10 +824,10 @@ def study_best(
 
     The candidates are the configurations of the :data:`CANDIDATES` best trials by value
     (numerics-changed trials left out unless the space allows them), each objective pooled
-    over all its trials from storage aggregates. Trials are read (with their per-step
-    figures) for configurations measured fewer than :data:`STEPS_BELOW` times, and for the
-    best (at most :data:`MAX_READ` of its trials, without steps), so a study of 100,000
-    trials costs a few index walks.
+    over all its trials from storage aggregates; the noise model is the study's
+    (:func:`study_noise`). Trials are read (with their per-step figures) for configurations
+    measured fewer than :data:`STEPS_BELOW` times, and for the best (at most :data:`MAX_READ`
+    of its trials, without steps), so a study of 100,000 trials costs a few index walks.
     """
     excl = exclude_changed(space)
     stats = storage.best_configurations(
@@ -539,36 +836,152 @@ def study_best(
     )  # fmt: skip
     groups = _groups_of_stats(space, stats)
     metric = study.metric
-    direction: Direction = (
-        study.direction if study.direction in ("maximize", "minimize")
-        else METRIC_DIRECTION.get(metric, "maximize")
-    )  # fmt: skip
-
-    def read(gs: Sequence[_Group], steps: bool) -> None:
-        """Read the eligible trials of ``gs`` (the first MAX_READ of each)."""
-        keys = sorted({k for g in gs for k in g.stored_keys})
-        if not keys:
-            return
-        got: list[TrialRecord] = []
-        for t in storage.trials_of_configurations(
-            study.id, keys, state="complete", with_steps=steps
-        ):
-            if not _eligible(t) or (excl and t.numerics == "changed"):
-                continue
-            v = float(t.value)  # type: ignore[arg-type]
-            if value_range is None or value_range[0] < v <= value_range[1]:
-                got.append(t)
-        for g in gs:
-            g.trials = [t for t in got if t.params_key in g.stored_keys][:MAX_READ]
-
-    # configurations measured once or twice: their trials and per-step figures (intervals)
-    read([g for g in groups.values() if g.n < STEPS_BELOW], steps=True)
-    ranking, rel = _ranked(space, groups.values(), metric, direction)
-    nb = _best_of(ranking, rel, metric, direction)
+    direction = _direction(study)
+    model = study_noise(storage, study, space, value_range)
+    small = [g for g in groups.values() if g.n < STEPS_BELOW]
+    _read_groups(storage, study, small, steps=True, excl=excl, value_range=value_range)
+    ranking, _ = _ranked(space, groups.values(), metric, direction, model)
+    nb = _best_of(ranking, model, metric, direction)
     if nb is None or groups[nb.best.key].trials:
         return nb
     # the best measured more often: its other figures from up to MAX_READ of its trials (its
     # objective and the ties come from the aggregates)
-    read([groups[nb.best.key]], steps=False)
-    ranking, rel = _ranked(space, groups.values(), metric, direction)
-    return _best_of(ranking, rel, metric, direction)
+    _read_groups(storage, study, [groups[nb.best.key]], steps=False, excl=excl,
+                 value_range=value_range)  # fmt: skip
+    ranking, _ = _ranked(space, groups.values(), metric, direction, model)
+    return _best_of(ranking, model, metric, direction)
+
+
+def _direction(study: Any) -> Direction:
+    return (
+        study.direction if study.direction in ("maximize", "minimize")
+        else METRIC_DIRECTION.get(study.metric, "maximize")
+    )  # fmt: skip
+
+
+def configuration_intervals(
+    storage: Any, study: Any, space: SearchSpace, trials: Sequence[TrialRecord],
+    best: NoisyBest | None = None,
+) -> dict[int, ConfigEstimate]:  # fmt: skip
+    """The configuration estimate (its pooled figures and THE intervals) of each complete
+    ``trials`` (a page of a study's trials), by trial number: the same :func:`_estimate`
+    under the same :func:`study_noise` as :func:`study_best`, whose candidates it reuses
+    (``best``: found already), so that a trial's interval is the same in every view."""
+    nb = best if best is not None else study_best(storage, study, space)
+    if nb is None:
+        return {}
+    known: dict[str, ConfigEstimate] = {c.params_key: c for c in nb.ranking}
+    for c in nb.ranking:  # the stored keys pooled into a candidate
+        for k in c.stored_keys:
+            known.setdefault(k, c)
+    want = sorted({t.params_key for t in trials if _eligible(t) and t.params_key not in known})
+    if want:
+        stats = storage.configuration_stats(study.id, params_keys=want)
+        groups = _groups_of_stats(space, stats)
+        _read_groups(storage, study, [g for g in groups.values() if g.n < STEPS_BELOW],
+                     steps=True, excl=False, value_range=None)  # fmt: skip
+        ranked, _ = _ranked(space, groups.values(), study.metric, _direction(study), nb.model)
+        for c in ranked:
+            for k in c.stored_keys:
+                known.setdefault(k, c)
+    return {
+        t.number: known[t.params_key] for t in trials if _eligible(t) and t.params_key in known
+    }
+
+
+def estimate_public(c: ConfigEstimate) -> dict[str, Any]:
+    """A configuration's estimate as the API and the dashboard show it (one shape)."""
+    return {
+        "trial": c.number,
+        "n": c.n,
+        "trials": list(c.trials),
+        "kind": "estimate" if c.source == "estimate" else "measured",
+        "source": c.source,
+        "figures": {k: f.as_dict() for k, f in c.figures.items()},
+    }
+
+
+# --- the cross-study answer -------------------------------------------------------------------
+
+
+def content_key(trial: TrialRecord) -> str:
+    """What identifies a run by its content: its knob values, its figure and its per-step
+    metrics (an imported copy of a study holds the same; a second run never does)."""
+    import json
+
+    steps = [(s.step, s.step_time_s, s.tflops_per_gpu, s.loss) for s in trial.steps]
+    m = trial.metrics
+    figs = [m.get(k) for k in ("step_time_s", "tflops_per_gpu", "peak_mem_gib")]
+    return json.dumps([trial.params_key, trial.value, figs, steps], default=repr)
+
+
+def pooled_best(
+    storage: Any,
+    studies: Sequence[tuple[Any, SearchSpace, tuple[float, float] | None]],
+    *,
+    metric: str,
+    direction: Direction,
+) -> NoisyBest | None:
+    """The best configuration over several studies, their evidence pooled (``studies``:
+    each study's record, effective space and plausible value range).
+
+    Runs of the same configuration (canonical form) under the same model, semantics and
+    hardware are one body of evidence, whatever study holds them; a run found twice by its
+    content (:func:`content_key`: an imported copy of a study) counts once. The
+    configurations are ranked, their intervals made and the ties found by the same functions
+    as in one study (:func:`_estimate`, :func:`_best_of`); the noise model pools the
+    re-measures of every study (each run once)."""
+    pooled: dict[str, _Group] = {}
+    seen: set[str] = set()
+    spaces: dict[str, SearchSpace] = {}
+    prior = 0.0
+    for study, space, vr in studies:
+        excl = exclude_changed(space)
+        prior = max(prior, prior_rel_sd(space))
+        stats = storage.best_configurations(
+            study.id, study.direction, limit=CANDIDATES, value_range=vr, exclude_changed=excl
+        )
+        groups = _groups_of_stats(space, stats)
+        _read_groups(storage, study, list(groups.values()), steps=True, excl=excl,
+                     value_range=vr)  # fmt: skip
+        sig = _evidence_signature(study, space)
+        for g in groups.values():
+            key = sig + "|" + g.key
+            spaces.setdefault(key, space)
+            for t in g.trials:
+                ck = sig + "|" + content_key(t)
+                if ck in seen:
+                    continue
+                seen.add(ck)
+                p = pooled.get(key)
+                if p is None:
+                    p = pooled[key] = _Group(key, t.number, dict(t.params), t.params_key, set(),
+                                             study=study.name)  # fmt: skip
+                # the representative stays the first run found (the first study's first)
+                p.merge(1, float(t.value), 0.0, p.number, p.params, t.params_key)  # type: ignore[arg-type]
+                p.trials.append(t)
+                p.evidence.append((study.name, t.number))
+    if not pooled:
+        return None
+    for p in pooled.values():
+        p.classify()
+    model = noise_model(prior, ((g.n, g.mean, g.m2) for g in pooled.values()
+                                if not g.deterministic))  # fmt: skip
+    out: list[ConfigEstimate] = []
+    for key, g in pooled.items():
+        out.append(_estimate(spaces[key], g, metric, model))
+    sign = -1.0 if direction == "maximize" else 1.0
+    out.sort(key=lambda c: (sign * c.objective.value, c.study or "", c.number))
+    return _best_of(out, model, metric, direction)
+
+
+def _evidence_signature(study: Any, space: SearchSpace) -> str:
+    """What makes runs of one configuration comparable across studies: the model, the
+    training semantics, the hardware, the measurement and the objective."""
+    import json
+
+    return json.dumps(
+        [study.metric, study.model, space.semantics.model_dump(mode="json"), study.hardware,
+         space.measurement.identity() if hasattr(space, "measurement") else None],
+        sort_keys=True, default=repr,
+    )  # fmt: skip

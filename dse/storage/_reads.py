@@ -821,6 +821,66 @@ class StorageReads:
 
         return self._db.run(fn, write=False, what="best configurations")
 
+    def configuration_stats(
+        self,
+        study_id: int,
+        *,
+        params_keys: Sequence[str] | None = None,
+        repeated: bool = False,
+        value_range: tuple[float, float] | None = None,
+        exclude_changed: bool = False,
+    ) -> list[ConfigStats]:
+        """The eligible trials (as :meth:`best_configurations` counts them) of configurations
+        in aggregate, one :class:`ConfigStats` per ``params_key``: those of ``params_keys``,
+        or with ``repeated`` every configuration measured more than once (the study's
+        run-to-run evidence, one grouped index walk)."""
+        where = _best_where(study_id, value_range, exclude_changed)
+        if params_keys is not None:
+            keys = sorted(set(params_keys))
+            if not keys:
+                return []
+            where.append(TrialModel.params_key.in_(keys))
+
+        def fn(s: Session) -> list[ConfigStats]:
+            v = TrialModel.value
+            q = (
+                select(
+                    TrialModel.params_key,
+                    func.count(TrialModel.id),
+                    func.avg(v),
+                    func.avg(v * v),
+                    func.min(TrialModel.number),
+                )
+                .where(*where)
+                .group_by(TrialModel.params_key)
+            )
+            if repeated:
+                q = q.having(func.count(TrialModel.id) > 1)
+            agg = s.execute(q).all()
+            if not agg:
+                return []
+            firsts = {r[4] for r in agg}
+            params: dict[int, Any] = dict(
+                s.execute(
+                    select(TrialModel.number, TrialModel.params).where(
+                        TrialModel.study_id == study_id, TrialModel.number.in_(firsts)
+                    )
+                ).all()
+            )
+            return [
+                ConfigStats(
+                    params_key=k,
+                    params=dict(params.get(first) or {}),
+                    first_number=first,
+                    n=int(n),
+                    mean=float(mean),
+                    mean_sq=float(mean_sq),
+                )  # fmt: skip
+                for k, n, mean, mean_sq, first in agg
+            ]
+
+        return self._db.run(fn, write=False, what="configuration statistics")
+
     def stale_trials(
         self,
         study_id: int,

@@ -31,7 +31,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from dse.core.exceptions import DSEError, WorkloadError
-from dse.core.records import FailureClass, MetricsWriter, Outcome, StepMetrics, TrialSpec
+from dse.core.records import (
+    REPLAY_RUNS,
+    FailureClass,
+    MetricsWriter,
+    Outcome,
+    StepMetrics,
+    TrialSpec,
+)
 from dse.core.table import MeasuredRow, read_table
 from dse.space.searchspace import SearchSpace, params_key
 from dse.space.tablemodel import RowModelError, row_problem
@@ -104,6 +111,12 @@ class ReplayTable:
         rows = self._index.get(params_key({n: params[n] for n in self.param_names}))
         return None if not rows else rows[repeat % len(rows)]
 
+    def runs(self, params: Mapping[str, Any]) -> int:
+        """How many rows (runs) the table holds of ``params``' configuration."""
+        if any(n not in params for n in self.param_names):
+            return 0
+        return len(self._index.get(params_key({n: params[n] for n in self.param_names}), ()))
+
     def outcome(self, params: Mapping[str, Any], repeat: int = 0) -> Outcome:
         """The outcome a trial of ``params`` has in this table (``source="replay"``)."""
         row = self.lookup(params, repeat)
@@ -111,7 +124,10 @@ class ReplayTable:
             return Outcome.failure(
                 "invalid", "no measured row for this configuration", source="replay"
             )
-        return row_outcome(row)
+        out = row_outcome(row)
+        if out.ok:
+            out.metrics[REPLAY_RUNS] = self.runs(params)
+        return out
 
     def best(self, metric: str = "tflops_per_gpu", direction: str = "maximize") -> ReplayRow:
         """The ok row with the best ``metric``."""
@@ -343,7 +359,7 @@ def run_trial(spec: TrialSpec, *, sleep: Any = time.sleep) -> int:
     for s in steps:
         sleep(delay / len(steps))
         writer.step(s)
-    writer.summary(_summary(row))
+    writer.summary({**_summary(row), REPLAY_RUNS: table.runs(spec.params)})
     return 0
 
 

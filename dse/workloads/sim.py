@@ -231,6 +231,9 @@ def simulate(
                 "throughput_breakdown_s": thr["breakdown_s"],
                 "gpu": thr["gpu"],
                 "trust": trust,
+                # the estimate's interval (dse.results.noise): its held-out speed band where
+                # the basis gives one
+                **({"error_band": trust["speed_band"]} if trust["speed_band"] else {}),
                 "source": "estimate",
             }
         )

@@ -202,8 +202,9 @@ def test_compare_side_by_side(views: tuple[TestClient, ViewSeed]) -> None:
         figs = _get(c, f"/studies/{r['study']}/best")["noise"]["figures"]
         assert r["best"]["tflops_per_gpu_ci"] == figs["tflops_per_gpu"]["ci"]
         assert r["best"]["step_time_ci_s"] == figs["step_time_s"]["ci"]
-    lo, hi = h200["best"]["tflops_per_gpu_ci"]  # the trial measured [340, 358]
-    assert 335 < lo < 350 < hi < 365 and h200["best"]["pooled"]
+    # the trial measured [340, 358]; one run: the run-to-run prior widens it (about +-8 %)
+    lo, hi = h200["best"]["tflops_per_gpu_ci"]
+    assert 315 < lo < 335 and 365 < hi < 385 and h200["best"]["pooled"]
     assert bridge["recipe"] == "bridge:gpt_small_pretrain" and h100["recipe"] is None
     assert h200["counts"]["pruned"] == 1
     assert h200["gpu_hours"] == pytest.approx((200 + 240 + 180 + 30 + 60) / 3600)
@@ -248,8 +249,12 @@ def test_measurement_fields_on_pages_and_the_best(views: tuple[TestClient, ViewS
     assert m["step_time_ci_s"] == figs["step_time_s"]["ci"]
     assert m["tflops_per_gpu_ci"][0] < 350.0 < m["tflops_per_gpu_ci"][1]
     assert m["numerics"]["status"] == "ok" and m["measurement"]["stop_reason"] == "converged"
-    # a best without them has none of the keys (as before)
-    assert "tflops_per_gpu_ci" not in _get(c, "/studies/gpt-h100/best")["metrics"]
+    # a best that recorded none has the noise model's (one run: the run-to-run prior)
+    other = _get(c, "/studies/gpt-h100/best")
+    assert (
+        other["metrics"]["tflops_per_gpu_ci"] == other["noise"]["figures"]["tflops_per_gpu"]["ci"]
+    )
+    assert other["noise"]["interval_source"] == "prior"
 
 
 def test_the_report_data_carries_the_views(views: tuple[TestClient, ViewSeed]) -> None:

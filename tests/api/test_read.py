@@ -93,7 +93,7 @@ def test_trials_page(client: TestClient, seeds: dict[str, Seeded]) -> None:
     assert [t["value"] for t in r.json()["data"]] == [350.0, 300.0]
 
     r = client.get(f"{V1}/studies/llama-seeded/trials", params={"offset": 100})
-    assert r.json() == {"data": [], "count": 9}
+    assert r.json() == {"data": [], "count": 9, "intervals": {}}
 
 
 @pytest.mark.parametrize(

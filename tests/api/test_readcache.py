@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 from dse.api import Settings, create_app
 from dse.api.readcache import StudyVersions, VersionMemo
 from dse.api.schemas import TrialPublic
-from dse.api.views import best_public, json_bytes, trial_row
+from dse.api.views import best_public, json_bytes, page_intervals, trial_row
 from dse.core.exceptions import NoCompleteTrialError
 from dse.core.records import Outcome
 from dse.results.run_settings import RUN_SETTINGS_ATTR, effective_space, run_settings
@@ -131,7 +131,11 @@ def test_created_study_is_readable_at_once(tmp_path: Path) -> None:
             content=space_yaml("new"),
         )
         assert r.status_code == 201, r.text
-        assert c.get(f"{V1}/studies/new/trials").json() == {"data": [], "count": 0}
+        assert c.get(f"{V1}/studies/new/trials").json() == {
+            "data": [],
+            "count": 0,
+            "intervals": {},
+        }
         assert [s["name"] for s in c.get(f"{V1}/studies").json()["data"]] == ["new"]
 
 
@@ -177,13 +181,17 @@ def test_a_page_row_has_the_fields_of_its_schema(tmp_path: Path) -> None:
 def _old_page(url: str, sid: int, trusted: bool, **page: Any) -> bytes:
     """A page as it was serialized before row fragments: every row as a dict, one dump."""
     with open_storage(url) as storage:
-        rows = [trial_row(t) for t in storage.list_trials(sid, **page)]
+        trials = storage.list_trials(sid, **page)
+        rows = [trial_row(t) for t in trials]
         count = storage.count_trials(sid)["total"]
+        intervals = page_intervals(storage, storage.get_study_by_id(sid), trials)
     if not trusted:
         for row in rows:
             row["host"] = None
             row["metrics"].pop("gpu_slots", None)
-    return json_bytes({"data": rows, "count": count})
+    return json_bytes(
+        {"data": rows, "count": count, "intervals": {str(k): v for k, v in intervals.items()}}
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -34,6 +34,9 @@ def test_status_text_shows_step_time_memory_and_four_digits(
     assert best.strip().startswith("best: trial 0 tflops_per_gpu=123.5 [")
     assert ", step 0.5000 s, peak 61.23 GiB" in best
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0 ", "1 "))]
-    assert rows[0][:5] == ["0", "complete", "123.5", "0.5000", "61.23"]
-    assert rows[1][:5] == ["1", "complete", "98.77", "0.5000", "70.50"]
+    assert rows[0][:3] + rows[0][5:7] == ["0", "complete", "123.5", "0.5000", "61.23"]
+    assert rows[1][:3] + rows[1][5:7] == ["1", "complete", "98.77", "0.5000", "70.50"]
+    # each row's interval is its configuration's, the best's the one its line shows
+    interval = " ".join(rows[0][3:5])
+    assert interval.startswith("[") and f"tflops_per_gpu=123.5 {interval}" in best
     assert "123.46" not in out and "98.77 " in out

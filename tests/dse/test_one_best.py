@@ -156,3 +156,13 @@ def test_a_sim_study_is_an_estimate_everywhere_and_spends_no_gpu(
     assert secs["Best configuration"][1].startswith("estimate")
     assert secs["GPU-hours"][0]["gpu-spent"].startswith("0 ")
     assert "measured step time" not in data["projection"]["label"]
+    # deterministic: never re-measured; the best's interval is the estimate's error band,
+    # labelled so, and a tie is never "tied within noise ... re-measure"
+    assert all(t["remeasure_of"] is None for t in st_json["trials"])
+    noise = st_json["best"]["noise"]
+    assert noise["kind"] == "estimate" and noise["interval_source"] == "estimate"
+    assert "tied within noise" not in noise["message"] and noise["split_budget"] is None
+    lo, hi = noise["figures"]["tflops_per_gpu"]["ci"]
+    assert lo < noise["figures"]["tflops_per_gpu"]["value"] < hi
+    complete = [t for t in st_json["trials"] if t["state"] == "complete"]
+    assert complete and all(t["interval"]["kind"] == "estimate" for t in complete)

@@ -172,7 +172,9 @@ def test_report_of_a_model_studied_on_other_hardware(tmp_path: Path) -> None:
 
     figs = data["best"]["noise"]["figures"]
     lo, hi = (figure(x) for x in figs["tflops_per_gpu"]["ci"])
-    assert figure(figs["tflops_per_gpu"]["value"]) == "350.0" and 335 < float(lo) < 350 < float(hi)
+    # one run: its interval holds the run-to-run prior (about +-8 %), not its steps' +-2.6 %
+    assert figure(figs["tflops_per_gpu"]["value"]) == "350.0" and 315 < float(lo) < 335
+    assert 365 < float(hi) < 385
     assert f"<td>350.0 ({lo}–{hi})</td>" in page and "<td>NVIDIA H100 x2</td>" in page
     assert f"<td id='best-tflops-ci'>{lo}–{hi}</td>" in page
     slo, shi = (figure(x) for x in figs["step_time_s"]["ci"])

@@ -17,7 +17,7 @@ from dse.api.schemas import (
     TrialPublic,
     TrialsPublic,
 )
-from dse.api.views import json_bytes, page_bytes, trial_detail, trial_row
+from dse.api.views import json_bytes, page_bytes, page_intervals, trial_detail, trial_row
 from dse.core.records import StudyRecord, TrialState
 from dse.storage import Storage, StoredTrialRow, trial_from_stored
 
@@ -111,7 +111,8 @@ async def trial_page_answer(
         keyed = [(("trial", row[0], trusted), row) for row in stored]
         rows = reads.fragments.get_many(keyed, partial(_row, trusted=trusted))
         count = counts.get(state, 0) if state is not None else counts.get("total", 0)
-        return page_bytes(rows, count)
+        intervals = page_intervals(storage, study, [trial_from_stored(r) for r in stored])
+        return page_bytes(rows, count, intervals)
 
     key = ("trials", name, state, limit, offset, order, trusted)
     return await reads.study(name, key, build)

@@ -224,6 +224,9 @@ function renderTable(page) {
     });
     if (t.id === state.trialId) tr.classList.add("selected");
     const isBest = t.number === state.bestTrial && t.state === "complete";
+    // the server's interval of the trial's configuration (dse.results.noise), never one of
+    // its own: the same one the best panel, the comparison view and the report show
+    const iv = (page.intervals || {})[String(t.number)] || null;
 
     const num = el("td", {});
     const pick = el("input", { type: "checkbox", class: "pick", title: "draw its losses over the baseline's",
@@ -268,9 +271,9 @@ function renderTable(page) {
       num,
       stateCell,
       el("td", { class: "num" }, fmt(t.value)),
-      withCi(el("td", { class: "num" }, fmt(m.tflops_per_gpu)), m.tflops_per_gpu_ci),
+      withCi(el("td", { class: "num" }, fmt(m.tflops_per_gpu)), ivCi(iv, "tflops_per_gpu"), ivTitle(iv)),
       el("td", { class: "num" }, fmt(m.peak_mem_gib)),
-      stepCell(m),
+      stepCell(m, ivCi(iv, "step_time_s"), ivTitle(iv)),
       el("td", { class: "num" }, fmt(t.gpu_seconds)),
       el("td", {}, t.failure_class || ""),
       el("td", { class: "reason", title: t.reason || "" }, t.reason || ""),
@@ -311,9 +314,25 @@ function wallNote(m, suffix = "") {
     title: "wall-clock time per step (median of the measured steps)" }, `${fmt(w)} s wall${suffix}`);
 }
 
+// A configuration interval's [lo, hi] of figure k (the server's), or null.
+function ivCi(iv, k) {
+  const f = iv && iv.figures && iv.figures[k];
+  return f && Array.isArray(f.ci) ? f.ci : null;
+}
+
+// What a row's interval is: its configuration's, over how many runs, or an estimate's band.
+function ivTitle(iv) {
+  if (!iv) return "95% interval";
+  if (iv.kind === "estimate") {
+    return "error band of the estimate (deterministic workload: not re-measured)";
+  }
+  return `95% interval of its configuration (${iv.n} run${iv.n === 1 ? "" : "s"} pooled; `
+    + "step-to-step and run-to-run noise)";
+}
+
 // A trials row's step time with its interval; of CPU time, its wall time beside it.
-function stepCell(m) {
-  const td = withCi(el("td", { class: "num" }, fmt(m.step_time_s)), m.step_time_ci_s);
+function stepCell(m, ci, title) {
+  const td = withCi(el("td", { class: "num" }, fmt(m.step_time_s)), ci, title);
   if (cpuClock(m)) {
     td.dataset.clock = "cpu";
     td.title = "CPU time per step (measurement.clock cpu)";
@@ -403,6 +422,11 @@ function renderBest(best) {
     ? `trial ${best.trial} · ${runs.length} runs pooled (trials ${runs.join(", ")})`
     : `trial ${best.trial}`;
   renderTie(best);
+  // what every interval rests on: the study's noise model, in the server's words
+  const nz = $("#best-noise");
+  const model = noise && noise.model && noise.kind !== "estimate" ? noise.model.text : "";
+  nz.hidden = !model;
+  nz.textContent = model ? `95% intervals: step-to-step and ${model}` : "";
   if (!best) return;
   const m = best.metrics || {};
   const obj = best.objective.metric;
@@ -416,7 +440,6 @@ function renderBest(best) {
     if (f && f.value !== null && f.value !== undefined) values[k] = f.value;
     if (f && Array.isArray(f.ci)) cis[k] = f.ci;
   }
-  for (const [k, key] of Object.entries(CI_OF)) if (!(k in cis) && Array.isArray(m[key])) cis[k] = m[key];
   const dl = $("#best-metrics");
   dl.replaceChildren();
   const cpu = cpuClock(m);
@@ -428,7 +451,13 @@ function renderBest(best) {
     div.append(el("dt", {}, k === obj ? `${label} (objective)` : label),
       el("dd", { class: k === obj ? "objective" : "", "data-value": String(v) }, fmt(v)));
     const ci = ciText(cis[k]);
-    if (ci) div.append(el("span", { class: "ci", "data-ci": JSON.stringify(cis[k]) }, `95% CI ${ci}`));
+    const band = noise && noise.kind === "estimate";
+    if (ci) {
+      div.append(el("span", { class: "ci", "data-ci": JSON.stringify(cis[k]),
+        title: band ? "error band of the estimate (deterministic workload: not re-measured)"
+          : "95% interval: step-to-step and run-to-run noise" },
+      band ? `estimate ±band ${ci}` : `95% CI ${ci}`));
+    }
     if (k === "step_time_s" && cpu) {
       div.dataset.clock = "cpu";
       div.title = CPU_CLOCK_TITLE;
@@ -462,9 +491,13 @@ function renderTie(best) {
   p.dataset.tied = tied.map((c) => c.trial).join(",");
   p.replaceChildren();
   if (!tied.length) return;
+  p.dataset.verdict = noise.verdict || "tied";
+  p.dataset.split = noise.split_budget === null || noise.split_budget === undefined
+    ? "" : String(noise.split_budget);
   p.append(el("b", {}, noise.message || "tied within noise"),
-    document.createTextNode(": their 95% intervals overlap the best's, so the order among them "
-      + "is not known"));
+    document.createTextNode(noise.kind === "estimate"
+      ? ". Their error bands overlap the best's; the order among them is not known"
+      : ". Their 95% intervals overlap the best's, so the order among them is not known"));
   for (const c of tied) {
     const ci = ciText(c.ci);
     p.append(el("span", { class: "tie", "data-trial": String(c.trial) },
@@ -475,8 +508,6 @@ function renderTie(best) {
 
 // --- issue 15's measurement fields ---------------------------------------------------------
 
-const CI_OF = { tflops_per_gpu: "tflops_per_gpu_ci", step_time_s: "step_time_ci_s",
-  tokens_per_s_per_gpu: "tokens_per_s_per_gpu_ci" };
 
 // "lo–hi" of a [lo, hi] interval, or "" when there is none.
 function ciText(ci) {
@@ -484,10 +515,10 @@ function ciText(ci) {
   return `${fmt(ci[0])}–${fmt(ci[1])}`;
 }
 
-function withCi(td, ci) {
+function withCi(td, ci, title = "95% interval") {
   const text = ciText(ci);
   if (text) {
-    td.append(el("div", { class: "ci", title: "95% interval" }, text));
+    td.append(el("div", { class: "ci", title }, text));
     td.dataset.ci = JSON.stringify(ci);
   }
   return td;

@@ -199,17 +199,17 @@ def assess(
     kinds = set(_kinds(model))
     reasons: list[str] = []
     for e in same:
-        why = _outside(coords, e)
+        outside = _outside(coords, e)
         if not (e["params"] / SIZE_FACTOR <= size <= e["params"] * SIZE_FACTOR):
-            why.append(f"{size / 1e9:.2f}B parameters, measured {e['params'] / 1e9:.2f}B")
+            outside.append(f"{size / 1e9:.2f}B parameters, measured {e['params'] / 1e9:.2f}B")
         missing = kinds - set(e["layer_kinds"])
         if missing:
-            why.append(f"layer kinds {sorted(missing)} not measured")
-        if not why:
+            outside.append(f"layer kinds {sorted(missing)} not measured")
+        if not outside:
             return Trust(
                 "interpolated", (e["name"],), e.get("memory_band"), e.get("speed_band"), "", coords
             )
-        reasons.append(f"{e['name']}: {'; '.join(why)}")
+        reasons.append(f"{e['name']}: {'; '.join(outside)}")
     return Trust(
         "extrapolated",
         tuple(e["name"] for e in same),
