@@ -579,7 +579,7 @@ def r_mamba_kernels(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> V
     """Mamba layers run mamba-ssm's Triton SSD kernels (megatron/core/ssm/mamba_mixer.py);
     on a GPU there is no substitute. A CPU trial of the built-in trainer runs them on a
     labelled torch reference (Triton needs a GPU), so the rule is for GPU trials."""
-    if f is None or not _mamba(s) or "mamba_ssm" in f or s.resources.device == "cpu":
+    if f is None or not set(s.model.features_needed()) - f or s.resources.device == "cpu":
         return None
     return _v(
         "missing_feature",

@@ -197,6 +197,11 @@ class ModelSpec(_Strict):
             out[HYBRID_SYMBOLS[ch]] += 1
         return out
 
+    def features_needed(self) -> tuple[str, ...]:
+        """The optional software the architecture itself needs on a GPU: Mamba layers run
+        mamba-ssm's Triton SSD kernels (megatron/core/ssm/mamba_mixer.py; no substitute)."""
+        return ("mamba_ssm",) if self.layer_counts()["mamba"] else ()
+
     @property
     def mamba_heads(self) -> int:
         """Mamba heads (MambaMixer: d_inner = 2*hidden_size unless mamba_num_heads is set)."""

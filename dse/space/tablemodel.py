@@ -23,8 +23,8 @@ architecture sets (the hybrid layer pattern and Mamba sizes, the MoE sizes, the 
 
 The resources: the row's ``world_size`` and ``hardware`` (``gpu``, ``gpu_memory_gib``, and
 ``features`` where the writer recorded them). A row without ``features`` ran, so the
-optional software its knob values need (mamba-ssm for the Mamba path, ...) was there:
-those are its features.
+optional software its architecture and knob values need (mamba-ssm for Mamba layers, ...)
+was there: those are its features.
 """
 
 from __future__ import annotations
@@ -103,9 +103,12 @@ def unknown_model_fields(model: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in model if k not in _MODEL_FIELDS + ROW_SEMANTICS + ROW_INFORMATIONAL)
 
 
-def features_needed(params_rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The optional software the knob values of these configurations need (sorted)."""
-    out: set[str] = set()
+def features_needed(
+    params_rows: Iterable[Mapping[str, Any]], model: ModelSpec | None = None
+) -> list[str]:
+    """The optional software the knob values of these configurations, and the architecture
+    (Mamba layers: mamba-ssm), need (sorted)."""
+    out: set[str] = set(model.features_needed()) if model is not None else set()
     for params in params_rows:
         for name, value in params.items():
             knob = KNOBS.get(name)
@@ -135,7 +138,7 @@ def row_problem(
         )
         feats = hardware.get("features")
         if not isinstance(feats, list):
-            feats = features_needed(params_rows)
+            feats = features_needed(params_rows, spec)
         res = Resources.model_validate(
             {
                 "world_size": world_size,
