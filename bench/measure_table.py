@@ -37,10 +37,20 @@ from dse.core.records import MetricsWriter, Outcome, TrialSpec, read_metrics
 from dse.model.rules import check
 from dse.space.searchspace import load_space
 
-_MODEL_KEYS = (
-    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-    "vocab_size", "gated_linear_unit", "activation", "normalization",
-)  # fmt: skip
+
+def model_row(space: Any) -> dict[str, Any]:
+    """A row's ``model``: every field of the space's ``ModelSpec`` (those not set as null:
+    the hybrid pattern, the MoE and Mamba sizes, the activation, ... all of them, so that a
+    reader rebuilds the same model from the row), the gated linear unit the activation
+    implies, and the semantics a replay and the cost model need (sequence length, global
+    batch size, precision)."""
+    row: dict[str, Any] = space.model.model_dump(mode="json")
+    row["gated_linear_unit"] = space.model.activation == "swiglu"
+    sem = space.semantics
+    row.update(
+        seq_length=sem.seq_length, global_batch_size=sem.global_batch_size, precision=sem.precision
+    )
+    return row
 
 
 class _WarmWorker:
@@ -147,13 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             configs.append(p)
     configs = configs[args.skip : None if args.limit is None else args.skip + args.limit]
     world = space.resources.world_size
-    model_row = {k: getattr(space.model, k) for k in _MODEL_KEYS}
-    # every ModelSpec field that is set (hybrid pattern, MoE and Mamba sizes, ...), so that
-    # the cost model rebuilds the same model from the row
-    model_row.update(space.model.model_dump(exclude_none=True))
-    model_row.update(
-        seq_length=sem.seq_length, global_batch_size=sem.global_batch_size, precision=sem.precision
-    )
+    row_model = model_row(space.model_copy(update={"semantics": sem}))
     hw = {"gpu": space.resources.gpu, "gpu_memory_gib": space.resources.gpu_memory_gib}
     out = Path(args.out)
     tmp = Path(tempfile.mkdtemp(prefix="dse_measure_"))
@@ -235,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "status": status,
             "metrics": metrics,
             "world_size": world,
-            "model": model_row,
+            "model": row_model,
             "hardware": hw,
         }
         with out.open("a") as f:

@@ -51,6 +51,13 @@ _MODEL_FIELDS = (
     "moe_router_topk",
     "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size",
+    "hybrid_layer_pattern",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "mamba_state_dim",
+    "mamba_num_groups",
+    "mamba_chunk_size",
+    "frozen_params",
 )
 
 

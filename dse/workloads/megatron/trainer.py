@@ -369,11 +369,11 @@ def build(plan: TrialPlan, device: Any) -> _Built:
 
         seed_model_parallel(seed)
     else:
-        from dse.workloads.megatron._speed import cudagraphable_rng
+        from dse.workloads.megatron._speed import rng_seed_kwargs
 
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(
-            seed, use_cudagraphable_rng=cudagraphable_rng(plan.fields["model"])
+            seed, **rng_seed_kwargs(plan.fields["model"], tensor_parallel)
         )
 
     kw = transformer_config_kwargs(plan)
@@ -688,6 +688,7 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     from dse.workloads.megatron import _compat
 
     _compat.apply()
+    autotune0 = _autotune_counters(spec.device)
     mamba_kernels = prepare_mamba_kernels(plan)
     t_build = time.perf_counter()
     try:
@@ -736,9 +737,25 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     summary["adam_impl"] = adam_impl_of(built.optimizer)
     if mamba_kernels is not None:
         summary["mamba_kernels"] = mamba_kernels
+    if autotune0 is not None:
+        from dse.workloads.megatron import _autotune_cache
+
+        now = _autotune_cache.counters()
+        summary["triton_autotune"] = {k: now[k] - autotune0.get(k, 0) for k in now}
     if notes:
         summary["notes"] = notes
     return summary
+
+
+def _autotune_counters(device: str) -> dict[str, int] | None:
+    """On CUDA: Triton's autotune choices kept on disk for every kernel
+    (:mod:`._autotune_cache`, installed once per process) and its counters now (None: no
+    Triton here, or a CPU trial)."""
+    if device != "cuda":
+        return None
+    from dse.workloads.megatron import _autotune_cache
+
+    return _autotune_cache.counters() if _autotune_cache.install() else None
 
 
 def _phases(build_s: float, steps: Sequence[StepMetrics], warmup: int) -> dict[str, float]:
