@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "--spec", str(tdir / "trial.json"),
         ]  # fmt: skip
         t0 = time.monotonic()
+        recycle: str | None = None
         if args.warm:
             try:
                 if worker is None:
@@ -225,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             # the measurement and its intervals (dse.core.measure), which the replay passes on;
             # where the time went apart from the measured steps; the Mamba kernels used
             for k in ("measurement", "step_time_ci_s", "tflops_per_gpu_ci", "first_step_s",
-                      "build_s", "mamba_kernels", "model_flops_per_step"):  # fmt: skip
+                      "build_s", "mamba_kernels", "model_flops_per_step",
+                      "triton_autotune"):  # fmt: skip
                 if k in m:
                     metrics[k] = m[k]
         else:
@@ -246,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
         print(
             f"[{i + 1}/{len(configs)}] {time.monotonic() - t0:5.1f}s {status} "
-            f"{metrics.get('peak_mem_gib')} {json.dumps(params, sort_keys=True)}",
+            f"{metrics.get('peak_mem_gib')} first step {metrics.get('first_step_s')} "
+            f"{json.dumps(params, sort_keys=True)}"
+            + (f" (worker replaced: {recycle})" if recycle else ""),
             flush=True,
         )
     if worker is not None:

@@ -664,6 +664,7 @@ def stop_on_signals() -> None:
 
 def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, Any]:
     """Run one trial; return the summary record (rank 0 writes it). Raises TrialFailure."""
+    t_entry = time.perf_counter()
     if dist.world_size != spec.world_size:
         raise TrialFailure(
             "error",
@@ -698,7 +699,9 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
             raise  # dse's own build code failed: a bug (``error``), not an infeasible region
         raise _invalid_from(e) from e
     build_s = time.perf_counter() - t_build
+    t_train = time.perf_counter()
     steps, series = train(plan, built, device, dist, writer if dist.rank == 0 else None)
+    train_s = time.perf_counter() - t_train
 
     import megatron.core
     import torch
@@ -732,6 +735,10 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         torch=torch.__version__,
     )
     summary.update(_phases(build_s, steps, measured.warmup_steps))
+    # the rest of the trial's own time: before the build (features, plan, process group,
+    # kernel set-up) and between its steps (data, loss reduction, metrics lines)
+    summary["setup_s"] = t_build - t_entry
+    summary["step_gaps_s"] = max(0.0, train_s - math.fsum(s.step_time_s for s in steps))
     from dse.workloads.megatron._speed import adam_impl_of
 
     summary["adam_impl"] = adam_impl_of(built.optimizer)
