@@ -77,9 +77,10 @@ SUMMARY_ARGS=(--space "$SPACE")
 rc=0
 run_table() {
   echo "== table ($(left) s left)"
-  python3 "$REPO/bench/measure_table.py" "$SPACE" "$W/table.jsonl" --warm --timeout-s 240 \
+  python3 "$REPO/bench/measure_table.py" "$SPACE" "$W/table.jsonl" --warm --spare --timeout-s 240 \
     --stop-at $((T0 + BUDGET - ${DSE_HYBRID_STUDY_RESERVE_S:-45})) --skip "${DSE_HYBRID_TABLE_SKIP:-0}" \
     ${DSE_HYBRID_TABLE_LIMIT:+--limit "$DSE_HYBRID_TABLE_LIMIT"} \
+    ${DSE_HYBRID_WORKER_SLACK_MIB:+--memory-slack-mib "$DSE_HYBRID_WORKER_SLACK_MIB"} \
     --grid micro_batch_size=2,4,8,16 --grid recompute=none,selective --grid recompute_modules=moe \
     --grid use_mamba_mem_eff_path=true,false --grid moe_token_dispatcher_type=allgather,alltoall \
     2>&1 | tee "$W/table_progress.log"

@@ -56,17 +56,26 @@ def model_row(space: Any) -> dict[str, Any]:
 class _WarmWorker:
     """One warm trial worker process (``python -m dse.workloads.megatron.worker``)."""
 
-    def __init__(self, device: str, timeout_s: float) -> None:
+    def __init__(self, device: str, timeout_s: float, wait: bool = True,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         r, w = os.pipe()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dse.workloads.megatron.worker", "--device", device,
-             "--reply-fd", str(w), "--parent", str(os.getpid())],
+             "--reply-fd", str(w), "--parent", str(os.getpid()), *extra],
             stdin=subprocess.PIPE, pass_fds=(w,), text=True, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         os.close(w)
         self.replies = os.fdopen(r)
         self.seq = 0
+        self.init_s: float | None = None
+        if wait:
+            self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait for the worker's ``ready`` (once); RuntimeError when it does not come."""
+        if self.init_s is not None:
+            return
         ready = self._reply(timeout_s)
         if ready is None or ready.get("event") != "ready":
             self.close()
@@ -137,6 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warm", action="store_true", help="one-rank trials in a warm worker (see above)"
     )
+    ap.add_argument(
+        "--memory-slack-mib", type=float, default=None,
+        help="with --warm: the worker's --memory-slack-mib (replaced when its memory after a "
+        "row stays this far above its baseline; default: the worker's)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--spare", action="store_true",
+        help="with --warm: start the next worker while a row runs, so that a replaced worker "
+        "(after a failure or a memory-baseline breach) costs no start-up between rows",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     space = load_space(args.space)
@@ -165,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm and world != 1:
         ap.error(f"--warm runs one-rank trials (world size {world})")
     worker: _WarmWorker | None = None
+    spare: _WarmWorker | None = None
+    extra = (
+        () if args.memory_slack_mib is None else ("--memory-slack-mib", str(args.memory_slack_mib))
+    )
     for i, params in enumerate(configs):
         if args.stop_at is not None and time.time() > args.stop_at:
             print(f"stopped at the deadline: {len(configs) - i} configurations not run")
@@ -193,8 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         recycle: str | None = None
         if args.warm:
             try:
+                if worker is None and spare is not None:
+                    worker, spare = spare, None
+                    worker.wait_ready(args.timeout_s)
                 if worker is None:
-                    worker = _WarmWorker(args.device, args.timeout_s)
+                    worker = _WarmWorker(args.device, args.timeout_s, extra=extra)
+                if args.spare and spare is None and i + 1 < len(configs):
+                    # its imports and device set-up overlap this row's steps (one more CUDA
+                    # context on the device, about 0.5 GiB, while both live)
+                    spare = _WarmWorker(args.device, args.timeout_s, wait=False, extra=extra)
             except RuntimeError as e:  # the row says so; the next configuration tries again
                 MetricsWriter(tdir / "metrics.jsonl").failure("error", str(e)[:300])
             else:
@@ -253,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             + (f" (worker replaced: {recycle})" if recycle else ""),
             flush=True,
         )
-    if worker is not None:
-        worker.close()
+    for w in (worker, spare):
+        if w is not None:
+            w.close()
     return 0
 
 
