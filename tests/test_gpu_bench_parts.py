@@ -182,3 +182,28 @@ def test_autotune_choice_is_read_back_only_for_the_same_configurations() -> None
     bad["best"] = 7
     assert ac.load_choice(json.dumps(bad), again) is None
     assert "pre_hook: _zero" in ac.describe_config(configs[0])
+
+
+def test_the_measured_hybrid_table_rebuilds_the_proxy_and_replays() -> None:
+    """examples/tables/h200_hybrid_proxy_1gpu.jsonl (issue 36, measured on one H200 by
+    bench/hybrid_gpu.sh table): at least 24 rows, each row's model carrying every ModelSpec
+    field, the proxy's model rebuilt from it, and a replay space over its knobs."""
+    from dse.core.table import read_table
+    from dse.workloads.replay import ReplayTable
+
+    path = REPO / "examples" / "tables" / "h200_hybrid_proxy_1gpu.jsonl"
+    rows = read_table(path)
+    assert len(rows) >= 24 and len({json.dumps(r.params, sort_keys=True) for r in rows}) == len(
+        rows
+    )
+    proxy = load_space(EXAMPLES / "nemotron_h_proxy_h200.yaml").model
+    for r in rows:
+        assert set(ModelSpec.model_fields) <= set(r.model)
+        assert ModelSpec.model_validate(space_model_fields(r.model)) == proxy
+        assert r.status in ("ok", "oom")
+        if r.status == "ok":
+            assert r.metrics["peak_mem_gib"] > 0 and r.metrics["step_time_s"] > 0
+            assert r.metrics["mamba_kernels"]["ssd"] == "mamba_ssm-triton"
+    space = ReplayTable.load(path).to_space("hybrid-replay")
+    assert space.model == proxy
+    assert {"micro_batch_size", "recompute", "use_mamba_mem_eff_path"} <= set(space.knobs)
