@@ -42,6 +42,8 @@ def _trials(db: Path) -> list[dict[str, Any]]:
                     "warmup_steps_s": m.get("warmup_steps_s"),
                     "measured_steps_s": m.get("measured_steps_s"),
                     "held_s": timing.get("wall_s"), "adam_impl": m.get("adam_impl"),
+                    "setup_s": m.get("setup_s"), "step_gaps_s": m.get("step_gaps_s"),
+                    "steps": m.get("steps"), "worker": m.get("worker"),
                     "params": t.params,
                 })  # fmt: skip
     return out
@@ -65,6 +67,19 @@ def _study(d: Path) -> dict[str, Any]:
                     "allocated_mib": rel.get("allocated_mib"), "why": e.get("why"),
                 })  # fmt: skip
     return {"best": best, "usage": usage, "trials": trials, "worker_memory": mem}
+
+
+def accounting_lines(usage: dict[str, Any]) -> list[str]:
+    """The held GPU time by part (``dse status --format json``'s ``gpu.accounting``): one
+    line per part, seconds, share of the held time and seconds per trial."""
+    acc = usage.get("accounting") or {}
+    if not acc:
+        return []
+    out = [f"held GPU time by part ({acc['held_s']:.1f} device-s, {acc['trials']} trials):"]
+    for k, sec in acc["seconds"].items():
+        out.append(f"  {k:15s} {sec:8.1f} s  {acc['shares'][k]:6.1%}  "
+                   f"{acc['per_trial_s'][k]:6.2f} s/trial")  # fmt: skip
+    return out
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
@@ -102,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                          _fmt(u.get("busy_fraction"), ".1%"),
                          _fmt(u.get("kernel_fraction"), ".1%"),
                          _fmt(u.get("device_seconds_held"), ".1f")))  # fmt: skip
+        lines.extend(accounting_lines(u))
         firsts = [t["first_step_s"] for t in s["trials"] if t["first_step_s"] is not None]
         builds = [t["build_s"] for t in s["trials"] if t["build_s"] is not None]
         if firsts:
@@ -109,6 +125,16 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"first step per trial: median {statistics.median(firsts):.2f} s, "
                          f"max {max(firsts):.2f} s, sum {sum(firsts):.1f} s; build median "
                          f"{_fmt(med_b, '.2f')} s, sum {sum(builds):.1f} s")  # fmt: skip
+        for t in s["trials"]:
+            w = t.get("worker") or {}
+            lines.append(
+                f"  trial {t['number']:3d} {t['state']:9s} held {_fmt(t['held_s'], '6.2f')} s: "
+                f"setup {_fmt(t['setup_s'], '.2f')} build {_fmt(t['build_s'], '.2f')} first "
+                f"{_fmt(t['first_step_s'], '.2f')} warm-up {_fmt(t['warmup_steps_s'], '.2f')} "
+                f"measured {_fmt(t['measured_steps_s'], '.2f')} gaps "
+                f"{_fmt(t['step_gaps_s'], '.2f')} ({t['steps']} steps; worker "
+                f"{w.get('pid', '-')}#{w.get('trial_in_worker', '-')})"
+            )
         mems = [m for m in s["worker_memory"] if m["event"] == "released"]
         if mems:
             lines.append("worker memory after each trial (reserved MiB): "

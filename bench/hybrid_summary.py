@@ -29,7 +29,9 @@ from dse.model.costmodel.table import evaluate_rows, load_table, row_problem, su
 from dse.space.searchspace import load_space
 
 _TRIAL_KEYS = ("tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib",
-               "first_step_s", "build_s", "mamba_kernels", "init")  # fmt: skip
+               "first_step_s", "build_s", "warmup_steps_s", "measured_steps_s", "mamba_kernels",
+               "init", "worker", "triton_autotune", "measurement", "setup_s",
+               "step_gaps_s")  # fmt: skip
 
 
 def study_summary(space_path: str, export_path: str) -> dict[str, Any]:
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", required=True)
     ap.add_argument("--export", help="dse export JSON of the study")
     ap.add_argument("--table", help="measured table (JSONL)")
+    ap.add_argument("--status", help="dse status --format json of the study")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args(argv)
     out: dict[str, Any] = {}
@@ -159,8 +162,25 @@ def main(argv: list[str] | None = None) -> int:
         out["study"] = study_summary(args.space, args.export)
     if args.table:
         out["table"] = table_summary(args.table)
+    if args.status:  # dse status --format json: the GPU time and its accounting
+        try:
+            gpu = json.loads(Path(args.status).read_text()).get("gpu") or {}
+        except (OSError, ValueError):
+            gpu = {}
+        out["gpu_time"] = {
+            k: gpu.get(k)
+            for k in ("device_seconds_held", "measured_fraction", "busy_fraction",
+                      "kernel_fraction", "first_step_s_median", "first_step_s_max",
+                      "accounting")
+        }  # fmt: skip
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     short = {k: {kk: vv for kk, vv in v.items() if kk != "rows"} for k, v in out.items()}
+    if "study" in out:  # each trial's first step and where it ran (which worker, its n-th trial)
+        short["study"]["first_steps"] = [
+            [r["number"], r["first_step_s"], (r.get("worker") or {}).get("pid"),
+             (r.get("worker") or {}).get("trial_in_worker"), r.get("triton_autotune")]
+            for r in out["study"]["rows"]
+        ]  # fmt: skip
     print(json.dumps(short, indent=1, default=str))
     return 0
 

@@ -39,20 +39,40 @@ from dse.space.searchspace import load_space
 from dse.space.tablemodel import model_row as model_row_of
 
 
+def model_row(space: Any) -> dict[str, Any]:
+    """A row's ``model``: every field of the space's ``ModelSpec`` through the one schema every
+    table reader shares (:mod:`dse.space.tablemodel`: the hybrid pattern, the MoE and Mamba
+    sizes, the activation, ... so that a reader rebuilds the same model from the row), the
+    gated linear unit the activation implies, and the semantics a replay and the cost model
+    need (sequence length, global batch size, precision)."""
+    row = model_row_of(space.model, space.semantics)
+    row["gated_linear_unit"] = space.model.activation == "swiglu"
+    return row
+
+
 class _WarmWorker:
     """One warm trial worker process (``python -m dse.workloads.megatron.worker``)."""
 
-    def __init__(self, device: str, timeout_s: float) -> None:
+    def __init__(self, device: str, timeout_s: float, wait: bool = True,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         r, w = os.pipe()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dse.workloads.megatron.worker", "--device", device,
-             "--reply-fd", str(w), "--parent", str(os.getpid())],
+             "--reply-fd", str(w), "--parent", str(os.getpid()), *extra],
             stdin=subprocess.PIPE, pass_fds=(w,), text=True, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         os.close(w)
         self.replies = os.fdopen(r)
         self.seq = 0
+        self.init_s: float | None = None
+        if wait:
+            self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait for the worker's ``ready`` (once); RuntimeError when it does not come."""
+        if self.init_s is not None:
+            return
         ready = self._reply(timeout_s)
         if ready is None or ready.get("event") != "ready":
             self.close()
@@ -123,6 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warm", action="store_true", help="one-rank trials in a warm worker (see above)"
     )
+    ap.add_argument(
+        "--memory-slack-mib", type=float, default=None,
+        help="with --warm: the worker's --memory-slack-mib (replaced when its memory after a "
+        "row stays this far above its baseline; default: the worker's)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--spare", action="store_true",
+        help="with --warm: start the next worker while a row runs, so that a replaced worker "
+        "(after a failure or a memory-baseline breach) costs no start-up between rows",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     space = load_space(args.space)
@@ -143,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             configs.append(p)
     configs = configs[args.skip : None if args.limit is None else args.skip + args.limit]
     world = space.resources.world_size
-    # every ModelSpec field (hybrid pattern, MoE and Mamba sizes, ...) through the one schema
-    # every table reader shares, so that the readers rebuild the identical model from the row
-    model_row = model_row_of(space.model, sem)
+    row_model = model_row(space.model_copy(update={"semantics": sem}))
     hw = {"gpu": space.resources.gpu, "gpu_memory_gib": space.resources.gpu_memory_gib}
     out = Path(args.out)
     tmp = Path(tempfile.mkdtemp(prefix="dse_measure_"))
@@ -153,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm and world != 1:
         ap.error(f"--warm runs one-rank trials (world size {world})")
     worker: _WarmWorker | None = None
+    spare: _WarmWorker | None = None
+    extra = (
+        () if args.memory_slack_mib is None else ("--memory-slack-mib", str(args.memory_slack_mib))
+    )
     for i, params in enumerate(configs):
         if args.stop_at is not None and time.time() > args.stop_at:
             print(f"stopped at the deadline: {len(configs) - i} configurations not run")
@@ -178,10 +210,18 @@ def main(argv: list[str] | None = None) -> int:
             "--spec", str(tdir / "trial.json"),
         ]  # fmt: skip
         t0 = time.monotonic()
+        recycle: str | None = None
         if args.warm:
             try:
+                if worker is None and spare is not None:
+                    worker, spare = spare, None
+                    worker.wait_ready(args.timeout_s)
                 if worker is None:
-                    worker = _WarmWorker(args.device, args.timeout_s)
+                    worker = _WarmWorker(args.device, args.timeout_s, extra=extra)
+                if args.spare and spare is None and i + 1 < len(configs):
+                    # its imports and device set-up overlap this row's steps (one more CUDA
+                    # context on the device, about 0.5 GiB, while both live)
+                    spare = _WarmWorker(args.device, args.timeout_s, wait=False, extra=extra)
             except RuntimeError as e:  # the row says so; the next configuration tries again
                 MetricsWriter(tdir / "metrics.jsonl").failure("error", str(e)[:300])
             else:
@@ -213,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             # the measurement and its intervals (dse.core.measure), which the replay passes on;
             # where the time went apart from the measured steps; the Mamba kernels used
             for k in ("measurement", "step_time_ci_s", "tflops_per_gpu_ci", "first_step_s",
-                      "build_s", "mamba_kernels", "model_flops_per_step"):  # fmt: skip
+                      "build_s", "mamba_kernels", "model_flops_per_step",
+                      "triton_autotune"):  # fmt: skip
                 if k in m:
                     metrics[k] = m[k]
         else:
@@ -227,18 +268,21 @@ def main(argv: list[str] | None = None) -> int:
             "status": status,
             "metrics": metrics,
             "world_size": world,
-            "model": model_row,
+            "model": row_model,
             "hardware": hw,
         }
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(
             f"[{i + 1}/{len(configs)}] {time.monotonic() - t0:5.1f}s {status} "
-            f"{metrics.get('peak_mem_gib')} {json.dumps(params, sort_keys=True)}",
+            f"{metrics.get('peak_mem_gib')} first step {metrics.get('first_step_s')} "
+            f"{json.dumps(params, sort_keys=True)}"
+            + (f" (worker replaced: {recycle})" if recycle else ""),
             flush=True,
         )
-    if worker is not None:
-        worker.close()
+    for w in (worker, spare):
+        if w is not None:
+            w.close()
     return 0
 
 

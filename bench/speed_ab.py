@@ -26,9 +26,14 @@ as an effect. Conditions:
   Megatron-Core refuses it, the row records its reason.
 
 ``--profile-steps N`` profiles N steps of ``default`` (torch.profiler) and summarises the
-device time by kind: matmul, attention, norm, optimizer, communication, elementwise/other,
-and the device's idle time within the steps (the step's wall time less the union of its
-kernels). On CPU the summary is of CPU operator self time (no idle figure).
+device time by kind from the profile's Chrome trace: only the device's own work (kernels,
+copies, fills), each kernel classified by its name (matmul, attention, norm, optimizer,
+softmax/loss, communication, memcpy/memset, elementwise/other); the profiler's annotations
+(``ProfilerStep#N`` and ``record_function`` ranges, which the trace also puts on the device's
+timeline, as long as the kernels inside them) and CPU events are left out. The device's idle
+time is the steps' wall time less the union of the kernels' spans. ``--trace FILE`` keeps
+the trace (gzip) for another look. On CPU the summary is of CPU operator self time, without
+the annotations (no idle figure).
 ``--parity-steps K`` builds the model afresh for ``default`` and for each condition that
 changes a computation, trains K steps from the same seed and data, and records the largest
 relative loss difference from ``default``: a speed-up must not change the training.
@@ -63,17 +68,29 @@ VARIANTS: dict[str, dict[str, Any]] = {"cuda_graph": {"cuda_graph_impl": "local"
 #: Conditions whose computation differs from default's (their losses are compared).
 CHANGES_MATH = ("foreach_adam", "legacy_norm", "cuda_graph")
 
-#: Kernel (or CPU operator) names by kind, first match wins.
+#: Kernel (or CPU operator) names by kind, first match wins. Device work is classified by
+#: the kernel's own name (``nvjet_*``/``sm90_xmma_gemm_*``: matmul; ``flash_fwd_*``: attention;
+#: ``multi_tensor_apply_kernel``/``FusedAdam``: optimizer; ...); copies and fills by their
+#: trace category (:data:`DEVICE_CATS`).
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (k, re.compile(p, re.I))
     for k, p in (
         ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|broadcast"),
-        ("attention", r"flash|fmha|attention|sdpa|_efficient_attention|softmax|cudnn.*sdpa"),
+        ("attention", r"flash|fmha|attention|sdpa|_efficient_attention|cudnn.*(sdpa|attn)"),
         ("optimizer", r"adam|multi_tensor|foreach|l2norm|_amp_"),
-        ("norm", r"rms_?norm|layer_?norm|layernorm|rsqrt|norm_"),
-        ("matmul", r"gemm|cutlass|cublas|xmma|nvjet|matmul|\bmm\b|addmm|bmm|linear|sm\d+_"),
+        ("norm", r"rms_?norm|layer_?norm|layernorm|rowwisemoments|welford|norm_"),
+        ("softmax/loss", r"softmax|cross_?entropy|nll_?loss"),
+        ("matmul", r"gemm|cutlass|cublas|xmma|nvjet|wgmma|matmul|\bmm\b|addmm|bmm|linear|"
+                   r"splitk|sm\d+_|ampere_|hopper_"),
     )
-)
+)  # fmt: skip
+
+#: Chrome-trace categories of device work (what the GPU ran): kernels, copies, fills. The
+#: profiler also puts annotations on the device's timeline (``gpu_user_annotation``: each
+#: ``record_function`` range and the ``ProfilerStep#N`` of the schedule, as long as the work
+#: inside them); those, and every CPU-side event (``cpu_op``, ``user_annotation``,
+#: ``python_function``, ``cuda_runtime``, ...), are not device work and are left out.
+DEVICE_CATS = {"kernel": None, "gpu_memcpy": "memcpy/memset", "gpu_memset": "memcpy/memset"}
 
 
 def kind_of(name: str) -> str:
@@ -99,42 +116,107 @@ def _union_s(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarise_profile(prof: Any, wall_s: float, device: str) -> dict[str, Any]:
-    """Device time by kind, top kernels, and the idle share of ``wall_s`` (CUDA)."""
+def _shares(by_kind: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    total = sum(by_kind.values()) or 1.0
+    ordered = sorted(by_kind.items(), key=lambda kv: -kv[1])
+    return dict(ordered), {k: v / total for k, v in ordered}
+
+
+def summarise_trace(events: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """Device time by kind, top kernels and the device's idle share of ``wall_s`` from a
+    torch-profiler Chrome trace's ``traceEvents``: only device work (:data:`DEVICE_CATS`),
+    classified by kernel name (:func:`kind_of`); the idle time is ``wall_s`` less the union
+    of the kernels' spans (overlapping kernels count once)."""
     by_kind: dict[str, float] = {}
     top: dict[str, float] = {}
     spans: list[tuple[float, float]] = []
-    if device == "cuda":
-        for ev in prof.events():
-            dt = getattr(ev, "device_type", None)
-            if dt is None or "CUDA" not in str(dt):
-                continue
-            us = float(ev.time_range.elapsed_us())
-            if us <= 0:
-                continue
-            spans.append((float(ev.time_range.start), float(ev.time_range.end)))
-            by_kind[kind_of(ev.name)] = by_kind.get(kind_of(ev.name), 0.0) + us / 1e6
-            top[ev.name] = top.get(ev.name, 0.0) + us / 1e6
-        busy = _union_s(spans) / 1e6
-        idle = max(0.0, wall_s - busy)
-    else:  # CPU: operator self time
-        for ev in prof.key_averages():
-            s = float(ev.self_cpu_time_total) / 1e6
-            if s <= 0 or ev.key.startswith("ProfilerStep"):
-                continue
-            by_kind[kind_of(ev.key)] = by_kind.get(kind_of(ev.key), 0.0) + s
-            top[ev.key] = top.get(ev.key, 0.0) + s
-        busy, idle = sum(by_kind.values()), None
-    total = sum(by_kind.values()) or 1.0
+    left_out: dict[str, int] = {}
+    for ev in events:
+        cat = str(ev.get("cat", ""))
+        if ev.get("ph") != "X" or cat not in DEVICE_CATS:
+            if ev.get("ph") == "X":
+                left_out[cat] = left_out.get(cat, 0) + 1
+            continue
+        us = float(ev.get("dur") or 0.0)
+        if us <= 0:
+            continue
+        ts = float(ev.get("ts") or 0.0)
+        spans.append((ts, ts + us))
+        name = str(ev.get("name", ""))
+        kind = DEVICE_CATS[cat] or kind_of(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + us / 1e6
+        top[name] = top.get(name, 0.0) + us / 1e6
+    busy = _union_s(spans) / 1e6
+    idle = max(0.0, wall_s - busy)
+    s, share = _shares(by_kind)
     return {
-        "device": device,
+        "device": "cuda",
+        "classified": "device work of the trace (kernels, copies, fills) by kernel name; "
+        "annotations and CPU events left out",
         "wall_s": wall_s,
         "kernel_s": sum(by_kind.values()),
+        "kernels": len(spans),
         "busy_union_s": busy,
         "idle_s": idle,
-        "idle_share": None if idle is None else idle / wall_s if wall_s else None,
-        "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-        "by_kind_share": {k: v / total for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "idle_share": idle / wall_s if wall_s else None,
+        "by_kind_s": s,
+        "by_kind_share": share,
+        "left_out": dict(sorted(left_out.items())),
+        "top": [[k, v] for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:25]],
+    }
+
+
+def _trace_events(prof: Any, keep: str | None) -> list[dict[str, Any]]:
+    """The profiler's Chrome trace (``traceEvents``); kept gzipped at ``keep`` if given."""
+    import gzip
+    import os
+
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        raw = Path(path).read_bytes()
+    finally:
+        os.unlink(path)
+    if keep:
+        Path(keep).write_bytes(gzip.compress(raw))
+    data = json.loads(raw)
+    return list(data.get("traceEvents", []) if isinstance(data, dict) else data)
+
+
+def summarise_profile(prof: Any, wall_s: float, device: str,
+                      keep_trace: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Device time by kind, top kernels, and the idle share of ``wall_s`` (CUDA: from the
+    trace's device work, :func:`summarise_trace`); on CPU, operator self time with the
+    profiler's annotations (``record_function`` ranges, ``ProfilerStep``) left out."""
+    events = _trace_events(prof, keep_trace)
+    if device == "cuda":
+        return summarise_trace(events, wall_s)
+    annotations = {
+        str(ev.get("name"))
+        for ev in events
+        if ev.get("cat") in ("user_annotation", "gpu_user_annotation", "python_function")
+    }
+    by_kind: dict[str, float] = {}
+    top: dict[str, float] = {}
+    for ev in prof.key_averages():
+        sec = float(ev.self_cpu_time_total) / 1e6
+        if sec <= 0 or ev.key.startswith("ProfilerStep") or ev.key in annotations:
+            continue
+        by_kind[kind_of(ev.key)] = by_kind.get(kind_of(ev.key), 0.0) + sec
+        top[ev.key] = top.get(ev.key, 0.0) + sec
+    s, share = _shares(by_kind)
+    return {
+        "device": device,
+        "classified": "CPU operators' self time by name; annotations left out",
+        "wall_s": wall_s,
+        "kernel_s": sum(by_kind.values()),
+        "busy_union_s": sum(by_kind.values()),
+        "idle_s": None,
+        "idle_share": None,
+        "by_kind_s": s,
+        "by_kind_share": share,
+        "left_out": {"annotations": len(annotations)},
         "top": [[k, v] for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:25]],
     }
 
@@ -221,7 +303,8 @@ def _window(tr: aw.Trainer, plan: Any, built: Any, steps: int, warmup: int) -> d
     }
 
 
-def _profile(tr: aw.Trainer, plan: Any, built: Any, n: int, warmup: int) -> dict[str, Any]:
+def _profile(tr: aw.Trainer, plan: Any, built: Any, n: int, warmup: int,
+             keep_trace: str | None = None) -> dict[str, Any]:  # fmt: skip
     from torch.profiler import ProfilerActivity, profile, schedule
 
     acts = [ProfilerActivity.CPU]
@@ -239,7 +322,7 @@ def _profile(tr: aw.Trainer, plan: Any, built: Any, n: int, warmup: int) -> dict
         probe = _Probe(prof)
         tr.trainer._train(dataclasses.replace(plan, spec=spec), built, tr.device, tr.dist, probe)
     wall = sum(float(m.step_time_s) for m in probe.steps[warmup:])
-    out = summarise_profile(prof, wall, tr.device.type)
+    out = summarise_profile(prof, wall, tr.device.type, keep_trace)
     out["steps"] = n
     return out
 
@@ -310,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-steps", type=int, default=0)
     ap.add_argument("--parity-steps", type=int, default=0)
+    ap.add_argument("--trace", default=None, help="keep the profile's Chrome trace here (gzip)")
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="start no further window past this many seconds")  # fmt: skip
     ap.add_argument("--json", default=None)
@@ -387,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             _release(tr, built)
             plan, built, _ = _build(tr, space, params, feats, tmp)
         if args.profile_steps and not over():
-            out["profile"] = _profile(tr, plan, built, args.profile_steps, warmup)
+            out["profile"] = _profile(tr, plan, built, args.profile_steps, warmup, args.trace)
             p = out["profile"]
             shares = ", ".join(f"{k} {v:.1%}" for k, v in p["by_kind_share"].items())
             idle = p["idle_share"]

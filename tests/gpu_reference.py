@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dse.core.records import TrialRecord, finite
-from dse.results.gpu_usage import HELD_ATTR_PREFIX, GridCount, _no_gpu_study, held_record
+from dse.results.gpu_usage import (
+    HELD_ATTR_PREFIX,
+    GridCount,
+    _no_gpu_study,
+    accounting,
+    gpu_totals,
+    held_record,
+)
 
 
 def _num(x: Any) -> float:
@@ -116,6 +123,9 @@ def reference_usage(
         "held_basis": basis,
         "busy_fraction": busy,
         **reference_busy_shares(trials, held if timed else None),
+        # the parts of the held time, from the records' own fold (the storage's totals must
+        # give the same)
+        "accounting": accounting(gpu_totals(trials), held),
         "device_seconds_held": held,
         "device_seconds_startup": dev_startup if timed else None,
         "device_seconds_measure": dev_measure if timed else None,

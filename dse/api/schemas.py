@@ -133,6 +133,12 @@ class GpuUsagePublic(BaseModel):
         description="Trials without the build / first / warm-up / measured split (another "
         "workload, or stored before it): all their steps count as measured.",
     )
+    accounting: dict[str, Any] | None = Field(
+        None,
+        description="Where the held device-seconds went, by part (build, first_step, warmup, "
+        "measured, in_trial_other, between_trials; the parts add up to the held time): "
+        "seconds, shares of the held time, seconds per trial.",
+    )
     trials_run: int = Field(description="Trials with recorded GPU time.")
     trials_timed: int = Field(description="Trials with the startup/measure split.")
     mean_gpu_seconds_per_trial: float | None

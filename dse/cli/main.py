@@ -413,6 +413,14 @@ def _busy_shares_text(g: dict[str, Any]) -> str:
             f"; first step per trial median {figure(g['first_step_s_median'])} s, max "
             f"{figure(g['first_step_s_max'])} s (apart from the measured steps)"
         )
+    acc = g.get("accounting")
+    if acc:
+        parts = ", ".join(
+            f"{k.replace('_', ' ')} {figure(acc['seconds'][k])} s ({acc['shares'][k]:.0%}; "
+            f"{figure(acc['per_trial_s'][k])} s/trial)"
+            for k in acc["seconds"]
+        )
+        text += f"\n  held time by part ({figure(acc['held_s'])} device-s): {parts}"
     return text
 
 

@@ -262,6 +262,14 @@ def _busy_rows(g: dict[str, Any]) -> list[tuple[str, str, str]]:
         med, top = figure(g["first_step_s_median"]), figure(g["first_step_s_max"])
         rows.append(("first-step", "first step of a trial (compilation; median / max, s)",
                      f"{med} / {top}"))  # fmt: skip
+    acc = g.get("accounting")
+    if acc:
+        from dse.results.gpu_usage import ACCOUNT_PARTS
+
+        for key, what in ACCOUNT_PARTS:
+            rows.append((f"held-{key.replace('_', '-')}", f"held {dev} time: {what}",
+                         f"{figure(acc['seconds'][key])} s, {share(acc['shares'][key])}, "
+                         f"{figure(acc['per_trial_s'][key])} s per trial"))  # fmt: skip
     return rows
 
 

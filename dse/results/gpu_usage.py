@@ -29,6 +29,11 @@ Per study (:func:`study_gpu_usage`):
   ``measured_steps_s``, the built-in trainer's summary); a trial without them (another
   workload, or stored before) counts all its steps as measured and no build
   (``trials_without_split``).
+* **Accounting** (:func:`accounting`): the held device-seconds split into parts that add up
+  to them: model builds, first steps, warm-up steps after the first, measured steps, the rest
+  of the trials' time (process start or hand-off, gaps, teardown) and the time held outside
+  any trial (worker start, the controller between trials, idle slots), as seconds, shares of
+  the held time and seconds per trial.
 * **grid saving** (an estimate): every valid configuration of the space (the space check's
   count, :func:`count_grid`) run once at the study's mean GPU-seconds per trial, minus the
   GPU-seconds the study spent.
@@ -55,6 +60,8 @@ __all__ = [
     "study_gpu_usage",
     "study_gpu_usage_of",
     "busy_shares",
+    "accounting",
+    "ACCOUNT_PARTS",
     "TRIAL_GPU_FIGURES",
     "trial_gpu_figures",
     "GpuTotals",
@@ -299,6 +306,55 @@ def _num(x: Any) -> float:
     return 0.0 if f is None else f
 
 
+#: The parts of a study's held device time (:func:`accounting`), in order.
+ACCOUNT_PARTS = (
+    ("build", "model builds (parallel state, model, DDP, optimizer)"),
+    ("first_step", "first steps (kernel compilation and autotuning, the allocator's growth)"),
+    ("warmup", "warm-up steps after the first"),
+    ("measured", "measured steps (the figures come from these)"),
+    ("in_trial_other", "the rest of the trials' time (process start or hand-off to a warm "
+     "worker, set-up before the build, gaps between steps, teardown)"),
+    ("between_trials", "held outside any trial (worker start, the controller's work between "
+     "trials, idle slots)"),
+)  # fmt: skip
+
+
+def accounting(t: GpuTotals, held: float | None) -> dict[str, Any] | None:
+    """Where a study's held device-seconds went, part by part (:data:`ACCOUNT_PARTS`): seconds,
+    shares of ``held`` and seconds per trial. The parts add up to ``held``: builds and all
+    steps are the trials' own records (``build_s``, ``first_step_s``, the warm-up and
+    measured steps), the rest of each trial's wall time is ``in_trial_other``, and what the
+    runner held outside its trials is ``between_trials`` (0 where the held time is the trials'
+    own, a runner that takes devices per trial). A first step that the measurement kept
+    (no warm-up) counts as measured. None without a held time or timed trials."""
+    if not held or not t.timed:
+        return None
+    steps = t.device_seconds_measure
+    measured = min(t.device_seconds_measured, steps)
+    before = max(0.0, steps - measured)  # first and warm-up steps
+    first = min(t.device_seconds_first_step, before)
+    build = max(0.0, t.device_seconds_kernel - steps)
+    in_trial = max(0.0, t.device_seconds - t.device_seconds_kernel)
+    parts = {
+        "build": build,
+        "first_step": first,
+        "warmup": before - first,
+        "measured": measured,
+        "in_trial_other": in_trial,
+        "between_trials": max(0.0, held - t.device_seconds),
+    }
+    total = max(held, sum(parts.values()))
+    return {
+        "held_s": held,
+        "seconds": parts,
+        "shares": {k: v / total for k, v in parts.items()},
+        "per_trial_s": {k: v / t.timed for k, v in parts.items()},
+        "trials": t.timed,
+        "label": "measured: device-seconds of the held time by part (seconds, shares of the "
+        "held time, seconds per trial)",
+    }
+
+
 def study_gpu_usage(
     trials: Sequence[TrialRecord],
     attrs: Mapping[str, Any],
@@ -365,6 +421,7 @@ def usage_of_totals(
         "held_basis": basis,
         "busy_fraction": busy,
         **_shares(totals, held if timed else None),
+        "accounting": accounting(totals, held),
         "device_seconds_held": held,
         "device_seconds_startup": dev_startup if timed else None,
         "device_seconds_measure": dev_measure if timed else None,
@@ -406,6 +463,7 @@ def _no_gpu_study(device: str, estimates: int, grid: GridCount | None) -> dict[s
         "grid_gpu_hours": None,
         "saved_gpu_hours": None,
         "saved_fraction": None,
+        "accounting": None,
         "estimate_trials": estimates,
         "label": f"no GPU time: the study's {estimates} trials are estimates of the cost model "
         "(workload sim), run on the controller; a measured study's GPU-hours and the grid's "

@@ -168,6 +168,39 @@ def test_measured_share_leaves_out_builds_first_and_warmup_steps() -> None:
     assert g["trials_without_split"] == 1 and g["first_step_s_median"] is None
 
 
+def test_accounting_splits_the_held_time_into_parts_that_add_up() -> None:
+    """Issue 36: every held GPU-second in one part (build, first step, warm-up, measured, the
+    rest of the trial, between trials), as seconds, shares and seconds per trial."""
+
+    def trial(n: int, build: float, times: tuple[float, ...], warmup: int) -> TrialRecord:
+        metrics = trial_timing(wall_s=30.0, devices=1, device="cuda", steps=_steps(*times),
+                               measured=True)  # fmt: skip
+        metrics.update(build_s=build, first_step_s=times[0],
+                       warmup_steps_s=sum(times[:warmup]),
+                       measured_steps_s=sum(times[warmup:]))  # fmt: skip
+        return TrialRecord(id=n, study_id=1, number=n, state="complete", params={},
+                           params_key="", metrics=metrics, gpu_seconds=30.0)  # fmt: skip
+
+    # trial 0: build 3, first step 12, one warm-up step 1, four measured 1 s each (wall 30);
+    # trial 1: build 1, first 2, one warm-up 2, four measured 2 (wall 30); held 80 s
+    trials = [trial(0, 3.0, (12.0, 1.0, 1.0, 1.0, 1.0, 1.0), 2), trial(1, 1.0, (2.0,) * 6, 2)]
+    attrs = {HELD_ATTR_PREFIX + "a:1:x": held_record(0.0, 1, "cuda", last=80.0)}
+    acc = study_gpu_usage(trials, attrs, device="cuda", grid=None)["accounting"]
+    sec = acc["seconds"]
+    assert sec == pytest.approx({"build": 4.0, "first_step": 14.0, "warmup": 3.0,
+                                 "measured": 12.0, "in_trial_other": 60.0 - 33.0,
+                                 "between_trials": 20.0})  # fmt: skip
+    assert sum(sec.values()) == pytest.approx(acc["held_s"]) and acc["held_s"] == 80.0
+    assert acc["shares"]["measured"] == pytest.approx(12.0 / 80.0)
+    assert sum(acc["shares"].values()) == pytest.approx(1.0)
+    assert acc["per_trial_s"]["first_step"] == pytest.approx(7.0)
+    # the same figure as busy_shares' measured share
+    g = study_gpu_usage(trials, attrs, device="cuda", grid=None)
+    assert acc["shares"]["measured"] == pytest.approx(g["measured_fraction"])
+    # no held time known: no accounting
+    assert study_gpu_usage([], {}, device="cuda", grid=None)["accounting"] is None
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_usage_of_records_is_the_reference_fold(seed: int) -> None:
     """study_gpu_usage (per-trial figures added up, then one builder shared with the
@@ -183,12 +216,16 @@ def test_usage_of_records_is_the_reference_fold(seed: int) -> None:
         grid = rng.choice([GRID, None])
         got = study_gpu_usage(trials, attrs, device=device, grid=grid)
         assert got == reference_usage(trials, attrs, device=device, grid=grid)
+        acc = got["accounting"]
+        if acc is not None:
+            assert all(v >= 0 for v in acc["seconds"].values())
+            assert sum(acc["shares"].values()) == pytest.approx(1.0)
     # all estimates: no GPU time
     est = [dataclasses.replace(t, source="estimate") for t in trials[:3]]
     if est:
-        assert study_gpu_usage(est, {}, device="cuda", grid=GRID) == reference_usage(
-            est, {}, device="cuda", grid=GRID
-        )
+        got = study_gpu_usage(est, {}, device="cuda", grid=GRID)
+        assert got["accounting"] is None
+        assert got == reference_usage(est, {}, device="cuda", grid=GRID)
 
 
 def test_trial_gpu_figures() -> None:

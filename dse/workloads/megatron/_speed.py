@@ -34,6 +34,7 @@ __all__ = [
     "clear_trial_caches",
     "live_tensors",
     "cudagraphable_rng",
+    "rng_seed_kwargs",
 ]
 
 AdamImpl = Literal["fused", "foreach"]
@@ -109,6 +110,25 @@ def cudagraphable_rng(model_fields: dict[str, Any]) -> bool:
     CUDA graphs (``cuda_graph_impl: local``) assert it (``CudaGraphManager``), and
     Megatron-LM seeds with ``use_cudagraphable_rng`` for them."""
     return model_fields.get("cuda_graph_impl") == "local"
+
+
+def rng_seed_kwargs(model_fields: dict[str, Any], tensor_parallel: Any) -> dict[str, Any]:
+    """Keyword arguments of Megatron-Core's ``model_parallel_cuda_manual_seed`` for a trial:
+    the graph-safe tracker where :func:`cudagraphable_rng` asks for it, and a fresh tracker
+    every time (``force_reset_rng``). Megatron-Core keeps the first tracker a process made
+    (``initialize_rng_tracker`` returns at once once one exists), so without the reset a
+    trial with ``cuda_graph_impl: local`` after one without (a warm worker's next trial, a
+    bench's second build) seeded the old, graph-unsafe tracker and Megatron's
+    ``CudaGraphManager`` refused it ("RNG tracker does not support cudagraphs!").
+    ``tensor_parallel``: ``megatron.core.tensor_parallel`` (a megatron-core without
+    ``force_reset_rng`` gets no reset)."""
+    import inspect
+
+    kw: dict[str, Any] = {"use_cudagraphable_rng": cudagraphable_rng(model_fields)}
+    params = inspect.signature(tensor_parallel.model_parallel_cuda_manual_seed).parameters
+    if "force_reset_rng" in params:
+        kw["force_reset_rng"] = True
+    return kw
 
 
 def clear_trial_caches() -> list[str]:

@@ -369,11 +369,11 @@ def build(plan: TrialPlan, device: Any) -> _Built:
 
         seed_model_parallel(seed)
     else:
-        from dse.workloads.megatron._speed import cudagraphable_rng
+        from dse.workloads.megatron._speed import rng_seed_kwargs
 
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(
-            seed, use_cudagraphable_rng=cudagraphable_rng(plan.fields["model"])
+            seed, **rng_seed_kwargs(plan.fields["model"], tensor_parallel)
         )
 
     kw = transformer_config_kwargs(plan)
@@ -664,6 +664,7 @@ def stop_on_signals() -> None:
 
 def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, Any]:
     """Run one trial; return the summary record (rank 0 writes it). Raises TrialFailure."""
+    t_entry = time.perf_counter()
     if dist.world_size != spec.world_size:
         raise TrialFailure(
             "error",
@@ -688,6 +689,7 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     from dse.workloads.megatron import _compat
 
     _compat.apply()
+    autotune0 = _autotune_counters(spec.device)
     mamba_kernels = prepare_mamba_kernels(plan)
     t_build = time.perf_counter()
     try:
@@ -697,7 +699,9 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
             raise  # dse's own build code failed: a bug (``error``), not an infeasible region
         raise _invalid_from(e) from e
     build_s = time.perf_counter() - t_build
+    t_train = time.perf_counter()
     steps, series = train(plan, built, device, dist, writer if dist.rank == 0 else None)
+    train_s = time.perf_counter() - t_train
 
     import megatron.core
     import torch
@@ -731,14 +735,34 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         torch=torch.__version__,
     )
     summary.update(_phases(build_s, steps, measured.warmup_steps))
+    # the rest of the trial's own time: before the build (features, plan, process group,
+    # kernel set-up) and between its steps (data, loss reduction, metrics lines)
+    summary["setup_s"] = t_build - t_entry
+    summary["step_gaps_s"] = max(0.0, train_s - math.fsum(s.step_time_s for s in steps))
     from dse.workloads.megatron._speed import adam_impl_of
 
     summary["adam_impl"] = adam_impl_of(built.optimizer)
     if mamba_kernels is not None:
         summary["mamba_kernels"] = mamba_kernels
+    if autotune0 is not None:
+        from dse.workloads.megatron import _autotune_cache
+
+        now = _autotune_cache.counters()
+        summary["triton_autotune"] = {k: now[k] - autotune0.get(k, 0) for k in now}
     if notes:
         summary["notes"] = notes
     return summary
+
+
+def _autotune_counters(device: str) -> dict[str, int] | None:
+    """On CUDA: Triton's autotune choices kept on disk for every kernel
+    (:mod:`._autotune_cache`, installed once per process) and its counters now (None: no
+    Triton here, or a CPU trial)."""
+    if device != "cuda":
+        return None
+    from dse.workloads.megatron import _autotune_cache
+
+    return _autotune_cache.counters() if _autotune_cache.install() else None
 
 
 def _phases(build_s: float, steps: Sequence[StepMetrics], warmup: int) -> dict[str, float]:

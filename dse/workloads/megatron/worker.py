@@ -169,6 +169,9 @@ def _init_device(device: str) -> Any:
         _cpu_shims.install()
     else:
         os.environ.update(trainer.cuda_environment(os.environ))
+        from dse.workloads.megatron import _autotune_cache
+
+        _autotune_cache.install()  # before any trial imports an autotuned kernel
     dist = trainer._Dist()
     dev = dist.init(device)
     _compat.apply()
