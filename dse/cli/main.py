@@ -545,6 +545,16 @@ def cmd_best(args: argparse.Namespace) -> int:
         st = _pick_study(storage, args.study)
         payload = best_payload(storage, st)
         space = best_space(storage, st)
+        trust, label = None, None
+        if payload.get("source") == "estimate":  # a sim study: what its estimates stand on
+            from dse.results.trust import trust_label, trust_summary
+
+            trials = [_trial_json(t) for t in storage.list_trials(st.id)]
+            trust = trust_summary(trials, st.metric, st.direction)
+            label = next(
+                (trust_label(t["metrics"]) for t in trials if t["number"] == payload["trial"]),
+                None,
+            )
     finally:
         storage.close()
     from dse.workloads.launchers.flags import export_text  # the targets' own tables
@@ -553,6 +563,9 @@ def cmd_best(args: argparse.Namespace) -> int:
     noise = payload.get("noise") or {}
     if noise.get("message") and args.format not in ("json", "yaml"):  # the tie, said once
         _err(f"{noise['message']} (dse best --format json shows the intervals)")
+    if label == "extrapolated":  # never a best on its own: say so beside it
+        for line in _trust_text({"trust": trust, "metric": st.metric}):
+            _err(line.strip())
     return 0
 
 

@@ -69,6 +69,16 @@ def test_the_readme_omni_sim_study_survives_a_kill_and_resumes(tmp_path: Path) -
     proposed = [t for t in s["trials"] if t["remeasure_of"] is None]
     assert len(proposed) == 24  # the file's budget
     assert all(t["source"] == "estimate" for t in s["trials"] if t["state"] == "complete")
+    # the sim and the pre-screen share one memory verdict: no simulated OOM
+    assert not [t for t in s["trials"] if t["failure_class"] == "oom"]
+    # every estimate says how far it is trusted, and TP 1 (outside the published layouts'
+    # TP 2..4) is extrapolated
+    done = [t for t in s["trials"] if t["state"] == "complete"]
+    assert all(t["metrics"]["trust"]["label"] for t in done)
+    for t in done:
+        if t["params"].get("tensor_model_parallel_size") == 1:
+            assert t["metrics"]["trust"]["label"] == "extrapolated", t
+    assert s["trust"]["counts"] and sum(s["trust"]["counts"].values()) == len(done)
 
     # the same command again: the same study (not "exists with a different space")
     again = subprocess.run([*DSE, "start", "--space", str(OMNI), "--workload", "sim",
