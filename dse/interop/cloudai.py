@@ -40,6 +40,7 @@ import yaml
 
 from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import SpaceError
+from dse.core.safeyaml import comment
 from dse.space.knobs import KNOBS, ModulesKnob, get_knob
 
 __all__ = [
@@ -232,15 +233,19 @@ class CloudAIImport:
     notes: list[str] = field(default_factory=list)
 
     def to_yaml(self, source: str) -> str:
-        """The space file, headed by comments that list every unmapped field."""
-        head = [f"# Imported by `dse cloudai import` from the CloudAI scenario {source}."]
-        for n in self.notes:
-            head.append(f"# note: {n}")
+        """The space file, headed by comments that list every unmapped field.
+
+        The header's text comes from the scenario (a refused variable's name, a file name):
+        each line is written by :func:`~dse.core.safeyaml.comment`, so no part of it can
+        end the comment and become YAML.
+        """
+        head = [f"Imported by `dse cloudai import` from the CloudAI scenario {source}."]
+        head += [f"note: {n}" for n in self.notes]
         if self.unmapped:
-            head.append("# Not mapped (no dse equivalent):")
-            for u in self.unmapped:
-                head.append(f"#   {u.key} = {u.value!r}: {u.why}")
-        return "\n".join(head) + "\n" + yaml.safe_dump(self.space, sort_keys=False)
+            head.append("Not mapped (no dse equivalent):")
+            head += [f"  {u.key} = {u.value!r}: {u.why}" for u in self.unmapped]
+        lines = [comment(h) for h in head]
+        return "\n".join(lines) + "\n" + yaml.safe_dump(self.space, sort_keys=False)
 
 
 @dataclass(frozen=True)
