@@ -317,6 +317,12 @@ def read_system(path: str | Path) -> CloudAISystem:
     if not isinstance(sbatch, list) or not all(isinstance(x, str) for x in sbatch):
         raise SpaceError(f"{where}: extra_sbatch_args must be a list of strings")
     srun = opt_str("extra_srun_args")
+    try:
+        srun_args = tuple(shlex.split(srun)) if srun else ()
+    except ValueError as e:  # shlex: "No closing quotation", "No escaped character"
+        raise SpaceError(
+            f"{where}: extra_srun_args is not a command line ({str(e).lower()}): {srun!r}"
+        ) from None
     env = data.get("global_env_vars") or {}
     if not isinstance(env, Mapping):
         raise SpaceError(f"{where}: global_env_vars must be a table")
@@ -327,7 +333,7 @@ def read_system(path: str | Path) -> CloudAISystem:
         partition=opt_str("default_partition"),
         account=opt_str("account"),
         sbatch_args=tuple(sbatch),
-        srun_args=tuple(shlex.split(srun)) if srun else (),
+        srun_args=srun_args,
         container_mount_home=bool(data.get("container_mount_home", False)),
         env=tuple((str(k), str(v)) for k, v in env.items()),
         gpu_type=opt_str("gpu_type"),

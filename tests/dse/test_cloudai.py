@@ -942,3 +942,23 @@ def test_hostile_env_var_names_stay_in_the_comment_header(
     assert parse_space_text(written, "s").study == got.space["study"]
     assert all(line.startswith("dse: ") for line in err.splitlines())  # stderr: one line each
 
+
+@pytest.mark.parametrize("srun", ["--mpi=pmix --export='A", '--comment "x', "--mpi=pmix \\"])
+def test_unbalanced_quote_in_extra_srun_args_names_the_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], srun: str
+) -> None:
+    sys_toml = tmp_path / "sys.toml"
+    sys_toml.write_text(
+        SYSTEM.read_text().replace(
+            'default_partition = "partition_1"',
+            f'default_partition = "partition_1"\nextra_srun_args = {_toml_key(srun)}',
+        )
+    )
+    src = CUR / "test_scenario" / "nemo_acceptance_llama3_8b.toml"
+    rc = main(["cloudai", "import", str(src), "--tests", str(CUR / "test"), "--system",
+               str(sys_toml)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert f"{sys_toml}: extra_srun_args is not a command line" in err
+    assert repr(srun) in err
