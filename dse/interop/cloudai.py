@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from dse.core.bounds import MAX_SPACE_BYTES, read_regular_file
 from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import SpaceError
 from dse.core.safeyaml import comment
@@ -276,13 +277,17 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+    try:  # a CloudAI file is a few KiB, as a space file is
+        raw = read_regular_file(path, MAX_SPACE_BYTES)
+        return tomllib.loads(raw.decode("utf-8"))
     except OSError as e:
         raise SpaceError(f"{path}: cannot read the CloudAI file ({e.strerror})") from e
+    except UnicodeDecodeError as e:
+        raise SpaceError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except tomllib.TOMLDecodeError as e:
         raise SpaceError(f"{path}: not valid TOML: {e}") from e
+    except ValueError as e:  # read_regular_file: a device, a FIFO, too large
+        raise SpaceError(f"{path}: {e}; a CloudAI file is a TOML file") from None
 
 
 def read_system(path: str | Path) -> CloudAISystem:

@@ -37,6 +37,7 @@ from dse.api.views import (
     study_public,
     study_summary,
 )
+from dse.core.bounds import MAX_SPACE_BYTES
 from dse.core.exceptions import SpaceError
 from dse.core.names import study_name_problem
 from dse.core.records import StudyRecord
@@ -77,12 +78,9 @@ def _json(body: bytes) -> Response:
     return Response(body, media_type="application/json")
 
 
-#: A space file is a few KiB; a body beyond this is refused (413) before it is read in full.
-MAX_SPACE_BYTES = 1024 * 1024
-
-
 async def _read_body(request: Request) -> bytes:
-    """The body, refused with 413 past :data:`MAX_SPACE_BYTES`.
+    """The body, refused with 413 past :data:`~dse.core.bounds.MAX_SPACE_BYTES` (a space
+    file's bound) before it is read in full.
 
     A client that disconnects before its body is complete gets a 400 (which it no longer
     reads) and one log line, not a traceback: nothing was created.
