@@ -37,6 +37,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_ABS_VALUE",
     "printable",
+    "one_line",
     "read_regular_file",
 ]
 
@@ -97,6 +98,15 @@ def printable(text: str) -> str:
     """``text`` with control characters (ESC, NUL, ...) escaped, newlines and tabs kept:
     a message that quotes its input cannot move the cursor or recolour a terminal."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def one_line(text: str) -> str:
+    """``text`` safe to print or write on one line: what is not printable (controls, C1
+    included; line and paragraph separators; invisible formatting characters) escaped as in
+    ``repr``."""
+    if text.isprintable():
+        return text
+    return repr(text)[1:-1]
 
 
 def read_regular_file(path: str | Path, limit: int) -> bytes:

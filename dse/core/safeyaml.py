@@ -31,8 +31,8 @@ from dse.core.bounds import (
     MAX_YAML_ALIASES,
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
+    one_line,
 )
-from dse.core.names import display_name
 
 __all__ = ["comment", "safe_load"]
 
@@ -164,9 +164,9 @@ def safe_load(text: str) -> Any:
 def comment(text: str) -> str:
     """``text`` as one YAML comment line (``# text``), whatever it holds.
 
-    What is not printable is written escaped (:func:`~dse.core.names.display_name`): that
+    What is not printable is written escaped (:func:`~dse.core.bounds.one_line`): that
     covers every character YAML ends a line at (``\\n``, ``\\r``, ``\\x85``, ``\\u2028``,
     ``\\u2029``; a line break in a comment would start a line of live YAML: a key, a ``---``
     or ``...`` document marker) and the control characters YAML refuses in a file.
     """
-    return "# " + display_name(text)
+    return "# " + one_line(text)
