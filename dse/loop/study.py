@@ -609,6 +609,9 @@ class StudyRunner:
             return 0, 0, bool(result.exhausted)
         n = failed = 0
         for prop in result.proposals:
+            if self._stop is not None:  # a stop (a signal) came while the agent proposed
+                self.session.not_run(prop.trial_id, f"not launched: stopping ({self._stop})")
+                continue
             t = self.storage.claim_trial(
                 study_id=study_id,
                 params=prop.params,
