@@ -442,3 +442,35 @@ def test_validate_warnings_name_the_constraint(
     err = capsys.readouterr().err
     assert "knobs.micro_batch_size: value 4 is in no valid configuration" in err
     assert "breaks space_constraint constraints[1] (" in err
+
+
+# --- the space check at the bounds ------------------------------------------------------------
+def test_validate_at_the_knob_bounds_checks_the_env_policy_once_per_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_KNOBS environment knobs of 16 values (16**256 combinations, past any float): the
+    space check samples MAX_SPACE_COMBINATIONS of them; the environment policy, which does
+    not depend on the sample, is asked once per variable (it was asked for every knob of
+    every sampled configuration, 2.56 million times), and the estimate is exact integer
+    arithmetic (it was an OverflowError traceback)."""
+    import dse.space.knobs as knobs_module
+
+    asked: list[str] = []
+    policy = knobs_module.env_var_problem
+
+    def counted(name: str) -> str | None:
+        asked.append(name)
+        return policy(name)
+
+    monkeypatch.setattr(knobs_module, "env_var_problem", counted)
+    getattr(knobs_module._env_knob, "cache_clear", lambda: None)()  # names asked before
+    d = _tiny()
+    d["knobs"] = {
+        f"env.NCCL_X{i}": {"type": "int", "low": 1, "high": 16} for i in range(bounds.MAX_KNOBS)
+    }
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert main(["validate", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert f"{16**bounds.MAX_KNOBS} knob combinations" in out and "(an estimate)" in out
+    assert len(asked) <= 2 * bounds.MAX_KNOBS, f"the policy was asked {len(asked)} times"
