@@ -323,7 +323,12 @@ class StudyRunner:
     def _run(self, study_id: int, trusted: bool) -> StudyResult:
         try:
             self.ctx = StudyContext(
-                self.space, self.storage, study_id, features=self.features, progress=self.progress
+                self.space,
+                self.storage,
+                study_id,
+                features=self.features,
+                progress=self.progress,
+                stopping=lambda: self._stop is not None,
             )
             self.reconciler = Reconciler(
                 self.ctx,
