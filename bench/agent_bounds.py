@@ -15,6 +15,12 @@ agent's first own proposal), and from launching ``dse start --space S --workload
 proposal, its simulated run), ``--repeats`` times each; one JSON line per case.
 
     python bench/agent_bounds.py --end-to-end [--case all] [--repeats 3]
+
+Validation (``--validate``): the CPU seconds (user + system) and wall seconds of ``dse
+validate`` on each end-to-end case's space file, one JSON line per case with its exit code
+(and the last line of its error output when it failed).
+
+    python bench/agent_bounds.py --validate [--case all]
 """
 
 from __future__ import annotations
@@ -259,6 +265,28 @@ def end_to_end(case: str, repeats: int, timeout: float) -> dict[str, Any]:
     return {"case": case, "file_bytes": size, "dry_run_2_s": dry, "sim_trial_1_s": real}
 
 
+def validate(case: str, timeout: float) -> dict[str, Any]:
+    """``dse validate`` of the case's space file: CPU and wall seconds, exit code."""
+    import resource
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_space(case, Path(tmp))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "dse.cli", "validate", str(path)],
+            capture_output=True, text=True, timeout=timeout, cwd=tmp,
+        )  # fmt: skip
+        wall = time.monotonic() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out: dict[str, Any] = {"case": case, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+                           "exit": proc.returncode}  # fmt: skip
+    if proc.returncode != 0:
+        out["error"] = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=sorted(E2E_CASES))
@@ -267,7 +295,15 @@ def main() -> int:
     ap.add_argument("--end-to-end", action="store_true", help="time dse start as a user runs it")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
+    ap.add_argument("--validate", action="store_true", help="time dse validate of each case")
     a = ap.parse_args()
+    if a.validate:
+        print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}: {os.cpu_count()} cores, load "
+              f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)  # fmt: skip
+        for case in [a.case] if a.case else list(E2E_CASES):
+            print(json.dumps({**validate(case, a.timeout), "what": E2E_CASES[case]}), flush=True)
+        print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return 0
     if not a.end_to_end:
         case = a.case or "one4096"
         if case not in ("one4096", "k256x16", "k256x4096"):

@@ -145,6 +145,19 @@ def test_exhausted_agent_and_rejection_cap() -> None:
     assert len(got) == 1 and not got.capped and len(got.rejections) == 1
 
 
+def test_a_stop_between_proposals_ends_the_call_at_once() -> None:
+    """Told to stop after its first rejection (a SIGTERM while the agent searches a mostly
+    invalid space), the call asks the agent no more and hands back what it has."""
+    sp = _space()
+    agent = Scripted(sp, [P(4, m) for m in (1, 2, 4, 8)] * 5)
+    stop: list[str] = []
+    prop = Proposer(sp, agent, features=[], on_reject=lambda r: stop.append("SIGTERM"),
+                    stopping=lambda: bool(stop))  # fmt: skip
+    got = prop.propose(1)
+    assert len(agent.asked) == 1 and len(got.rejections) == 1
+    assert len(got) == 0 and not got.capped and not got.exhausted
+
+
 def test_the_rejection_cap_is_tens_and_stalled_calls_end_the_search() -> None:
     from dse.loop.proposer import MAX_REJECTIONS
 

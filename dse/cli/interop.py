@@ -23,6 +23,7 @@ def _storage(args: argparse.Namespace) -> Any:
 
 
 def cmd_cloudai_import(args: argparse.Namespace) -> int:
+    from dse.core.names import display_name
     from dse.interop.cloudai import import_scenario
     from dse.space.searchspace import parse_space_text
 
@@ -43,10 +44,10 @@ def cmd_cloudai_import(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         Path(args.output).write_text(text)
-    for n in got.notes:
-        sys.stderr.write(f"dse: note: {n}\n")
+    for n in got.notes:  # names from the scenario: shown on one line, escaped
+        sys.stderr.write(f"dse: note: {display_name(n)}\n")
     for u in got.unmapped:
-        sys.stderr.write(f"dse: not mapped: {u.key} = {u.value!r}: {u.why}\n")
+        sys.stderr.write(f"dse: not mapped: {display_name(f'{u.key} = {u.value!r}: {u.why}')}\n")
     sys.stderr.write(
         f"dse: imported {args.scenario}: study {space.study!r}, {len(space.knobs)} knobs, "
         f"{space.size()} configurations, {len(got.unmapped)} field(s) not mapped\n"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from dse.core.bounds import one_line
+
 __all__ = ["study_name_problem", "check_study_name", "display_name"]
 
 
@@ -52,6 +54,4 @@ def check_study_name(name: str, where: str = "study") -> str:
 def display_name(name: str) -> str:
     """``name`` safe to print on one line: what is not printable (controls, C1 included;
     line separators; invisible formatting characters) escaped as in ``repr``."""
-    if name.isprintable():
-        return name
-    return repr(name)[1:-1]
+    return one_line(name)

@@ -108,7 +108,9 @@ FailureClass = Literal[
     "interrupted",
     "node_fail",  # a node of the trial failed (cluster runners)
     "preempted",  # the cluster's scheduler preempted the trial's job
-    "cancelled",  # the trial's job was cancelled from outside (e.g. scancel)
+    # the trial's job was cancelled, or its process killed, from outside dse (scancel; a
+    # signal to its torchrun, whose ranks the runner then ends)
+    "cancelled",
     # the cluster can never start the trial as asked: sbatch refused the job, Slurm holds it
     # for a reason that does not clear (PartitionNodeLimit, ...), or Ray finds its placement
     # group infeasible; infeasible for this cluster, whatever its load

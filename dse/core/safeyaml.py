@@ -11,6 +11,10 @@ On top of ``yaml.safe_load`` it refuses, at parse time and with the line of the 
 
 Errors are ``yaml.MarkedYAMLError`` subclasses, like PyYAML's own, so a caller that reports
 ``problem`` and ``problem_mark`` reports these too.
+
+For the other direction, :func:`comment` writes text of anyone's choosing (a name from an
+imported file) as one YAML comment line: everything else dse writes into a YAML file goes
+through ``yaml.safe_dump``, which quotes what it must.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from dse.core.bounds import (
     MAX_YAML_ALIASES,
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
+    one_line,
 )
 
-__all__ = ["safe_load"]
+__all__ = ["comment", "safe_load"]
 
 _MERGE = "tag:yaml.org,2002:merge"
 
@@ -154,3 +159,14 @@ def safe_load(text: str) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def comment(text: str) -> str:
+    """``text`` as one YAML comment line (``# text``), whatever it holds.
+
+    What is not printable is written escaped (:func:`~dse.core.bounds.one_line`): that
+    covers every character YAML ends a line at (``\\n``, ``\\r``, ``\\x85``, ``\\u2028``,
+    ``\\u2029``; a line break in a comment would start a line of live YAML: a key, a ``---``
+    or ``...`` document marker) and the control characters YAML refuses in a file.
+    """
+    return "# " + one_line(text)

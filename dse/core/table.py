@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dse.core.bounds import MAX_TABLE_BYTES, read_regular_file
 from dse.core.exceptions import WorkloadError
 
 __all__ = ["STATUSES", "MeasuredRow", "TableError", "read_table"]
@@ -61,9 +62,17 @@ def read_table(path: str | Path) -> list[MeasuredRow]:
     """Read every row of a table; raises :class:`TableError` naming the file and the line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = read_regular_file(p, MAX_TABLE_BYTES)
     except OSError as e:
         raise TableError(f"replay table {p}: cannot read it ({e.strerror or e})") from e
+    except ValueError as e:
+        raise TableError(f"replay table {p}: {e}; a table is a JSON-lines file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TableError(
+            f"replay table {p}: not UTF-8 text (byte {e.start}: {e.reason})"
+        ) from None
     rows: list[MeasuredRow] = []
     for i, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

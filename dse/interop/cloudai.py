@@ -38,8 +38,10 @@ from typing import Any
 
 import yaml
 
+from dse.core.bounds import MAX_SPACE_BYTES, read_regular_file
 from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import SpaceError
+from dse.core.safeyaml import comment
 from dse.space.knobs import KNOBS, ModulesKnob, get_knob
 
 __all__ = [
@@ -232,15 +234,19 @@ class CloudAIImport:
     notes: list[str] = field(default_factory=list)
 
     def to_yaml(self, source: str) -> str:
-        """The space file, headed by comments that list every unmapped field."""
-        head = [f"# Imported by `dse cloudai import` from the CloudAI scenario {source}."]
-        for n in self.notes:
-            head.append(f"# note: {n}")
+        """The space file, headed by comments that list every unmapped field.
+
+        The header's text comes from the scenario (a refused variable's name, a file name):
+        each line is written by :func:`~dse.core.safeyaml.comment`, so no part of it can
+        end the comment and become YAML.
+        """
+        head = [f"Imported by `dse cloudai import` from the CloudAI scenario {source}."]
+        head += [f"note: {n}" for n in self.notes]
         if self.unmapped:
-            head.append("# Not mapped (no dse equivalent):")
-            for u in self.unmapped:
-                head.append(f"#   {u.key} = {u.value!r}: {u.why}")
-        return "\n".join(head) + "\n" + yaml.safe_dump(self.space, sort_keys=False)
+            head.append("Not mapped (no dse equivalent):")
+            head += [f"  {u.key} = {u.value!r}: {u.why}" for u in self.unmapped]
+        lines = [comment(h) for h in head]
+        return "\n".join(lines) + "\n" + yaml.safe_dump(self.space, sort_keys=False)
 
 
 @dataclass(frozen=True)
@@ -271,13 +277,17 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+    try:  # a CloudAI file is a few KiB, as a space file is
+        raw = read_regular_file(path, MAX_SPACE_BYTES)
+        return tomllib.loads(raw.decode("utf-8"))
     except OSError as e:
         raise SpaceError(f"{path}: cannot read the CloudAI file ({e.strerror})") from e
+    except UnicodeDecodeError as e:
+        raise SpaceError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except tomllib.TOMLDecodeError as e:
         raise SpaceError(f"{path}: not valid TOML: {e}") from e
+    except ValueError as e:  # read_regular_file: a device, a FIFO, too large
+        raise SpaceError(f"{path}: {e}; a CloudAI file is a TOML file") from None
 
 
 def read_system(path: str | Path) -> CloudAISystem:
@@ -312,6 +322,12 @@ def read_system(path: str | Path) -> CloudAISystem:
     if not isinstance(sbatch, list) or not all(isinstance(x, str) for x in sbatch):
         raise SpaceError(f"{where}: extra_sbatch_args must be a list of strings")
     srun = opt_str("extra_srun_args")
+    try:
+        srun_args = tuple(shlex.split(srun)) if srun else ()
+    except ValueError as e:  # shlex: "No closing quotation", "No escaped character"
+        raise SpaceError(
+            f"{where}: extra_srun_args is not a command line ({str(e).lower()}): {srun!r}"
+        ) from None
     env = data.get("global_env_vars") or {}
     if not isinstance(env, Mapping):
         raise SpaceError(f"{where}: global_env_vars must be a table")
@@ -322,7 +338,7 @@ def read_system(path: str | Path) -> CloudAISystem:
         partition=opt_str("default_partition"),
         account=opt_str("account"),
         sbatch_args=tuple(sbatch),
-        srun_args=tuple(shlex.split(srun)) if srun else (),
+        srun_args=srun_args,
         container_mount_home=bool(data.get("container_mount_home", False)),
         env=tuple((str(k), str(v)) for k, v in env.items()),
         gpu_type=opt_str("gpu_type"),

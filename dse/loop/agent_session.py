@@ -60,6 +60,7 @@ class AgentSession:
             prescreen=cost_model_prescreen(ctx.space, cost_model),
             on_reject=self._store_rejection,  # stored and shown as they happen
             on_progress=ctx.progress,
+            stopping=ctx.stopping,
         )
         #: storage trial id -> the agent's id of the proposal it runs
         self._agent_ids: dict[int, str] = {}

@@ -23,6 +23,11 @@ def _quiet(_message: str) -> None:
     """A progress sink that prints nothing."""
 
 
+def _never() -> bool:
+    """A study that is never told to stop."""
+    return False
+
+
 @dataclass(frozen=True)
 class StudyContext:
     """One study, as its controller's parts see it.
@@ -34,6 +39,8 @@ class StudyContext:
         features: the trial process's features (None: not probed; see
             :func:`dse.workloads.probe_features`).
         progress: one line per event a user should see.
+        stopping: whether the controller was told to stop (a signal, a stop request): parts
+            that work for long (the agent's proposals) ask it between steps.
     """
 
     space: SearchSpace
@@ -41,3 +48,4 @@ class StudyContext:
     study_id: int
     features: set[str] | None = None
     progress: Callable[[str], None] = _quiet
+    stopping: Callable[[], bool] = _never

@@ -275,6 +275,8 @@ class Proposer:
             while one call keeps rejecting, every :data:`ASK_HEARTBEAT_S` seconds while one
             call runs without another line (from a helper thread), and with the message of a
             capped call.
+        stopping: asked before each ``ask`` of the agent; True (the study was told to stop: a
+            signal, a stop request) ends the call at once with what it has.
 
     Proposals are screened in their canonical form (``space.canonical``: inactive
     and inert knobs at their baseline, derived settings applied), so a configuration that
@@ -293,9 +295,11 @@ class Proposer:
         max_stalled_calls: int = MAX_STALLED_CALLS,
         on_reject: Callable[[Rejection], None] | None = None,
         on_progress: Callable[[str], None] | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.space = space
         self.agent = agent
+        self.stopping = stopping
         self.features = None if features is None else set(features)
         self.prescreen = prescreen
         self.max_rejections = max_rejections
@@ -340,6 +344,8 @@ class Proposer:
 
         with self._heartbeat(still):
             while len(launch) < n:
+                if self.stopping is not None and self.stopping():
+                    break  # a stop between proposals: no more asking
                 if len(rejected) + len(dups) >= self.max_rejections:
                     capped = True
                     break

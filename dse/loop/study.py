@@ -323,7 +323,12 @@ class StudyRunner:
     def _run(self, study_id: int, trusted: bool) -> StudyResult:
         try:
             self.ctx = StudyContext(
-                self.space, self.storage, study_id, features=self.features, progress=self.progress
+                self.space,
+                self.storage,
+                study_id,
+                features=self.features,
+                progress=self.progress,
+                stopping=lambda: self._stop is not None,
             )
             self.reconciler = Reconciler(
                 self.ctx,
@@ -611,6 +616,9 @@ class StudyRunner:
             return 0, 0, bool(result.exhausted)
         n = failed = 0
         for prop in result.proposals:
+            if self._stop is not None:  # a stop (a signal) came while the agent proposed
+                self.session.not_run(prop.trial_id, f"not launched: stopping ({self._stop})")
+                continue
             t = self.storage.claim_trial(
                 study_id=study_id,
                 params=prop.params,

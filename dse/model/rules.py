@@ -12,6 +12,7 @@ first violation as an ``invalid`` failure with the same ``str(violation)``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 from dse.core.bounds import MAX_SPACE_COMBINATIONS
 from dse.core.exceptions import ConstraintEvalError, SpaceError
 from dse.space.derive import INERT as _INERT_KNOBS
-from dse.space.knobs import KNOBS, get_knob, modules_list
+from dse.space.knobs import KNOBS, get_knob, modules_list, requires_nothing
 from dse.space.layout import Layout
 from dse.space.searchspace import ModelSpec, Resources, SearchSpace, Semantics, constraint_where
 
@@ -490,6 +491,14 @@ def r_fp16_needs_cuda(s: RuleContext, p: dict, L: Layout, f: set[str] | None) ->
     return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _requires(name: str) -> Callable[[Any], tuple[str, ...]] | None:
+    """Knob ``name``'s ``requires``, or None when no value of it needs optional software
+    (looked up once per name, not once per configuration checked)."""
+    requires = get_knob(name).requires
+    return None if requires is requires_nothing else requires
+
+
 @_rule
 def r_features(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """A knob value that needs software absent where trials run (TE, apex, DeepEP ...)."""
@@ -497,13 +506,16 @@ def r_features(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violat
         return None
     fp = s.full_params(p)
     for name, value in fp.items():
+        requires = _requires(name)
+        if requires is None:
+            continue
         if name == "moe_flex_dispatcher_backend" and _get(fp, "moe_token_dispatcher_type") != (
             "flex"
         ):
             continue  # only read by the flex dispatcher
         if name == "cross_entropy_fusion_impl" and not _get(fp, "cross_entropy_loss_fusion"):
             continue  # only read when the loss fusion is on
-        for feat in get_knob(name).requires(value):
+        for feat in requires(value):
             if feat not in f:
                 return _v(
                     "missing_feature",
@@ -1037,19 +1049,27 @@ class SpaceCheck:
     unusable: tuple[UnusableValue, ...] = ()
 
 
-def _combinations(space: SearchSpace, rng: Any) -> Iterable[dict[str, Any]]:
+def _combinations(
+    space: SearchSpace, rng: Any
+) -> Iterable[tuple[dict[str, Any], tuple[int, ...]]]:
     """Every raw knob combination of a space within the cap, else a seeded random sample of
-    :data:`CHECK_SPACE_CAP` of them (uniform, with replacement)."""
+    :data:`CHECK_SPACE_CAP` of them (uniform, with replacement); each with the index of each
+    knob's value in its domain (in the order of ``space.knobs``)."""
     import itertools
 
     names = list(space.knobs)
     values = [space.knobs[n].values() for n in names]
     if space.size() <= CHECK_SPACE_CAP:
-        for combo in itertools.product(*values):
-            yield dict(zip(names, combo, strict=True))
+        for idx in itertools.product(*(range(len(vs)) for vs in values)):
+            yield {n: vs[i] for n, vs, i in zip(names, values, idx, strict=True)}, idx
         return
+    sizes = [len(vs) for vs in values]
+    # random.Random.randrange(n) is _randbelow(n) after checking its arguments: the same
+    # draws for a third of the time (a space at the bounds draws 256 values per combination)
+    below = getattr(rng, "_randbelow", rng.randrange)
     for _ in range(CHECK_SPACE_CAP):
-        yield {n: vs[rng.randrange(len(vs))] for n, vs in zip(names, values, strict=True)}
+        idx = tuple(below(n) for n in sizes)
+        yield {n: vs[i] for n, vs, i in zip(names, values, idx, strict=True)}, idx
 
 
 def _class_size(space: SearchSpace, cfg: dict[str, Any], key: str) -> int:
@@ -1097,6 +1117,7 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
     needs only the refusal)."""
     import random
     from collections import Counter
+    from fractions import Fraction
 
     from dse.space.searchspace import params_key
 
@@ -1128,7 +1149,12 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
     base = space.apply_conditions(space.baseline())
     verdicts[params_key(base)] = ""
     kept_valid.update(vkey(name, value) for name, value in base.items())
-    for raw in _combinations(space, random.Random(0)):
+    # each knob value's key, made once per value (not once per combination drawn)
+    names = list(space.knobs)
+    vkeys: list[list[tuple[str, str, Any] | None]] = [
+        [None] * len(space.knobs[n].values()) for n in names
+    ]
+    for raw, idx in _combinations(space, random.Random(0)):
         n_raw += 1
         cfg = space.apply_conditions(raw)
         key = params_key(cfg)
@@ -1147,12 +1173,15 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
             if key in inv_class:  # every sampled combination counts (a class drawn twice too)
                 inv_sum += inv_class[key]
                 inv_n += 1
-        for name, value in raw.items():
-            vk = vkey(name, value)
+        for k, (name, i) in enumerate(zip(names, idx, strict=True)):
+            vk = vkeys[k][i]
+            if vk is None:
+                vk = vkeys[k][i] = vkey(name, raw[name])
+            if vk in kept_valid:  # in a valid configuration already: never reported
+                continue
+            value = raw[name]
             shown.setdefault(vk, (name, value))
             seen[vk] += 1
-            if vk in kept_valid:
-                continue
             kept = type(cfg[name]) is type(value) and cfg[name] == value
             if not kept:
                 collapsed[vk] += 1
@@ -1166,7 +1195,9 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
         estimate = n_valid
     else:
         mean_inv = inv_sum / inv_n if inv_n else 0.0
-        estimate = max(n_valid, round(total * n_raw_valid / n_raw * mean_inv))
+        # exact: a space at the bounds has up to 4096**256 combinations, past any float
+        share = Fraction(n_raw_valid, n_raw) * Fraction(mean_inv)
+        estimate = max(n_valid, round(total * share))
     floor = 1 if complete else UNUSABLE_MIN_SEEN
     unusable = tuple(
         UnusableValue(

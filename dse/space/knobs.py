@@ -13,10 +13,12 @@ optimizer_config.py, distributed_data_parallel_config.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dse.core.bounds import MAX_KNOBS
 from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import UnknownKnobError
 
@@ -40,6 +42,7 @@ __all__ = [
     "ENV_VARS",
     "ENV_VAR_PREFIXES",
     "check_env_var",
+    "requires_nothing",
     "trial_env",
     "env_value",
 ]
@@ -89,6 +92,12 @@ class Preference:
 CLOUDAI_TEMPLATES = ("NeMoRun", "MegatronBridge")
 
 
+def requires_nothing(value: Any) -> tuple[str, ...]:
+    """``Knob.requires`` of a knob no value of which needs optional software (the default:
+    a rule that checks features may skip such a knob without asking it)."""
+    return ()
+
+
 @dataclass(frozen=True)
 class Knob:
     """A catalog entry: every fact dse holds about one knob.
@@ -116,7 +125,7 @@ class Knob:
     description: str
     fields: Callable[[Any], list[FieldAssignment]]
     choices: tuple[Any, ...] = ()
-    requires: Callable[[Any], tuple[str, ...]] = field(default=lambda v: ())
+    requires: Callable[[Any], tuple[str, ...]] = requires_nothing
     min_value: int = 1
     moe_only: bool = False
     prefer: Preference | None = None
@@ -797,7 +806,12 @@ def check_env_var(var: str) -> str | None:
     return env_var_problem(var)
 
 
+@functools.lru_cache(maxsize=4 * MAX_KNOBS)
 def _env_knob(name: str) -> Knob:
+    """The knob ``env.VAR``, made and checked against the environment policy once per name
+    (the space check asks for every knob of each of up to MAX_SPACE_COMBINATIONS sampled
+    configurations: the policy does not depend on the sample). A refused name raises each
+    time it is asked for (an exception is not cached)."""
     var = name[len(ENV_PREFIX) :]
     why = check_env_var(var)
     if why:

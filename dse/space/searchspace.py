@@ -526,10 +526,17 @@ class Budget(_Strict):
     n_trials: int = Field(
         12, ge=1, le=10_000_000, description="Trials to run (baseline included)."
     )
-    wall_clock_s: float | None = Field(None, gt=0, description="Stop launching after this.")
-    trial_timeout_s: float = Field(900, gt=0, description="Kill a trial after this long.")
+    wall_clock_s: float | None = Field(
+        None, gt=0, le=B.MAX_DURATION_S, description="Stop launching after this."
+    )
+    trial_timeout_s: float = Field(
+        900, gt=0, le=B.MAX_DURATION_S, description="Kill a trial after this long."
+    )
     hang_timeout_s: float = Field(
-        300, gt=0, description="Kill a trial that writes no step for this long."
+        300,
+        gt=0,
+        le=B.MAX_DURATION_S,
+        description="Kill a trial that writes no step for this long.",
     )
     repeats: bool = Field(False, description="Run a configuration again when proposed again.")
     remeasure: int = Field(
@@ -732,6 +739,17 @@ SLURM_REFUSED_OPTIONS: dict[str, str] = {
     "output": "dse sets the trial's log file",
     "error": "dse sets the trial's log file",
     "input": "it feeds a file to the job",
+    "array": "it submits many jobs for one trial, which dse follows as one job",
+    "hold": "the job would wait, held, until someone releases it by hand",
+    "uid": "it submits the job as another user",
+    "gid": "it submits the job as another group",
+    "container": "it runs the job in an OCI bundle of its choosing (dse's container is "
+    "container_image)",
+    "container-id": "it runs the job in an OCI container of its choosing (dse's container is "
+    "container_image)",
+    "bb": "a burst-buffer specification stages files and can run the buffer plugin's scripts",
+    "bbf": "it reads a burst-buffer specification file, which stages files and can run the "
+    "buffer plugin's scripts",
 }
 
 
@@ -826,7 +844,7 @@ class RayOptions(_Strict):
     queue_timeout_s: float | None = Field(
         None,
         gt=0,
-        le=30 * 86400,
+        le=B.MAX_DURATION_S,
         description="Seconds a trial's placement group may wait for room before the trial "
         "is ended as a failure with Ray's scheduling state (default: no limit; a group Ray "
         "finds infeasible fails at once).",
@@ -881,7 +899,7 @@ class SlurmOptions(_Strict):
     queue_timeout_s: float | None = Field(
         None,
         gt=0,
-        le=30 * 86400,
+        le=B.MAX_DURATION_S,
         description="Seconds a trial's job may stay pending before it is cancelled and "
         "recorded with Slurm's pending reason (default: no limit; a job Slurm holds for a "
         "reason that never clears, e.g. PartitionNodeLimit, is cancelled at once).",
@@ -1572,12 +1590,13 @@ def load_space(path: str | Path) -> SearchSpace:
     p = Path(path)
     where = B.printable(str(p))
     try:
-        with p.open("rb") as f:
-            raw = f.read(B.MAX_SPACE_BYTES + 1)
+        raw = B.read_regular_file(p, B.MAX_SPACE_BYTES)
     except OSError as e:
         raise SpaceError(f"{where}: cannot read the space file ({e.strerror})") from e
-    if len(raw) > B.MAX_SPACE_BYTES:
-        raise SpaceError(f"{where}: a space file has at most {B.MAX_SPACE_BYTES} bytes")
+    except ValueError as e:
+        raise SpaceError(
+            f"{where}: {e}; a space file is a YAML file of at most {B.MAX_SPACE_BYTES} bytes"
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

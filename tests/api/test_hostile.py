@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import sys
 import threading
@@ -202,6 +203,39 @@ def _read_response(stream: Any) -> tuple[int, dict[str, str], bytes]:
         headers[k.strip().lower()] = v.strip()
     body = stream.read(int(headers.get("content-length", "0")))
     return status, headers, body
+
+
+# --- a client that leaves mid-body: one log line, no traceback, nothing created -----------
+
+
+def test_client_disconnecting_mid_body_is_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = _sqlite(tmp_path)
+    body = space_yaml("left").encode()
+    with caplog.at_level(logging.INFO, logger="dse.api"), serve(url, api_token=TOKEN) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            head = (
+                f"POST {V1}/studies HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/yaml\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body[: len(body) // 2])
+        # the server sees the disconnect when it reads on: wait for what it logs of it
+        deadline = time.monotonic() + 120
+        while not any(r.name == "dse.api" for r in caplog.records):
+            assert time.monotonic() < deadline, "nothing logged of the disconnect"
+            time.sleep(0.05)
+        with httpx.Client(base_url=base, timeout=60) as c:  # the server answers on
+            assert c.get(f"{V1}/health").status_code == 200
+            assert c.get(f"{V1}/studies").json()["count"] == 0  # nothing created
+    ours = [r for r in caplog.records if r.name == "dse.api"]
+    assert [r.levelno for r in ours] == [logging.INFO], [r.getMessage() for r in ours]
+    assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records]
+    # (how much of the half sent the server read before it saw the disconnect varies)
+    said = rf"the client disconnected after \d+ of {len(body)} bytes"
+    assert re.search(said, ours[0].getMessage())
 
 
 # --- what a started controller gets -------------------------------------------------------

@@ -886,3 +886,79 @@ def test_a_recipe_not_in_the_table_still_needs_gb_and_seq_length(tmp_path: Path)
         import_scenario(path)
     got = import_scenario(path, global_batch_size=256, seq_length=4096)
     assert not [n for n in got.notes if "recipe's defaults" in n]
+
+
+def _toml_key(name: str) -> str:
+    """``name`` as a TOML quoted key (every character outside printable ASCII escaped)."""
+    inner = "".join(c if " " <= c <= "~" and c not in '"\\' else f"\\U{ord(c):08X}" for c in name)
+    return f'"{inner}"'
+
+
+#: Refused variable names that carry line breaks (each of YAML's), YAML syntax and document
+#: markers: written raw into the header's comments, each would become live YAML.
+HOSTILE_ENV_NAMES = (
+    "X\nstorage: sqlite:///injected.db",
+    "Y\n---\nstudy: injected",
+    "Z\n...\n--- {study: injected}",
+    "W\r\nrunner: {name: slurm}",
+    "V\rbudget: {max_trials: 1}",
+    "U\x85agent: {name: random}",
+    "T\u2028objective: {metric: step_time}",
+    "S\u2029table: /dev/zero",
+    "R: {x: 1}  # [a, b] &anchor *alias !!python/object",
+    "Q\n#\nknobs: {}\n  - x",
+    "P\x00\x1b[2J",
+)
+
+
+def test_hostile_env_var_names_stay_in_the_comment_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "nemotron.yaml"
+    model.write_text(yaml.safe_dump(NEMOTRON_15B))
+    src = (TESTS / "nemo_run_nemotron_15b_bf16_2_node.toml").read_text()
+    added = "".join(f'{_toml_key(n)} = "1\\nstorage: x"\n' for n in HOSTILE_ENV_NAMES)
+    scenario = tmp_path / "hostile.toml"
+    scenario.write_text(src.replace("[extra_env_vars]\n", "[extra_env_vars]\n" + added))
+    got = import_scenario(scenario, model_from=model)
+    assert {u.key for u in got.unmapped} == {f"extra_env_vars.{n}" for n in HOSTILE_ENV_NAMES}
+
+    text = got.to_yaml("hostile\n---\nstorage: x.toml")  # the source's name is escaped too
+    docs = list(yaml.safe_load_all(text))
+    assert docs == [got.space]  # one document: exactly the keys dse meant to write
+    header = text[: text.index(yaml.safe_dump(got.space, sort_keys=False))]
+    lines = header.splitlines()  # str.splitlines breaks at every YAML line break and more
+    assert len(lines) == 2 + len(got.notes) + len(got.unmapped)
+    assert all(line.startswith("# ") for line in lines)
+    for n in HOSTILE_ENV_NAMES:  # each refused name is listed, escaped
+        assert sum(repr(n)[1:-1] in line for line in lines) >= 1
+
+    out = tmp_path / "space.yaml"  # the command writes the same file, which validates
+    rc = main(["cloudai", "import", str(scenario), "--model-from", str(model), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    written = out.read_text()
+    assert yaml.safe_load(written) == got.space
+    assert parse_space_text(written, "s").study == got.space["study"]
+    assert all(line.startswith("dse: ") for line in err.splitlines())  # stderr: one line each
+
+
+@pytest.mark.parametrize("srun", ["--mpi=pmix --export='A", '--comment "x', "--mpi=pmix \\"])
+def test_unbalanced_quote_in_extra_srun_args_names_the_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], srun: str
+) -> None:
+    sys_toml = tmp_path / "sys.toml"
+    sys_toml.write_text(
+        SYSTEM.read_text().replace(
+            'default_partition = "partition_1"',
+            f'default_partition = "partition_1"\nextra_srun_args = {_toml_key(srun)}',
+        )
+    )
+    src = CUR / "test_scenario" / "nemo_acceptance_llama3_8b.toml"
+    rc = main(["cloudai", "import", str(src), "--tests", str(CUR / "test"), "--system",
+               str(sys_toml)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert f"{sys_toml}: extra_srun_args is not a command line" in err
+    assert repr(srun) in err

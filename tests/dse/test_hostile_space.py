@@ -169,6 +169,13 @@ def test_runner_options_keep_the_digest_and_survive_a_runner_override() -> None:
             float("inf"),
             "budget.trial_timeout_s: Input should be a ",
         ),
+        (
+            ("budget", "trial_timeout_s"),
+            1e300,  # a 300-digit Slurm --time
+            "budget.trial_timeout_s: Input should be less than or equal to 2592000",
+        ),
+        (("budget", "hang_timeout_s"), 1e300, "budget.hang_timeout_s: Input should be less than"),
+        (("budget", "wall_clock_s"), 1e300, "budget.wall_clock_s: Input should be less than"),
         (("runner", "gpus"), list(range(2000)), "runner.gpus: List should have at most 1024"),
         (
             ("knobs", "micro_batch_size"),
@@ -191,6 +198,50 @@ def test_field_bounds(path: tuple[str, ...], value: Any, message: str) -> None:
     with pytest.raises(SpaceError) as e:
         parse_space(d, "x")
     assert message in str(e.value)
+
+
+def test_durations_at_the_bound_accepted() -> None:
+    d = _tiny()
+    d["budget"].update(
+        trial_timeout_s=bounds.MAX_DURATION_S,
+        hang_timeout_s=bounds.MAX_DURATION_S,
+        wall_clock_s=bounds.MAX_DURATION_S,
+    )
+    assert parse_space(d, "x").budget.trial_timeout_s == 30 * 86400
+
+
+@pytest.mark.parametrize(
+    ("arg", "refused"),
+    [
+        ("--array=0-9999", "array"),
+        ("--arr=1-3", "array"),  # sbatch takes an unambiguous prefix
+        ("--hold", "hold"),
+        ("--uid=0", "uid"),
+        ("--gid=0", "gid"),
+        ("--container=/tmp/bundle", "container"),
+        ("--container-id=x", "container-id"),
+        ("--bbf=/tmp/bb.conf", "bbf"),
+        ("--bb=capacity=1G", "bb"),
+    ],
+)
+@pytest.mark.parametrize("field", ["sbatch_args", "srun_args"])
+def test_slurm_options_that_change_who_or_what_runs_are_refused(
+    field: str, arg: str, refused: str
+) -> None:
+    d = _tiny()
+    d["runner"] = {"name": "slurm", "options": {field: ["--reservation=r1", arg]}}
+    with pytest.raises(SpaceError) as e:
+        parse_space(d, "x")
+    assert f"x: runner.options.{field}[1]: {arg!r}: the option --{refused} is refused (" in str(
+        e.value
+    )
+
+
+def test_slurm_options_near_the_refused_ones_are_kept() -> None:
+    d = _tiny()
+    kept = ["--hint=nomultithread", "--gres=gpu:8", "--container-image=nvcr.io/x", "--begin=now"]
+    d["runner"] = {"name": "slurm", "options": {"sbatch_args": kept, "srun_args": kept}}
+    assert parse_space(d, "x").runner.options.sbatch_args == kept  # type: ignore[union-attr]
 
 
 def test_agent_seed_limits_accepted() -> None:
@@ -391,3 +442,35 @@ def test_validate_warnings_name_the_constraint(
     err = capsys.readouterr().err
     assert "knobs.micro_batch_size: value 4 is in no valid configuration" in err
     assert "breaks space_constraint constraints[1] (" in err
+
+
+# --- the space check at the bounds ------------------------------------------------------------
+def test_validate_at_the_knob_bounds_checks_the_env_policy_once_per_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_KNOBS environment knobs of 16 values (16**256 combinations, past any float): the
+    space check samples MAX_SPACE_COMBINATIONS of them; the environment policy, which does
+    not depend on the sample, is asked once per variable (it was asked for every knob of
+    every sampled configuration, 2.56 million times), and the estimate is exact integer
+    arithmetic (it was an OverflowError traceback)."""
+    import dse.space.knobs as knobs_module
+
+    asked: list[str] = []
+    policy = knobs_module.env_var_problem
+
+    def counted(name: str) -> str | None:
+        asked.append(name)
+        return policy(name)
+
+    monkeypatch.setattr(knobs_module, "env_var_problem", counted)
+    getattr(knobs_module._env_knob, "cache_clear", lambda: None)()  # names asked before
+    d = _tiny()
+    d["knobs"] = {
+        f"env.NCCL_X{i}": {"type": "int", "low": 1, "high": 16} for i in range(bounds.MAX_KNOBS)
+    }
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert main(["validate", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert f"{16**bounds.MAX_KNOBS} knob combinations" in out and "(an estimate)" in out
+    assert len(asked) <= 2 * bounds.MAX_KNOBS, f"the policy was asked {len(asked)} times"

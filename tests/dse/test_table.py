@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from dse.core.bounds import MAX_TABLE_BYTES
 from dse.core.exceptions import WorkloadError
 from dse.core.table import TableError, read_table
 from dse.space.searchspace import ModelSpec
@@ -85,3 +87,31 @@ def test_space_model_fields_keep_dropout() -> None:
     """A table measured with dropout on is estimated with its dropout masks."""
     got = space_model_fields({"num_layers": 2, "hidden_dropout": 0.1, "attention_dropout": 0.1})
     assert got["hidden_dropout"] == 0.1 and got["attention_dropout"] == 0.1
+
+
+def _special(kind: str, tmp_path: Path) -> tuple[Path, str]:
+    """A path that is no regular file, and the kind the refusal names."""
+    if kind == "fifo":  # its reader would wait for a writer forever
+        os.mkfifo(tmp_path / "t.jsonl")
+        return tmp_path / "t.jsonl", "FIFO"
+    if kind == "folder":
+        return tmp_path, "folder"
+    return Path(kind), "character device"  # /dev/zero is endless, /dev/null empty
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "/dev/null", "fifo", "folder"])
+def test_a_table_that_is_no_regular_file_is_refused_unread(tmp_path: Path, kind: str) -> None:
+    path, named = _special(kind, tmp_path)
+    with pytest.raises(TableError) as info:
+        read_table(path)
+    assert str(info.value) == (
+        f"replay table {path}: not a regular file (a {named}); a table is a JSON-lines file"
+    )
+
+
+def test_a_table_past_the_size_bound_is_refused_unread(tmp_path: Path) -> None:
+    big = tmp_path / "big.jsonl"
+    with big.open("wb") as f:  # sparse: no disk used
+        f.truncate(MAX_TABLE_BYTES + 1)
+    with pytest.raises(TableError, match=rf"big.jsonl: {MAX_TABLE_BYTES + 1} bytes, more than"):
+        read_table(big)

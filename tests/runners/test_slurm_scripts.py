@@ -4,12 +4,14 @@ DSE_UPDATE_GOLDEN=1 after a deliberate change, and read the diff."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from dse.core.bounds import MAX_DURATION_S
 from dse.workloads import trial_command
 from dse.workloads.runners import Launch
 from dse.workloads.runners._cluster import rendezvous_argv, trial_shape
@@ -132,3 +134,13 @@ def test_world_not_filling_whole_nodes_is_refused() -> None:
 )
 def test_job_states_map_to_failure_classes(state: str, cls: str | None) -> None:
     assert failure_class_of_state(state) == cls
+
+
+def test_the_longest_trial_timeout_is_a_time_limit_slurm_reads() -> None:
+    """A trial's --time is its timeout + 2 minutes in hours:minutes:seconds; the space
+    bounds the timeout (dse.core.bounds.MAX_DURATION_S), so the longest is 720 hours."""
+    launch, opts, gpn = CASES["single_node_cpu"]
+    longest = dataclasses.replace(launch, timeout_s=MAX_DURATION_S)
+    shape = trial_shape(launch.world_size, launch.device, gpn)
+    script = render_batch_script(longest, opts, shape, job_name="dse-x-7", workdir=WORKDIR)
+    assert '#SBATCH --time="720:02:00"' in script.splitlines()

@@ -118,3 +118,58 @@ def test_a_leftover_of_another_owner_is_not_touched(tmp_path: Path) -> None:
         assert all(_alive(p) for p in pids)
     finally:
         runner.stop()
+
+
+#: A rank as the built-in trainer behaves: rank 0 writes a step, then, stopped by SIGTERM,
+#: an ``interrupted`` line (dse.workloads.megatron.trainer.run_spec).
+TRAINER_LIKE = """
+import os, signal, sys, time
+from pathlib import Path
+from dse.core.records import MetricsWriter, StepMetrics
+d = Path(sys.argv[1])
+rank = int(os.environ["RANK"])
+w = MetricsWriter(d / "metrics.jsonl")
+def stop(signum, frame):
+    if rank == 0:
+        w.failure("interrupted", "stopped by SIGTERM before the trial ended (a runner's stop, "
+                  "a scheduler's preemption or time limit, or Ctrl-C)")
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stop)
+if rank == 0:
+    w.step(StepMetrics(0, 1.0, 1.0, 1.0, 1.0, 5.0))
+(d / f"worker.{rank}").write_text(f"{os.getpid()} {os.getsid(0)}")
+time.sleep(600)
+"""
+
+
+def test_a_killed_torchrun_is_recorded_as_killed(tmp_path: Path) -> None:
+    """SIGKILL of torchrun (not dse's doing): the runner ends its ranks with SIGTERM, and
+    rank 0 writes that it was stopped by SIGTERM; the record says what happened."""
+    launch = _launch(tmp_path)
+    (tmp_path / "worker.py").write_text(TRAINER_LIKE)
+    runner = LocalRunner(device="cpu", world_size=2)
+    runner.submit(launch)
+    pids: list[int] = []
+    try:
+        pids = [pid for pid, _ in _workers(launch)]
+        os.kill(runner._procs[1].popen.pid, signal.SIGKILL)
+        done = []
+        deadline = time.monotonic() + 120
+        while not done:
+            assert time.monotonic() < deadline, "the trial did not end"
+            done = runner.poll()
+            time.sleep(0.1)
+        out = done[0].outcome
+        assert out.failure_class in ("cancelled", "error"), out.reason
+        assert (out.reason or "").startswith(
+            "the trial's process (torchrun) was killed by SIGKILL"
+        ), out.reason
+        assert "a runner's stop" not in (out.reason or "")
+        if out.failure_class == "cancelled":  # rank 0 wrote its line in time: its step kept
+            assert len(out.steps) == 1 and "not by dse" in (out.reason or "")
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        if runner.running():
+            runner.stop()

@@ -193,6 +193,42 @@ def test_stop_request_is_a_loop_condition(tmp_path: Path) -> None:
     st.close()
 
 
+def test_a_sigterm_during_a_proposal_launches_no_trial(tmp_path: Path) -> None:
+    """SIGTERM (handled as `dse start` does: a stop request) while the agent proposes the
+    second trial: the loop stops without launching it."""
+    from dse.workloads.replay import ReplayTable
+
+    table = ReplayTable.load(REPLAY_TABLE)
+    st = _storage(tmp_path)
+    loop = _loop(_sim_space(tmp_path), st, InProcessRunner(lambda s: table.outcome(s.params)))
+    agent = loop.agent
+    ask = agent.ask
+    asked: list[int] = []
+
+    def ask_and_get_a_sigterm(n: int) -> Any:
+        got = ask(n)
+        asked.append(n)
+        if len(asked) == 2:  # the second proposal: a real SIGTERM arrives meanwhile
+            signal.raise_signal(signal.SIGTERM)
+        return got
+
+    agent.ask = ask_and_get_a_sigterm  # type: ignore[method-assign]
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        loop.request_stop(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        res = loop.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(asked) == 2
+    assert res.stopped and res.stop_reason == "signal SIGTERM"
+    assert res.counts["total"] == 1  # the first trial only: nothing launched after the signal
+    assert [t.number for t in st.list_trials(st.get_study("loop").id)] == [0]
+    st.close()
+
+
 def test_wall_clock_budget_stops_with_a_hint(tmp_path: Path) -> None:
     st = _storage(tmp_path)
     lines: list[str] = []

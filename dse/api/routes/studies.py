@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from dse.api.deps import (
     LauncherDep,
@@ -35,6 +37,7 @@ from dse.api.views import (
     study_public,
     study_summary,
 )
+from dse.core.bounds import MAX_SPACE_BYTES
 from dse.core.exceptions import SpaceError
 from dse.core.names import study_name_problem
 from dse.core.records import StudyRecord
@@ -42,6 +45,8 @@ from dse.model.space_check import CheckedSpace
 from dse.storage import is_ephemeral
 
 __all__ = ["router"]
+
+log = logging.getLogger("dse.api")
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -73,21 +78,36 @@ def _json(body: bytes) -> Response:
     return Response(body, media_type="application/json")
 
 
-#: A space file is a few KiB; a body beyond this is refused (413) before it is read in full.
-MAX_SPACE_BYTES = 1024 * 1024
-
-
 async def _read_body(request: Request) -> bytes:
-    """The body, refused with 413 past :data:`MAX_SPACE_BYTES`."""
+    """The body, refused with 413 past :data:`~dse.core.bounds.MAX_SPACE_BYTES` (a space
+    file's bound) before it is read in full.
+
+    A client that disconnects before its body is complete gets a 400 (which it no longer
+    reads) and one log line, not a traceback: nothing was created.
+    """
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > MAX_SPACE_BYTES:
         raise _too_large()
     chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > MAX_SPACE_BYTES:
-            raise _too_large()
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > MAX_SPACE_BYTES:
+                raise _too_large()
+            chunks.append(chunk)
+    except ClientDisconnect:
+        said = f" of {size}" if size is not None and size.isdigit() else ""
+        log.info(
+            "%s %s: the client disconnected after %d%s bytes of its body; nothing created",
+            request.method,
+            request.url.path,
+            total,
+            said,
+        )
+        raise HTTPException(
+            status_code=400,
+            detail=f"request body: the client disconnected after {total}{said} bytes",
+        ) from None
     return b"".join(chunks)
 
 

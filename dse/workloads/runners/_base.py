@@ -8,6 +8,7 @@ runner raises only when it cannot work at all (:class:`dse.core.exceptions.Trial
 from __future__ import annotations
 
 import os
+import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ __all__ = [
     "LOG_PATTERNS",
     "OWNER_ENV",
     "log_tail",
+    "exit_words",
+    "last_lines",
 ]
 
 
@@ -152,6 +155,26 @@ class BaseRunner(ABC):
         import socket
 
         return socket.gethostname()
+
+
+def last_lines(text: str, n: int = 3, width: int = 400) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-width:]
+
+
+def exit_words(argv: list[str], rc: int) -> str:
+    """How a trial's process ended, in words: ``the trial's process (torchrun) was killed by
+    SIGKILL`` for a negative return code, ``... exited with code 3`` otherwise."""
+    prog = os.path.basename(argv[0]) if argv else "?"
+    if len(argv) > 2 and argv[1] == "-m":
+        prog = "torchrun" if argv[2] == "torch.distributed.run" else argv[2]
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"the trial's process ({prog}) was killed by {name}"
+    return f"the trial's process ({prog}) exited with code {rc}"
 
 
 def log_tail(path: Path, n: int = 8000) -> str:

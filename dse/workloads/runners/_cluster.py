@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from dse.core.exceptions import SpaceError
 from dse.core.records import FailureClass, Outcome, read_metrics
-from dse.workloads.runners._base import Launch, classify_log
+from dse.workloads.runners._base import Launch, classify_log, last_lines
 
 __all__ = [
     "runner_options",
@@ -153,11 +153,6 @@ def log_tail(path: Path, n_bytes: int = 8000) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-def last_lines(text: str, n: int = 3, width: int = 400) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return " | ".join(lines[-n:])[-width:]
 
 
 def outcome_after_exit(launch: Launch, failure_class: FailureClass | None, what: str) -> Outcome:

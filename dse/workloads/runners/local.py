@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
 
 from dse.core.exceptions import TrialLaunchError
 from dse.core.records import Outcome, read_metrics
+from dse.workloads.logs import classify_failure
 from dse.workloads.procgroup import (
     TRIAL_TAG_ENV,
     kill_group,
@@ -27,6 +29,8 @@ from dse.workloads.runners._base import (
     Launch,
     classify_log,
     compile_cache_env,
+    exit_words,
+    last_lines,
     log_tail,
     trial_environ,
 )
@@ -55,6 +59,13 @@ def detect_gpus() -> list[int]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [i for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+#: Signals that stop a process on someone's request (a kill, a scheduler, a terminal), as
+#: opposed to a crash of the process itself.
+_STOP_SIGNALS = frozenset(
+    {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+)
 
 
 @dataclass
@@ -244,14 +255,34 @@ class LocalRunner(BaseRunner):
         return done
 
     def _outcome_of(self, p: _Proc, rc: int) -> Outcome:
+        """The outcome of a trial whose process ended while the runner did not stop it."""
         out = read_metrics(p.launch.metrics_path)
-        if out is not None:
+        if out is not None and out.failure_class != "interrupted":
             return out
         tail = log_tail(p.launch.log_path)
-        cls = classify_log(tail)
-        last = tail.strip().splitlines()[-1] if tail.strip() else ""
+        how = exit_words(p.launch.argv, rc)
+        if out is None:
+            last = tail.strip().splitlines()[-1] if tail.strip() else ""
+            return Outcome.failure(classify_log(tail), f"{how} without a result: {last[-300:]}")
+        # The ranks' "interrupted" line says only that they got SIGTERM: here not from the
+        # runner but from the runner's clean-up after their launcher was killed, or from the
+        # launcher after a rank died, or from outside. Record what happened to the process.
+        found = classify_failure(tail)
+        if found is not None:  # the log names it (a rank out of memory, a NCCL error, ...)
+            cls, why = found[0], f"{how}: {found[1]}"
+        elif rc < 0 and -rc in _STOP_SIGNALS:
+            cls, why = "cancelled", f"{how}, not by dse; its ranks were ended with it"
+        elif rc < 0:  # a crash (SIGSEGV, SIGABRT, ...)
+            cls, why = "error", f"{how}; its ranks were ended with it"
+        else:
+            last = last_lines(tail)
+            cls, why = (
+                "interrupted",
+                f"{how}, not stopped by dse; the trial: {out.reason}"
+                + (f"; log: {last}" if last else ""),
+            )
         return Outcome.failure(
-            cls, f"trial process exited with code {rc} without a result: {last[-300:]}"
+            cls, f"{why} (after {len(out.steps)} steps)", metrics=out.metrics, steps=out.steps
         )
 
     def running(self) -> list[int]:
