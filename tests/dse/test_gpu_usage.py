@@ -252,3 +252,27 @@ def test_trial_gpu_figures() -> None:
     f = trial_gpu_figures(huge)
     assert f["device_seconds"] == 0.0 and f["gpu_seconds_startup"] is None
     assert f["device_seconds_measure"] == 0.0 and math.copysign(1.0, f["first_step_s"]) == 1.0
+
+
+def test_status_and_report_show_the_held_time_by_part() -> None:
+    """dse status's text and the report's GPU rows carry every part of the accounting."""
+    from dse.cli.main import _busy_shares_text
+    from dse.report.page import _busy_rows
+    from dse.results.gpu_usage import ACCOUNT_PARTS
+
+    def trial(n: int) -> TrialRecord:
+        metrics = trial_timing(wall_s=30.0, devices=1, device="cuda",
+                               steps=_steps(12.0, 1.0, 1.0, 1.0), measured=True)  # fmt: skip
+        metrics.update(build_s=3.0, first_step_s=12.0, warmup_steps_s=13.0, measured_steps_s=2.0)
+        return TrialRecord(id=n, study_id=1, number=n, state="complete", params={},
+                           params_key="", metrics=metrics, gpu_seconds=30.0)  # fmt: skip
+
+    attrs = {HELD_ATTR_PREFIX + "a:1:x": held_record(0.0, 1, "cuda", last=80.0)}
+    g = study_gpu_usage([trial(0), trial(1)], attrs, device="cuda", grid=None)
+    text = _busy_shares_text(g)
+    assert "held time by part (80.00 device-s)" in text
+    assert "measured 4.000 s (5%; 2.000 s/trial)" in text
+    assert "between trials 20.00 s (25%; 10.00 s/trial)" in text
+    rows = {r[0]: r[2] for r in _busy_rows(g)}
+    assert {f"held-{k.replace('_', '-')}" for k, _ in ACCOUNT_PARTS} <= set(rows)
+    assert rows["held-first-step"] == "24.00 s, 30.0%, 12.00 s per trial"

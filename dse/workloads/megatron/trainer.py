@@ -700,7 +700,12 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
         raise _invalid_from(e) from e
     build_s = time.perf_counter() - t_build
     t_train = time.perf_counter()
-    steps, series = train(plan, built, device, dist, writer if dist.rank == 0 else None)
+    try:
+        steps, series = train(plan, built, device, dist, writer if dist.rank == 0 else None)
+    finally:  # a graph left on a module keeps the whole model alive (_speed.drop_graph_refs)
+        from dse.workloads.megatron._speed import drop_graph_refs
+
+        graph_refs = drop_graph_refs(built.chunks)
     train_s = time.perf_counter() - t_train
 
     import megatron.core
@@ -738,6 +743,7 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     # the rest of the trial's own time: before the build (features, plan, process group,
     # kernel set-up) and between its steps (data, loss reduction, metrics lines)
     summary["setup_s"] = t_build - t_entry
+    summary["graph_refs_dropped"] = graph_refs
     summary["step_gaps_s"] = max(0.0, train_s - math.fsum(s.step_time_s for s in steps))
     from dse.workloads.megatron._speed import adam_impl_of
 
