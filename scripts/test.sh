@@ -59,7 +59,8 @@ cov=(--cov --cov-report=term)
 [ "${DSE_COVERAGE:-1}" = 0 ] && cov=()
 # two workers (pytest-xdist): most of the suite waits on subprocesses, servers and queues;
 # a test file stays on one worker, the Slurm tests on one, the Ray tests on one
-# (tests/conftest.py). DSE_TEST_WORKERS=0 runs it in one process.
+# (tests/conftest.py). DSE_TEST_WORKERS=0 runs it in one process. The 25 slowest tests are
+# listed at the end (--durations=25).
 par=(-n "${DSE_TEST_WORKERS:-2}" --dist loadgroup)
 [ "${DSE_TEST_WORKERS:-2}" = 0 ] && par=()
-.venv/bin/python -m pytest -q "${par[@]}" "${cov[@]}" "$@"
+.venv/bin/python -m pytest -q --durations=25 "${par[@]}" "${cov[@]}" "$@"
