@@ -42,10 +42,13 @@ def _squash(text: str) -> str:
     return "".join(text.split())
 
 
-def _space(tiny: dict, knobs: dict[str, Any], **resources: Any) -> Any:
+def _space(tiny: dict, knobs: dict[str, Any], **sections: dict[str, Any]) -> Any:
+    """The tiny space with ``knobs`` added and ``sections`` (``model``, ``resources``)
+    updated."""
     d = copy.deepcopy(tiny)
     d["knobs"].update(knobs)
-    d["resources"].update(resources)
+    for name, fields in sections.items():
+        d[name].update(fields)
     return parse_space(d)
 
 
@@ -102,6 +105,29 @@ SOURCES: dict[str, tuple[str, str, dict[str, Any], dict[str, Any], dict[str, Any
             "use_distributed_optimizer": True,
         },
     ),  # fmt: skip
+    "heads_tp": (
+        "transformer/transformer_config.py",
+        "if self.num_attention_heads % self.tensor_model_parallel_size != 0:",
+        {"tensor_model_parallel_size": {"values": [1, 2, 4]}},
+        {"tensor_model_parallel_size": 4},  # 2 heads
+        {"tensor_model_parallel_size": 2},
+    ),
+    "ep_needs_moe": (
+        "transformer/transformer_config.py",
+        "if self.expert_model_parallel_size > 1 and self.num_moe_experts is None:\n"
+        '    raise ValueError("num_moe_experts must be non None to use expert-parallel.")',
+        {"expert_model_parallel_size": {"values": [1, 2]}},
+        {"expert_model_parallel_size": 2},  # a dense model
+        {"expert_model_parallel_size": 1},
+    ),
+}
+
+#: The sections of the tiny space a rule's case changes (the rest is the tiny space's).
+SECTIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "heads_tp": {
+        "model": {"num_attention_heads": 2, "num_query_groups": 2},
+        "resources": {"world_size": 4},
+    },
 }
 
 
@@ -111,7 +137,7 @@ def test_each_rule_encodes_a_megatron_core_line_still_there(
 ) -> None:
     rel, line, knobs, refused, accepted = SOURCES[rule]
     assert _squash(line) in _squash(_source(rel)), f"{rel} no longer has: {line}"
-    space = _space(tiny_space_dict, knobs)
+    space = _space(tiny_space_dict, knobs, **SECTIONS.get(rule, {}))
     te = ["transformer_engine"]  # a TE norm: the sequence-parallel rule's other condition
     assert rule in _fired(space, refused, te), (rule, refused)
     assert rule not in _fired(space, accepted, te), (rule, accepted)
