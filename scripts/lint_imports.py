@@ -21,13 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = args.root.resolve()
     config = str(root / "pyproject.toml")
+    here = str(Path(__file__).resolve().parent)  # plugin_contract.py, import_cycles.py
     code = (
-        f"import sys; sys.path.insert(0, {str(root)!r});"
+        f"import sys; sys.path[:0] = [{str(root)!r}, {here!r}];"
         "from importlinter.cli import lint_imports;"
         f"sys.exit(lint_imports(config_filename={config!r}, no_cache=True, no_logo=True))"
     )
     contracts = subprocess.call([sys.executable, "-c", code], cwd=root)
-    here = str(Path(__file__).resolve().parent)
     cycles_code = (
         f"import sys; sys.path[:0] = [{str(root)!r}, {here!r}];"
         "from import_cycles import main; sys.exit(main(['dse']))"

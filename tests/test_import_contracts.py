@@ -56,6 +56,15 @@ def test_the_contracts_are_kept() -> None:
         ("dse/agents/_simple.py", "import dse.storage  # injected", "Layers"),
         # the controller importing the trainer
         ("dse/loop/study.py", "import dse.workloads.megatron.trainer  # injected", "trainer"),
+        # a plugin reaching up to the composition root that names it
+        ("dse/agents/_simple.py", "import dse.plugins  # injected", "The composition root"),
+        # the plugin table naming a module that is not there: the plugin edges are in the graph
+        (
+            "dse/plugins.py",
+            'PLUGINS = (*PLUGINS, _add("agent", "gone", "dse.agents._gone:GoneAgent", '
+            '_AGENT_OPTIONS, "x"))  # injected',
+            "Layers: the folders of dse, plugin edges included",
+        ),
     ],
 )
 def test_an_upward_import_breaks_a_contract(

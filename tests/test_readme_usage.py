@@ -41,3 +41,24 @@ def test_the_first_set_up_command_installs_every_extra_the_usage_list_needs() ->
     for line in listing.group(1).splitlines():
         if "optuna-dashboard" in line:
             assert "pip install optuna-dashboard" in line, line
+
+
+def test_the_readme_is_a_front_door_and_its_links_lead_somewhere() -> None:
+    """What dse is, how to install and run the demo and the tests, the commands, where to read
+    next (issue 40); the manual's detail is in docs/. Every relative link of the README and of
+    docs/*.md names a file that is there."""
+    titles = re.findall(r"^## (.+)$", README, re.M)
+    assert titles == [
+        "Set up and run (fresh machine, Python 3.11)",
+        "Usage",
+        "Read next",
+        "Where to read the code",
+    ]
+    assert len(README.splitlines()) < 150
+    for page in ("docs/usage.md", "docs/interop.md", "docs/clusters.md", "docs/ARCHITECTURE.md"):
+        assert f"]({page})" in README, page
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)}: {target}"

@@ -1,1 +1,4 @@
-"""The ``dse`` command (:mod:`dse.cli.main`) and its sub-commands' modules."""
+"""The ``dse`` command: ``main`` (the parser and the study, status, best, export, import and
+serve commands), ``bench`` (``dse bench``), ``recipe`` (``dse parse-log``, ``--dry-run``),
+``interop`` (``dse cloudai``, ``dse report``). ``python -m dse`` and ``python -m dse.cli``
+run it."""

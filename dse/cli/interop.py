@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dse.report.page import register as register_report
+
 __all__ = ["register", "cmd_cloudai_import", "cmd_cloudai_export"]
 
 
@@ -113,9 +115,4 @@ def register(sub: Any) -> None:
     sp.add_argument("-o", "--output", help="file (default: stdout)")
     sp.add_argument("--storage", help=f"SQLAlchemy URL (default: $DSE_STORAGE, {DEFAULT_STORAGE})")
     sp.set_defaults(fn=cmd_cloudai_export)
-
-    try:
-        from dse.report.page import register as register_report
-    except ImportError:  # pragma: no cover - the report module is optional
-        return
     register_report(sub)

@@ -1,6 +1,11 @@
 """The ``dse`` command line.
 
 Exit codes: 0 ok, 2 bad input (space file, arguments, unknown study), 1 anything else.
+First-party imports are at module level, except the few that bring a stack or a folder the
+command line's start does not need: the cost model (numpy), the API (FastAPI), storage
+(SQLAlchemy), the controller (``dse.loop``), the agents, the runners, the launchers and the
+Optuna export, each imported inside the command that uses it (``bench/cli_startup.py``
+measures the start: BENCHMARKS 34).
 Heavy imports (torch, megatron, ray, fastapi) happen only inside the commands that need them.
 """
 
@@ -17,6 +22,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dse import install_hint
+from dse.cli import bench
+from dse.cli import interop as interop_cli
+from dse.cli import recipe as recipe_cli
+from dse.cli.recipe import check_recipe, dry_run
 from dse.core.bounds import MAX_EXPORT_BYTES, printable
 from dse.core.exceptions import (
     DSEError,
@@ -28,10 +38,25 @@ from dse.core.exceptions import (
     StudyFormatError,
     StudyNotFoundError,
 )
-from dse.core.names import display_name
-from dse.core.records import BEST_FORMATS
+from dse.core.figures import figure
+from dse.core.names import display_name, study_name_problem
+from dse.core.records import BEST_FORMATS, IMPORTED_ATTR
 from dse.core.registry import REGISTRY
-from dse.results.export import best_payload, best_space, render_best
+from dse.model import rules
+from dse.model.rules import check_space
+from dse.results.export import best_payload, best_space, noise_payload, render_best
+from dse.results.gpu_usage import study_gpu_usage_of
+from dse.results.noise import configuration_intervals, estimate_public, study_best
+from dse.results.run_settings import (
+    RUN_SETTINGS_ATTR,
+    RunOverrides,
+    apply_overrides,
+    effective_space,
+    strip_imported,
+    with_run_settings,
+)
+from dse.results.trust import trust_label, trust_summary
+from dse.space.searchspace import load_space, parse_space, parse_space_text
 from dse.storage.locate import DEFAULT_STORAGE
 from dse.storage.locate import open_existing as _open_existing
 from dse.storage.locate import pick_study as _pick_study
@@ -55,9 +80,6 @@ UNUSABLE_SHOWN = 20
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from dse.cli.recipe import check_recipe
-    from dse.model.rules import CHECK_SPACE_CAP, check_space
-    from dse.space.searchspace import load_space
     from dse.workloads.runners import check_runner
 
     space = load_space(args.space)
@@ -69,8 +91,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         share = got.valid / got.looked_at if got.looked_at else 0.0
         counted = (
-            f"{got.combinations} knob combinations, more than the {CHECK_SPACE_CAP} the check "
-            f"looks at (the cap): of a random sample of {got.looked_at} configurations, "
+            f"{got.combinations} knob combinations, more than the {rules.CHECK_SPACE_CAP} the "
+            f"check looks at (the cap): of a random sample of {got.looked_at} configurations, "
             f"{got.valid} ({share:.1%}) pass the rules, about {got.estimated_valid} valid "
             "configurations in all (an estimate)"
         )
@@ -87,8 +109,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 # --- start / resume -----------------------------------------------------------------------
 def _overrides(args: argparse.Namespace) -> Any:
-    from dse.results.run_settings import RunOverrides
-
     return RunOverrides(
         n_trials=getattr(args, "n_trials", None),
         agent=getattr(args, "agent", None),
@@ -99,7 +119,7 @@ def _overrides(args: argparse.Namespace) -> Any:
 
 
 def _make_cost_model(space: Any) -> Any:
-    from dse.model.costmodel import CostModel
+    from dse.model.costmodel import CostModel  # numpy
     from dse.model.costmodel.memory import Coefficients
 
     co = Coefficients.from_dict(space.prescreen.coefficients)
@@ -114,7 +134,7 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     from dse.loop.proposer import cost_model_memory_hint, cost_model_speed_hint
     from dse.loop.reconcile import Owner
     from dse.loop.study import StudyRunner, detect_trial_features
-    from dse.storage import open_storage
+    from dse.storage import open_storage  # SQLAlchemy: imported when a command uses it
     from dse.workloads.runners import make_runner
 
     url = _storage_url(args, space.storage)
@@ -174,10 +194,6 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from dse.cli.recipe import check_recipe, dry_run
-    from dse.model.rules import check_space
-    from dse.results.run_settings import apply_overrides
-    from dse.space.searchspace import load_space, parse_space
     from dse.workloads.runners import check_runner
 
     space = load_space(args.space)
@@ -208,14 +224,6 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from dse.core.records import IMPORTED_ATTR
-    from dse.results.run_settings import (
-        RUN_SETTINGS_ATTR,
-        apply_overrides,
-        strip_imported,
-        with_run_settings,
-    )
-    from dse.space.searchspace import parse_space, parse_space_text
     from dse.workloads.runners import check_runner
 
     storage = _open_existing(args)
@@ -264,13 +272,7 @@ def _trial_json(t: Any) -> dict[str, Any]:
 
 def _study_status(storage: Any, st: Any) -> dict[str, Any]:
     """One study's ``dse status`` record (the JSON format; the text is made from it)."""
-    from dse.core.exceptions import SpaceError
     from dse.loop.loss_guard import LOSS_PARITY_ATTR
-    from dse.results.export import noise_payload
-    from dse.results.gpu_usage import study_gpu_usage_of
-    from dse.results.noise import configuration_intervals, estimate_public, study_best
-    from dse.results.run_settings import effective_space
-    from dse.results.trust import trust_summary
 
     trials = storage.list_trials(st.id)
     intervals: dict[int, Any] = {}
@@ -311,7 +313,6 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-
     storage = _open_existing(args)
     try:
         studies = [storage.get_study(args.study)] if args.study else storage.list_studies()
@@ -372,7 +373,6 @@ def _numerics_text(s: dict[str, Any]) -> str | None:
 
 def _gpu_text(g: dict[str, Any]) -> str:
     """A study's GPU time (dse.results.gpu_usage): spent, split, busy fraction, grid saving."""
-    from dse.core.figures import figure
 
     busy = g["busy_fraction"]
     busy_txt = "-" if busy is None else f"{busy:.0%}"
@@ -400,7 +400,6 @@ def _gpu_text(g: dict[str, Any]) -> str:
 def _busy_shares_text(g: dict[str, Any]) -> str:
     """``; measured steps 71% of the held time, builds and all steps 80%; first step ...``
     (dse.results.gpu_usage.busy_shares), or "" when not known."""
-    from dse.core.figures import figure
 
     meas, kern = g.get("measured_fraction"), g.get("kernel_fraction")
     if meas is None:
@@ -434,7 +433,6 @@ def _pooled(noise: dict[str, Any], metric: str, metrics: dict[str, Any]) -> Any:
 def _trust_text(s: dict[str, Any]) -> list[str]:
     """The trust of a study's estimates: the best calibrated or interpolated estimate beside
     an extrapolated best (dse.results.trust)."""
-    from dse.core.figures import figure
 
     tr = s.get("trust")
     if not tr:
@@ -461,7 +459,6 @@ def _trust_text(s: dict[str, Any]) -> list[str]:
 def _interval_text(iv: dict[str, Any] | None, metric: str) -> str:
     """``[lo, hi]`` of a trial's configuration interval of ``metric`` (``est`` after an
     estimate's error band), or ``-``."""
-    from dse.core.figures import figure
 
     ci = ((iv or {}).get("figures") or {}).get(metric, {}).get("ci")
     if not ci:
@@ -472,7 +469,6 @@ def _interval_text(iv: dict[str, Any] | None, metric: str) -> str:
 
 def _status_text(s: dict[str, Any]) -> str:
     """A study's best trial and trial table (figures with four significant digits)."""
-    from dse.core.figures import figure
 
     lines: list[str] = []
     b = s["best"]
@@ -547,8 +543,6 @@ def cmd_best(args: argparse.Namespace) -> int:
         space = best_space(storage, st)
         trust, label = None, None
         if payload.get("source") == "estimate":  # a sim study: what its estimates stand on
-            from dse.results.trust import trust_label, trust_summary
-
             trials = [_trial_json(t) for t in storage.list_trials(st.id)]
             trust = trust_summary(trials, st.metric, st.direction)
             label = next(
@@ -602,7 +596,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from dse.core.names import study_name_problem
     from dse.storage import open_storage, read_export_text
 
     why = None if args.study is None else study_name_problem(args.study)
@@ -774,8 +767,6 @@ def serve_workers(
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from dse import install_hint
-
     try:
         import uvicorn
         from pydantic import ValidationError
@@ -855,11 +846,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # --- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from dse.cli import bench
-    from dse.cli import interop as interop_cli
-    from dse.cli import recipe as recipe_cli
-    from dse.model.costmodel import cli as costmodel_cli
-
     p = argparse.ArgumentParser(
         prog="dse", description="Design-space exploration for Megatron-Core training recipes."
     )
@@ -977,6 +963,8 @@ def build_parser() -> argparse.ArgumentParser:
         "from the database, so all answer alike; needs a file or server database",
     )
     sp.set_defaults(fn=cmd_serve)
+
+    from dse.model.costmodel import cli as costmodel_cli  # numpy, when the parser is built
 
     costmodel_cli.register(sub)
     bench.register(sub)

@@ -93,15 +93,10 @@ def dry_run(space: Any, n: int) -> str:
         cost_model_speed_hint,
     )
     from dse.loop.study import trial_launch
+    from dse.model.costmodel import CostModel  # numpy
     from dse.workloads import trial_command
 
-    cost_model = None
-    try:
-        from dse.model.costmodel import CostModel
-
-        cost_model = CostModel(space.model, space.semantics, space.resources)
-    except ImportError:
-        pass
+    cost_model = CostModel(space.model, space.semantics, space.resources)
     feats = space.resources.features
     agent = create_agent(
         space,

@@ -1,23 +1,25 @@
-"""The one registry of dse's plugins: agents, runners, recipe launchers and workloads.
+"""The registry of dse's plugins: agents, runners, recipe launchers and workloads.
 
-Each entry names its kind, its name (what a space file writes: ``agent.name``,
-``runner.name``, ``workload.name``), where its implementation lives (``module:attribute``,
-imported only when asked for, so that naming the plugins imports neither Optuna nor Ray nor
-torch), the pydantic model that validates its options in a space file, and its traits.
-Everything that lists plugins reads this table: the agent factory, the runner factory, the
-launcher lookup, a trial's command line, the space file's launcher names. The closed
-vocabularies of :mod:`dse.core.records` (``AgentName``, ``RunnerName``, ``WorkloadName``), the
-space file's runner-options union and the CLI's choices are checked against it by
-``tests/dse/test_registry.py``.
+This module holds the :class:`Registry` and its one instance, :data:`REGISTRY`; the table of
+entries is the composition root :mod:`dse.plugins` (above the plugins it names), which fills
+it when the ``dse`` package is imported. Each entry names its kind, its name (what a space
+file writes: ``agent.name``, ``runner.name``, ``workload.name``), where its implementation
+lives (``module:attribute``, imported only when asked for, so that naming the plugins imports
+neither Optuna nor Ray nor torch), the pydantic model that validates its options in a space
+file, and its traits. Everything that lists plugins reads :data:`REGISTRY`: the agent factory,
+the runner factory, the launcher lookup, a trial's command line, the space file's launcher
+names. The closed vocabularies of :mod:`dse.core.records` (``AgentName``, ``RunnerName``,
+``WorkloadName``), the space file's runner-options union and the CLI's choices are checked
+against it by ``tests/dse/test_registry.py``.
 
-To add a plugin: one :func:`_add` line below, its name in the matching ``Literal`` of
-:mod:`dse.core.records`, and (a runner) its options model in :mod:`dse.space.searchspace`.
+To add a plugin: one line in :data:`dse.plugins.PLUGINS`, its name in the matching ``Literal``
+of :mod:`dse.core.records`, and (a runner) its options model in :mod:`dse.space.searchspace`.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -167,60 +169,6 @@ class Registry:
             ) from None
 
 
-def _registry(entries: Iterable[Plugin]) -> Registry:
-    reg = Registry()
-    for p in entries:
-        reg.add(p)
-    return reg
-
-
-def _add(
-    kind: PluginKind, name: str, target: str, options: str, description: str, *traits: str
-) -> Plugin:
-    return Plugin(kind, name, target, options, description, frozenset(traits))
-
-
-_AGENT_OPTIONS = "dse.space.searchspace:AgentSpec"
-_WORKLOAD_OPTIONS = "dse.space.searchspace:WorkloadSpec"
-_LAUNCHER_OPTIONS = "dse.space.recipe_spec:LauncherSpec"
-_RUN = "dse.workloads.launchers.run:main"
-
-#: Every plugin dse ships.
-REGISTRY: Registry = _registry(
-    [
-        _add("agent", "tpe", "dse.agents._optuna:TPEAgent", _AGENT_OPTIONS,
-             "Optuna TPE (multivariate, grouped)", "hints"),
-        _add("agent", "gp", "dse.agents._optuna:GPAgent", _AGENT_OPTIONS,
-             "Optuna Gaussian-process sampler", "hints"),
-        _add("agent", "nsga2", "dse.agents._optuna:NSGA2Agent", _AGENT_OPTIONS,
-             "Optuna NSGA-II (several objectives)", "hints"),
-        _add("agent", "random", "dse.agents._simple:RandomAgent", _AGENT_OPTIONS,
-             "uniform random sampling"),
-        _add("agent", "grid", "dse.agents._simple:GridAgent", _AGENT_OPTIONS,
-             "every configuration, in order"),
-        _add("runner", "local", "dse.workloads.runners._registry:local_runner",
-             "dse.space.searchspace:LocalOptions", "process pool on this machine"),
-        _add("runner", "ray", "dse.workloads.runners.ray_runner:make_runner",
-             "dse.space.searchspace:RayOptions", "a Ray cluster (placement group per trial)"),
-        _add("runner", "slurm", "dse.workloads.runners.slurm_runner:make_runner",
-             "dse.space.searchspace:SlurmOptions", "Slurm batch jobs"),
-        _add("launcher", "bridge", "dse.workloads.launchers.bridge:BridgeLauncher",
-             _LAUNCHER_OPTIONS, "Megatron-Bridge run_recipe.py with ConfigContainer overrides"),
-        _add("launcher", "nemo", "dse.workloads.launchers.nemo:NemoLauncher",
-             _LAUNCHER_OPTIONS, "NeMo 2.0 recipe through NeMo-Run overrides"),
-        _add("launcher", "megatron_lm", "dse.workloads.launchers.megatron_lm:MegatronLMLauncher",
-             _LAUNCHER_OPTIONS, "Megatron-LM pretrain_gpt.py with its flags"),
-        _add("workload", "megatron", "dse.workloads.megatron.trainer:main", _WORKLOAD_OPTIONS,
-             "the built-in Megatron-Core trainer", "trains", "torchrun"),
-        _add("workload", "replay", "dse.workloads.replay:main", _WORKLOAD_OPTIONS,
-             "replay of a measured table"),
-        _add("workload", "sim", "dse.workloads.sim:main", _WORKLOAD_OPTIONS,
-             "the cost model's simulator"),
-        _add("workload", "bridge", _RUN, _LAUNCHER_OPTIONS,
-             "a Megatron-Bridge recipe", "trains", "launcher"),
-        _add("workload", "nemo", _RUN, _LAUNCHER_OPTIONS,
-             "a NeMo 2.0 recipe", "trains", "launcher"),
-        _add("workload", "megatron_lm", _RUN, _LAUNCHER_OPTIONS,
-             "a Megatron-LM command line", "trains", "launcher"),
-    ]
-)  # fmt: skip
+#: Every plugin dse ships, filled by the composition root :mod:`dse.plugins` when the ``dse``
+#: package is imported (this module lists none: the plugins live above it).
+REGISTRY: Registry = Registry()

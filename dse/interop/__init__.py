@@ -1,1 +1,2 @@
-"""Other tools' files, both ways: NVIDIA CloudAI's test and DSE files, Optuna's storage."""
+"""Other tools' files, both ways: ``cloudai`` (NVIDIA CloudAI's test scenarios in, a best
+configuration out as a CloudAI test) and ``optuna_export`` (a study in an Optuna storage)."""

@@ -1,2 +1,6 @@
-"""What can be known of a configuration before a GPU runs it: the validity rules, the space
-check, the FLOPs count and the cost model (estimates, never training results)."""
+"""What can be known of a configuration before a GPU runs it (estimates, never results).
+
+Owns: ``rules`` (the validity rules, each the Megatron check it mirrors), ``space_check``
+(``dse validate``'s count of valid configurations), ``flops`` (Megatron's model-FLOPs
+convention: dense, MoE, hybrid), ``costmodel/`` (memory and speed estimates, calibrated on
+measured trials)."""

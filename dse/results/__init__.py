@@ -1,2 +1,6 @@
-"""What a study's stored trials say: the objective, measurement noise and ties, run settings,
-the GPU-time account and the export of a best configuration."""
+"""What a study's stored trials say (the answers; the HTML report is :mod:`dse.report`).
+
+Owns: ``objective`` (the metric a study ranks by), ``noise`` (intervals, ties, the
+noise-aware best and its re-measure plan), ``run_settings`` (the run's overrides and the
+effective space), ``trust`` (how far an estimate can be trusted), ``gpu_usage`` (the GPU-time
+account), ``export`` (the best configuration rendered as a recipe's flags or overrides)."""

@@ -689,9 +689,15 @@ def _ranked(
     gs = list(groups)
     model = model if model is not None else _model_of_groups(space, gs)
     out = [_estimate(space, g, metric, model) for g in gs]
+    _rank(out, direction)
+    return out, model
+
+
+def _rank(out: list[ConfigEstimate], direction: Direction) -> None:
+    """THE ranking order, in place: best objective first; ties: the study's name, then the
+    lower trial number (the configuration that ran first)."""
     sign = -1.0 if direction == "maximize" else 1.0
     out.sort(key=lambda c: (sign * c.objective.value, c.study or "", c.number))
-    return out, model
 
 
 def rank_configurations(
@@ -970,8 +976,7 @@ def pooled_best(
     out: list[ConfigEstimate] = []
     for key, g in pooled.items():
         out.append(_estimate(spaces[key], g, metric, model))
-    sign = -1.0 if direction == "maximize" else 1.0
-    out.sort(key=lambda c: (sign * c.objective.value, c.study or "", c.number))
+    _rank(out, direction)
     return _best_of(out, model, metric, direction)
 
 

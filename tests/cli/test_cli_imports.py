@@ -19,3 +19,11 @@ def test_importing_the_cli_loads_no_heavy_stack() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == ""
+
+
+def test_python_dash_m_dse_runs_the_command() -> None:
+    """``python -m dse`` is the ``dse`` command (dse/__main__.py)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "dse", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("usage: dse ") and "validate" in out and "serve" in out

@@ -1,4 +1,4 @@
-"""The README's Omni command on the cost model, killed and resumed: ``dse start --space
+"""The Omni command of docs/usage.md on the cost model, killed and resumed: ``dse start --space
 examples/nemotron_omni.yaml --workload sim`` (the file's workload is ``bridge``) then
 ``dse resume``, exactly as a user types them (default storage and work directory in the
 current directory). The workload choice is stored with the study, so the resumed run stays

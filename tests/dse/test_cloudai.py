@@ -508,7 +508,7 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai(tmp_path: Path) -
     """The imported DeepSeek-V3 grid (the current-schema test, whose model_recipe_name
     deepseek_v3 turns on CloudAI's constraint 18): dse keeps a subset of what CloudAI's own
     check keeps, and each configuration CloudAI keeps that dse refuses breaks a rule dse
-    states for the model it describes. Counted here (README, CloudAI section): CloudAI keeps
+    states for the model it describes. Counted here (docs/interop.md, CloudAI): CloudAI keeps
     60 of the 192 configurations (12 at PP 1, 36 at PP 4, 12 at PP 8); dse keeps 4, all at
     PP 1. The 8 other PP-1 ones recompute the MLP, which the catalog's model lacks (it
     describes all 61 layers as MoE; the real model's first 3 are dense, and dse's model

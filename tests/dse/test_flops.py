@@ -118,3 +118,84 @@ def test_tflops_per_gpu_divides_by_world_and_rejects_bad_input() -> None:
         tflops_per_gpu(1e12, 1.0, 0)
     with pytest.raises(ValueError, match="vocab_size=0"):
         padded_vocab_size(0)
+
+
+# One small model per formula, counted by hand (issue 40): every term below is written out
+# as the number it is, so that a changed factor in dse.model.flops (the causal halving, the
+# shared expert, the gated MLP, the padded vocabulary) changes the sum and fails the test.
+# Sizes: h = 64, 4 heads of 16 (q = 64), 2 query groups (kv = 32), seq 32, batch 2 ->
+# T = 64 tokens per step; vocabulary 1000 padded to 1024 (TP 1, multiple 128).
+SMALL_SEM = {"global_batch_size": 2, "seq_length": 32}
+SMALL = {
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_query_groups": 2,
+    "ffn_hidden_size": 256,
+    "vocab_size": 1000,
+    "activation": "gelu",
+}
+
+
+def test_dense_small_model_counted_by_hand() -> None:
+    # Per token, forward; a GEMM of m x n is 2 m n FLOPs (one multiply-add = 2).
+    #   MLP (gelu: up + down)       2 GEMMs x 2 x 64 x 256                 = 65,536 per layer
+    #   Q and O projections         2 GEMMs x 2 x 64 x 64                  = 16,384 per layer
+    #   K and V projections (GQA)   2 GEMMs x 2 x 64 x 32                  =  8,192 per layer
+    #   QK^T + softmax.V            2 x (2 x 64 x 32), halved (causal)     =  4,096 per layer
+    #   logits                      2 x 64 x 1024                          = 131,072 once
+    # 2 layers: 2 x (65,536 + 16,384 + 8,192 + 4,096) + 131,072 = 319,488 per token.
+    # Forward + backward (data and weight gradients) = 3 x forward; 64 tokens:
+    # 3 x 319,488 x 64 = 61,341,696.
+    assert model_flops_per_step(SMALL, SMALL_SEM) == 61_341_696
+
+
+def test_moe_small_model_counted_by_hand() -> None:
+    moe = {
+        **SMALL,
+        "num_moe_experts": 4,
+        "moe_router_topk": 2,
+        "moe_ffn_hidden_size": 32,
+        "moe_shared_expert_intermediate_size": 16,
+    }
+    # Per token, forward, per layer (every layer MoE); the router is not counted:
+    #   routed experts   topk 2 x 2 GEMMs x 2 x 64 x 32      = 16,384
+    #   shared expert    2 GEMMs x 2 x 64 x 16                =  4,096
+    #   attention        16,384 + 8,192 + 4,096 (as dense)    = 28,672
+    # 2 layers: 2 x (16,384 + 4,096 + 28,672) + logits 131,072 = 229,376 per token.
+    # 3 x 229,376 x 64 tokens = 44,040,192.
+    assert model_flops_per_step(moe, SMALL_SEM) == 44_040_192
+
+
+def test_hybrid_small_model_counted_by_hand() -> None:
+    hybrid = {
+        **SMALL,
+        "num_layers": 4,
+        "hybrid_layer_pattern": "M*-E",
+        "mamba_state_dim": 16,
+        "mamba_num_groups": 2,
+        "mamba_head_dim": 16,  # mamba_num_heads unset: 2 h / 16 = 8 heads, d_in = 128
+        "ffn_hidden_size": 128,
+        "num_moe_experts": 4,
+        "moe_router_topk": 2,
+        "moe_ffn_hidden_size": 32,
+        "moe_shared_expert_intermediate_size": 32,
+    }
+    # Per token, forward, one layer of each kind of "M*-E":
+    #   M  in_proj   2 x 64 x (2 x 128 + 2 x 2 x 16 + 8) = 2 x 64 x 328     = 41,984
+    #      conv1d    2 x (128 + 2 x 2 x 16) x 4 (d_conv)                    =  1,536
+    #      SSD scan  7 x 128 x 16                                            = 14,336
+    #      out_proj  2 x 128 x 64                                            = 16,384
+    #      Mamba layer                                                       = 74,240
+    #   *  Q, O: 2 x 2 x 64 x 64 = 16,384; K, V: 2 x 2 x 64 x 32 = 8,192;
+    #      QK^T + softmax.V: 2 x (2 x 32 x 64) = 8,192, halved (causal) = 4,096
+    #      attention layer                                                   = 28,672
+    #   -  MLP (gelu) 2 GEMMs x 2 x 64 x 128                                 = 32,768
+    #   E  routed 2 x 2 GEMMs x 2 x 64 x 32 = 16,384; shared 2 x 2 x 64 x 32 = 8,192
+    #      MoE layer                                                         = 24,576
+    #   logits 2 x 64 x 1024                                                 = 131,072
+    # Sum 291,328 per token; 3 x 291,328 x 64 tokens = 55,934,976.
+    assert model_flops_per_step(hybrid, SMALL_SEM) == 55_934_976
+    # Without the causal halving the attention layer would count 4,096 more per token:
+    # 3 x 295,424 x 64 = 56,721,408; the count above is not that.
+    assert model_flops_per_step(hybrid, SMALL_SEM) != 56_721_408

@@ -4,7 +4,7 @@ ties and the re-measure plan, on trial records."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -184,3 +184,22 @@ def test_pooled_estimates_decide_and_minimize_works() -> None:
     assert nb.tied and nb.tied[0].trials == (3, 4)
     low = noisy_best(SPACE, [*runs, *lucky], metric="tflops_per_gpu", direction="minimize")
     assert low is not None and low.best.trials == (3, 4)
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_equal_values_rank_by_the_lower_trial_number(
+    direction: Literal["maximize", "minimize"],
+) -> None:
+    """``rank_configurations``'s docstring: "ranked best first (ties: the lower trial
+    number)". Three configurations of one value, given out of order: trial 3, then 5, then 7,
+    whichever the direction; and the best is trial 3."""
+    ts = [
+        trial(7, {"micro_batch_size": 4}, 100.0),
+        trial(5, {"micro_batch_size": 1}, 100.0),
+        trial(3, {"micro_batch_size": 2}, 100.0),
+    ]
+    ranking, _ = rank_configurations(SPACE, ts, metric="tflops_per_gpu", direction=direction)
+    assert [c.number for c in ranking] == [3, 5, 7]
+    nb = noisy_best(SPACE, ts, metric="tflops_per_gpu", direction=direction)
+    assert nb is not None and nb.best.number == 3
+    assert [c.number for c in nb.tied] == [5, 7]

@@ -125,3 +125,17 @@ def test_a_hidden_plugin_is_absent_and_comes_back_in_its_place() -> None:
         with pytest.raises(SpaceError, match="unknown runner 'slurm'"):
             REGISTRY.get("runner", "slurm")
     assert REGISTRY.names("runner") == RUNNER_NAMES
+
+
+def test_the_registry_is_the_composition_roots_table() -> None:
+    """The table lives in dse.plugins (above the plugins); importing dse registered it."""
+    from dse import plugins
+
+    assert [(p.kind, p.name) for p in plugins.PLUGINS] == [(p.kind, p.name) for p in ALL]
+    assert plugins.register() is REGISTRY  # a second registration adds nothing
+    assert [(p.kind, p.name) for kind in PLUGIN_KINDS for p in REGISTRY.entries(kind)] == [
+        (p.kind, p.name) for p in ALL
+    ]
+    fresh = plugins.register(Registry())
+    assert fresh.names("agent") == REGISTRY.names("agent")
+    assert fresh.names("workload", "launcher") == LAUNCHERS

@@ -186,7 +186,7 @@ def test_controller_as_a_ray_job_on_the_head(
     address, env = ray_head
     p = tiny_space(tmp_path, name="ray")  # no re-measures: a runner test
     url = f"sqlite:///{tmp_path / 'dse.db'}"
-    # the README's command: the job runs the controller on the head, RAY_ADDRESS set to it
+    # docs/clusters.md's command: the job runs the controller on the head, RAY_ADDRESS set to it
     argv = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", address,
             "--", sys.executable, "-m", "dse.cli", "start", "--space", str(p), "--storage", url,
             "--runner", "ray"]  # fmt: skip

@@ -1,4 +1,8 @@
-"""Runners: where trial processes run (local process pool, Ray cluster, Slurm)."""
+"""Runners: where trial processes run, on the controller's side: ``local`` (a process pool on
+this machine; ``warm`` keeps its workers' imports warm), ``inprocess`` (each trial answered by
+a function of its spec, for ``dse bench`` and tests), ``slurm_runner`` (batch jobs),
+``ray_runner`` (placement groups), over ``_base`` (``BaseRunner``) and ``_cluster`` (what the
+cluster runners share)."""
 
 from __future__ import annotations
 
