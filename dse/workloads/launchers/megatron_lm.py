@@ -26,6 +26,7 @@ from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_
 __all__ = [
     "ARG_DEFAULTS",
     "BUILTIN_MODULE",
+    "NULL_TOKENIZER_EXTRA",
     "BUILTIN_REFUSES",
     "builtin_refusal",
     "FLAG_OF_FIELD",
@@ -161,6 +162,11 @@ def model_flags(space: SearchSpace) -> list[str]:
         "--max-position-embeddings", str(sem.seq_length),
         "--normalization", m.normalization,
         "--position-embedding-type", m.position_embedding_type,
+        # the model's dropout, always given: Megatron-LM's own default is 0.1 on both, which
+        # made upstream train another model than the space's (and, with dropout on, the masks
+        # depend on the micro-batch shape: the loss of MBS 2 drifted from MBS 1's)
+        "--hidden-dropout", repr(float(m.hidden_dropout)),
+        "--attention-dropout", repr(float(m.attention_dropout)),
     ]  # fmt: skip
     if m.num_query_groups is not None and m.num_query_groups != m.num_attention_heads:
         out += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
@@ -189,14 +195,24 @@ def model_flags(space: SearchSpace) -> list[str]:
         "--global-batch-size", str(sem.global_batch_size),
         "--train-iters", str(space.measurement.steps(sem.steps)),
         "--lr", repr(sem.lr),
+        # semantics.lr is one constant rate (the built-in trainer has no schedule);
+        # Megatron-LM's default decays it linearly to 0 over --train-iters
+        "--lr-decay-style", "constant",
         "--seed", str(sem.seed),
         "--log-interval", "1",
     ]  # fmt: skip
     if sem.data.kind == "synthetic":
         out += ["--mock-data", "--tokenizer-type", "NullTokenizer",
-                "--vocab-size", str(m.vocab_size)]  # fmt: skip
+                "--vocab-size", str(m.vocab_size - NULL_TOKENIZER_EXTRA)]  # fmt: skip
     return out
 
+
+#: Megatron-LM's NullTokenizer adds its end-of-document token after ``--vocab-size`` ids
+#: (``_NullTokenizer``: ``eod = vocab_size``, ``vocab_size + 1`` entries): the flag is the
+#: model's vocabulary less this, so that upstream's embedding has ``model.vocab_size`` rows
+#: (padded as the built-in trainer pads them) and not one more (1024 -> 1152 padded rows on
+#: the tiny GPT, 32000 -> 32128 on the 0.9B model).
+NULL_TOKENIZER_EXTRA = 1
 
 #: The built-in trainer's Megatron-LM entry point (dse.workloads.megatron.mlm).
 BUILTIN_MODULE = "dse.workloads.megatron.mlm"
@@ -352,7 +368,8 @@ _MODEL_VALUE_FLAGS = (
     "--seq-length", "--max-position-embeddings", "--normalization", "--position-embedding-type",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk",
     "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--global-batch-size",
-    "--train-iters", "--lr", "--seed", "--vocab-size",
+    "--train-iters", "--lr", "--seed", "--vocab-size", "--hidden-dropout",
+    "--attention-dropout", "--lr-decay-style",
 )  # fmt: skip
 _MODEL_SWITCHES = {
     "--group-query-attention": ("group_query_attention", True),
@@ -427,6 +444,10 @@ def _parser() -> argparse.ArgumentParser:
                  "--seed", "--log-interval", "--vocab-size", VPP_FLAG):  # fmt: skip
         a(flag, type=int)
     a("--lr", type=float)
+    a("--hidden-dropout", type=float, default=0.0)
+    a("--attention-dropout", type=float, default=0.0)
+    # the built-in trainer has one constant learning rate: another schedule is refused
+    a("--lr-decay-style", choices=["constant"], default="constant")
     a("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
     a("--position-embedding-type", default="learned_absolute",
       choices=["learned_absolute", "rope", "none"])  # fmt: skip
@@ -460,6 +481,13 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
+def _model_vocab(flag: int | None, tokenizer: str | None) -> int | None:
+    """The model's vocabulary of ``--vocab-size`` (NullTokenizer adds its end-of-document id)."""
+    if flag is None:
+        return None
+    return flag + (NULL_TOKENIZER_EXTRA if tokenizer == "NullTokenizer" else 0)
+
+
 def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], dict]:
     """(model, semantics, knob values) of a Megatron-LM command line.
 
@@ -478,7 +506,9 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
         "num_attention_heads": g("--num-attention-heads"),
         "num_query_groups": g("--num-query-groups") if g("--group-query-attention") else None,
         "ffn_hidden_size": g("--ffn-hidden-size") or 4 * (g("--hidden-size") or 0),
-        "vocab_size": g("--vocab-size"),
+        "vocab_size": _model_vocab(g("--vocab-size"), g("--tokenizer-type")),
+        "hidden_dropout": g("--hidden-dropout"),
+        "attention_dropout": g("--attention-dropout"),
         "kv_channels": g("--kv-channels"),
         "activation": act,
         "normalization": g("--normalization"),
