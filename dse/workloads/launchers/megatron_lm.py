@@ -26,6 +26,8 @@ from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_
 __all__ = [
     "ARG_DEFAULTS",
     "BUILTIN_MODULE",
+    "MEGATRON_LM_DDP_DEFAULTS",
+    "MEGATRON_LM_MODEL_DEFAULTS",
     "NULL_TOKENIZER_EXTRA",
     "BUILTIN_REFUSES",
     "builtin_refusal",
@@ -359,6 +361,21 @@ class MegatronLMLauncher(Launcher):
 _DEST_OF_FIELD: dict[str, str] = {
     "grad_reduce_in_fp32": "accumulate_allreduce_grads_in_fp32",
 }
+#: ``TransformerConfig`` fields whose Megatron-LM argument default differs from the
+#: dataclass's own (Megatron-LM's ``arguments.py`` excludes them from its dataclass-built
+#: arguments as "incompatible defaults in dataclass") and that no dse knob sets: the built-in
+#: trainer takes Megatron-LM's value, so that it builds the model upstream builds. Megatron-LM
+#: prints ``attention_softmax_in_fp32 False`` (only ``--attention-softmax-in-fp32`` or
+#: ``--apply-query-key-layer-scaling`` turn it on); the dataclass says True, which makes the
+#: local spec's unfused attention upcast every ``[b, heads, s, s]`` score tensor to fp32 and
+#: keep the fp32 softmax output for the backward pass.
+MEGATRON_LM_MODEL_DEFAULTS: dict[str, Any] = {"attention_softmax_in_fp32": False}
+#: ``DistributedDataParallelConfig`` fields Megatron-LM's ``get_model`` sets from its own
+#: arguments at their defaults, where the dataclass default differs: the NaN check of every
+#: gradient bucket before the data-parallel reduce (``--check-for-nan-in-loss-and-grad``, on
+#: by default; ``check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad``).
+MEGATRON_LM_DDP_DEFAULTS: dict[str, Any] = {"check_for_nan_in_grad": True}
+
 #: What an argument Megatron-LM leaves None means (Megatron-Core's TransformerConfig default).
 ARG_DEFAULTS: dict[str, Any] = {"recompute_modules": ["core_attn"]}
 #: Flags of the model and semantics sections (:func:`model_flags`) whose value the argument
