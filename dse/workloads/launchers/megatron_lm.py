@@ -203,7 +203,9 @@ def model_flags(space: SearchSpace) -> list[str]:
         "--seed", str(sem.seed),
         "--log-interval", "1",
     ]  # fmt: skip
-    if sem.data.kind == "synthetic":
+    # mock: the same dataset on both sides; synthetic: upstream has no uniform random
+    # stream, it trains on its mock dataset (the same shapes and cost, another loss curve)
+    if sem.data.kind in ("synthetic", "mock"):
         out += ["--mock-data", "--tokenizer-type", "NullTokenizer",
                 "--vocab-size", str(m.vocab_size - NULL_TOKENIZER_EXTRA)]  # fmt: skip
     return out

@@ -445,7 +445,11 @@ def build(plan: TrialPlan, device: Any) -> _Built:
         for p in model.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
         chunks.append(model)
-    init = init_layout_invariant(chunks, config, seed, plan.model.vocab_size)
+    init = (
+        init_layout_invariant(chunks, config, seed, plan.model.vocab_size)
+        if plan.semantics.init == "layout_invariant"
+        else "megatron"  # Megatron-Core's own, as built (upstream Megatron-LM's)
+    )
     for i, model in enumerate(chunks):
         model.to(device)
         if config.bf16 or config.fp16:
