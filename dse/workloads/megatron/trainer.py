@@ -604,6 +604,18 @@ def train(
             if step == 0 and _raised_in_megatron(e):
                 raise _invalid_from(e) from e
             raise
+        except RuntimeError as e:
+            # Megatron's NaN/Inf check of the gradient buckets (check_for_nan_in_grad, on as
+            # in Megatron-LM) raises through its rerun state machine: a diverged step
+            diverged = _nan_reason(e)
+            if diverged is None:
+                raise
+            alloc, reserved = _peak_memory_gib(dev_kind)
+            raise TrialFailure(
+                "nan",
+                f"NaN or Inf in the gradients at step {step} (Megatron's check: {diverged})",
+                {"peak_mem_gib": alloc, "peak_reserved_gib": reserved, "step": step},
+            ) from e
         _synchronize(dev_kind)
         wall = time.perf_counter() - t0
         dt = time.process_time() - c0 if cpu_clock else wall
@@ -658,6 +670,15 @@ def _location(exc: BaseException) -> str:
         return ""
     last = tb[-1]
     return f"{os.path.basename(last.filename)}:{last.lineno}: {last.line or ''}".strip()
+
+
+def _nan_reason(exc: BaseException) -> str | None:
+    """The reason of an exception that reports a NaN or Inf (Megatron's own checks: the
+    messages dse's log classification reads as ``nan``), or None."""
+    from dse.workloads.logs import classify_failure
+
+    found = classify_failure(str(exc))
+    return found[1] if found is not None and found[0] == "nan" else None
 
 
 def _raised_in_megatron(exc: BaseException) -> bool:
