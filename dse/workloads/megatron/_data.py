@@ -114,6 +114,13 @@ class GlobalBatches:
         """The int64 tokens of step ``step`` (on the CPU)."""
         rows, width = self.global_batch_size, self.seq_length + 1
         if self._mock is not None:
+            last = (step + 1) * rows
+            if last > len(self._mock):
+                raise ValueError(
+                    f"data.kind mock: step {step} needs sample {last - 1}, past the first epoch "
+                    f"of Megatron's mock dataset ({len(self._mock)} samples of seq_length "
+                    f"{self.seq_length}); Megatron-LM reshuffles its later epochs"
+                )
             samples = [self._mock[step * rows + j] for j in range(rows)]
             # a sample's labels are its tokens shifted by one: the seq_length + 1 ids back
             return torch.stack(
