@@ -286,10 +286,19 @@ def family_value(field: str, value: Any) -> Any:
 
 
 class DataSpec(_Strict):
-    """Training data: seeded synthetic tokens (the same for every configuration) or a file."""
+    """Training data: seeded synthetic tokens (the same for every configuration), a file, or
+    Megatron's mock GPT dataset (``mock``: megatron-core's ``MockGPTDataset``, the documents
+    of increasing token ids that Megatron-LM's ``--mock-data`` trains on, shuffled with its
+    ``--seed``; the same batches on the built-in trainer and upstream)."""
 
-    kind: Literal["synthetic", "path"] = Field("synthetic", description="Data source.")
-    seed: int = Field(1234, ge=0, le=B.MAX_SEED, description="Seed of the synthetic token stream.")
+    kind: Literal["synthetic", "path", "mock"] = Field("synthetic", description="Data source.")
+    seed: int = Field(
+        1234,
+        ge=0,
+        le=B.MAX_SEED,
+        description="Seed of the synthetic token stream (mock: of the dataset's shuffle, "
+        "which Megatron-LM takes from --seed: equal to semantics.seed).",
+    )
     path: str | None = Field(
         None,
         max_length=B.MAX_PATH_CHARS,
@@ -377,12 +386,26 @@ class Semantics(_Strict):
         None, description="MoE routing held fixed (MoE models; None: Megatron's defaults)."
     )
 
+    init: Literal["layout_invariant", "megatron"] = Field(
+        "layout_invariant",
+        description="Initial weights of the built-in trainer: layout_invariant (each weight "
+        "drawn from (seed, its global name): the same model under every TP/PP layout, which "
+        "the loss-parity guard needs) or megatron (Megatron-Core's own initialisation as "
+        "built, what upstream Megatron-LM does; the weights then depend on the layout).",
+    )
+
     @model_validator(mode="after")
     def _warmup(self) -> Semantics:
         if self.warmup_steps >= self.steps:
             raise ValueError(
                 "warmup_steps must be smaller than steps "
                 f"(warmup_steps={self.warmup_steps}, steps={self.steps})"
+            )
+        if self.data.kind == "mock" and self.data.seed != self.seed:
+            raise ValueError(
+                "data.kind mock is shuffled with the initialisation seed, as Megatron-LM "
+                "shuffles its mock dataset with --seed: data.seed must equal seed "
+                f"(data.seed={self.data.seed}, seed={self.seed})"
             )
         return self
 

@@ -57,6 +57,10 @@ _GIB = float(2**30)
 
 #: Megatron-LM / Bridge ``training_log``: `` iteration      71/     100 | key: value | ...``
 MEGATRON_ITERATION = re.compile(r"\biteration\s+(?P<it>\d+)/\s*(?P<total>\d+)\s*\|(?P<rest>.*)$")
+#: The last line of the argument table upstream Megatron-LM's training loop prints at start
+#: (``---- end of arguments ----``): the log is upstream's own (dse's built-in trainer prints
+#: Megatron-LM's iteration lines but no table).
+MEGATRON_ARGS_END = re.compile(r"-{8,} end of arguments -{8,}\s*$")
 #: NeMo 2.0 progress line: ``Training epoch 0, iteration 120/149 | key: value | ...``
 NEMO_ITERATION = re.compile(
     r"Training epoch (?P<epoch>\d+), iteration (?P<it>\d+)/(?P<total>\d+)\s*\|(?P<rest>.*)$"
@@ -315,6 +319,8 @@ class LogParser:
         self._by_step: dict[int, LogStep] = {}
         self._pending_tflops: float | None = None
         self._tail: list[str] = []
+        self._upstream_megatron = False  # upstream Megatron-LM's argument table was read
+        self._first: LogStep | None = None  # its iteration 1, logged without a reset
 
     def _step(self, step: int) -> tuple[LogStep, bool]:
         s = self._by_step.get(step)
@@ -380,6 +386,9 @@ class LogParser:
                     float(m.group("alloc")) * 1e9 / _GIB, None if r is None else r * 1e9 / _GIB
                 )
                 return None
+        if self.format in ("auto", "megatron") and MEGATRON_ARGS_END.search(line):
+            self._upstream_megatron = True
+            return None
         if self.format in ("auto", "megatron", "bridge"):
             m = MEGATRON_MEMORY.search(line)
             if m:
@@ -404,8 +413,36 @@ class LogParser:
                     s.loss = _float(f.get("lm loss"))
                 if s.grad_norm is None:
                     s.grad_norm = _float(f.get("grad norm"))
+                if fresh and self._upstream_megatron:
+                    self._first_interval(s)
                 new = s if fresh else None
         return new
+
+    def _first_interval(self, s: LogStep) -> None:
+        """Upstream Megatron-LM (core_v0.16.1, ``training_log``'s ``is_first_iteration``)
+        logs iteration 1 without resetting its accumulators: the next line's loss and
+        elapsed time per iteration are the means over iterations 1..n. Here they become the
+        means over 2..n (with ``--log-interval 1``: iteration 2's own), and the log's
+        TFLOP/s with them."""
+        if s.step == 1:
+            self._first = s
+            return
+        first, self._first = self._first, None
+        if first is None or s.step < 2:
+            return
+        n = s.step
+        if s.loss is not None and first.loss is not None and math.isfinite(s.loss):
+            s.loss = (n * s.loss - first.loss) / (n - 1)
+        if s.step_time_s is not None and first.step_time_s is not None:
+            own = (n * s.step_time_s - first.step_time_s) / (n - 1)
+            if own > 0:
+                if s.tflops_per_gpu is not None:
+                    s.tflops_per_gpu *= s.step_time_s / own
+                s.step_time_s = own
+        self.result.notes.append(
+            f"iteration {n}: loss and step time of iterations 2..{n} (upstream Megatron-LM "
+            "logs iteration 1 without resetting its accumulators)"
+        )
 
     def _nemo_memory(self, f: dict[str, str]) -> None:
         """NeMo's memory fields of one line (bytes): the allocated peak is the peak memory,

@@ -296,3 +296,22 @@ def test_bridge_02_log_with_tflops_line_and_memory_in_mb() -> None:
     assert p.peak_reserved_gib == pytest.approx(12232.0 / 1024)
     out = p.summary(warmup_steps=0)
     assert out["tflops_per_gpu_log"] == pytest.approx(59892.5) and out["tflops_per_gpu"] is None
+
+
+def test_upstream_megatron_lms_second_line_is_its_own_iteration() -> None:
+    """Upstream Megatron-LM (core_v0.16.1) logs iteration 1 without resetting its
+    accumulators: its iteration-2 line prints the means of iterations 1 and 2. The parser
+    gives iteration 2's own loss and time (the built-in trainer, fed the same batches from
+    the same weights, measured 6.930691 at step 2; the timestamps of the lines 2.019 s)."""
+    text = (LOGS / "megatron_lm_v0161_cpu_tiny_gpt_mbs1.log").read_text()
+    assert "lm loss: 6.942011E+00" in text  # printed: (6.953331 + 6.930691) / 2
+    parsed = parse_log(text)
+    assert [s.step for s in parsed.steps] == [1, 2, 3, 4]
+    assert [round(s.loss, 6) for s in parsed.steps] == [6.953331, 6.930691, 6.896733, 6.861097]
+    assert parsed.steps[1].step_time_s == pytest.approx(2 * 1.1284 - 0.2381)
+    assert any("iteration 2" in n for n in parsed.notes)
+    # without upstream's argument table (the built-in trainer's Megatron-LM lines) nothing
+    # is corrected
+    lines = [x for x in text.splitlines() if " iteration " in x]
+    plain = parse_log("\n".join(lines))
+    assert plain.steps[1].loss == 6.942011 and not plain.notes

@@ -379,7 +379,10 @@ def test_diverging_loss_is_a_nan_failure(tmp_path: Path) -> None:
     rc, out = run_trial(spec, tmp_path)
     assert rc != 0
     assert out.failure_class == "nan" and out.status == "failed"
-    assert "loss is" in (out.reason or "") and out.metrics["peak_mem_gib"] > 0
+    # Megatron's NaN check of the gradient buckets (on, as in Megatron-LM) sees it first
+    assert "NaN or Inf in the gradients at step" in (out.reason or "")
+    assert "found NaN in local grad norm" in (out.reason or "")
+    assert out.metrics["peak_mem_gib"] > 0
     assert len(out.steps) >= 1  # the finite steps before it are kept
 
 

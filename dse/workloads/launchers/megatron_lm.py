@@ -26,6 +26,9 @@ from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_
 __all__ = [
     "ARG_DEFAULTS",
     "BUILTIN_MODULE",
+    "MEGATRON_LM_DDP_DEFAULTS",
+    "MEGATRON_LM_MODEL_DEFAULTS",
+    "NULL_TOKENIZER_EXTRA",
     "BUILTIN_REFUSES",
     "builtin_refusal",
     "FLAG_OF_FIELD",
@@ -161,6 +164,11 @@ def model_flags(space: SearchSpace) -> list[str]:
         "--max-position-embeddings", str(sem.seq_length),
         "--normalization", m.normalization,
         "--position-embedding-type", m.position_embedding_type,
+        # the model's dropout, always given: Megatron-LM's own default is 0.1 on both, which
+        # made upstream train another model than the space's (and, with dropout on, the masks
+        # depend on the micro-batch shape: the loss of MBS 2 drifted from MBS 1's)
+        "--hidden-dropout", repr(float(m.hidden_dropout)),
+        "--attention-dropout", repr(float(m.attention_dropout)),
     ]  # fmt: skip
     if m.num_query_groups is not None and m.num_query_groups != m.num_attention_heads:
         out += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
@@ -189,14 +197,26 @@ def model_flags(space: SearchSpace) -> list[str]:
         "--global-batch-size", str(sem.global_batch_size),
         "--train-iters", str(space.measurement.steps(sem.steps)),
         "--lr", repr(sem.lr),
+        # semantics.lr is one constant rate (the built-in trainer has no schedule);
+        # Megatron-LM's default decays it linearly to 0 over --train-iters
+        "--lr-decay-style", "constant",
         "--seed", str(sem.seed),
         "--log-interval", "1",
     ]  # fmt: skip
-    if sem.data.kind == "synthetic":
+    # mock: the same dataset on both sides; synthetic: upstream has no uniform random
+    # stream, it trains on its mock dataset (the same shapes and cost, another loss curve)
+    if sem.data.kind in ("synthetic", "mock"):
         out += ["--mock-data", "--tokenizer-type", "NullTokenizer",
-                "--vocab-size", str(m.vocab_size)]  # fmt: skip
+                "--vocab-size", str(m.vocab_size - NULL_TOKENIZER_EXTRA)]  # fmt: skip
     return out
 
+
+#: Megatron-LM's NullTokenizer adds its end-of-document token after ``--vocab-size`` ids
+#: (``_NullTokenizer``: ``eod = vocab_size``, ``vocab_size + 1`` entries): the flag is the
+#: model's vocabulary less this, so that upstream's embedding has ``model.vocab_size`` rows
+#: (padded as the built-in trainer pads them) and not one more (1024 -> 1152 padded rows on
+#: the tiny GPT, 32000 -> 32128 on the 0.9B model).
+NULL_TOKENIZER_EXTRA = 1
 
 #: The built-in trainer's Megatron-LM entry point (dse.workloads.megatron.mlm).
 BUILTIN_MODULE = "dse.workloads.megatron.mlm"
@@ -343,6 +363,21 @@ class MegatronLMLauncher(Launcher):
 _DEST_OF_FIELD: dict[str, str] = {
     "grad_reduce_in_fp32": "accumulate_allreduce_grads_in_fp32",
 }
+#: ``TransformerConfig`` fields whose Megatron-LM argument default differs from the
+#: dataclass's own (Megatron-LM's ``arguments.py`` excludes them from its dataclass-built
+#: arguments as "incompatible defaults in dataclass") and that no dse knob sets: the built-in
+#: trainer takes Megatron-LM's value, so that it builds the model upstream builds. Megatron-LM
+#: prints ``attention_softmax_in_fp32 False`` (only ``--attention-softmax-in-fp32`` or
+#: ``--apply-query-key-layer-scaling`` turn it on); the dataclass says True, which makes the
+#: local spec's unfused attention upcast every ``[b, heads, s, s]`` score tensor to fp32 and
+#: keep the fp32 softmax output for the backward pass.
+MEGATRON_LM_MODEL_DEFAULTS: dict[str, Any] = {"attention_softmax_in_fp32": False}
+#: ``DistributedDataParallelConfig`` fields Megatron-LM's ``get_model`` sets from its own
+#: arguments at their defaults, where the dataclass default differs: the NaN check of every
+#: gradient bucket before the data-parallel reduce (``--check-for-nan-in-loss-and-grad``, on
+#: by default; ``check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad``).
+MEGATRON_LM_DDP_DEFAULTS: dict[str, Any] = {"check_for_nan_in_grad": True}
+
 #: What an argument Megatron-LM leaves None means (Megatron-Core's TransformerConfig default).
 ARG_DEFAULTS: dict[str, Any] = {"recompute_modules": ["core_attn"]}
 #: Flags of the model and semantics sections (:func:`model_flags`) whose value the argument
@@ -352,7 +387,8 @@ _MODEL_VALUE_FLAGS = (
     "--seq-length", "--max-position-embeddings", "--normalization", "--position-embedding-type",
     "--num-query-groups", "--kv-channels", "--num-experts", "--moe-router-topk",
     "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--global-batch-size",
-    "--train-iters", "--lr", "--seed", "--vocab-size",
+    "--train-iters", "--lr", "--seed", "--vocab-size", "--hidden-dropout",
+    "--attention-dropout", "--lr-decay-style",
 )  # fmt: skip
 _MODEL_SWITCHES = {
     "--group-query-attention": ("group_query_attention", True),
@@ -427,6 +463,10 @@ def _parser() -> argparse.ArgumentParser:
                  "--seed", "--log-interval", "--vocab-size", VPP_FLAG):  # fmt: skip
         a(flag, type=int)
     a("--lr", type=float)
+    a("--hidden-dropout", type=float, default=0.0)
+    a("--attention-dropout", type=float, default=0.0)
+    # the built-in trainer has one constant learning rate: another schedule is refused
+    a("--lr-decay-style", choices=["constant"], default="constant")
     a("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
     a("--position-embedding-type", default="learned_absolute",
       choices=["learned_absolute", "rope", "none"])  # fmt: skip
@@ -460,6 +500,13 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
+def _model_vocab(flag: int | None, tokenizer: str | None) -> int | None:
+    """The model's vocabulary of ``--vocab-size`` (NullTokenizer adds its end-of-document id)."""
+    if flag is None:
+        return None
+    return flag + (NULL_TOKENIZER_EXTRA if tokenizer == "NullTokenizer" else 0)
+
+
 def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], dict]:
     """(model, semantics, knob values) of a Megatron-LM command line.
 
@@ -478,7 +525,9 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
         "num_attention_heads": g("--num-attention-heads"),
         "num_query_groups": g("--num-query-groups") if g("--group-query-attention") else None,
         "ffn_hidden_size": g("--ffn-hidden-size") or 4 * (g("--hidden-size") or 0),
-        "vocab_size": g("--vocab-size"),
+        "vocab_size": _model_vocab(g("--vocab-size"), g("--tokenizer-type")),
+        "hidden_dropout": g("--hidden-dropout"),
+        "attention_dropout": g("--attention-dropout"),
         "kv_channels": g("--kv-channels"),
         "activation": act,
         "normalization": g("--normalization"),

@@ -6,6 +6,13 @@ and the sequence length, never on the parallel layout: every rank builds it (syn
 token stream) and keeps its data-parallel rank's micro-batches. Loss curves of different
 layouts are therefore comparable step by step.
 
+``mock``: megatron-core's ``MockGPTDataset`` built as Megatron-LM's ``pretrain_gpt.py``
+builds it for ``--mock-data`` (``GPTDatasetConfig`` of its argument defaults: no split, no
+position or attention-mask reset, no EOD loss mask; shuffled with the seed; Megatron-Core's
+``NullTokenizer`` whose end-of-document id is the last of ``vocab_size``); row ``j`` of step
+``i`` is sample ``i * global_batch_size + j``, the order of Megatron-LM's pretraining
+sampler, whatever the micro-batching.
+
 Micro-batch ``k`` of data-parallel rank ``r`` holds rows ``[(k*dp + r)*mbs, ... + mbs)`` of the
 global batch (the order of Megatron-LM's pretraining sampler).
 """
@@ -19,7 +26,7 @@ import torch
 
 from dse.space.searchspace import DataSpec
 
-__all__ = ["GlobalBatches", "load_token_file"]
+__all__ = ["GlobalBatches", "load_token_file", "mock_dataset"]
 
 
 def load_token_file(path: str | Path) -> Any:
@@ -39,6 +46,45 @@ def load_token_file(path: str | Path) -> Any:
     return arr.reshape(-1)
 
 
+def mock_dataset(seed: int, seq_length: int, vocab_size: int, num_samples: int) -> Any:
+    """The training split of megatron-core's ``MockGPTDataset`` as Megatron-LM builds it for
+    ``--mock-data --seed seed --seq-length seq_length`` with a ``NullTokenizer`` of
+    ``vocab_size`` ids (the last its end-of-document id). ``num_samples``: the samples asked
+    for (the dataset spans its whole first epoch, and the order of an epoch does not depend on
+    it). Every rank builds it (it is small: 100,000 documents of lengths)."""
+    import logging
+
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    config = GPTDatasetConfig(
+        random_seed=seed,
+        sequence_length=seq_length,
+        blend=None,
+        blend_per_split=None,
+        split=None,
+        tokenizer=NullTokenizer(vocab_size - 1),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    # "Unable to save MockGPTDataset indexes": nothing is cached on disk for mock data
+    quiet = logging.getLogger("megatron.core.datasets")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        train, _valid, _test = BlendedMegatronDatasetBuilder(
+            MockGPTDataset, [num_samples, 0, 0], lambda: True, config
+        ).build()
+    finally:
+        quiet.setLevel(level)
+    return train
+
+
 class GlobalBatches:
     """Global batches of ``[global_batch_size, seq_length + 1]`` token ids."""
 
@@ -50,7 +96,10 @@ class GlobalBatches:
         self.seq_length = seq_length
         self.vocab_size = vocab_size
         self._tokens: Any = None
-        if data.kind == "path":
+        self._mock: Any = None
+        if data.kind == "mock":
+            self._mock = mock_dataset(data.seed, seq_length, vocab_size, global_batch_size)
+        elif data.kind == "path":
             if data.path is None:  # DataSpec validates this; keep mypy informed
                 raise ValueError("data.path is required when data.kind is 'path'")
             self._tokens = load_token_file(data.path)
@@ -64,6 +113,19 @@ class GlobalBatches:
     def global_batch(self, step: int) -> torch.Tensor:
         """The int64 tokens of step ``step`` (on the CPU)."""
         rows, width = self.global_batch_size, self.seq_length + 1
+        if self._mock is not None:
+            last = (step + 1) * rows
+            if last > len(self._mock):
+                raise ValueError(
+                    f"data.kind mock: step {step} needs sample {last - 1}, past the first epoch "
+                    f"of Megatron's mock dataset ({len(self._mock)} samples of seq_length "
+                    f"{self.seq_length}); Megatron-LM reshuffles its later epochs"
+                )
+            samples = [self._mock[step * rows + j] for j in range(rows)]
+            # a sample's labels are its tokens shifted by one: the seq_length + 1 ids back
+            return torch.stack(
+                [torch.cat([s["tokens"], s["labels"][-1:]]).to(torch.int64) for s in samples]
+            )
         if self._tokens is None:
             gen = torch.Generator().manual_seed(self.data.seed + step)
             return torch.randint(0, self.vocab_size, (rows, width), generator=gen)

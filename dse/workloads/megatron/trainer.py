@@ -219,6 +219,9 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
             moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
         )
     kw.update(_hybrid_and_routing_kwargs(plan))
+    from dse.workloads.launchers.megatron_lm import MEGATRON_LM_MODEL_DEFAULTS
+
+    kw.update(MEGATRON_LM_MODEL_DEFAULTS)  # Megatron-LM's values where the dataclass differs
     kw.update(plan.fields["model"])
     if plan.layout.vpp is not None:
         # Interleaved schedules send to the previous and the next stage in one exchange;
@@ -249,6 +252,41 @@ def _hybrid_and_routing_kwargs(plan: TrialPlan) -> dict[str, Any]:
     if plan.model.num_moe_experts is not None:
         kw.update(mamba.moe_routing_kwargs(plan.semantics.moe_routing))
     return kw
+
+
+def ddp_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
+    """The ``DistributedDataParallelConfig`` keyword arguments of a plan."""
+    from dse.workloads.launchers.megatron_lm import MEGATRON_LM_DDP_DEFAULTS
+
+    ddp_kw: dict[str, Any] = dict(MEGATRON_LM_DDP_DEFAULTS)
+    ddp_kw.update(plan.fields["ddp"])
+    # Megatron-LM (--accumulate-allreduce-grads-in-fp32 for bf16) and Bridge's bf16_mixed
+    # keep fp32 main grads: the catalog default, unless the configuration says otherwise.
+    # fp32 parameters have fp32 gradients either way, and Megatron-LM resolves the flag off
+    # for them (its argument table prints False): the same here
+    fp32 = plan.semantics.precision == "fp32"
+    ddp_kw.setdefault(
+        "grad_reduce_in_fp32", False if fp32 else KNOBS["grad_reduce_in_fp32"].default
+    )
+    return ddp_kw
+
+
+def optimizer_config_kwargs(plan: TrialPlan, config: Any, ddp_config: Any) -> dict[str, Any]:
+    """The ``OptimizerConfig`` keyword arguments of a plan (Adam at ``semantics.lr``, one
+    constant rate: no scheduler), given its built ``TransformerConfig`` and DDP config."""
+    opt_kw: dict[str, Any] = {
+        "optimizer": "adam",
+        "lr": plan.semantics.lr,
+        "bf16": config.bf16,
+        "fp16": config.fp16,
+        "params_dtype": config.params_dtype,
+        "overlap_param_gather": ddp_config.overlap_param_gather,
+    }
+    opt_kw.update(plan.fields["optimizer"])
+    for name in _DTYPE_FIELDS:
+        if isinstance(opt_kw.get(name), str):
+            opt_kw[name] = _torch_dtype(opt_kw[name])
+    return opt_kw
 
 
 def _known_fields(cls: Any, kw: dict[str, Any], what: str) -> None:
@@ -407,7 +445,11 @@ def build(plan: TrialPlan, device: Any) -> _Built:
         for p in model.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
         chunks.append(model)
-    init = init_layout_invariant(chunks, config, seed, plan.model.vocab_size)
+    init = (
+        init_layout_invariant(chunks, config, seed, plan.model.vocab_size)
+        if plan.semantics.init == "layout_invariant"
+        else "megatron"  # Megatron-Core's own, as built (upstream Megatron-LM's)
+    )
     for i, model in enumerate(chunks):
         model.to(device)
         if config.bf16 or config.fp16:
@@ -417,10 +459,7 @@ def build(plan: TrialPlan, device: Any) -> _Built:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
-    ddp_kw: dict[str, Any] = dict(plan.fields["ddp"])
-    # Megatron-LM (--accumulate-allreduce-grads-in-fp32 for bf16) and Bridge's bf16_mixed
-    # keep fp32 main grads: the catalog default, unless the configuration says otherwise
-    ddp_kw.setdefault("grad_reduce_in_fp32", KNOBS["grad_reduce_in_fp32"].default)
+    ddp_kw = ddp_config_kwargs(plan)
     _known_fields(DistributedDataParallelConfig, ddp_kw, "DistributedDataParallelConfig")
     ddp_config = DistributedDataParallelConfig(**ddp_kw)
     chunks = [
@@ -430,18 +469,7 @@ def build(plan: TrialPlan, device: Any) -> _Built:
         for i, m in enumerate(chunks)
     ]
 
-    opt_kw: dict[str, Any] = {
-        "optimizer": "adam",
-        "lr": plan.semantics.lr,
-        "bf16": config.bf16,
-        "fp16": config.fp16,
-        "params_dtype": config.params_dtype,
-        "overlap_param_gather": ddp_config.overlap_param_gather,
-    }
-    opt_kw.update(plan.fields["optimizer"])
-    for name in _DTYPE_FIELDS:
-        if isinstance(opt_kw.get(name), str):
-            opt_kw[name] = _torch_dtype(opt_kw[name])
+    opt_kw = optimizer_config_kwargs(plan, config, ddp_config)
     _known_fields(OptimizerConfig, opt_kw, "OptimizerConfig")
     optimizer = get_megatron_optimizer(OptimizerConfig(**opt_kw), chunks)
     from dse.workloads.megatron._speed import DEFAULT_ADAM_IMPL, set_adam_impl
@@ -576,6 +604,18 @@ def train(
             if step == 0 and _raised_in_megatron(e):
                 raise _invalid_from(e) from e
             raise
+        except RuntimeError as e:
+            # Megatron's NaN/Inf check of the gradient buckets (check_for_nan_in_grad, on as
+            # in Megatron-LM) raises through its rerun state machine: a diverged step
+            diverged = _nan_reason(e)
+            if diverged is None:
+                raise
+            alloc, reserved = _peak_memory_gib(dev_kind)
+            raise TrialFailure(
+                "nan",
+                f"NaN or Inf in the gradients at step {step} (Megatron's check: {diverged})",
+                {"peak_mem_gib": alloc, "peak_reserved_gib": reserved, "step": step},
+            ) from e
         _synchronize(dev_kind)
         wall = time.perf_counter() - t0
         dt = time.process_time() - c0 if cpu_clock else wall
@@ -630,6 +670,15 @@ def _location(exc: BaseException) -> str:
         return ""
     last = tb[-1]
     return f"{os.path.basename(last.filename)}:{last.lineno}: {last.line or ''}".strip()
+
+
+def _nan_reason(exc: BaseException) -> str | None:
+    """The reason of an exception that reports a NaN or Inf (Megatron's own checks: the
+    messages dse's log classification reads as ``nan``), or None."""
+    from dse.workloads.logs import classify_failure
+
+    found = classify_failure(str(exc))
+    return found[1] if found is not None and found[0] == "nan" else None
 
 
 def _raised_in_megatron(exc: BaseException) -> bool:
