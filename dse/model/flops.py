@@ -6,7 +6,8 @@ The count follows ``num_floating_point_operations`` of Megatron-LM
 * every GEMM is counted three times (forward, backward data-gradient, backward
   weight-gradient) at two floating-point operations per multiply-add;
 * the MLP counts ``ffn`` twice for a plain activation and three times for SwiGLU
-  (the gate projection); MoE layers count ``moe_router_topk`` routed experts of size
+  (the gate projection); MoE layers (those ``moe_layer_freq`` makes MoE; the others are
+  dense MLPs of ``ffn_hidden_size``) count ``moe_router_topk`` routed experts of size
   ``moe_ffn_hidden_size`` plus the shared expert;
 * attention counts the Q, K, V and output projections with GQA's smaller K/V, and the two
   attention matmuls (QK^T and softmax·V) over half of the sequence (the causal mask);
@@ -23,6 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
+
+from dse.space.searchspace import moe_layer_pattern
 
 __all__ = ["padded_vocab_size", "model_flops_per_step", "tflops_per_gpu"]
 
@@ -86,7 +89,9 @@ def model_flops_per_step(
 
     experts = m.get("num_moe_experts")
     if experts:
-        moe_layers, dense_layers = layers, 0  # moe_layer_freq = 1: every layer is MoE
+        # moe_layer_freq: which layers are MoE (Megatron-LM counts the pattern the same way)
+        moe_layers = sum(moe_layer_pattern(layers, m.get("moe_layer_freq") or 1, experts))
+        dense_layers = layers - moe_layers
         topk = int(m.get("moe_router_topk") or 1)
         moe_ffn = int(m.get("moe_ffn_hidden_size") or ffn)
         shared_ffn = int(m.get("moe_shared_expert_intermediate_size") or 0)

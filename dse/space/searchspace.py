@@ -46,6 +46,8 @@ __all__ = [
     "MoeRouting",
     "Semantics",
     "HYBRID_SYMBOLS",
+    "moe_layer_pattern",
+    "count_layer_kinds",
     "MODEL_FAMILY_FIELDS",
     "family_value",
     "Resources",
@@ -89,11 +91,36 @@ _LATER_MODEL_FIELDS = (
     "mamba_num_groups",
     "mamba_chunk_size",
     "frozen_params",
+    "moe_layer_freq",
 )
 
 #: Layer symbols of ``hybrid_layer_pattern`` (megatron/core/ssm/mamba_hybrid_layer_allocation.py
 #: ``Symbols``): Mamba mixer, self-attention, dense MLP, MoE.
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def moe_layer_pattern(
+    num_layers: int, moe_layer_freq: int | list[int], num_moe_experts: int | None
+) -> list[int]:
+    """Megatron-Core's per-layer MoE pattern (1 MoE, 0 dense MLP) of a GPT model
+    (megatron/core/models/gpt/gpt_layer_specs.py ``get_gpt_decoder_layer_specs``): an int N
+    makes layer i MoE when ``i % N == 0``; a list is the pattern itself. Without routed
+    experts every layer is dense. The one place dse reads ``moe_layer_freq``."""
+    if not num_moe_experts:
+        return [0] * num_layers
+    if isinstance(moe_layer_freq, int):
+        return [1 if i % moe_layer_freq == 0 else 0 for i in range(num_layers)]
+    return [int(x) for x in moe_layer_freq]
+
+
+def count_layer_kinds(kinds: list[str]) -> dict[str, int]:
+    """Layers by kind (``mamba``, ``attention``, ``mlp``, ``moe``) of a list of
+    :meth:`ModelSpec.layer_kind_list` entries (a GPT layer counts for two kinds)."""
+    out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
+    for entry in kinds:
+        for k in entry.split("+"):
+            out[k] += 1
+    return out
 
 
 class ModelSpec(_Strict):
@@ -152,6 +179,14 @@ class ModelSpec(_Strict):
     moe_shared_expert_intermediate_size: int | None = Field(
         None, ge=1, le=B.MAX_MODEL_INT, description="Shared expert FFN size (MoE)."
     )
+    moe_layer_freq: int | list[int] = Field(
+        1,
+        description="Which layers of a GPT MoE model are MoE (Megatron-Core "
+        "TransformerConfig.moe_layer_freq, --moe-layer-freq): an int N makes layer i MoE when "
+        "i % N == 0 (1: every layer); a list gives one 0 (dense MLP of ffn_hidden_size) or 1 "
+        "(MoE) per layer, e.g. DeepSeek-V3's first 3 dense layers [0,0,0,1,...] "
+        "(megatron/core/models/gpt/gpt_layer_specs.py get_gpt_decoder_layer_specs).",
+    )
     hybrid_layer_pattern: str | None = Field(
         None,
         description="Hybrid (Mamba) model: one symbol per layer, M = Mamba mixer, * = "
@@ -185,17 +220,28 @@ class ModelSpec(_Strict):
     def is_hybrid(self) -> bool:
         return self.hybrid_layer_pattern is not None
 
+    def moe_layer_pattern(self) -> list[int]:
+        """One 0 (dense MLP) or 1 (MoE) per layer of a GPT model, as Megatron-Core builds it
+        from ``moe_layer_freq`` (:func:`moe_layer_pattern`); all 0 for a dense model."""
+        return moe_layer_pattern(self.num_layers, self.moe_layer_freq, self.num_moe_experts)
+
+    def layer_kind_list(self) -> list[str]:
+        """Every layer's kinds in order: a hybrid model's one kind per symbol; a GPT
+        layer's ``attention`` plus ``mlp`` or ``moe`` written ``"attention+moe"``."""
+        if self.hybrid_layer_pattern is not None:
+            return [HYBRID_SYMBOLS[ch] for ch in self.hybrid_layer_pattern]
+        return ["attention+moe" if x else "attention+mlp" for x in self.moe_layer_pattern()]
+
     def layer_counts(self) -> dict[str, int]:
         """Layers by kind: ``mamba``, ``attention``, ``mlp``, ``moe``. A GPT model's layer
-        has attention and an MLP (or MoE) each, so both count every layer."""
-        if self.hybrid_layer_pattern is None:
-            ffn = "moe" if self.num_moe_experts else "mlp"
-            other = "mlp" if ffn == "moe" else "moe"
-            return {"mamba": 0, "attention": self.num_layers, ffn: self.num_layers, other: 0}
-        out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
-        for ch in self.hybrid_layer_pattern:
-            out[HYBRID_SYMBOLS[ch]] += 1
-        return out
+        has attention and an MLP or MoE each (``moe_layer_freq`` says which)."""
+        return count_layer_kinds(self.layer_kind_list())
+
+    @property
+    def mixed_moe(self) -> bool:
+        """A GPT MoE model with dense MLP layers too (``moe_layer_freq`` not every layer)."""
+        pat = self.moe_layer_pattern()
+        return self.hybrid_layer_pattern is None and 0 < sum(pat) < len(pat)
 
     def features_needed(self) -> tuple[str, ...]:
         """The optional software the architecture itself needs on a GPU: Mamba layers run
@@ -244,6 +290,36 @@ class ModelSpec(_Strict):
                 "Mamba heads must be divisible by mamba_num_groups (MambaMixer) "
                 f"(mamba_heads={self.mamba_heads}, mamba_num_groups={self.mamba_num_groups})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _moe_layer_freq(self) -> ModelSpec:
+        f = self.moe_layer_freq
+        if f == 1:
+            return self
+        if self.num_moe_experts is None:
+            raise ValueError(
+                f"moe_layer_freq is set ({f}) but num_moe_experts is unset: a dense model has "
+                "no MoE layers to place"
+            )
+        if self.hybrid_layer_pattern is not None:
+            raise ValueError(
+                "moe_layer_freq does not apply to a hybrid model: its hybrid_layer_pattern "
+                "places the MoE layers (E)"
+            )
+        if isinstance(f, int):
+            if f < 1:
+                raise ValueError(f"moe_layer_freq must be >= 1 (moe_layer_freq={f})")
+            return self
+        if len(f) != self.num_layers:
+            raise ValueError(
+                "moe_layer_freq as a list needs one entry per layer (Megatron-Core "
+                f"get_gpt_decoder_layer_specs) (len(moe_layer_freq)={len(f)}, "
+                f"num_layers={self.num_layers})"
+            )
+        bad = sorted({x for x in f if x not in (0, 1)})
+        if bad:
+            raise ValueError(f"moe_layer_freq entries must be 0 (dense) or 1 (MoE), got {bad}")
         return self
 
     @model_validator(mode="after")

@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 
 from dse.model.costmodel._layout import CostLayout, padded_vocab
-from dse.space.searchspace import ModelSpec
+from dse.space.layout import pipeline_stage_layers
+from dse.space.searchspace import ModelSpec, count_layer_kinds
 
 __all__ = [
     "StageParams",
@@ -15,6 +16,7 @@ __all__ = [
     "layers_on_stage",
     "mlp_factor",
     "stage_layer_kinds",
+    "stage_layer_ids",
     "MAMBA_CONV_KERNEL",
 ]
 
@@ -82,22 +84,25 @@ def _moe_params(model: ModelSpec, layout: CostLayout | None) -> tuple[float, flo
     return dense, expert
 
 
-def stage_layer_kinds(model: ModelSpec, layout: CostLayout, stage: int) -> dict[str, int]:
-    """Layers of each kind on pipeline stage ``stage`` of a hybrid model (the pattern cut
-    into PP equal pieces; the last stage takes the rest)."""
-    pat = model.hybrid_layer_pattern
-    if pat is None:
-        n = layers_on_stage(model, layout)
-        counts = model.layer_counts()
-        return {k: (n if v else 0) for k, v in counts.items()}
-    from dse.space.searchspace import HYBRID_SYMBOLS
+def stage_layer_ids(model: ModelSpec, layout: CostLayout, stage: int) -> list[int]:
+    """The layers (0-based) pipeline rank ``stage`` holds, over all its virtual chunks.
 
-    n = int(math.ceil(len(pat) / layout.pp))
-    piece = pat[stage * n : (stage + 1) * n] if stage < layout.pp - 1 else pat[stage * n :]
-    out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
-    for ch in piece:
-        out[HYBRID_SYMBOLS[ch]] += 1
-    return out
+    A hybrid model's pattern is cut into PP pieces of ceil(L/PP) (the last takes the rest);
+    a GPT model's layers split as Megatron-Core splits them
+    (:func:`dse.space.layout.pipeline_stage_layers`)."""
+    if model.is_hybrid:
+        n = int(math.ceil(model.num_layers / layout.pp))
+        hi = (stage + 1) * n if stage < layout.pp - 1 else model.num_layers
+        return list(range(min(stage * n, model.num_layers), min(hi, model.num_layers)))
+    par = layout.parallel
+    return pipeline_stage_layers(model.num_layers, par.pp, par.vpp, par.split)[stage]
+
+
+def stage_layer_kinds(model: ModelSpec, layout: CostLayout, stage: int) -> dict[str, int]:
+    """Layers of each kind on pipeline stage ``stage`` (a GPT layer counts as attention and
+    as MLP or MoE, as ``moe_layer_freq`` makes it)."""
+    kinds = model.layer_kind_list()
+    return count_layer_kinds([kinds[i] for i in stage_layer_ids(model, layout, stage)])
 
 
 @dataclass(frozen=True)
@@ -120,8 +125,8 @@ class StageParams:
 
 
 def layers_on_stage(model: ModelSpec, layout: CostLayout) -> int:
-    """Transformer layers on the most loaded pipeline stage (ceil of L / PP)."""
-    return int(math.ceil(model.num_layers / layout.pp))
+    """Transformer layers on the most loaded pipeline stage."""
+    return max(len(stage_layer_ids(model, layout, st)) for st in range(layout.pp))
 
 
 def _layer_params(model: ModelSpec, layout: CostLayout) -> tuple[float, float]:
@@ -152,7 +157,7 @@ def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: i
     h = model.hidden_size
     vp = padded_vocab(model.vocab_size, layout.tp)
     first, last = stage == 0, stage == layout.pp - 1
-    if model.is_hybrid:
+    if model.is_hybrid or model.mixed_moe:
         dense, expert = _hybrid_stage_params(model, layout, stage)
     else:
         n = layers_on_stage(model, layout)
@@ -172,7 +177,8 @@ def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: i
 
 
 def _hybrid_stage_params(model: ModelSpec, layout: CostLayout, stage: int) -> tuple[float, float]:
-    """(dense, expert) parameters of a hybrid model's layers on one rank of ``stage``."""
+    """(dense, expert) parameters of the layers on one rank of ``stage``, by layer kind
+    (a hybrid model, or a GPT MoE model with dense layers too)."""
     tp, h = layout.tp, model.hidden_size
     norm = h * (2 if model.normalization == "LayerNorm" else 1)
     kinds = stage_layer_kinds(model, layout, stage)
@@ -191,7 +197,7 @@ def total_params(model: ModelSpec, seq_length: int) -> int:
     """All parameters of the model (unpadded vocabulary, one copy of every weight; frozen
     parameters not included)."""
     h = model.hidden_size
-    if model.is_hybrid:
+    if model.is_hybrid or model.mixed_moe:
         return _hybrid_total(model, seq_length)
     a_sh, a_rep = _attention_params(model)
     norm2 = h * (2 if model.normalization == "LayerNorm" else 1)

@@ -182,6 +182,11 @@ def model_flags(space: SearchSpace) -> list[str]:
         if m.moe_shared_expert_intermediate_size is not None:
             out += ["--moe-shared-expert-intermediate-size",
                     str(m.moe_shared_expert_intermediate_size)]  # fmt: skip
+        if m.moe_layer_freq != 1:
+            # Megatron-LM's --moe-layer-freq takes an int or a Python list expression
+            freq = m.moe_layer_freq
+            text = str(freq) if isinstance(freq, int) else "[" + ",".join(map(str, freq)) + "]"
+            out += ["--moe-layer-freq", text]
         out += routing_flags(sem.moe_routing)
     if sem.precision in ("bf16", "fp16"):
         out.append(f"--{sem.precision}")
