@@ -171,3 +171,51 @@ def test_trainer_builds_dense_and_moe_layers_from_moe_layer_freq(tmp_path: Path)
     assert len(got["mixed"]) == 3 and all(x > 0 for x in got["mixed"])
     # the dense layers are built (another model, other losses from the same seed and data)
     assert got["mixed"] != got["all_moe"]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_uneven_pipelines_train_the_same_losses_as_one_stage(tmp_path: Path) -> None:
+    """Megatron-Core places the 4 layers 1+3 (first stage), by a layout string (3+1), or
+    with the embedding and loss counted (2+2): the built-in trainer passes the fields to
+    TransformerConfig and trains the same loss curve as one stage (layout-invariant
+    weights, fp32)."""
+    from tests.conftest import require_megatron
+    from tests.workloads.test_megatron_trainer import losses, make_spec, run_trial
+
+    require_megatron()
+    base = losses(run_trial(make_spec(tmp_path, "pp1"), tmp_path)[1])
+    cases = {
+        "first1": {"num_layers_in_first_pipeline_stage": 1},
+        "layout": {"pipeline_model_parallel_layout": "Ettt|tL"},
+        "accounted": {"account_for_embedding_in_pipeline_split": True,
+                      "account_for_loss_in_pipeline_split": True},
+    }  # fmt: skip
+    for name, split in cases.items():
+        params = {"pipeline_model_parallel_size": 2, **split}
+        rc, out = run_trial(make_spec(tmp_path, name, params, world=2), tmp_path)
+        assert rc == 0, (name, out.reason)
+        assert losses(out) == pytest.approx(base, abs=1e-3), name
+
+
+def test_rules_and_cost_model_take_the_pipeline_split() -> None:
+    from dse.model.costmodel.memory import estimate_memory
+
+    model = {**TINY, "num_moe_experts": None, "num_layers": 6}
+    space = _space(model, {"pipeline_model_parallel_size": 2})
+    heavy = {"num_layers_in_first_pipeline_stage": 5}
+    assert not check(space, {**space.baseline(), **heavy})
+    bad = {"num_layers_in_first_pipeline_stage": 6}  # nothing left for the last stage
+    assert [v.rule for v in check(space, {**space.baseline(), **bad})] == ["pipeline_split"]
+    conflict = {"pipeline_model_parallel_layout": "Ett|tt|t|tL",  # 4 stages: VPP 2
+                "virtual_pipeline_model_parallel_size": 3}  # fmt: skip
+    got = check(space, {**space.baseline(), **conflict})
+    assert got[0].rule == "pipeline_split" and "conflicts" in got[0].message
+    m = ModelSpec(**model)
+    params = {**space.full_params(space.baseline()), **heavy}
+    est = estimate_memory(m, space.semantics, space.resources, params)
+    stages = est.details["stages"]
+    assert stages["0"]["layers"]["attention"] == 5 and stages["1"]["layers"]["attention"] == 1
+    assert est.peak_stage == 0  # the stage of 5 layers sets the peak
+    even = estimate_memory(m, space.semantics, space.resources, space.full_params({}))
+    assert est.total_gib > even.total_gib

@@ -20,6 +20,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dse.space.layout import PipelineSplit
 from dse.space.searchspace import ModelSpec, MoeRouting, SearchSpace
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_fields
 
@@ -46,6 +47,9 @@ FLAG_OF_FIELD: dict[str, str] = {
     "expert_model_parallel_size": "--expert-model-parallel-size",
     "expert_tensor_parallel_size": "--expert-tensor-parallel-size",
     "micro_batch_size": "--micro-batch-size",
+    "num_layers_in_first_pipeline_stage": "--num-layers-in-first-pipeline-stage",
+    "num_layers_in_last_pipeline_stage": "--num-layers-in-last-pipeline-stage",
+    "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout",
     "recompute_granularity": "--recompute-granularity",
     "recompute_method": "--recompute-method",
     "recompute_num_layers": "--recompute-num-layers",
@@ -63,6 +67,8 @@ FLAG_OF_FIELD: dict[str, str] = {
 #: Boolean fields Megatron-LM leaves off by default: ``--flag`` turns them on.
 SWITCH_OF_FIELD: dict[str, str] = {
     "sequence_parallel": "--sequence-parallel",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
     "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
     "moe_grouped_gemm": "--moe-grouped-gemm",
     "moe_permute_fusion": "--moe-permute-fusion",
@@ -83,6 +89,7 @@ NO_SWITCH_OF_FIELD: dict[str, str] = {
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
 }
 VPP_FLAG = "--num-layers-per-virtual-pipeline-stage"
+VSTAGES_FLAG = "--num-virtual-stages-per-pipeline-rank"
 #: ``semantics.moe_routing`` field (a ``TransformerConfig`` field) -> Megatron-LM flag; a
 #: bool field's flag is a switch (Megatron-LM leaves each of them off by default).
 ROUTING_FLAG_OF_FIELD: dict[str, str] = {
@@ -233,6 +240,11 @@ def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = F
         f, v = a.field, a.value
         if f == "virtual_pipeline_model_parallel_size":
             if v is None:
+                continue
+            if not PipelineSplit.from_params(params).is_even:
+                # an uneven split or a layout: the chunk count itself (Megatron-LM's
+                # --num-layers-per-virtual-pipeline-stage assumes equal stages)
+                out += [VSTAGES_FLAG, str(v)]
                 continue
             if model.num_layers % (pp * int(v)):
                 raise NotTaken(name, value, f"{model.num_layers} layers do not split into "

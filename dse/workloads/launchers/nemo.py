@@ -33,6 +33,13 @@ _STRATEGY = {
     "sequence_parallel",
     "expert_model_parallel_size",
     "expert_tensor_parallel_size",
+    # MegatronStrategy's pipeline split fields (nemo/lightning/pytorch/strategies/
+    # megatron_strategy.py), passed on to the model's TransformerConfig
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
 }
 #: OptimizerConfig fields that hold a torch.dtype: a command-line override cannot build one.
 _DTYPE_FIELDS = {"main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"}
