@@ -557,6 +557,12 @@ def _knobs() -> dict[str, Knob]:
     return {k.name: k for k in ks}
 
 
+def _split_cloudai(name: str) -> dict[str, str]:
+    """A pipeline split field in CloudAI's tests: NeMoRun's dotted MegatronStrategy path; a
+    MegatronBridge test's field of the same name."""
+    return {"NeMoRun": f"trainer.strategy.{name}", "MegatronBridge": name}
+
+
 def _pipeline_split_knobs() -> list[Knob]:
     """The TransformerConfig fields that move layers between pipeline stages
     (:data:`dse.space.layout.PIPELINE_SPLIT_KNOBS`; their rules: ``pipeline_split`` of
@@ -569,6 +575,7 @@ def _pipeline_split_knobs() -> list[Knob]:
             "Decoder layers on the first pipeline stage (uneven pipeline; None: the even "
             "split). Not with account_for_* or a layout.",
             _one("model", "num_layers_in_first_pipeline_stage"),
+            cloudai=_split_cloudai("num_layers_in_first_pipeline_stage"),
         ),
         Knob(
             "num_layers_in_last_pipeline_stage",
@@ -577,6 +584,7 @@ def _pipeline_split_knobs() -> list[Knob]:
             "Decoder layers on the last pipeline stage (uneven pipeline; None: the even "
             "split). Not with account_for_* or a layout.",
             _one("model", "num_layers_in_last_pipeline_stage"),
+            cloudai=_split_cloudai("num_layers_in_last_pipeline_stage"),
         ),
         Knob(
             "account_for_embedding_in_pipeline_split",
@@ -584,6 +592,7 @@ def _pipeline_split_knobs() -> list[Knob]:
             False,
             "Count the embedding as one layer when splitting the layers over pipeline stages.",
             _one("model", "account_for_embedding_in_pipeline_split"),
+            cloudai=_split_cloudai("account_for_embedding_in_pipeline_split"),
         ),
         Knob(
             "account_for_loss_in_pipeline_split",
@@ -592,6 +601,7 @@ def _pipeline_split_knobs() -> list[Knob]:
             "Count the loss (output layer) as one layer when splitting the layers over "
             "pipeline stages.",
             _one("model", "account_for_loss_in_pipeline_split"),
+            cloudai=_split_cloudai("account_for_loss_in_pipeline_split"),
         ),
         Knob(
             "pipeline_model_parallel_layout",
@@ -601,6 +611,7 @@ def _pipeline_split_knobs() -> list[Knob]:
             "chunk i // PP), E embedding, t decoder layer, L loss, (..)*n / x*n repeats, e.g. "
             "'Etttt|(tttt|)*14tL'; sets VPP when VPP is unset.",
             _one("model", "pipeline_model_parallel_layout"),
+            cloudai=_split_cloudai("pipeline_model_parallel_layout"),
         ),
     ]
 

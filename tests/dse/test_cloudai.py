@@ -559,17 +559,22 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai(tmp_path: Path) -
             "vp": c["virtual_pipeline_model_parallel_size"] or 1,
         }
         assert _cloudai_bridge_keeps(a, layouts)
-    # CloudAI's fields for those two model shapes are named, not passed silently
+    # CloudAI's fields for those two model shapes become the model's moe_layer_freq and the
+    # pipeline layout knob
     t = tmp_path / "t.toml"
     t.write_text(
         (CUR / "test" / "megatron_bridge_deepseekv3_bayesian.toml")
         .read_text()
-        .replace("moe_a2a_overlap = false", 'moe_a2a_overlap = false\nfirst_k_dense_replace = 3\n'
-                 'pipeline_model_parallel_layout = "Et|(tt|)*30mL"')
+        .replace("moe_a2a_overlap = false", 'moe_a2a_overlap = false\nfirst_k_dense_replace = 2\n'
+                 'pipeline_model_parallel_layout = "Et|(tt|)*30L"')
     )  # fmt: skip
-    why = {u.key: u.why for u in import_scenario(t, system=SYSTEM, seq_length=4096).unmapped}
-    assert "dense first layers" in why["cmd_args.first_k_dense_replace"]
-    assert "evenly" in why["cmd_args.pipeline_model_parallel_layout"]
+    got = import_scenario(t, system=SYSTEM, seq_length=4096)
+    assert not {u.key for u in got.unmapped} & {
+        "cmd_args.first_k_dense_replace", "cmd_args.pipeline_model_parallel_layout"
+    }  # fmt: skip
+    sp = parse_space(got.space, "t")
+    assert sp.model.moe_layer_pattern()[:3] == [0, 0, 1] and sp.model.layer_counts()["mlp"] == 2
+    assert sp.fixed["pipeline_model_parallel_layout"] == "Et|(tt|)*30L"
 
 
 def test_tp_gt_1_moe_points_are_valid_through_derived_sp() -> None:
