@@ -219,3 +219,30 @@ def test_rules_and_cost_model_take_the_pipeline_split() -> None:
     assert est.peak_stage == 0  # the stage of 5 layers sets the peak
     even = estimate_memory(m, space.semantics, space.resources, space.full_params({}))
     assert est.total_gib > even.total_gib
+
+
+def test_deepseek_grid_bench_keeps_what_cloudai_keeps_but_for_predicted_oom() -> None:
+    """bench/deepseek_grid.py (BENCHMARKS, issue 38): with Bridge's DeepSeek-V3 layouts as
+    pipeline_model_parallel_layout, dse keeps nothing CloudAI refuses, and each configuration
+    CloudAI keeps that dse refuses is a predicted OOM (an estimate) or a named rule; Bridge's
+    GB200 performance layout breaks no rule."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(repo / "bench" / "deepseek_grid.py"), "--json"],
+                       capture_output=True, text=True, cwd=repo, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    g = out["grid"]
+    assert g["grid"] == 192 and g["cloudai_keeps"] == 60
+    assert g["dse_keeps_outside_cloudai"] == 0
+    assert g["dse_keeps"] + sum(g["cloudai_kept_dse_refused_by_reason"].values()) == 60
+    assert set(g["cloudai_kept_dse_refused_by_reason"]) == {"predicted_oom"}
+    assert {row["pp"] for row in g["kept"]} >= {4, 8}  # uneven pipelines now launchable
+    p = out["gb200_perf_layout"]
+    assert p["rules_broken"] == []
+    assert p["stages"]["0"]["layers"]["mlp"] == 3  # the 3 dense first layers, on stage 0
+    assert p["stages"]["3"]["layers"]["attention"] == 13
