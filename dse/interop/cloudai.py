@@ -884,19 +884,20 @@ def import_scenario(
             notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
     dense_first = args.pop("first_k_dense_replace", None) if workload == "bridge" else None
     if dense_first is not None:
-        k = _as_int(first("cmd_args.first_k_dense_replace", dense_first, "a model field"),
+        n_dense = _as_int(first("cmd_args.first_k_dense_replace", dense_first, "a model field"),
                     "first_k_dense_replace", where)  # fmt: skip
-        n = int(model_over.get("num_layers") or _model_fields(model).get("num_layers") or 0)
-        if not 0 <= k <= n:
+        n_layers = int(model_over.get("num_layers") or _model_fields(model).get("num_layers") or 0)
+        if not 0 <= n_dense <= n_layers:
             raise SpaceError(
                 f"{where}: cmd_args.first_k_dense_replace must be between 0 and the model's "
-                f"{n} layers (got {k})"
+                f"{n_layers} layers (got {n_dense})"
             )
-        freq = [0] * k + [1] * (n - k)
+        freq = [0] * n_dense + [1] * (n_layers - n_dense)
         if freq != _model_fields(model).get("moe_layer_freq"):
             model_over["moe_layer_freq"] = freq
         notes.append(
-            f"first_k_dense_replace {k}: the first {k} layers dense (model.moe_layer_freq)"
+            f"first_k_dense_replace {n_dense}: the first {n_dense} layers dense "
+            "(model.moe_layer_freq)"
         )
     if model_over:
         model = (

@@ -716,6 +716,34 @@ def r_recompute_modules(
 
 
 @_rule
+def r_packed_sequences(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """Packed sequences (``semantics.packed_sequences``, THD): one packed row per
+    micro-batch (Megatron-Bridge ``ConfigContainer.validate`` and NeMo's fine-tuning data
+    module refuse MBS > 1: "Micro batch size should be 1 when training with packed
+    sequence"), and a Transformer Engine attention: Megatron-Core's local
+    DotProductAttention asserts ``packed_seq_params is None``
+    (megatron/core/transformer/dot_product_attention.py), so ``unfused`` and dse's ``sdpa``
+    (both on the local spec) cannot attend within each packed sequence."""
+    if not getattr(s.semantics, "packed_sequences", False):
+        return None
+    if L.mbs != 1:
+        return _v(
+            "packed_sequences",
+            "packed sequences train one packed row per micro-batch (micro_batch_size 1)",
+            micro_batch_size=L.mbs,
+        )
+    backend = _get(s.full_params(p), "attention_backend")
+    if backend in ("unfused", "sdpa"):
+        return _v(
+            "packed_sequences",
+            "packed sequences need Transformer Engine attention (the local "
+            "DotProductAttention takes no packed_seq_params)",
+            attention_backend=backend,
+        )
+    return None
+
+
+@_rule
 def r_flex_dispatcher(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """The flex dispatcher with DeepEP needs TP*EP > 1 (token_dispatcher.py) and, like
     HybridEP, no padding of the expert input to capacity (TransformerConfig)."""

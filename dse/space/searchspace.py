@@ -44,6 +44,8 @@ __all__ = [
     "ModelSpec",
     "DataSpec",
     "MoeRouting",
+    "LoraSpec",
+    "LORA_TARGETS",
     "Semantics",
     "HYBRID_SYMBOLS",
     "moe_layer_pattern",
@@ -431,6 +433,38 @@ class MoeRouting(_Strict):
         return self
 
 
+#: LoRA's target modules (Megatron-Bridge ``megatron.bridge.peft.lora.LoRA`` and NeMo's
+#: ``llm.peft.LoRA`` ``target_modules``): the fused QKV projection, the attention output
+#: projection, the MLP's (or each expert's) first and second linear.
+LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+LORA_TARGETS: tuple[LoraTarget, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+class LoraSpec(_Strict):
+    """Parameter-efficient fine-tuning by LoRA: low-rank adapters ``B(A(x)) * alpha / dim``
+    beside the target linears train; every base weight is frozen (no gradient, no optimizer
+    state). Field names and defaults of Megatron-Bridge's ``LoRA`` (dim 32, alpha 32,
+    dropout 0, all four targets)."""
+
+    scheme: Literal["lora"] = Field("lora", description="The PEFT scheme (LoRA).")
+    dim: int = Field(32, ge=1, le=65536, description="Adapter rank.")
+    alpha: int = Field(32, ge=1, le=1 << 20, description="Scale numerator (alpha / dim).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input.")
+    target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        max_length=4,
+        description="Linears that get adapters.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _unique_targets(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"target_modules lists a module twice: {v}")
+        return v
+
+
 class Semantics(_Strict):
     """What the execution knobs must never change."""
 
@@ -451,6 +485,16 @@ class Semantics(_Strict):
     data: DataSpec = Field(default_factory=lambda: DataSpec(), description="Training data.")
     moe_routing: MoeRouting | None = Field(
         None, description="MoE routing held fixed (MoE models; None: Megatron's defaults)."
+    )
+    peft: LoraSpec | None = Field(
+        None,
+        description="Which parameters train: None, all of them (full training); LoRA, "
+        "adapters on a frozen base.",
+    )
+    packed_sequences: bool = Field(
+        False,
+        description="Several sequences packed into each seq_length row (THD layout: "
+        "cu_seqlens, attention within each sequence), as Bridge's and NeMo's packed SFT.",
     )
 
     @model_validator(mode="after")
@@ -1443,8 +1487,17 @@ class SearchSpace(_Strict):
         defaults = ModelSpec.model_fields
         unset = {k for k in _LATER_MODEL_FIELDS if getattr(self.model, k) == defaults[k].default}
         exclude: dict[str, Any] = {"model": unset} if unset else {}
-        if self.semantics.moe_routing is None:
-            exclude["semantics"] = {"moe_routing"}
+        sem_unset = {
+            k
+            for k, unset in (
+                ("moe_routing", self.semantics.moe_routing is None),
+                ("peft", self.semantics.peft is None),  # added later: counted only when set
+                ("packed_sequences", not self.semantics.packed_sequences),
+            )
+            if unset
+        }
+        if sem_unset:
+            exclude["semantics"] = sem_unset
         if not self.prescreen.coefficients:
             exclude["prescreen"] = {"coefficients"}
         if self.measurement == MeasurementSpec():  # added later: counted only when set
@@ -1477,6 +1530,13 @@ class SearchSpace(_Strict):
         for k in _LATER_MODEL_FIELDS:  # as in digest(): counted only when set
             if out["model"].get(k) == 0.0:
                 out["model"].pop(k, None)
+        if out["model"].get("moe_layer_freq") == 1:  # added later still: its default
+            out["model"].pop("moe_layer_freq")
+        sem = out["semantics"]
+        if sem.get("peft") is None:  # training semantics added later: counted only when set
+            sem.pop("peft", None)
+        if not sem.get("packed_sequences"):
+            sem.pop("packed_sequences", None)
         measurement = self.measurement.identity()
         if measurement != MeasurementSpec().identity():
             out["measurement"] = measurement

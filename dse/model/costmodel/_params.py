@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from dse.model.costmodel._layout import CostLayout, padded_vocab
 from dse.space.layout import pipeline_stage_layers
-from dse.space.searchspace import ModelSpec, count_layer_kinds
+from dse.space.searchspace import LoraSpec, ModelSpec, count_layer_kinds
 
 __all__ = [
     "StageParams",
@@ -17,6 +17,8 @@ __all__ = [
     "mlp_factor",
     "stage_layer_kinds",
     "stage_layer_ids",
+    "lora_layer_params",
+    "lora_stage_params",
     "MAMBA_CONV_KERNEL",
 ]
 
@@ -173,7 +175,57 @@ def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: i
             # untied output layer, or the copy of the tied embedding on the last stage
             dense += vp * h / layout.tp
     frozen = model.frozen_params if first else 0
+    if layout.peft is not None:
+        # PEFT: every base weight is frozen (weights only); the adapters train (dense: they
+        # are replicated over data parallelism like the attention; on experts, sharded by
+        # expert data parallelism like the experts)
+        a_dense, a_expert = lora_stage_params(model, layout, stage)
+        frozen += int(round(dense + expert))
+        dense, expert = a_dense, a_expert
     return StageParams(int(round(dense)), int(round(expert)), frozen)
+
+
+def lora_layer_params(model: ModelSpec, kind: str, peft: LoraSpec) -> tuple[float, float]:
+    """(dense, expert) LoRA adapter parameters of one layer of ``kind`` (``attention``,
+    ``mlp``, ``moe``; all experts), whole: an adapter of rank r beside a linear of
+    ``n_in -> n_out`` holds ``r (n_in + n_out)`` (A: n_in x r, B: r x n_out)."""
+    r, t = peft.dim, set(peft.target_modules)
+    h = model.hidden_size
+    dense = expert = 0.0
+    if kind == "attention":
+        q = model.num_attention_heads * model.head_dim
+        kv = model.query_groups * model.head_dim
+        if "linear_qkv" in t:
+            dense += r * (h + q + 2 * kv)
+        if "linear_proj" in t:
+            dense += r * (q + h)
+        return dense, expert
+    fac = mlp_factor(model)
+    if kind == "mlp":
+        f = model.ffn_hidden_size
+        dense += r * (h + fac * f) * ("linear_fc1" in t) + r * (f + h) * ("linear_fc2" in t)
+        return dense, expert
+    if kind == "moe":
+        fe = model.moe_ffn_hidden_size or model.ffn_hidden_size
+        per = r * (h + fac * fe) * ("linear_fc1" in t) + r * (fe + h) * ("linear_fc2" in t)
+        expert = per * (model.num_moe_experts or 0)
+        fs = model.moe_shared_expert_intermediate_size
+        if fs:
+            dense += r * (h + fac * fs) * ("linear_fc1" in t) + r * (fs + h) * ("linear_fc2" in t)
+    return dense, expert
+
+
+def lora_stage_params(model: ModelSpec, layout: CostLayout, stage: int) -> tuple[float, float]:
+    """(dense, expert) adapter parameters on one rank of ``stage`` (TP shards the dense
+    adapters, EP x ETP the experts'; an estimate: Bridge replicates some A or B halves)."""
+    assert layout.peft is not None
+    kinds = stage_layer_kinds(model, layout, stage)
+    dense = expert = 0.0
+    for kind in ("attention", "mlp", "moe"):
+        d, e = lora_layer_params(model, kind, layout.peft)
+        dense += kinds[kind] * d / layout.tp
+        expert += kinds[kind] * e / (layout.ep * layout.etp)
+    return dense, expert
 
 
 def _hybrid_stage_params(model: ModelSpec, layout: CostLayout, stage: int) -> tuple[float, float]:

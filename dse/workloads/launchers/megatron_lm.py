@@ -297,6 +297,23 @@ class MegatronLMLauncher(Launcher):
         return knob_flags(params, self.space.model, builtin=self.spec.module == BUILTIN_MODULE)
 
     def semantics_overrides(self) -> list[str]:
+        sem = self.space.semantics
+        if self.spec.module != BUILTIN_MODULE:
+            if sem.peft is not None:
+                raise NotTaken(
+                    "semantics.peft",
+                    sem.peft.scheme,
+                    "Megatron-LM's pretrain_gpt.py has no PEFT (LoRA is Megatron-Bridge's "
+                    "megatron.bridge.peft.lora.LoRA and NeMo's llm.peft.LoRA); use the bridge "
+                    "or nemo launcher, or dse's built-in trainer",
+                )
+            if sem.packed_sequences:
+                raise NotTaken(
+                    "semantics.packed_sequences",
+                    True,
+                    "Megatron-LM's pretrain_gpt.py trains full rows of its GPT dataset (no "
+                    "packed SFT data); use a Bridge or NeMo packed-SFT recipe",
+                )
         if self.spec.model_args:
             return model_flags(self.space)
         # the recipe's arguments give the model; a routing the study declares is applied

@@ -20,6 +20,7 @@ from dse.workloads.launchers._core import (
     NotTaken,
     _layout,
     dse_only,
+    lora_fields,
     routing_fields,
 )
 
@@ -120,6 +121,7 @@ class NemoLauncher(Launcher):
             f"data.seq_length={sem.seq_length}",
             *(f"{self.key('model', f)}={python_value(v)}"
               for f, v in routing_fields(sem.moe_routing)),
+            *(f"peft.{f}={python_value(v)}" for f, v in lora_fields(sem.peft)),
         ]  # fmt: skip
 
     def fixed_overrides(self) -> list[str]:

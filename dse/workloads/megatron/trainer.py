@@ -436,6 +436,12 @@ def build(plan: TrialPlan, device: Any) -> _Built:
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
         chunks.append(model)
     init = init_layout_invariant(chunks, config, seed, plan.model.vocab_size)
+    peft = plan.semantics.peft
+    if peft is not None:
+        from dse.workloads.megatron._lora import apply_lora
+
+        counts = [apply_lora(m, peft, seed) for m in chunks]
+        init += f"+lora(trained={sum(c[0] for c in counts)},frozen={sum(c[1] for c in counts)})"
     for i, model in enumerate(chunks):
         model.to(device)
         if config.bf16 or config.fp16:
