@@ -12,7 +12,12 @@ The count follows ``num_floating_point_operations`` of Megatron-LM
 * attention counts the Q, K, V and output projections with GQA's smaller K/V, and the two
   attention matmuls (QK^T and softmax·V) over half of the sequence (the causal mask);
 * the logits GEMM uses the padded vocabulary size;
-* activation recompute is not counted (model FLOPs, not hardware FLOPs).
+* activation recompute is not counted (model FLOPs, not hardware FLOPs);
+* the training semantics change no count: a LoRA study (``semantics.peft``) counts the base
+  model's FLOPs as above (the frozen base computes no weight gradients, which the cost
+  model's step time knows; the adapters' own GEMMs, rank x width, are left out), and packed
+  sequences count each row as one ``seq_length`` sequence (Megatron-LM's formula does the
+  same; attention within shorter packed sequences does less work than that).
 
 ``tflops_per_gpu`` divides by the step time and the number of GPUs, as Megatron-LM's
 ``throughput`` log line does, so the figures compare with published Megatron/NeMo numbers.
