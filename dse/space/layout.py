@@ -195,7 +195,12 @@ def _uneven_chunks(
             )
         middle -= n
         stages -= 1
-    if bool(middle > 0) != bool(stages > 0) or middle < 0:
+    if stages < 0:
+        raise PipelineSplitError(
+            "num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage "
+            f"together need PP >= 2 (TransformerConfig) (pp={pp})"
+        )
+    if bool(middle) != bool(stages) or middle < 0:
         raise PipelineSplitError(
             "the layers left for the middle pipeline stages must match them "
             f"(TransformerConfig) (middle layers={middle}, middle stages={stages})"
@@ -283,12 +288,14 @@ def pipeline_chunks(
                 "account_for_embedding/loss_in_pipeline_split) (TransformerConfig)"
             )
         return _layout_chunks(num_layers, pp, vpp, split.pipeline_model_parallel_layout)
-    if pp == 1:
-        return [[list(range(num_layers))]]
+    # Megatron-Core checks the uneven and accounted splits whatever PP is
+    # (TransformerConfig.__post_init__), so PP 1 is no exception for them
     if split.uneven:
         return _uneven_chunks(num_layers, pp, vpp, split)
     if split.accounts:
         return _accounted_chunks(num_layers, pp, vpp, split)
+    if pp == 1:
+        return [[list(range(num_layers))]]
     v = vpp or 1
     if num_layers % (pp * v):
         raise PipelineSplitError(

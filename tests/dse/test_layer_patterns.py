@@ -246,3 +246,96 @@ def test_deepseek_grid_bench_keeps_what_cloudai_keeps_but_for_predicted_oom() ->
     assert p["rules_broken"] == []
     assert p["stages"]["0"]["layers"]["mlp"] == 3  # the 3 dense first layers, on stage 0
     assert p["stages"]["3"]["layers"]["attention"] == 13
+
+
+def _megatron_chunks(n: int, pp: int, vpp: int | None, split: PipelineSplit) -> Any:
+    """Megatron-Core 0.16.1's own placement: TransformerConfig's checks, then each (rank,
+    chunk)'s offset and layer count (get_transformer_layer_offset, get_num_layers_to_build;
+    a layout's own table)."""
+    import torch
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    cfg = TransformerConfig(
+        num_layers=n, hidden_size=8, num_attention_heads=2, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp, pipeline_dtype=torch.float32,
+        **{k: v for k, v in vars(split).items() if v not in (None, False)},
+    )  # fmt: skip
+    v = cfg.virtual_pipeline_model_parallel_size or 1
+    out = []
+    for rank in range(pp):
+        row = []
+        for chunk in range(v):
+            vp = chunk if cfg.virtual_pipeline_model_parallel_size else None
+            if cfg.pipeline_model_parallel_layout is not None:
+                lay = cfg.pipeline_model_parallel_layout.layout
+                start = sum(
+                    lay[r][c].count(lay[r][c][0].__class__.decoder)
+                    for c in range(v) for r in range(pp) if (c, r) < (chunk, rank)
+                )  # fmt: skip
+                count = lay[rank][chunk].count(lay[rank][chunk][0].__class__.decoder) if (
+                    lay[rank][chunk]) else 0  # fmt: skip
+            else:
+                start = get_transformer_layer_offset(cfg, vp_stage=vp, pp_rank=rank)
+                count = get_num_layers_to_build(cfg, vp_stage=vp, pp_rank=rank)
+            row.append(list(range(start, start + count)))
+        out.append(row)
+    return out
+
+
+SPLITS = [
+    (8, 2, None, PipelineSplit()),
+    (8, 2, 2, PipelineSplit()),
+    (13, 4, None, PipelineSplit(num_layers_in_first_pipeline_stage=3,
+                                num_layers_in_last_pipeline_stage=2)),
+    (12, 4, None, PipelineSplit(num_layers_in_first_pipeline_stage=3,
+                                num_layers_in_last_pipeline_stage=2)),
+    (14, 3, 2, PipelineSplit(num_layers_in_first_pipeline_stage=4)),
+    (14, 3, 2, PipelineSplit(num_layers_in_first_pipeline_stage=3)),
+    (4, 1, None, PipelineSplit(num_layers_in_first_pipeline_stage=3)),
+    (4, 1, None, PipelineSplit(num_layers_in_first_pipeline_stage=4)),
+    (10, 4, None, PipelineSplit(account_for_embedding_in_pipeline_split=True,
+                                account_for_loss_in_pipeline_split=True)),
+    (14, 4, 2, PipelineSplit(account_for_embedding_in_pipeline_split=True,
+                             account_for_loss_in_pipeline_split=True)),
+    (11, 4, None, PipelineSplit(account_for_loss_in_pipeline_split=True)),
+    (61, 4, None, PipelineSplit(pipeline_model_parallel_layout="Et*4|(t*4|)*14tL")),
+    (61, 4, None, PipelineSplit(pipeline_model_parallel_layout="Et*16|t*16|t*16|t*13L")),
+    (60, 4, None, PipelineSplit(pipeline_model_parallel_layout="Et*16|t*16|t*16|t*13L")),
+    (8, 2, None, PipelineSplit(num_layers_in_last_pipeline_stage=3,
+                               account_for_loss_in_pipeline_split=True)),
+]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(("n", "pp", "vpp", "split"), SPLITS)
+def test_pipeline_chunks_agree_with_megatron_core(
+    n: int, pp: int, vpp: int | None, split: PipelineSplit
+) -> None:
+    """dse's placement (dse.space.layout.pipeline_chunks) against Megatron-Core's own code:
+    the same refusals, the same layers on every rank and chunk."""
+    from tests.conftest import require_megatron
+
+    require_megatron()
+    try:
+        want = _megatron_chunks(n, pp, vpp, split)
+    except (ValueError, AssertionError):
+        with pytest.raises(PipelineSplitError):
+            pipeline_chunks(n, pp, vpp, split)
+        return
+    assert pipeline_chunks(n, pp, vpp, split) == want
+
+
+def test_the_differential_cases_cover_both_outcomes() -> None:
+    """Of SPLITS, Megatron-Core refuses 6 and places 9 (so both branches above are tested)."""
+    from tests.conftest import require_megatron
+
+    require_megatron()
+    refused = 0
+    for n, pp, vpp, split in SPLITS:
+        try:
+            _megatron_chunks(n, pp, vpp, split)
+        except (ValueError, AssertionError):
+            refused += 1
+    assert (refused, len(SPLITS) - refused) == (6, 9)
