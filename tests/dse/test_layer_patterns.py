@@ -339,3 +339,23 @@ def test_the_differential_cases_cover_both_outcomes() -> None:
         except (ValueError, AssertionError):
             refused += 1
     assert (refused, len(SPLITS) - refused) == (6, 9)
+
+
+@pytest.mark.parametrize("freq", [1, 2, 3, [0, 0, 1, 1, 0, 1]])
+def test_moe_layer_pattern_is_megatron_cores(freq: Any) -> None:
+    """dse's pattern against the layer specs Megatron-Core 0.16.1 builds from the same
+    moe_layer_freq (gpt_layer_specs.get_gpt_decoder_layer_specs): MoE where its spec's MLP
+    is a MoELayer."""
+    from tests.conftest import require_megatron
+
+    require_megatron()
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(num_layers=6, hidden_size=8, num_attention_heads=2,
+                            num_moe_experts=4, moe_layer_freq=freq)  # fmt: skip
+    specs = get_gpt_decoder_layer_specs(cfg, use_transformer_engine=False)
+    want = [int(s.submodules.mlp.module is MoELayer) for s in specs]
+    got = ModelSpec(**{**TINY, "num_layers": 6, "moe_layer_freq": freq}).moe_layer_pattern()
+    assert got == want and 0 < sum(want)
