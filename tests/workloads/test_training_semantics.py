@@ -133,3 +133,37 @@ def test_builtin_trainer_says_what_it_cannot(tmp_path: Path) -> None:
                      semantics={"peft": {"dim": 4}})  # fmt: skip
     with pytest.raises(TrialFailure, match="not tensor-parallel"):
         make_plan(spec, [])
+
+
+def test_megatron_lm_renders_the_layer_pattern_and_pipeline_split_and_reads_them_back() -> None:
+    """--moe-layer-freq from the model; the pipeline split knobs as Megatron-LM's flags
+    (--num-virtual-stages-per-pipeline-rank where the split is not even), read back into
+    the same knob values."""
+    import yaml
+
+    from dse.workloads.launchers.megatron_lm import parse_megatron_args
+    from tests.conftest import EXAMPLES
+
+    data = yaml.safe_load((EXAMPLES / "tiny_gpt_cpu_megatron_lm.yaml").read_text())
+    data["model"].update(num_moe_experts=4, moe_router_topk=2, moe_layer_freq=[0, 1, 1, 1])
+    space = parse_space(data, "mlm")
+    launcher = launcher_for(space)
+    cases = [
+        {"pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 1},
+        {"pipeline_model_parallel_size": 2, "pipeline_model_parallel_layout": "Et|t|tt|tL",
+         "virtual_pipeline_model_parallel_size": 2},
+        {"pipeline_model_parallel_size": 2, "account_for_embedding_in_pipeline_split": True,
+         "account_for_loss_in_pipeline_split": True},
+    ]  # fmt: skip
+    for params in cases:
+        full = space.full_params({**space.baseline(), **params})
+        argv = launcher.render(full).argv
+        assert "--moe-layer-freq" in argv and argv[argv.index("--moe-layer-freq") + 1] == (
+            "[0,1,1,1]"
+        )
+        if "virtual_pipeline_model_parallel_size" in params:
+            assert argv[argv.index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
+        args = argv[argv.index("dse.workloads.megatron.mlm") + 1 :]
+        args = args[2:] if args[:1] == ["--dse-device"] else args
+        _model, _sem, knobs = parse_megatron_args(args)
+        assert {k: knobs.get(k) for k in params} == params

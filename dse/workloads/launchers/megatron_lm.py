@@ -458,8 +458,10 @@ def _parser() -> argparse.ArgumentParser:
                  "--seq-length", "--max-position-embeddings", "--num-query-groups",
                  "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                  "--moe-shared-expert-intermediate-size", "--global-batch-size", "--train-iters",
-                 "--seed", "--log-interval", "--vocab-size", VPP_FLAG):  # fmt: skip
+                 "--seed", "--log-interval", "--vocab-size", VPP_FLAG,
+                 VSTAGES_FLAG):  # fmt: skip
         a(flag, type=int)
+    a("--moe-layer-freq")
     a("--lr", type=float)
     a("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
     a("--position-embedding-type", default="learned_absolute",
@@ -483,7 +485,7 @@ def _parser() -> argparse.ArgumentParser:
     for f, flag in FLAG_OF_FIELD.items():
         if f == "recompute_modules":
             a(flag, nargs="*")
-        elif f.endswith("_size") or f == "recompute_num_layers":
+        elif f.endswith("_size") or f == "recompute_num_layers" or f.startswith("num_layers_in_"):
             a(flag, type=int)
         else:
             a(flag)
@@ -527,6 +529,13 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
             moe_ffn_hidden_size=g("--moe-ffn-hidden-size"),
             moe_shared_expert_intermediate_size=g("--moe-shared-expert-intermediate-size"),
         )
+        if g("--moe-layer-freq"):  # an int, or Megatron-LM's list expression "[0,1,...]"
+            text = str(g("--moe-layer-freq")).strip()
+            model["moe_layer_freq"] = (
+                [int(x) for x in text.strip("[]").split(",") if x.strip()]
+                if text.startswith("[")
+                else int(text)
+            )
     precision = "bf16" if g("--bf16") else "fp16" if g("--fp16") else "fp32"
     semantics: dict[str, Any] = {
         "global_batch_size": g("--global-batch-size"),
@@ -558,6 +567,8 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
         g("--no-bias-swiglu-fusion") or g("--no-bias-gelu-fusion")
     )
     fields["grad_reduce_in_fp32"] = not g("--grad-reduce-in-bf16")
+    if g(VSTAGES_FLAG):
+        fields["virtual_pipeline_model_parallel_size"] = g(VSTAGES_FLAG)
     if g(VPP_FLAG):
         pp = fields.get("pipeline_model_parallel_size", 1)
         fields["virtual_pipeline_model_parallel_size"] = model["num_layers"] // (pp * g(VPP_FLAG))
@@ -571,7 +582,7 @@ def knobs_from_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name, knob in KNOBS.items():
-        if knob.kind == "int":
+        if knob.kind in ("int", "text"):
             fas = knob.fields(1)
             if fas and fas[0].field in fields:
                 out[name] = fields[fas[0].field]
