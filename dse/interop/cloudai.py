@@ -43,6 +43,7 @@ from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import SpaceError
 from dse.core.safeyaml import comment
 from dse.space.knobs import KNOBS, ModulesKnob, get_knob
+from dse.space.layout import PIPELINE_SPLIT_KNOBS
 
 __all__ = [
     "CloudAIImport",
@@ -131,16 +132,6 @@ _BRIDGE_BOOKKEEPING = {
     "save_interval", "most_recent_k",
 }  # fmt: skip
 
-#: MegatronBridge fields that reshape the model's layers, which dse's model schema does not
-#: describe (listed as not mapped with this reason; the recipe's own layers run).
-_BRIDGE_MODEL_SHAPE = {
-    "first_k_dense_replace": "dense first layers of a MoE model (moe_layer_freq): dse's model "
-    "describes every layer of a MoE GPT model as MoE, so it is not passed; the recipe's own "
-    "dense layers run",
-    "pipeline_model_parallel_layout": "an uneven pipeline layout: dse splits the layers evenly "
-    "over pipeline stages and describes no layout, so it is not passed; the recipe's own "
-    "layout runs",
-}
 
 #: CloudAI agents -> dse agents by meaning (CloudAI's own registry ships grid_search; the
 #: others are the plug-in agents' names: bo_gp a Bayesian optimisation with a Gaussian
@@ -891,6 +882,23 @@ def import_scenario(
         if v != current:
             model_over[mk] = v
             notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
+    dense_first = args.pop("first_k_dense_replace", None) if workload == "bridge" else None
+    if dense_first is not None:
+        n_dense = _as_int(first("cmd_args.first_k_dense_replace", dense_first, "a model field"),
+                    "first_k_dense_replace", where)  # fmt: skip
+        n_layers = int(model_over.get("num_layers") or _model_fields(model).get("num_layers") or 0)
+        if not 0 <= n_dense <= n_layers:
+            raise SpaceError(
+                f"{where}: cmd_args.first_k_dense_replace must be between 0 and the model's "
+                f"{n_layers} layers (got {n_dense})"
+            )
+        freq = [0] * n_dense + [1] * (n_layers - n_dense)
+        if freq != _model_fields(model).get("moe_layer_freq"):
+            model_over["moe_layer_freq"] = freq
+        notes.append(
+            f"first_k_dense_replace {n_dense}: the first {n_dense} layers dense "
+            "(model.moe_layer_freq)"
+        )
     if model_over:
         model = (
             {"catalog": model, **model_over} if isinstance(model, str) else {**model, **model_over}
@@ -1006,9 +1014,6 @@ def import_scenario(
                     "semantic, semantics.moe_routing); set it there for the study",
                 )
             )
-            continue
-        if workload == "bridge" and k in _BRIDGE_MODEL_SHAPE:
-            unmapped.append(Unmapped(ck, v, _BRIDGE_MODEL_SHAPE[k]))
             continue
         if workload == "bridge" and k in ("account", "partition"):
             slurm_old[k] = v
@@ -1289,18 +1294,20 @@ def _knobs_from_overrides(space: dict[str, Any], where: str, notes: list[str]) -
 
 
 def _uneven_pipeline_note(space: dict[str, Any], notes: list[str]) -> None:
-    """Name the PP values that cannot split the model's layers evenly: dse describes even
-    splits only (a recipe's pipeline_model_parallel_layout or first/last-stage layer counts
-    are not modelled), so those configurations are refused."""
+    """Name the PP values that cannot split the model's layers evenly when the test gives
+    no pipeline split: those configurations are refused."""
     n = _model_fields(space["model"]).get("num_layers")
     spec = space["knobs"].get("pipeline_model_parallel_size")
     pps = spec["values"] if spec else [space["fixed"].get("pipeline_model_parallel_size", 1)]
     bad = [pp for pp in pps if isinstance(pp, int) and isinstance(n, int) and n % pp]
-    if bad:
+    split = any(k in space["knobs"] or k in space["fixed"] for k in PIPELINE_SPLIT_KNOBS)
+    if bad and not split:
         notes.append(
-            f"PP {bad} cannot split the model's {n} layers evenly; dse describes even "
-            "splits only (not a recipe's pipeline_model_parallel_layout), so it refuses "
-            "those configurations"
+            f"PP {bad} cannot split the model's {n} layers evenly and the test sets no "
+            "pipeline split (pipeline_model_parallel_layout, num_layers_in_first/"
+            "last_pipeline_stage, account_for_*_in_pipeline_split), so dse refuses those "
+            "configurations; a recipe that picks its own layout (Bridge's DeepSeek-V3) "
+            "needs it given as that knob"
         )
 
 

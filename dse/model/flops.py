@@ -6,12 +6,18 @@ The count follows ``num_floating_point_operations`` of Megatron-LM
 * every GEMM is counted three times (forward, backward data-gradient, backward
   weight-gradient) at two floating-point operations per multiply-add;
 * the MLP counts ``ffn`` twice for a plain activation and three times for SwiGLU
-  (the gate projection); MoE layers count ``moe_router_topk`` routed experts of size
+  (the gate projection); MoE layers (those ``moe_layer_freq`` makes MoE; the others are
+  dense MLPs of ``ffn_hidden_size``) count ``moe_router_topk`` routed experts of size
   ``moe_ffn_hidden_size`` plus the shared expert;
 * attention counts the Q, K, V and output projections with GQA's smaller K/V, and the two
   attention matmuls (QK^T and softmax·V) over half of the sequence (the causal mask);
 * the logits GEMM uses the padded vocabulary size;
-* activation recompute is not counted (model FLOPs, not hardware FLOPs).
+* activation recompute is not counted (model FLOPs, not hardware FLOPs);
+* the training semantics change no count: a LoRA study (``semantics.peft``) counts the base
+  model's FLOPs as above (the frozen base computes no weight gradients, which the cost
+  model's step time knows; the adapters' own GEMMs, rank x width, are left out), and packed
+  sequences count each row as one ``seq_length`` sequence (Megatron-LM's formula does the
+  same; attention within shorter packed sequences does less work than that).
 
 ``tflops_per_gpu`` divides by the step time and the number of GPUs, as Megatron-LM's
 ``throughput`` log line does, so the figures compare with published Megatron/NeMo numbers.
@@ -23,6 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
+
+from dse.space.searchspace import moe_layer_pattern
 
 __all__ = ["padded_vocab_size", "model_flops_per_step", "tflops_per_gpu"]
 
@@ -86,7 +94,9 @@ def model_flops_per_step(
 
     experts = m.get("num_moe_experts")
     if experts:
-        moe_layers, dense_layers = layers, 0  # moe_layer_freq = 1: every layer is MoE
+        # moe_layer_freq: which layers are MoE (Megatron-LM counts the pattern the same way)
+        moe_layers = sum(moe_layer_pattern(layers, m.get("moe_layer_freq") or 1, experts))
+        dense_layers = layers - moe_layers
         topk = int(m.get("moe_router_topk") or 1)
         moe_ffn = int(m.get("moe_ffn_hidden_size") or ffn)
         shared_ffn = int(m.get("moe_shared_expert_intermediate_size") or 0)

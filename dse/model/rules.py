@@ -21,7 +21,7 @@ from dse.core.bounds import MAX_SPACE_COMBINATIONS
 from dse.core.exceptions import ConstraintEvalError, SpaceError
 from dse.space.derive import INERT as _INERT_KNOBS
 from dse.space.knobs import KNOBS, get_knob, modules_list, requires_nothing
-from dse.space.layout import Layout
+from dse.space.layout import Layout, PipelineSplit, PipelineSplitError, pipeline_chunks
 from dse.space.searchspace import ModelSpec, Resources, SearchSpace, Semantics, constraint_where
 
 __all__ = [
@@ -235,29 +235,53 @@ def r_gbs_divisible(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> V
 
 @_rule
 def r_layers_pp(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
-    """num_layers % PP == 0 (TransformerConfig pipeline split), and % (PP*VPP) with VPP."""
+    """The pipeline split Megatron-Core accepts (megatron/core/transformer/
+    transformer_config.py ``__post_init__``, "PP layout" and "Uneven PP"; the layout string by
+    pipeline_parallel_layer_layout.py): the even split needs num_layers % PP == 0 (and % VPP
+    per rank); uneven first / last stages, the embedding / loss counted as layers and an
+    explicit ``pipeline_model_parallel_layout`` each their own divisibility, never together
+    (:func:`dse.space.layout.pipeline_chunks`). VPP needs PP > 1 and, interleaved,
+    num_microbatches % PP == 0."""
     n = s.model.num_layers
-    if n % L.pp:
+    split = L.split
+    if split.is_even and n % L.pp:
         return _v("layers_pp", "num_layers must be divisible by PP", num_layers=n, pp=L.pp)
-    if L.vpp is not None:
-        if L.pp < 2:
-            return _v("vpp_needs_pp", "virtual pipeline needs PP > 1", pp=L.pp, vpp=L.vpp)
-        if (n // L.pp) % L.vpp:
+    if L.vpp is not None and L.pp < 2:
+        return _v("vpp_needs_pp", "virtual pipeline needs PP > 1", pp=L.pp, vpp=L.vpp)
+    if split.is_even and L.vpp is not None and (n // L.pp) % L.vpp:
+        return _v(
+            "layers_vpp",
+            "layers per PP stage must be divisible by VPP",
+            num_layers=n,
+            pp=L.pp,
+            vpp=L.vpp,
+        )
+    if not split.is_even:
+        if s.model.is_hybrid and (split.uneven or split.pipeline_model_parallel_layout):
             return _v(
-                "layers_vpp",
-                "layers per PP stage must be divisible by VPP",
-                num_layers=n,
-                pp=L.pp,
-                vpp=L.vpp,
+                "pipeline_split",
+                "a hybrid (MambaStack) model splits its layer pattern evenly; uneven stages "
+                "and pipeline layouts are for GPT models here",
+                **_split_values(split),
             )
-        if L.num_microbatches and L.num_microbatches % L.pp:
-            return _v(
-                "vpp_microbatches",
-                "interleaved 1F1B needs num_microbatches divisible by PP",
-                num_microbatches=L.num_microbatches,
-                pp=L.pp,
-            )
+        try:
+            vpp = s.full_params(p).get("virtual_pipeline_model_parallel_size")
+            pipeline_chunks(n, L.pp, vpp, split)
+        except PipelineSplitError as e:
+            return _v("pipeline_split", str(e), num_layers=n, pp=L.pp, **_split_values(split))
+    if L.vpp is not None and L.num_microbatches and L.num_microbatches % L.pp:
+        return _v(
+            "vpp_microbatches",
+            "interleaved 1F1B needs num_microbatches divisible by PP",
+            num_microbatches=L.num_microbatches,
+            pp=L.pp,
+        )
     return None
+
+
+def _split_values(split: PipelineSplit) -> dict[str, Any]:
+    """The pipeline split fields that are set, for a violation's values."""
+    return {k: v for k, v in vars(split).items() if v not in (None, False)}
 
 
 @_rule
@@ -635,8 +659,18 @@ def r_recompute_modules(
 ) -> Violation | None:
     """recompute_modules (selective): moe_act needs moe_grouped_gemm; moe, moe_act and
     shared_experts need MoE layers, shared_experts a shared expert and no
-    moe_shared_expert_overlap; mlp needs dense MLP layers; FP8 with the delayed recipe
-    cannot recompute moe_act or layernorm (TransformerConfig.__post_init__)."""
+    moe_shared_expert_overlap; FP8 with the delayed recipe cannot recompute moe_act or
+    layernorm (TransformerConfig.__post_init__).
+
+    ``mlp`` is allowed on every model, as Megatron-Core 0.16.1 allows it: its
+    TransformerConfig.__post_init__ checks only that each module is a known name
+    (megatron/core/transformer/transformer_config.py, the "selective" branch), and each
+    TransformerLayer recomputes its MLP only when it is a dense layer
+    (megatron/core/transformer/transformer_layer.py: ``if "mlp" in
+    self.config.recompute_modules: if not self.is_moe_layer: self.recompute_mlp = True``).
+    On a model with dense and MoE layers (``moe_layer_freq``, e.g. DeepSeek-V3's 3 dense
+    first layers) it recomputes the dense ones; on an all-MoE model (Qwen3-30B-A3B) it is
+    accepted and changes nothing."""
     fp = s.full_params(p)
     if _get(fp, "recompute") != "selective" or fp.get("recompute_modules") is None:
         return None
@@ -670,12 +704,6 @@ def r_recompute_modules(
                 recompute_modules=fp["recompute_modules"],
                 moe_shared_expert_overlap=True,
             )
-    if "mlp" in mods and not counts["mlp"]:
-        return _v(
-            "recompute_modules",
-            "mlp recompute needs dense MLP layers",
-            recompute_modules=fp["recompute_modules"],
-        )
     if _get(fp, "fp8") and _get(fp, "fp8_recipe") == "delayed":
         if "moe_act" in mods or "layernorm" in mods:
             return _v(
@@ -684,6 +712,34 @@ def r_recompute_modules(
                 recompute_modules=fp["recompute_modules"],
                 fp8_recipe="delayed",
             )
+    return None
+
+
+@_rule
+def r_packed_sequences(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
+    """Packed sequences (``semantics.packed_sequences``, THD): one packed row per
+    micro-batch (Megatron-Bridge ``ConfigContainer.validate`` and NeMo's fine-tuning data
+    module refuse MBS > 1: "Micro batch size should be 1 when training with packed
+    sequence"), and a Transformer Engine attention: Megatron-Core's local
+    DotProductAttention asserts ``packed_seq_params is None``
+    (megatron/core/transformer/dot_product_attention.py), so ``unfused`` and dse's ``sdpa``
+    (both on the local spec) cannot attend within each packed sequence."""
+    if not getattr(s.semantics, "packed_sequences", False):
+        return None
+    if L.mbs != 1:
+        return _v(
+            "packed_sequences",
+            "packed sequences train one packed row per micro-batch (micro_batch_size 1)",
+            micro_batch_size=L.mbs,
+        )
+    backend = _get(s.full_params(p), "attention_backend")
+    if backend in ("unfused", "sdpa"):
+        return _v(
+            "packed_sequences",
+            "packed sequences need Transformer Engine attention (the local "
+            "DotProductAttention takes no packed_seq_params)",
+            attention_backend=backend,
+        )
     return None
 
 

@@ -120,7 +120,7 @@ class Knob:
     """
 
     name: str
-    kind: Literal["int", "bool", "choice", "env"]
+    kind: Literal["int", "bool", "choice", "env", "text"]
     default: Any
     description: str
     fields: Callable[[Any], list[FieldAssignment]]
@@ -144,6 +144,11 @@ class Knob:
             if value < self.min_value:
                 return f"expected an integer >= {self.min_value}, got {value}"
             return None
+        if self.kind == "text":
+            if value is None and self.default is None:
+                return None
+            ok = isinstance(value, str) and 0 < len(value) <= 4096 and value.isprintable()
+            return None if ok else f"expected a non-empty string, got {value!r}"
         if self.kind == "env":
             ok = isinstance(value, (str, int)) and not (isinstance(value, str) and not value)
             return None if ok else f"expected a string, integer or true/false, got {value!r}"
@@ -548,7 +553,67 @@ def _knobs() -> dict[str, Knob]:
         ),
     ]
     ks += _hybrid_moe_knobs()
+    ks += _pipeline_split_knobs()
     return {k.name: k for k in ks}
+
+
+def _split_cloudai(name: str) -> dict[str, str]:
+    """A pipeline split field in CloudAI's tests: NeMoRun's dotted MegatronStrategy path; a
+    MegatronBridge test's field of the same name."""
+    return {"NeMoRun": f"trainer.strategy.{name}", "MegatronBridge": name}
+
+
+def _pipeline_split_knobs() -> list[Knob]:
+    """The TransformerConfig fields that move layers between pipeline stages
+    (:data:`dse.space.layout.PIPELINE_SPLIT_KNOBS`; their rules: ``pipeline_split`` of
+    :mod:`dse.model.rules`, the placement: :func:`dse.space.layout.pipeline_chunks`)."""
+    return [
+        Knob(
+            "num_layers_in_first_pipeline_stage",
+            "int",
+            None,
+            "Decoder layers on the first pipeline stage (uneven pipeline; None: the even "
+            "split). Not with account_for_* or a layout.",
+            _one("model", "num_layers_in_first_pipeline_stage"),
+            cloudai=_split_cloudai("num_layers_in_first_pipeline_stage"),
+        ),
+        Knob(
+            "num_layers_in_last_pipeline_stage",
+            "int",
+            None,
+            "Decoder layers on the last pipeline stage (uneven pipeline; None: the even "
+            "split). Not with account_for_* or a layout.",
+            _one("model", "num_layers_in_last_pipeline_stage"),
+            cloudai=_split_cloudai("num_layers_in_last_pipeline_stage"),
+        ),
+        Knob(
+            "account_for_embedding_in_pipeline_split",
+            "bool",
+            False,
+            "Count the embedding as one layer when splitting the layers over pipeline stages.",
+            _one("model", "account_for_embedding_in_pipeline_split"),
+            cloudai=_split_cloudai("account_for_embedding_in_pipeline_split"),
+        ),
+        Knob(
+            "account_for_loss_in_pipeline_split",
+            "bool",
+            False,
+            "Count the loss (output layer) as one layer when splitting the layers over "
+            "pipeline stages.",
+            _one("model", "account_for_loss_in_pipeline_split"),
+            cloudai=_split_cloudai("account_for_loss_in_pipeline_split"),
+        ),
+        Knob(
+            "pipeline_model_parallel_layout",
+            "text",
+            None,
+            "Megatron-Core's pipeline layout string: one virtual stage per '|' (rank i % PP, "
+            "chunk i // PP), E embedding, t decoder layer, L loss, (..)*n / x*n repeats, e.g. "
+            "'Etttt|(tttt|)*14tL'; sets VPP when VPP is unset.",
+            _one("model", "pipeline_model_parallel_layout"),
+            cloudai=_split_cloudai("pipeline_model_parallel_layout"),
+        ),
+    ]
 
 
 # --- knobs of the tuned hybrid/MoE recipes (Nemotron 3 Nano Omni) --------------------------

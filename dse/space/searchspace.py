@@ -44,8 +44,12 @@ __all__ = [
     "ModelSpec",
     "DataSpec",
     "MoeRouting",
+    "LoraSpec",
+    "LORA_TARGETS",
     "Semantics",
     "HYBRID_SYMBOLS",
+    "moe_layer_pattern",
+    "count_layer_kinds",
     "MODEL_FAMILY_FIELDS",
     "family_value",
     "Resources",
@@ -89,11 +93,36 @@ _LATER_MODEL_FIELDS = (
     "mamba_num_groups",
     "mamba_chunk_size",
     "frozen_params",
+    "moe_layer_freq",
 )
 
 #: Layer symbols of ``hybrid_layer_pattern`` (megatron/core/ssm/mamba_hybrid_layer_allocation.py
 #: ``Symbols``): Mamba mixer, self-attention, dense MLP, MoE.
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def moe_layer_pattern(
+    num_layers: int, moe_layer_freq: int | list[int], num_moe_experts: int | None
+) -> list[int]:
+    """Megatron-Core's per-layer MoE pattern (1 MoE, 0 dense MLP) of a GPT model
+    (megatron/core/models/gpt/gpt_layer_specs.py ``get_gpt_decoder_layer_specs``): an int N
+    makes layer i MoE when ``i % N == 0``; a list is the pattern itself. Without routed
+    experts every layer is dense. The one place dse reads ``moe_layer_freq``."""
+    if not num_moe_experts:
+        return [0] * num_layers
+    if isinstance(moe_layer_freq, int):
+        return [1 if i % moe_layer_freq == 0 else 0 for i in range(num_layers)]
+    return [int(x) for x in moe_layer_freq]
+
+
+def count_layer_kinds(kinds: list[str]) -> dict[str, int]:
+    """Layers by kind (``mamba``, ``attention``, ``mlp``, ``moe``) of a list of
+    :meth:`ModelSpec.layer_kind_list` entries (a GPT layer counts for two kinds)."""
+    out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
+    for entry in kinds:
+        for k in entry.split("+"):
+            out[k] += 1
+    return out
 
 
 class ModelSpec(_Strict):
@@ -152,6 +181,14 @@ class ModelSpec(_Strict):
     moe_shared_expert_intermediate_size: int | None = Field(
         None, ge=1, le=B.MAX_MODEL_INT, description="Shared expert FFN size (MoE)."
     )
+    moe_layer_freq: int | list[int] = Field(
+        1,
+        description="Which layers of a GPT MoE model are MoE (Megatron-Core "
+        "TransformerConfig.moe_layer_freq, --moe-layer-freq): an int N makes layer i MoE when "
+        "i % N == 0 (1: every layer); a list gives one 0 (dense MLP of ffn_hidden_size) or 1 "
+        "(MoE) per layer, e.g. DeepSeek-V3's first 3 dense layers [0,0,0,1,...] "
+        "(megatron/core/models/gpt/gpt_layer_specs.py get_gpt_decoder_layer_specs).",
+    )
     hybrid_layer_pattern: str | None = Field(
         None,
         description="Hybrid (Mamba) model: one symbol per layer, M = Mamba mixer, * = "
@@ -185,17 +222,28 @@ class ModelSpec(_Strict):
     def is_hybrid(self) -> bool:
         return self.hybrid_layer_pattern is not None
 
+    def moe_layer_pattern(self) -> list[int]:
+        """One 0 (dense MLP) or 1 (MoE) per layer of a GPT model, as Megatron-Core builds it
+        from ``moe_layer_freq`` (:func:`moe_layer_pattern`); all 0 for a dense model."""
+        return moe_layer_pattern(self.num_layers, self.moe_layer_freq, self.num_moe_experts)
+
+    def layer_kind_list(self) -> list[str]:
+        """Every layer's kinds in order: a hybrid model's one kind per symbol; a GPT
+        layer's ``attention`` plus ``mlp`` or ``moe`` written ``"attention+moe"``."""
+        if self.hybrid_layer_pattern is not None:
+            return [HYBRID_SYMBOLS[ch] for ch in self.hybrid_layer_pattern]
+        return ["attention+moe" if x else "attention+mlp" for x in self.moe_layer_pattern()]
+
     def layer_counts(self) -> dict[str, int]:
         """Layers by kind: ``mamba``, ``attention``, ``mlp``, ``moe``. A GPT model's layer
-        has attention and an MLP (or MoE) each, so both count every layer."""
-        if self.hybrid_layer_pattern is None:
-            ffn = "moe" if self.num_moe_experts else "mlp"
-            other = "mlp" if ffn == "moe" else "moe"
-            return {"mamba": 0, "attention": self.num_layers, ffn: self.num_layers, other: 0}
-        out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
-        for ch in self.hybrid_layer_pattern:
-            out[HYBRID_SYMBOLS[ch]] += 1
-        return out
+        has attention and an MLP or MoE each (``moe_layer_freq`` says which)."""
+        return count_layer_kinds(self.layer_kind_list())
+
+    @property
+    def mixed_moe(self) -> bool:
+        """A GPT MoE model with dense MLP layers too (``moe_layer_freq`` not every layer)."""
+        pat = self.moe_layer_pattern()
+        return self.hybrid_layer_pattern is None and 0 < sum(pat) < len(pat)
 
     def features_needed(self) -> tuple[str, ...]:
         """The optional software the architecture itself needs on a GPU: Mamba layers run
@@ -244,6 +292,36 @@ class ModelSpec(_Strict):
                 "Mamba heads must be divisible by mamba_num_groups (MambaMixer) "
                 f"(mamba_heads={self.mamba_heads}, mamba_num_groups={self.mamba_num_groups})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _moe_layer_freq(self) -> ModelSpec:
+        f = self.moe_layer_freq
+        if f == 1:
+            return self
+        if self.num_moe_experts is None:
+            raise ValueError(
+                f"moe_layer_freq is set ({f}) but num_moe_experts is unset: a dense model has "
+                "no MoE layers to place"
+            )
+        if self.hybrid_layer_pattern is not None:
+            raise ValueError(
+                "moe_layer_freq does not apply to a hybrid model: its hybrid_layer_pattern "
+                "places the MoE layers (E)"
+            )
+        if isinstance(f, int):
+            if f < 1:
+                raise ValueError(f"moe_layer_freq must be >= 1 (moe_layer_freq={f})")
+            return self
+        if len(f) != self.num_layers:
+            raise ValueError(
+                "moe_layer_freq as a list needs one entry per layer (Megatron-Core "
+                f"get_gpt_decoder_layer_specs) (len(moe_layer_freq)={len(f)}, "
+                f"num_layers={self.num_layers})"
+            )
+        bad = sorted({x for x in f if x not in (0, 1)})
+        if bad:
+            raise ValueError(f"moe_layer_freq entries must be 0 (dense) or 1 (MoE), got {bad}")
         return self
 
     @model_validator(mode="after")
@@ -364,6 +442,38 @@ class MoeRouting(_Strict):
         return self
 
 
+#: LoRA's target modules (Megatron-Bridge ``megatron.bridge.peft.lora.LoRA`` and NeMo's
+#: ``llm.peft.LoRA`` ``target_modules``): the fused QKV projection, the attention output
+#: projection, the MLP's (or each expert's) first and second linear.
+LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+LORA_TARGETS: tuple[LoraTarget, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+class LoraSpec(_Strict):
+    """Parameter-efficient fine-tuning by LoRA: low-rank adapters ``B(A(x)) * alpha / dim``
+    beside the target linears train; every base weight is frozen (no gradient, no optimizer
+    state). Field names and defaults of Megatron-Bridge's ``LoRA`` (dim 32, alpha 32,
+    dropout 0, all four targets)."""
+
+    scheme: Literal["lora"] = Field("lora", description="The PEFT scheme (LoRA).")
+    dim: int = Field(32, ge=1, le=65536, description="Adapter rank.")
+    alpha: int = Field(32, ge=1, le=1 << 20, description="Scale numerator (alpha / dim).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input.")
+    target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        max_length=4,
+        description="Linears that get adapters.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _unique_targets(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"target_modules lists a module twice: {v}")
+        return v
+
+
 class Semantics(_Strict):
     """What the execution knobs must never change."""
 
@@ -384,6 +494,16 @@ class Semantics(_Strict):
     data: DataSpec = Field(default_factory=lambda: DataSpec(), description="Training data.")
     moe_routing: MoeRouting | None = Field(
         None, description="MoE routing held fixed (MoE models; None: Megatron's defaults)."
+    )
+    peft: LoraSpec | None = Field(
+        None,
+        description="Which parameters train: None, all of them (full training); LoRA, "
+        "adapters on a frozen base.",
+    )
+    packed_sequences: bool = Field(
+        False,
+        description="Several sequences packed into each seq_length row (THD layout: "
+        "cu_seqlens, attention within each sequence), as Bridge's and NeMo's packed SFT.",
     )
 
     init: Literal["layout_invariant", "megatron"] = Field(
@@ -1390,8 +1510,17 @@ class SearchSpace(_Strict):
         defaults = ModelSpec.model_fields
         unset = {k for k in _LATER_MODEL_FIELDS if getattr(self.model, k) == defaults[k].default}
         exclude: dict[str, Any] = {"model": unset} if unset else {}
-        if self.semantics.moe_routing is None:
-            exclude["semantics"] = {"moe_routing"}
+        sem_unset = {
+            k
+            for k, unset in (
+                ("moe_routing", self.semantics.moe_routing is None),
+                ("peft", self.semantics.peft is None),  # added later: counted only when set
+                ("packed_sequences", not self.semantics.packed_sequences),
+            )
+            if unset
+        }
+        if sem_unset:
+            exclude["semantics"] = sem_unset
         if not self.prescreen.coefficients:
             exclude["prescreen"] = {"coefficients"}
         if self.measurement == MeasurementSpec():  # added later: counted only when set
@@ -1424,6 +1553,13 @@ class SearchSpace(_Strict):
         for k in _LATER_MODEL_FIELDS:  # as in digest(): counted only when set
             if out["model"].get(k) == 0.0:
                 out["model"].pop(k, None)
+        if out["model"].get("moe_layer_freq") == 1:  # added later still: its default
+            out["model"].pop("moe_layer_freq")
+        sem = out["semantics"]
+        if sem.get("peft") is None:  # training semantics added later: counted only when set
+            sem.pop("peft", None)
+        if not sem.get("packed_sequences"):
+            sem.pop("packed_sequences", None)
         measurement = self.measurement.identity()
         if measurement != MeasurementSpec().identity():
             out["measurement"] = measurement

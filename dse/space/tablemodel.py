@@ -8,7 +8,8 @@ writer (``bench/measure_table.py``) all go through :func:`row_problem` and :func
 A row's ``model`` holds every :class:`~dse.space.searchspace.ModelSpec` field the
 architecture sets (the hybrid layer pattern and Mamba sizes, the MoE sizes, the dropout,
 ...) plus the semantics the estimate reads (``global_batch_size``, ``seq_length``,
-``precision``). Rules of the schema:
+``precision``; ``peft`` and ``packed_sequences`` where the study set them). Rules of the
+schema:
 
 * a key that is neither a ``ModelSpec`` field nor one of :data:`ROW_SEMANTICS` /
   :data:`ROW_INFORMATIONAL` is not part of the model dse estimates (an initialisation
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 #: Semantics a row's ``model`` carries (what the estimate reads of them).
-ROW_SEMANTICS = ("global_batch_size", "seq_length", "precision")
+ROW_SEMANTICS = ("global_batch_size", "seq_length", "precision", "peft", "packed_sequences")
 #: Keys a row's ``model`` may carry that define nothing more (Megatron's name of the gated
 #: unit, the measured window).
 ROW_INFORMATIONAL = ("gated_linear_unit", "steps", "warmup_steps")
@@ -134,6 +135,8 @@ def row_problem(
                 "global_batch_size": int(model["global_batch_size"]),
                 "seq_length": int(model["seq_length"]),
                 "precision": model.get("precision", "bf16"),
+                "peft": model.get("peft"),
+                "packed_sequences": bool(model.get("packed_sequences", False)),
             }
         )
         feats = hardware.get("features")
@@ -167,4 +170,8 @@ def model_row(model: ModelSpec, semantics: Semantics) -> dict[str, Any]:
         seq_length=semantics.seq_length,
         precision=semantics.precision,
     )
+    if semantics.peft is not None:  # training semantics: written only when set
+        out["peft"] = semantics.peft.model_dump(mode="json")
+    if semantics.packed_sequences:
+        out["packed_sequences"] = True
     return out

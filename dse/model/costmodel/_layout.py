@@ -13,7 +13,7 @@ from typing import Any
 
 from dse.space.knobs import get_knob, knob_value, modules_list
 from dse.space.layout import Layout
-from dse.space.searchspace import ModelSpec, Resources, Semantics
+from dse.space.searchspace import LoraSpec, ModelSpec, Resources, Semantics
 
 __all__ = ["CostLayout", "resolve", "knob", "DTYPE_BYTES", "padded_vocab"]
 
@@ -85,6 +85,8 @@ class CostLayout:
     #: layers built without Transformer Engine (Megatron-Core's local spec: dse's built-in
     #: trainer on a node without TE); a TE attention backend or a declared TE means TE layers
     local_spec: bool = False
+    #: PEFT held fixed for the study (``semantics.peft``): a frozen base, adapters train
+    peft: LoraSpec | None = None
 
     def recomputes(self, module: str) -> bool:
         """True when selective recompute covers ``module`` (``core_attn``, ``moe`` ...)."""
@@ -212,6 +214,7 @@ def resolve(
         unscaled_states=unscaled,
         mamba_mem_eff=bool(knob(params, "use_mamba_mem_eff_path")),
         local_spec=not (attention in TE_BACKENDS or "transformer_engine" in declared),
+        peft=getattr(semantics, "peft", None),
     )
 
 

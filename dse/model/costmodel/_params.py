@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 
 from dse.model.costmodel._layout import CostLayout, padded_vocab
-from dse.space.searchspace import ModelSpec
+from dse.space.layout import pipeline_stage_layers
+from dse.space.searchspace import LoraSpec, ModelSpec, count_layer_kinds
 
 __all__ = [
     "StageParams",
@@ -15,6 +16,9 @@ __all__ = [
     "layers_on_stage",
     "mlp_factor",
     "stage_layer_kinds",
+    "stage_layer_ids",
+    "lora_layer_params",
+    "lora_stage_params",
     "MAMBA_CONV_KERNEL",
 ]
 
@@ -82,22 +86,25 @@ def _moe_params(model: ModelSpec, layout: CostLayout | None) -> tuple[float, flo
     return dense, expert
 
 
-def stage_layer_kinds(model: ModelSpec, layout: CostLayout, stage: int) -> dict[str, int]:
-    """Layers of each kind on pipeline stage ``stage`` of a hybrid model (the pattern cut
-    into PP equal pieces; the last stage takes the rest)."""
-    pat = model.hybrid_layer_pattern
-    if pat is None:
-        n = layers_on_stage(model, layout)
-        counts = model.layer_counts()
-        return {k: (n if v else 0) for k, v in counts.items()}
-    from dse.space.searchspace import HYBRID_SYMBOLS
+def stage_layer_ids(model: ModelSpec, layout: CostLayout, stage: int) -> list[int]:
+    """The layers (0-based) pipeline rank ``stage`` holds, over all its virtual chunks.
 
-    n = int(math.ceil(len(pat) / layout.pp))
-    piece = pat[stage * n : (stage + 1) * n] if stage < layout.pp - 1 else pat[stage * n :]
-    out = dict.fromkeys(HYBRID_SYMBOLS.values(), 0)
-    for ch in piece:
-        out[HYBRID_SYMBOLS[ch]] += 1
-    return out
+    A hybrid model's pattern is cut into PP pieces of ceil(L/PP) (the last takes the rest);
+    a GPT model's layers split as Megatron-Core splits them
+    (:func:`dse.space.layout.pipeline_stage_layers`)."""
+    if model.is_hybrid:
+        n = int(math.ceil(model.num_layers / layout.pp))
+        hi = (stage + 1) * n if stage < layout.pp - 1 else model.num_layers
+        return list(range(min(stage * n, model.num_layers), min(hi, model.num_layers)))
+    par = layout.parallel
+    return pipeline_stage_layers(model.num_layers, par.pp, par.vpp, par.split)[stage]
+
+
+def stage_layer_kinds(model: ModelSpec, layout: CostLayout, stage: int) -> dict[str, int]:
+    """Layers of each kind on pipeline stage ``stage`` (a GPT layer counts as attention and
+    as MLP or MoE, as ``moe_layer_freq`` makes it)."""
+    kinds = model.layer_kind_list()
+    return count_layer_kinds([kinds[i] for i in stage_layer_ids(model, layout, stage)])
 
 
 @dataclass(frozen=True)
@@ -120,8 +127,8 @@ class StageParams:
 
 
 def layers_on_stage(model: ModelSpec, layout: CostLayout) -> int:
-    """Transformer layers on the most loaded pipeline stage (ceil of L / PP)."""
-    return int(math.ceil(model.num_layers / layout.pp))
+    """Transformer layers on the most loaded pipeline stage."""
+    return max(len(stage_layer_ids(model, layout, st)) for st in range(layout.pp))
 
 
 def _layer_params(model: ModelSpec, layout: CostLayout) -> tuple[float, float]:
@@ -152,7 +159,7 @@ def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: i
     h = model.hidden_size
     vp = padded_vocab(model.vocab_size, layout.tp)
     first, last = stage == 0, stage == layout.pp - 1
-    if model.is_hybrid:
+    if model.is_hybrid or model.mixed_moe:
         dense, expert = _hybrid_stage_params(model, layout, stage)
     else:
         n = layers_on_stage(model, layout)
@@ -168,11 +175,62 @@ def stage_params(model: ModelSpec, seq_length: int, layout: CostLayout, stage: i
             # untied output layer, or the copy of the tied embedding on the last stage
             dense += vp * h / layout.tp
     frozen = model.frozen_params if first else 0
+    if layout.peft is not None:
+        # PEFT: every base weight is frozen (weights only); the adapters train (dense: they
+        # are replicated over data parallelism like the attention; on experts, sharded by
+        # expert data parallelism like the experts)
+        a_dense, a_expert = lora_stage_params(model, layout, stage)
+        frozen += int(round(dense + expert))
+        dense, expert = a_dense, a_expert
     return StageParams(int(round(dense)), int(round(expert)), frozen)
 
 
+def lora_layer_params(model: ModelSpec, kind: str, peft: LoraSpec) -> tuple[float, float]:
+    """(dense, expert) LoRA adapter parameters of one layer of ``kind`` (``attention``,
+    ``mlp``, ``moe``; all experts), whole: an adapter of rank r beside a linear of
+    ``n_in -> n_out`` holds ``r (n_in + n_out)`` (A: n_in x r, B: r x n_out)."""
+    r, t = peft.dim, set(peft.target_modules)
+    h = model.hidden_size
+    dense = expert = 0.0
+    if kind == "attention":
+        q = model.num_attention_heads * model.head_dim
+        kv = model.query_groups * model.head_dim
+        if "linear_qkv" in t:
+            dense += r * (h + q + 2 * kv)
+        if "linear_proj" in t:
+            dense += r * (q + h)
+        return dense, expert
+    fac = mlp_factor(model)
+    if kind == "mlp":
+        f = model.ffn_hidden_size
+        dense += r * (h + fac * f) * ("linear_fc1" in t) + r * (f + h) * ("linear_fc2" in t)
+        return dense, expert
+    if kind == "moe":
+        fe = model.moe_ffn_hidden_size or model.ffn_hidden_size
+        per = r * (h + fac * fe) * ("linear_fc1" in t) + r * (fe + h) * ("linear_fc2" in t)
+        expert = per * (model.num_moe_experts or 0)
+        fs = model.moe_shared_expert_intermediate_size
+        if fs:
+            dense += r * (h + fac * fs) * ("linear_fc1" in t) + r * (fs + h) * ("linear_fc2" in t)
+    return dense, expert
+
+
+def lora_stage_params(model: ModelSpec, layout: CostLayout, stage: int) -> tuple[float, float]:
+    """(dense, expert) adapter parameters on one rank of ``stage`` (TP shards the dense
+    adapters, EP x ETP the experts'; an estimate: Bridge replicates some A or B halves)."""
+    assert layout.peft is not None
+    kinds = stage_layer_kinds(model, layout, stage)
+    dense = expert = 0.0
+    for kind in ("attention", "mlp", "moe"):
+        d, e = lora_layer_params(model, kind, layout.peft)
+        dense += kinds[kind] * d / layout.tp
+        expert += kinds[kind] * e / (layout.ep * layout.etp)
+    return dense, expert
+
+
 def _hybrid_stage_params(model: ModelSpec, layout: CostLayout, stage: int) -> tuple[float, float]:
-    """(dense, expert) parameters of a hybrid model's layers on one rank of ``stage``."""
+    """(dense, expert) parameters of the layers on one rank of ``stage``, by layer kind
+    (a hybrid model, or a GPT MoE model with dense layers too)."""
     tp, h = layout.tp, model.hidden_size
     norm = h * (2 if model.normalization == "LayerNorm" else 1)
     kinds = stage_layer_kinds(model, layout, stage)
@@ -191,7 +249,7 @@ def total_params(model: ModelSpec, seq_length: int) -> int:
     """All parameters of the model (unpadded vocabulary, one copy of every weight; frozen
     parameters not included)."""
     h = model.hidden_size
-    if model.is_hybrid:
+    if model.is_hybrid or model.mixed_moe:
         return _hybrid_total(model, seq_length)
     a_sh, a_rep = _attention_params(model)
     norm2 = h * (2 if model.normalization == "LayerNorm" else 1)

@@ -72,8 +72,10 @@ def family(model: ModelSpec) -> str:
 
 
 def fingerprint(model: ModelSpec) -> str:
-    """The architecture as one string (two data sets of one model share it)."""
-    return json.dumps(model.model_dump(mode="json", exclude={"seq_length"}), sort_keys=True)
+    """The architecture as one string (two data sets of one model share it). A field added
+    later counts only when set (``moe_layer_freq`` other than every layer)."""
+    exclude = {"seq_length"} | ({"moe_layer_freq"} if model.moe_layer_freq == 1 else set())
+    return json.dumps(model.model_dump(mode="json", exclude=exclude), sort_keys=True)
 
 
 def coordinates(

@@ -386,7 +386,12 @@ def estimate_memory(
     """
     co = coefficients or Coefficients()
     layout = resolve(model, semantics, resources, params)
-    if model.is_hybrid or params.get("recompute_modules") is not None:
+    if (
+        model.is_hybrid
+        or model.mixed_moe
+        or params.get("recompute_modules") is not None
+        or not layout.parallel.split.is_even
+    ):
         return _estimate_by_layer_kind(model, semantics, layout, co)
     sh = _shapes(model, semantics, layout)
     stages = sorted({0, layout.pp - 1})
@@ -740,17 +745,24 @@ def _estimate_by_layer_kind(
     """The estimate for hybrid models and per-module selective recompute: saved
     activations summed over the layer kinds of each stage, the largest backward working set
     of a kind, the logits on the last stage and the optimizer step."""
-    from dse.model.costmodel._params import stage_layer_kinds
+    from dse.model.costmodel._params import stage_layer_ids, stage_layer_kinds
 
     sh = _shapes(model, semantics, layout)
     kinds = _kind_bytes(model, semantics, layout, sh)
     buffers = _dispatcher_buffers(model, layout, sh)
     best: tuple[float, _Phase, StageParams] | None = None
     per_stage: dict[str, Any] = {}
-    for stage in sorted({0, layout.pp - 1}):
+    # an even split: the first and the last stage are the extremes; any other split (uneven
+    # stages, a layout, a dense-first MoE model): every stage, the largest sets the peak
+    stages = (
+        range(layout.pp)
+        if model.mixed_moe or not layout.parallel.split.is_even
+        else sorted({0, layout.pp - 1})
+    )
+    for stage in stages:
         sp = stage_params(model, semantics.seq_length, layout, stage)
         counts = stage_layer_kinds(model, layout, stage)
-        n = max(1, sum(counts.values()) if model.is_hybrid else layers_on_stage(model, layout))
+        n = max(1, len(stage_layer_ids(model, layout, stage)))
         lm, mb = inflight_layer_microbatches(layout, n, stage)
         per_layer_mb = lm / n
         saved = per_layer_mb * sum(c * kinds[k]["saved"] for k, c in counts.items() if c)

@@ -319,7 +319,10 @@ def _step_parts(
     )
     moe_fwd = f_moe * (2 * tokens * moe_macs / lin_rate + router_fwd + expert_fwd + moe_extra_fwd)
     layer_fwd = gemm_fwd + attn_fwd + elem_fwd + mamba_fwd + f_moe * moe_extra_fwd
-    layer_bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd + 2 * mamba_fwd
+    # backward GEMMs: data gradient and weight gradient; a frozen base (PEFT) computes no
+    # weight gradient of its own (its adapters' GEMMs are left out: rank << width)
+    layer_bwd = (1 if lay.peft is not None else 2) * gemm_fwd
+    layer_bwd += attn_bwd + 2 * elem_fwd + 2 * mamba_fwd
     layer_bwd += 2 * f_moe * moe_extra_fwd
     if lay.recompute == "full":
         layer_bwd += layer_fwd

@@ -24,7 +24,7 @@ from dse.space.knobs import FieldAssignment, assignments, effective_params, tria
 from dse.space.recipe_spec import NODE_STEPS, LauncherSpec
 
 if TYPE_CHECKING:
-    from dse.space.searchspace import MoeRouting, SearchSpace
+    from dse.space.searchspace import LoraSpec, MoeRouting, SearchSpace
 
 __all__ = [
     "Launcher",
@@ -35,6 +35,7 @@ __all__ = [
     "run_node_steps",
     "launcher_for",
     "routing_fields",
+    "lora_fields",
 ]
 
 
@@ -336,6 +337,25 @@ def routing_fields(routing: MoeRouting | None) -> list[tuple[str, Any]]:
     for None: the recipe's routing stands), each of them, also at Megatron's default: a
     recipe that sets its own routing does not keep it over the declared one."""
     return [] if routing is None else list(routing.model_dump().items())
+
+
+def lora_fields(peft: LoraSpec | None) -> list[tuple[str, Any]]:
+    """(field, value) of the recipe's PEFT object a LoRA study sets, every one (none without
+    PEFT). The names are the ``LoRA`` dataclass fields of Megatron-Bridge
+    (src/megatron/bridge/peft/lora.py) and NeMo (nemo/collections/llm/peft/lora.py), both
+    ``target_modules``, ``dim``, ``alpha``, ``dropout``; the recipe must be a PEFT recipe
+    (Bridge's ``*_peft_config``, NeMo's ``finetune`` with ``peft_scheme='lora'``), whose
+    ``peft`` object they override. The pinned upstream name tables
+    (tests/fixtures/upstream) hold only the PEFT base class, so these four are checked by
+    ``tests/workloads/test_training_semantics.py`` against those files' text instead."""
+    if peft is None:
+        return []
+    return [
+        ("target_modules", list(peft.target_modules)),
+        ("dim", peft.dim),
+        ("alpha", peft.alpha),
+        ("dropout", peft.dropout),
+    ]
 
 
 def dse_only(name: str, value: Any) -> str | None:

@@ -18,7 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from dse.core.exceptions import SpaceError
-from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_fields
+from dse.workloads.launchers._core import (
+    Launcher,
+    NotTaken,
+    dse_only,
+    lora_fields,
+    routing_fields,
+)
 
 __all__ = [
     "BridgeLauncher",
@@ -148,6 +154,7 @@ class BridgeLauncher(Launcher):
             f"dataset.seq_length={sem.seq_length}",
             "logger.log_interval=1",
             *(f"model.{f}={hydra_value(v)}" for f, v in routing_fields(sem.moe_routing)),
+            *(f"peft.{f}={hydra_value(v)}" for f, v in lora_fields(sem.peft)),
         ]
 
     def fixed_overrides(self) -> list[str]:

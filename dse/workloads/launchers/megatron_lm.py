@@ -20,6 +20,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dse.space.layout import PipelineSplit
 from dse.space.searchspace import ModelSpec, MoeRouting, SearchSpace
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_fields
 
@@ -49,6 +50,9 @@ FLAG_OF_FIELD: dict[str, str] = {
     "expert_model_parallel_size": "--expert-model-parallel-size",
     "expert_tensor_parallel_size": "--expert-tensor-parallel-size",
     "micro_batch_size": "--micro-batch-size",
+    "num_layers_in_first_pipeline_stage": "--num-layers-in-first-pipeline-stage",
+    "num_layers_in_last_pipeline_stage": "--num-layers-in-last-pipeline-stage",
+    "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout",
     "recompute_granularity": "--recompute-granularity",
     "recompute_method": "--recompute-method",
     "recompute_num_layers": "--recompute-num-layers",
@@ -66,6 +70,8 @@ FLAG_OF_FIELD: dict[str, str] = {
 #: Boolean fields Megatron-LM leaves off by default: ``--flag`` turns them on.
 SWITCH_OF_FIELD: dict[str, str] = {
     "sequence_parallel": "--sequence-parallel",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
     "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
     "moe_grouped_gemm": "--moe-grouped-gemm",
     "moe_permute_fusion": "--moe-permute-fusion",
@@ -86,6 +92,7 @@ NO_SWITCH_OF_FIELD: dict[str, str] = {
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
 }
 VPP_FLAG = "--num-layers-per-virtual-pipeline-stage"
+VSTAGES_FLAG = "--num-virtual-stages-per-pipeline-rank"
 #: ``semantics.moe_routing`` field (a ``TransformerConfig`` field) -> Megatron-LM flag; a
 #: bool field's flag is a switch (Megatron-LM leaves each of them off by default).
 ROUTING_FLAG_OF_FIELD: dict[str, str] = {
@@ -190,6 +197,11 @@ def model_flags(space: SearchSpace) -> list[str]:
         if m.moe_shared_expert_intermediate_size is not None:
             out += ["--moe-shared-expert-intermediate-size",
                     str(m.moe_shared_expert_intermediate_size)]  # fmt: skip
+        if m.moe_layer_freq != 1:
+            # Megatron-LM's --moe-layer-freq takes an int or a Python list expression
+            freq = m.moe_layer_freq
+            text = str(freq) if isinstance(freq, int) else "[" + ",".join(map(str, freq)) + "]"
+            out += ["--moe-layer-freq", text]
         out += routing_flags(sem.moe_routing)
     if sem.precision in ("bf16", "fp16"):
         out.append(f"--{sem.precision}")
@@ -249,6 +261,11 @@ def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = F
         if f == "virtual_pipeline_model_parallel_size":
             if v is None:
                 continue
+            if not PipelineSplit.from_params(params).is_even:
+                # an uneven split or a layout: the chunk count itself (Megatron-LM's
+                # --num-layers-per-virtual-pipeline-stage assumes equal stages)
+                out += [VSTAGES_FLAG, str(v)]
+                continue
             if model.num_layers % (pp * int(v)):
                 raise NotTaken(name, value, f"{model.num_layers} layers do not split into "
                                f"PP={pp} x VPP={v} equal stages")  # fmt: skip
@@ -300,6 +317,23 @@ class MegatronLMLauncher(Launcher):
         return knob_flags(params, self.space.model, builtin=self.spec.module == BUILTIN_MODULE)
 
     def semantics_overrides(self) -> list[str]:
+        sem = self.space.semantics
+        if self.spec.module != BUILTIN_MODULE:
+            if sem.peft is not None:
+                raise NotTaken(
+                    "semantics.peft",
+                    sem.peft.scheme,
+                    "Megatron-LM's pretrain_gpt.py has no PEFT (LoRA is Megatron-Bridge's "
+                    "megatron.bridge.peft.lora.LoRA and NeMo's llm.peft.LoRA); use the bridge "
+                    "or nemo launcher, or dse's built-in trainer",
+                )
+            if sem.packed_sequences:
+                raise NotTaken(
+                    "semantics.packed_sequences",
+                    True,
+                    "Megatron-LM's pretrain_gpt.py trains full rows of its GPT dataset (no "
+                    "packed SFT data); use a Bridge or NeMo packed-SFT recipe",
+                )
         if self.spec.model_args:
             return model_flags(self.space)
         # the recipe's arguments give the model; a routing the study declares is applied
@@ -460,8 +494,10 @@ def _parser() -> argparse.ArgumentParser:
                  "--seq-length", "--max-position-embeddings", "--num-query-groups",
                  "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                  "--moe-shared-expert-intermediate-size", "--global-batch-size", "--train-iters",
-                 "--seed", "--log-interval", "--vocab-size", VPP_FLAG):  # fmt: skip
+                 "--seed", "--log-interval", "--vocab-size", VPP_FLAG,
+                 VSTAGES_FLAG):  # fmt: skip
         a(flag, type=int)
+    a("--moe-layer-freq")
     a("--lr", type=float)
     a("--hidden-dropout", type=float, default=0.0)
     a("--attention-dropout", type=float, default=0.0)
@@ -489,7 +525,7 @@ def _parser() -> argparse.ArgumentParser:
     for f, flag in FLAG_OF_FIELD.items():
         if f == "recompute_modules":
             a(flag, nargs="*")
-        elif f.endswith("_size") or f == "recompute_num_layers":
+        elif f.endswith("_size") or f == "recompute_num_layers" or f.startswith("num_layers_in_"):
             a(flag, type=int)
         else:
             a(flag)
@@ -542,6 +578,13 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
             moe_ffn_hidden_size=g("--moe-ffn-hidden-size"),
             moe_shared_expert_intermediate_size=g("--moe-shared-expert-intermediate-size"),
         )
+        if g("--moe-layer-freq"):  # an int, or Megatron-LM's list expression "[0,1,...]"
+            text = str(g("--moe-layer-freq")).strip()
+            model["moe_layer_freq"] = (
+                [int(x) for x in text.strip("[]").split(",") if x.strip()]
+                if text.startswith("[")
+                else int(text)
+            )
     precision = "bf16" if g("--bf16") else "fp16" if g("--fp16") else "fp32"
     semantics: dict[str, Any] = {
         "global_batch_size": g("--global-batch-size"),
@@ -573,6 +616,8 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
         g("--no-bias-swiglu-fusion") or g("--no-bias-gelu-fusion")
     )
     fields["grad_reduce_in_fp32"] = not g("--grad-reduce-in-bf16")
+    if g(VSTAGES_FLAG):
+        fields["virtual_pipeline_model_parallel_size"] = g(VSTAGES_FLAG)
     if g(VPP_FLAG):
         pp = fields.get("pipeline_model_parallel_size", 1)
         fields["virtual_pipeline_model_parallel_size"] = model["num_layers"] // (pp * g(VPP_FLAG))
@@ -586,7 +631,7 @@ def knobs_from_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name, knob in KNOBS.items():
-        if knob.kind == "int":
+        if knob.kind in ("int", "text"):
             fas = knob.fields(1)
             if fas and fas[0].field in fields:
                 out[name] = fields[fas[0].field]

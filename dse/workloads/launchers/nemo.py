@@ -20,6 +20,7 @@ from dse.workloads.launchers._core import (
     NotTaken,
     _layout,
     dse_only,
+    lora_fields,
     routing_fields,
 )
 
@@ -33,6 +34,13 @@ _STRATEGY = {
     "sequence_parallel",
     "expert_model_parallel_size",
     "expert_tensor_parallel_size",
+    # MegatronStrategy's pipeline split fields (nemo/lightning/pytorch/strategies/
+    # megatron_strategy.py), passed on to the model's TransformerConfig
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
 }
 #: OptimizerConfig fields that hold a torch.dtype: a command-line override cannot build one.
 _DTYPE_FIELDS = {"main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"}
@@ -113,6 +121,7 @@ class NemoLauncher(Launcher):
             f"data.seq_length={sem.seq_length}",
             *(f"{self.key('model', f)}={python_value(v)}"
               for f, v in routing_fields(sem.moe_routing)),
+            *(f"peft.{f}={python_value(v)}" for f, v in lora_fields(sem.peft)),
         ]  # fmt: skip
 
     def fixed_overrides(self) -> list[str]:

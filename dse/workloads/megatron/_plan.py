@@ -10,7 +10,7 @@ into one ``{"type": "failure", ...}`` metrics line by the trainer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,34 @@ def _hybrid_check(model: ModelSpec, attention_backend: str, device: str) -> None
             )
 
 
+def _training_semantics_check(
+    model: ModelSpec, semantics: Semantics, params: Mapping[str, Any]
+) -> None:
+    """What the built-in trainer cannot train of the study's training semantics (class
+    ``invalid``, naming it): packed sequences (it builds full seq_length rows and no
+    cu_seqlens; on a CPU Megatron-Core's only attention, the local DotProductAttention, takes
+    no packed_seq_params), and LoRA where its adapters cannot go
+    (:func:`dse.workloads.megatron._lora.lora_refusal`)."""
+    from dse.workloads.megatron._lora import lora_refusal
+
+    if semantics.packed_sequences:
+        raise TrialFailure(
+            "invalid",
+            "semantics.packed_sequences: the built-in trainer does not pack sequences (it "
+            "trains full seq_length rows, no cu_seqlens / THD batches; on a CPU Megatron-"
+            "Core's local DotProductAttention takes no packed_seq_params); run a Bridge or "
+            "NeMo recipe launcher",
+        )
+    why = lora_refusal(
+        semantics.peft,
+        int(knob_value(params, "tensor_model_parallel_size") or 1),
+        bool(knob_value(params, "moe_grouped_gemm")) and model.num_moe_experts is not None,
+        model.is_hybrid,
+    )
+    if why:
+        raise TrialFailure("invalid", f"semantics.peft: {why}")
+
+
 def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPlan:
     """Validate the spec and derive its layout, as the pre-launch check does.
 
@@ -174,6 +202,8 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
                 f"{name}={value!r} sets a field of {FIELD_SOURCES[name]}, which the built-in "
                 "trainer's Megatron-Core does not have; run it through a recipe launcher",
             )
+
+    _training_semantics_check(model, semantics, spec.params)
 
     fields: dict[str, dict[str, Any]] = {
         "model": {}, "ddp": {}, "optimizer": {}, "train": {}, "env": {},

@@ -217,6 +217,7 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
             moe_router_topk=m.moe_router_topk,
             moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
             moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+            moe_layer_freq=m.moe_layer_freq,
         )
     kw.update(_hybrid_and_routing_kwargs(plan))
     from dse.workloads.launchers.megatron_lm import MEGATRON_LM_MODEL_DEFAULTS
@@ -321,6 +322,33 @@ def layer_spec(plan: TrialPlan) -> Any:
         spec = copy.deepcopy(spec)
         spec.submodules.self_attention.submodules.core_attention = SDPAttention
     return spec
+
+
+def block_spec(plan: TrialPlan, config: Any, spec: Any, vp_stage: int | None) -> Any:
+    """What GPTModel builds on this stage: one layer spec for a model whose layers are all
+    alike; for a MoE model with dense layers too (``moe_layer_freq``) or a pipeline split
+    that is not even, Megatron-Core's decoder block spec of this stage's layers, each dense
+    or MoE as ``moe_layer_freq`` says (megatron/core/models/gpt/gpt_layer_specs.py
+    ``get_gpt_decoder_block_spec``), with dse's attention where it swaps one in."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    if not plan.model.mixed_moe:
+        return spec
+    block = get_gpt_decoder_block_spec(
+        config,
+        use_transformer_engine=not plan.local_spec,
+        normalization=plan.model.normalization,
+        vp_stage=vp_stage,
+    )
+    if plan.local_spec and plan.attention_backend == "sdpa":
+        import copy
+
+        from dse.workloads.megatron._sdpa import SDPAttention
+
+        block = copy.deepcopy(block)
+        for layer in block.layer_specs:
+            layer.submodules.self_attention.submodules.core_attention = SDPAttention
+    return block
 
 
 def _hybrid_model(plan: TrialPlan, config: Any, vocab: int) -> Any:
@@ -429,7 +457,7 @@ def build(plan: TrialPlan, device: Any) -> _Built:
             continue
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=block_spec(plan, config, spec, vp_stage),
             vocab_size=vocab,
             max_sequence_length=plan.semantics.seq_length,
             pre_process=parallel_state.is_pipeline_first_stage(
@@ -450,6 +478,12 @@ def build(plan: TrialPlan, device: Any) -> _Built:
         if plan.semantics.init == "layout_invariant"
         else "megatron"  # Megatron-Core's own, as built (upstream Megatron-LM's)
     )
+    peft = plan.semantics.peft
+    if peft is not None:
+        from dse.workloads.megatron._lora import apply_lora
+
+        counts = [apply_lora(m, peft, seed) for m in chunks]
+        init += f"+lora(trained={sum(c[0] for c in counts)},frozen={sum(c[1] for c in counts)})"
     for i, model in enumerate(chunks):
         model.to(device)
         if config.bf16 or config.fp16:
