@@ -1458,7 +1458,7 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
             "(nemo -> NeMoRun, bridge -> MegatronBridge)"
         )
     out = CloudAIExport({})
-    full = space.full_params(params)
+    full = space.active_config(params)  # no value that does nothing there
     set_names = set(space.knobs) | set(space.fixed) | set(space.derived)
     knob_params = {k: v for k, v in full.items() if not k.startswith("env.") and k in set_names}
     res, sem = space.resources, space.semantics

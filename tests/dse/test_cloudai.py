@@ -681,7 +681,11 @@ def test_export_names_full_recipe_task_and_labels_an_estimate(tmp_path: Path) ->
     args, extra = got.test["cmd_args"], got.test.get("extra_cmd_args", {})
     assert args["task"] == "sft" and args["model_recipe_name"] == "nemotron_omni_cord_v2"
     carried = set(args) | {k.split(".", 1)[1] for k in extra}
-    tuned = {k for k in set(space.knobs) | set(space.fixed) if not k.startswith("env.")}
+    dead = space.inactive_knobs(space.baseline())  # values that do nothing: not exported
+    assert {"moe_flex_dispatcher_num_sms", "moe_flex_dispatcher_backend", "main_grads_dtype",
+            "recompute_modules"} <= dead  # fmt: skip
+    assert not dead & {k.split(".", 1)[1] for k in extra}
+    tuned = {k for k in set(space.knobs) | set(space.fixed) if not k.startswith("env.")} - dead
     env_knobs = {k.removeprefix("env.") for k in space.knobs if k.startswith("env.")}
     assert env_knobs <= set(got.test.get("extra_env_vars", {}))  # environment knobs travel
     missing = {k for k in tuned if k not in carried} - {
