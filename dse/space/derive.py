@@ -212,12 +212,18 @@ def _distopt_inert(space: SpaceView, p: Mapping[str, Any], s: Layout) -> bool:
     return space.model.num_moe_experts is None or s.edp == 1  # experts: expert-DP too
 
 
+def _ignored_rule(
+    fn: Callable[[Mapping[str, Any]], bool],
+) -> Callable[[SpaceView, Mapping[str, Any], Layout], bool]:
+    return lambda sp, p, s: fn(p)
+
+
 #: knob -> ``inert(space, effective params, layout)``: Megatron-Core ignores the knob there.
 #: The knobs Megatron-Core does not read under the others' values
 #: (:data:`dse.space.knobs.IGNORED`) are among them.
 INERT: dict[str, Callable[[SpaceView, Mapping[str, Any], Layout], bool]] = {
     "use_distributed_optimizer": _distopt_inert,
-    **{name: (lambda sp, p, s, fn=fn: fn(p)) for name, fn in IGNORED.items()},
+    **{name: _ignored_rule(fn) for name, fn in IGNORED.items()},
     "moe_token_dispatcher_type": lambda sp, p, s: sp.model.num_moe_experts is None,
 }
 
