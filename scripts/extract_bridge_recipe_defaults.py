@@ -602,6 +602,9 @@ def render(data: dict[str, Any], source: dict[str, Any]) -> str:
             line = yaml.safe_dump(
                 {name: entry}, default_flow_style=None, sort_keys=False, width=10**6
             )
+            if "layout" in entry:  # one line a recipe, its layout a flow mapping too
+                flow = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6)
+                line = f"{name}: {flow}"
             out.append("  " + line.rstrip("\n"))
     return "\n".join(out) + "\n"
 

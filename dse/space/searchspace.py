@@ -1404,6 +1404,8 @@ class SearchSpace(_Strict):
             exclude["budget"] = {"remeasure"}
         if self.agent.estimate == AgentSpec.model_fields["estimate"].default:
             exclude["agent"] = {"estimate"}
+        if self.workload.launcher is not None:  # provenance, not what a trial runs
+            exclude["workload"] = {"launcher": {"cloudai"}}
         text = self.model_dump_json(exclude=exclude or None)
         return hashlib.sha256(text.encode()).hexdigest()
 

@@ -49,10 +49,10 @@ def test_a_reordered_standin_fails_the_check() -> None:
     """The check is order-sensitive: the stand-in with the validation before the
     communication-overlap setup is not Bridge's."""
     text = CONFIG.read_text()
-    moved = text.replace(
-        "    cfg.set_data_parallel_size()\n", "    cfg.validate()\n    cfg.set_data_parallel_size()\n"
-    ).replace("        cfg.comm_overlap.setup(cfg.model, cfg.optimizer, cfg.ddp)\n    cfg.validate()",
-              "        cfg.comm_overlap.setup(cfg.model, cfg.optimizer, cfg.ddp)")  # fmt: skip
+    setup = "        cfg.comm_overlap.setup(cfg.model, cfg.optimizer, cfg.ddp)\n"
+    dp = "    cfg.set_data_parallel_size()\n"
+    moved = text.replace(setup + "    cfg.validate()", setup.rstrip("\n"))
+    moved = moved.replace(dp, "    cfg.validate()\n" + dp)
     assert moved != text
     common = _common()
     assert (
