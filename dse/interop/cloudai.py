@@ -43,6 +43,7 @@ from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import SpaceError
 from dse.core.safeyaml import comment
 from dse.space.catalog.bridge_recipes import RecipeDefaults
+from dse.space.catalog.nemo_recipes import NemoRecipeDefaults, nemo_recipe_defaults
 from dse.space.knobs import KNOBS, ModulesKnob, get_knob
 
 __all__ = [
@@ -705,7 +706,7 @@ _MOE_LAYOUT = ("expert_model_parallel_size", "expert_tensor_parallel_size",
 
 
 def _recipe_layout(
-    pick: RecipeDefaults,
+    pick: RecipeDefaults | NemoRecipeDefaults,
     knobs: dict[str, dict[str, Any]],
     fixed: dict[str, Any],
     given: set[str],
@@ -726,8 +727,8 @@ def _recipe_layout(
             continue  # Bridge's finalize derives it from TP (derived: sequence_parallel: bridge)
         if knob == "recompute":
             v = "none" if v is None else v
-        if KNOBS[knob].check_value(v) is not None:
-            continue  # None where the knob has no such value (a backend left unset)
+        if KNOBS[knob].check_value(v) is not None or (v is None and KNOBS[knob].default is None):
+            continue  # None: the knob's default, or no value of it (a backend left unset)
         if knob in knobs:
             if v in knobs[knob]["values"]:
                 knobs[knob]["baseline"] = v
@@ -941,6 +942,21 @@ def import_scenario(
         gbs, seq, recipe_pick = _bridge_recipe_defaults(
             key, task, args, gpu_type, gbs, seq, notes, pinned, where
         )
+    nemo_pick = nemo_recipe_defaults(key) if workload == "nemo" else None
+    if nemo_pick is not None and (gbs is None or seq is None):
+        took = []
+        if gbs is None and nemo_pick.global_batch_size is not None:
+            gbs = nemo_pick.global_batch_size
+            took.append(f"global_batch_size {gbs}")
+        if seq is None and nemo_pick.seq_length is not None:
+            seq = nemo_pick.seq_length
+            took.append(f"seq_length {seq}")
+        if took:
+            notes.append(
+                f"{' and '.join(took)} from the recipe's defaults (the test leaves them to the "
+                f"recipe): {nemo_pick.source()}; give cmd_args.data.global_batch_size / "
+                "data.seq_length or --global-batch-size / --seq-length to change"
+            )
     gbs = gbs or base_sem.get("global_batch_size")
     seq = seq or base_sem.get("seq_length")
     if seq is None and isinstance(model, dict) and model.get("seq_length"):
@@ -1130,11 +1146,12 @@ def import_scenario(
             else:
                 overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
     knobs, fixed = b.knobs, b.fixed
-    if workload == "bridge" and recipe_pick is not None:
+    layout_of = recipe_pick if workload == "bridge" else nemo_pick
+    if layout_of is not None:
         given = {knob_map[k] for k in args if k in knob_map}  # the test's own, also None
         if "recompute_modules" in args:
             given.add("recompute")
-        _recipe_layout(recipe_pick, knobs, fixed, given, resources, _is_moe(model), notes)
+        _recipe_layout(layout_of, knobs, fixed, given, resources, _is_moe(model), notes)
     if fsdp_on:
         _megatron_fsdp(fsdp_on, fixed, overrides, notes)
     if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:

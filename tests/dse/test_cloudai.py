@@ -255,9 +255,11 @@ def test_recipe_without_example_needs_model_from(
     assert "no example space or catalog model for the recipe 'llama9_1t'" in (
         capsys.readouterr().err
     )
-    # Llama 3 70B is a catalog model; the test leaves the sequence length to the recipe
-    with pytest.raises(SpaceError, match="leaves seq_length"):
-        import_scenario(src)
+    # Llama 3 70B is a catalog model; the test leaves the sequence length to the recipe,
+    # whose own default NeMo's recipe table gives (NeMo 2.0 llama3_70b: 8192)
+    got = import_scenario(src)
+    assert got.space["semantics"]["seq_length"] == 8192
+    assert any("seq_length 8192 from the recipe's defaults" in n for n in got.notes)
     got = import_scenario(src, seq_length=8192)
     space = parse_space(got.space, "t")
     assert got.space["model"] == "llama3_70b" and space.model.num_layers == 80

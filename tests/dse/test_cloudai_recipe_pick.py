@@ -128,3 +128,39 @@ def test_pins_mounts_and_recipe_names_survive_the_round_trip(name: str, tmp_path
     if "nemo_run" in name:
         assert raw["cmd_args"]["recipe_name"] == "cloudai_llama3_8b_recipe"
         assert out["cmd_args"]["recipe_name"] == "cloudai_llama3_8b_recipe"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "seq", "gbs", "tp"),
+    [("llama3_8b", 8192, 512, 1), ("llama3_70b", 8192, 512, 4), ("nemotron4_15b", 4096, 32, 4),
+     ("nemotron3_8b", 4096, 32, 2), ("nemotron4_340b", 4096, 2304, 8)],
+)  # fmt: skip
+def test_a_nemorun_test_leaving_batch_and_sequence_to_its_recipe_takes_nemos_defaults(
+    tmp_path: Path, recipe: str, seq: int, gbs: int, tp: int
+) -> None:
+    """NeMo 2.0's own recipe defaults (dse/space/catalog/nemo_recipe_defaults.yaml, NeMo
+    v2.4.0's pretrain_recipe) stand in for what a NeMoRun test leaves out, named in a note;
+    the recipe's own TP is the baseline where the test leaves it."""
+    text = (TESTS / "nemo_run_llama3_8b.toml").read_text()
+    lines = [
+        ln for ln in text.splitlines()
+        if ln.strip().split(" ")[0] not in ("seq_length", "global_batch_size",
+                                            "tensor_model_parallel_size")
+    ]  # fmt: skip
+    body = "\n".join(lines).replace("cloudai_llama3_8b_recipe", f"cloudai_{recipe}_recipe")
+    p = tmp_path / "t.toml"
+    p.write_text(body + "\n")
+    model = None if recipe.startswith("llama3_8") else _model(tmp_path)
+    got = import_scenario(p, model_from=model)
+    sem = got.space["semantics"]
+    assert (sem["seq_length"], sem["global_batch_size"]) == (seq, gbs)
+    note = next(n for n in got.notes if "recipe's defaults" in n)
+    assert f"NeMo v2.4.0 (2381f42f6979) nemo/collections/llm/recipes/{recipe}.py" in note
+    space = parse_space_text(got.to_yaml("t"), "t")
+    assert space.full_params(space.baseline())["tensor_model_parallel_size"] == tp
+
+
+def _model(tmp_path: Path) -> Path:
+    f = tmp_path / "model.yaml"  # a model section (the recipe's model is not what is tested)
+    f.write_text(yaml.safe_dump({"model": {"catalog": "llama3_8b"}}))
+    return f
