@@ -426,6 +426,7 @@ LAYOUT_FIELDS: dict[str, str] = {
     "model.moe_token_dispatcher_type": "moe_token_dispatcher_type",
     "model.moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
     "model.recompute_granularity": "recompute_granularity",
+    "mixed_precision.grad_reduce_in_fp32": "grad_reduce_in_fp32",
 }
 _TRACKED_DEFAULTS = {"seq_length", "global_batch_size"} | {
     k.split(".", 1)[1] for k in LAYOUT_FIELDS
