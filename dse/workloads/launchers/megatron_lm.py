@@ -412,6 +412,8 @@ def resolved_expectations(
             continue  # Megatron-LM reads the list only with selective recompute
         elif f in ("recompute_method", "recompute_num_layers") and v is None:
             continue
+        elif f == "cuda_graph_scope" and v == "full":
+            continue  # no flag rendered: Megatron-LM's own default (whole layers)
         else:
             out[_DEST_OF_FIELD.get(f, f)] = v
     args = list(argv)
