@@ -1,4 +1,4 @@
-"""Extract Megatron-Bridge recipes' default global batch size and sequence length.
+"""Extract Megatron-Bridge recipes' default global batch size, sequence length and layout.
 
 A CloudAI MegatronBridge test that sets no ``gb`` / ``seq_length`` runs with the values of
 the recipe Megatron-Bridge's ``scripts/performance`` launcher builds: a *performance recipe*
@@ -226,7 +226,7 @@ class Interpreter:
         except LookupError:
             fields = {}
         for name, f in fields.items():
-            if name in ("seq_length", "global_batch_size") and f.default is not None:
+            if name in _TRACKED_DEFAULTS and f.default is not None:
                 owner = f.owner.split(":", 1)[0]
                 obj.attrs[name] = self.eval(f.default, Frame(owner, {}))
         obj.attrs.update(kwargs)
@@ -412,6 +412,27 @@ class Interpreter:
 # --- the recipes ----------------------------------------------------------------------
 
 
+#: The recipe's own layout and settings dse has knobs for: ``section.field`` of the
+#: ConfigContainer -> the name in the table (the knob's name).
+LAYOUT_FIELDS: dict[str, str] = {
+    "model.tensor_model_parallel_size": "tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size": "pipeline_model_parallel_size",
+    "model.virtual_pipeline_model_parallel_size": "virtual_pipeline_model_parallel_size",
+    "model.context_parallel_size": "context_parallel_size",
+    "model.expert_model_parallel_size": "expert_model_parallel_size",
+    "model.expert_tensor_parallel_size": "expert_tensor_parallel_size",
+    "model.sequence_parallel": "sequence_parallel",
+    "train.micro_batch_size": "micro_batch_size",
+    "model.moe_token_dispatcher_type": "moe_token_dispatcher_type",
+    "model.moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
+    "model.recompute_granularity": "recompute_granularity",
+    "mixed_precision.grad_reduce_in_fp32": "grad_reduce_in_fp32",
+}
+_TRACKED_DEFAULTS = {"seq_length", "global_batch_size"} | {
+    k.split(".", 1)[1] for k in LAYOUT_FIELDS
+}
+
+
 @dataclass(frozen=True)
 class Extracted:
     name: str
@@ -419,6 +440,7 @@ class Extracted:
     path: str
     global_batch_size: int | None
     seq_length: int | None
+    layout: dict[str, Any] = field(default_factory=dict)
 
 
 def _module_path(src: Source, module: str) -> str:
@@ -446,7 +468,16 @@ def evaluate(interp: Interpreter, module: str, name: str) -> Extracted | None:
             seq = _known(data.attrs.get("seq_length"))
         if seq is None and isinstance(model, Obj):
             seq = _known(model.attrs.get("seq_length"))
-    return Extracted(name, ref.node.name, _module_path(interp.src, ref.module), gbs, seq)
+    layout: dict[str, Any] = {}
+    if isinstance(cfg, Obj):
+        for path, key in LAYOUT_FIELDS.items():
+            sec, attr = path.split(".", 1)
+            owner = cfg.attrs.get(sec)
+            if isinstance(owner, Obj) and attr in owner.attrs:
+                v = owner.attrs[attr]
+                if v is None or type(v) in (int, bool, str):  # known (None: set to None)
+                    layout[key] = v
+    return Extracted(name, ref.node.name, _module_path(interp.src, ref.module), gbs, seq, layout)
 
 
 def _exported(src: Source, module: str) -> list[str]:
@@ -537,6 +568,8 @@ def _entry(x: Extracted) -> dict[str, Any]:
     }
     if x.function != x.name:
         out["function"] = x.function
+    if x.layout:
+        out["layout"] = x.layout
     return out
 
 
@@ -555,6 +588,9 @@ HEADER = """\
 #   alias).
 # null: not known statically (the function raises, or the value comes from a Hugging Face
 #   config or a branch on something unknown).
+# layout: the parallel sizes and settings the recipe sets itself (a field it leaves to
+#   Megatron-Core's default, or sets on a branch not known statically, is left out; null: set
+#   to None); dse cloudai import takes them as the study's baseline.
 """
 
 
@@ -567,6 +603,9 @@ def render(data: dict[str, Any], source: dict[str, Any]) -> str:
             line = yaml.safe_dump(
                 {name: entry}, default_flow_style=None, sort_keys=False, width=10**6
             )
+            if "layout" in entry:  # one line a recipe, its layout a flow mapping too
+                flow = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6)
+                line = f"{name}: {flow}"
             out.append("  " + line.rstrip("\n"))
     return "\n".join(out) + "\n"
 

@@ -6,7 +6,9 @@ container's sections and, for each, the dataclass fields of every class its anno
 names (``model``: the GPT, T5, hybrid and MIMO model providers, which are Megatron-Core
 ``TransformerConfig`` subclasses; ``optimizer``, ``ddp``, ``train``, ``checkpoint``, ...),
 over their base classes, from the Bridge tree and from the Megatron-LM commit that Bridge
-pins as its ``3rdparty/Megatron-LM`` submodule. Writes a JSON data file with both commits.
+pins as its ``3rdparty/Megatron-LM`` submodule, and the calls of ``runtime_config_update`` in
+order (what the tests' stand-in of Bridge must do in the same order). Writes a JSON data file
+with both commits.
 
     python scripts/extract_upstream_bridge.py --repo PATH/TO/Megatron-Bridge/.git \\
         --megatron-repo PATH/TO/Megatron-LM/.git --commit r0.6.0 \\
@@ -24,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from extract_upstream_common import GitTree, Source, submodule_commit  # noqa: E402
+from extract_upstream_common import GitTree, Source, call_order, submodule_commit  # noqa: E402
 
 CONFIG_MODULE = "megatron.bridge.training.config"
 #: The head of the 0.6 release branch (package version 0.6.1 there; later 0.6.x patch
@@ -67,6 +69,11 @@ def extract(bridge: GitTree, megatron: GitTree) -> dict[str, Any]:
         "extracted_by": "scripts/extract_upstream_bridge.py (AST of ConfigContainer and the "
         "dataclasses its sections name, with their bases)",
         "sections": sections,
+        # what Bridge does to the recipe's config after the overrides, before the model is
+        # built (training/pretrain.py calls it): the calls of runtime_config_update in order
+        "runtime_config_update": call_order(
+            bridge.read("src/megatron/bridge/training/config.py") or "", "runtime_config_update"
+        ),
     }
 
 

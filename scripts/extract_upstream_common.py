@@ -203,3 +203,17 @@ def literal_strings(node: ast.expr | None) -> list[str] | None:
         if len(vals) == len(node.elts):
             return [str(v) for v in vals]
     return None
+
+
+def call_order(text: str, function: str) -> list[str]:
+    """The calls a top-level function of module source ``text`` makes, in source order, each
+    as its callee written out (``apply_environment_variables``, ``cfg.validate``): what a
+    stand-in of that function must call in the same order. Raises LookupError when the
+    module has no such function."""
+    tree = ast.parse(text)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+            calls.sort(key=lambda c: (c.lineno, c.col_offset))
+            return [ast.unparse(c.func) for c in calls]
+    raise LookupError(f"no function {function!r}")

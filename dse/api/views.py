@@ -67,6 +67,8 @@ __all__ = [
     "study_public",
     "trial_public",
     "trial_row",
+    "shown_params",
+    "study_space",
     "trial_detail",
     "rejection_public",
     "points_of",
@@ -253,15 +255,38 @@ def noisy_best(
 # --- trials -------------------------------------------------------------------------------
 
 
-def _trial_fields(t: TrialRecord, metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """The public fields of a trial (:class:`TrialPublic`), as stored: the one list of them
-    (pages, :func:`trial_public` and :func:`trial_detail` derive from it). In the order of
-    a page's JSON rows, ``metrics`` last."""
+def study_space(study: StudyRecord) -> SearchSpace | None:
+    """The stored space of a study (cached), or None where it no longer validates."""
+    try:
+        return effective_space(study.space_yaml, study.name, {})
+    except SpaceError:
+        return None
+
+
+def shown_params(space: SearchSpace | None, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's knob values as the dashboard shows them: without the knobs that do nothing
+    in that configuration (:meth:`dse.space.searchspace.SearchSpace.active_config`); as
+    stored where the study's space is unknown or the configuration no longer resolves."""
+    if space is None:
+        return dict(params)
+    try:
+        return space.active_config(params, fixed=False)
+    except (ValueError, KeyError, TypeError):  # a stored configuration the space now refuses
+        return dict(params)
+
+
+def _trial_fields(
+    t: TrialRecord, metrics: Mapping[str, Any], space: SearchSpace | None = None
+) -> dict[str, Any]:
+    """The public fields of a trial (:class:`TrialPublic`), as stored (its knob values without
+    those that do nothing there, where ``space`` is given: :func:`shown_params`): the one
+    list of them (pages, :func:`trial_public` and :func:`trial_detail` derive from it). In
+    the order of a page's JSON rows, ``metrics`` last."""
     return {
         "id": t.id,
         "number": t.number,
         "state": t.state,
-        "params": t.params,
+        "params": shown_params(space, t.params),
         "value": t.value,
         "failure_class": t.failure_class,
         "reason": t.reason,
@@ -278,14 +303,14 @@ def _trial_fields(t: TrialRecord, metrics: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def trial_row(t: TrialRecord) -> dict[str, Any]:
+def trial_row(t: TrialRecord, space: SearchSpace | None = None) -> dict[str, Any]:
     """A trial for a page (metrics without the per-step ``losses`` list) as a plain dict, for
     :func:`json_bytes` (a page of them is serialized once, without building and validating a
     model per trial; a non-finite number becomes null there)."""
     metrics = t.metrics
     if "losses" in metrics:
         metrics = {k: v for k, v in metrics.items() if k != "losses"}
-    return _trial_fields(t, metrics)
+    return _trial_fields(t, metrics, space)
 
 
 def trial_public(t: TrialRecord) -> TrialPublic:
@@ -308,7 +333,7 @@ def _step_public(s: StepMetrics) -> StepPublic:
 def trial_detail(t: TrialRecord, study: StudyRecord) -> TrialDetailPublic:
     """A trial with everything: metrics, per-step curves, where it ran, re-queue history."""
     return TrialDetailPublic(
-        **clean(_trial_fields(t, t.metrics)),
+        **clean(_trial_fields(t, t.metrics, study_space(study))),
         study=study.name,
         runner=t.runner,
         log_path=t.log_path,

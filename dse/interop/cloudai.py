@@ -42,6 +42,8 @@ from dse.core.bounds import MAX_SPACE_BYTES, read_regular_file
 from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import SpaceError
 from dse.core.safeyaml import comment
+from dse.space.catalog.bridge_recipes import RecipeDefaults
+from dse.space.catalog.nemo_recipes import NemoRecipeDefaults, nemo_recipe_defaults
 from dse.space.knobs import KNOBS, ModulesKnob, get_knob
 from dse.space.layout import PIPELINE_SPLIT_KNOBS
 
@@ -199,11 +201,13 @@ _FAMILIES = (
     ("gemma", "gemma"),
 )
 
-#: A Bridge recipe function name: <recipe>_<task>[_<N>gpu][_<gpu>][_<dtype>]_config.
+#: A Bridge recipe function name: <recipe>_<task>[_<N>gpu][_<gpu>][_<dtype>][_<variant>]_config
+#: (a performance recipe writes its dtype without the underscore: fp8cs, fp8mx).
 _RECIPE_RE = re.compile(
     r"^(?P<stem>.+?)_(?P<task>pretrain|sft|finetune|peft|lora)"
     r"(?:_(?P<gpus>\d+)gpu)?(?:_(?P<gpu>[hb]\d+|gb\d+|vr\d+))?"
-    r"(?:_(?P<dtype>bf16|fp8_cs|fp8_mx|fp8_sc|fp8_ds|nvfp4|fp8))?_config$"
+    r"(?:_(?P<dtype>bf16|fp8_cs|fp8_mx|fp8_sc|fp8_ds|nvfp4|fp8cs|fp8mx|fp8sc|fp8))?"
+    r"(?:_(?P<variant>[a-z0-9_]+?))?_config$"
 )
 
 
@@ -598,15 +602,19 @@ def _bridge_recipe_defaults(
     seq: Any,
     notes: list[str],
     pinned: str | None = None,
-) -> tuple[Any, Any]:
-    """The global batch size and sequence length the test leaves to its Megatron-Bridge
-    recipe, from the recipe Bridge's performance launcher builds for it (CloudAI passes
-    ``-mr``, ``--task``, ``-g gpu_type``, ``-c compute_dtype``, ``-ng num_gpus``, with
-    CloudAI's defaults gb200, bf16 and 8), read from
-    ``dse/space/catalog/bridge_recipe_defaults.yaml``;
-    a note says which values came from where (and the Megatron-Bridge commit the test pins,
-    if any). Unchanged when the table has no such recipe."""
-    from dse.space.catalog.bridge_recipes import recipe_defaults
+    where: str = "<test>",
+) -> tuple[Any, Any, RecipeDefaults]:
+    """The recipe Bridge's performance launcher builds for the test (CloudAI passes ``-mr``,
+    ``--task``, ``-g gpu_type``, ``-c compute_dtype``, ``-ng num_gpus``, with CloudAI's
+    defaults gb200, bf16 and 8), read from ``dse/space/catalog/bridge_recipe_defaults.yaml``,
+    and the global batch size and sequence length the test leaves to it; a note says which
+    values came from where (and the Megatron-Bridge commit the test pins, if any).
+
+    Raises:
+        SpaceError: no recipe of the table matches, naming the recipe, task, GPU, GPU count
+            and compute dtype the launcher would look for.
+    """
+    from dse.space.catalog.bridge_recipes import bridge_recipe_table, recipe_defaults
 
     gpu = str(gpu_type or args.get("gpu_type") or "gb200")
     dtypes = args.get("compute_dtype", "bf16")
@@ -631,13 +639,26 @@ def _bridge_recipe_defaults(
         for d in dtypes or ["bf16"]
     ]
     found = [p for p in picks if p is not None]
-    if len(found) < len(picks):
-        return gbs, seq
+    if len(found) < len(picks) or not found:
+        lost = [d for d, p in zip(dtypes or ["bf16"], picks, strict=True) if p is None]
+        version = bridge_recipe_table()["source"].get("version", "?")
+        raise SpaceError(
+            f"{where}: no Megatron-Bridge recipe for model_recipe_name {recipe!r}, task "
+            f"{task!r}, gpu_type {gpu!r}, num_gpus {num}, compute_dtype {', '.join(lost)}: "
+            f"neither the performance recipe {recipe}_{task}_{num}gpu_{gpu}_<dtype>_config nor "
+            f"the library recipe {recipe}_{task}_config is in Megatron-Bridge {version}'s "
+            "recipes (dse/space/catalog/bridge_recipe_defaults.yaml); give the model_recipe_name"
+            ", gpu_type, num_gpus and compute_dtype of a recipe Bridge has"
+        )
     pick = found[0]
-    if len({(p.global_batch_size, p.seq_length) for p in found}) > 1:
+    if len({p.name for p in found}) > 1:
         lib = recipe_defaults(recipe, task, use_recipes=True)
         if lib is None:
-            return gbs, seq
+            raise SpaceError(
+                f"{where}: the compute_dtype sweep {dtypes} builds different Megatron-Bridge "
+                f"recipes ({', '.join(p.name for p in found)}) and there is no library recipe "
+                f"{recipe}_{task}_config to run them all from; sweep one compute_dtype per test"
+            )
         why = "the compute_dtype sweep's performance recipes differ"
         pick = dataclasses.replace(lib, why=why)
     took = []
@@ -665,7 +686,57 @@ def _bridge_recipe_defaults(
             )
             + "; give cmd_args.gb / seq_length or --global-batch-size / --seq-length to change"
         )
-    return gbs, seq
+    return gbs, seq, pick
+
+
+#: A Bridge recipe's layout field (:attr:`RecipeDefaults.layout`) -> the knob it sets.
+_LAYOUT_KNOB = {"recompute_granularity": "recompute"}
+#: Knobs of the layout that only a MoE model has.
+_MOE_LAYOUT = ("expert_model_parallel_size", "expert_tensor_parallel_size",
+               "moe_token_dispatcher_type", "moe_flex_dispatcher_backend")  # fmt: skip
+
+
+def _recipe_layout(
+    pick: RecipeDefaults | NemoRecipeDefaults,
+    knobs: dict[str, dict[str, Any]],
+    fixed: dict[str, Any],
+    given: set[str],
+    resources: dict[str, Any],
+    is_moe: bool,
+    notes: list[str],
+) -> None:
+    """The recipe's own parallel sizes and settings (what it runs when the test leaves them
+    to it) as the study's fixed values, or as the baseline of a knob the test sweeps; what
+    the test sets itself wins. A flex dispatcher backend the recipe runs is declared as a
+    feature of the image (the container that runs the recipe has it)."""
+    took: list[str] = []
+    for f, v in pick.layout.items():
+        knob = _LAYOUT_KNOB.get(f, f)
+        if knob not in KNOBS or (knob in _MOE_LAYOUT and not is_moe):
+            continue
+        if knob == "sequence_parallel":
+            continue  # Bridge's finalize derives it from TP (derived: sequence_parallel: bridge)
+        if knob == "recompute":
+            v = "none" if v is None else v
+        if KNOBS[knob].check_value(v) is not None or (v is None and KNOBS[knob].default is None):
+            continue  # None: the knob's default, or no value of it (a backend left unset)
+        if knob in knobs:
+            if v in knobs[knob]["values"]:
+                knobs[knob]["baseline"] = v
+                took.append(f"{knob}={v!r} (baseline)")
+            continue
+        if knob in fixed or knob in given:
+            if knob in fixed and fixed[knob] != v:
+                notes.append(f"{knob}: the test's {fixed[knob]!r}, not the recipe's {v!r}")
+            continue
+        fixed[knob] = v
+        took.append(f"{knob}={v!r}")
+    backend = fixed.get("moe_flex_dispatcher_backend")
+    if fixed.get("moe_token_dispatcher_type") == "flex" and backend in ("deepep", "hybridep"):
+        if backend not in resources["features"]:
+            resources["features"].append(backend)
+    if took:
+        notes.append(f"the recipe's own layout and settings: {', '.join(took)} ({pick.name})")
 
 
 def import_scenario(
@@ -739,6 +810,8 @@ def import_scenario(
             "tests (Megatron training recipes) only"
         )
     args = _flatten(test.get("cmd_args") or {})
+    # the names and pins of the recipe as the test writes them, kept for the export
+    provenance = _provenance(test, args, unmapped)
     if workload == "bridge":
         for old, new in BRIDGE_RENAMED.items():
             if old in args and new not in args:
@@ -760,6 +833,8 @@ def import_scenario(
     # --- the recipe, the model and the semantics ------------------------------------------
     env_in = _flatten(test.get("extra_env_vars") or {})
     launcher: dict[str, Any] = {}
+    recipe_pick: RecipeDefaults | None = None
+    pinned: str | None = None
     if workload == "nemo":
         recipe = args.pop("recipe_name", None)
         image = args.pop("docker_image_url", None)
@@ -829,8 +904,20 @@ def import_scenario(
                 "configurations) are not part of the trial"
             )
     else:
-        blaunch = ((base or {}).get("workload") or {}).get("launcher") or {}
-        launcher["recipe"] = blaunch.get("recipe") or f"{key}_{task}_config"
+        # the recipe CloudAI's launcher builds (Bridge's performance launcher's rule)
+        repos = [r for r in test.get("git_repos") or [] if isinstance(r, dict)]
+        bridge_repos = [r for r in repos if "Megatron-Bridge" in str(r.get("url"))]
+        pinned = next((str(r["commit"]) for r in bridge_repos if r.get("commit")), None)
+        _gb, _seq, recipe_pick = _bridge_recipe_defaults(
+            key, task, args, gpu_type, None, None, [], pinned, where
+        )
+        launcher["recipe"] = recipe_pick.name
+        notes.append(
+            f"recipe {recipe_pick.name}: what CloudAI's MegatronBridge launcher builds for this "
+            f"test ({recipe_pick.source()}"
+            + (f"; {recipe_pick.why}" if recipe_pick.why else "")
+            + ")"
+        )
     if image:
         launcher["container_image"] = str(image).removeprefix("http://").removeprefix("https://")
 
@@ -843,10 +930,24 @@ def import_scenario(
     gbs = sem_vals["global_batch_size"] or global_batch_size
     seq = sem_vals["seq_length"] or seq_length
     if workload == "bridge" and (gbs is None or seq is None):
-        repos = [r for r in test.get("git_repos") or [] if isinstance(r, dict)]
-        bridge_repos = [r for r in repos if "Megatron-Bridge" in str(r.get("url"))]
-        pinned = next((str(r["commit"]) for r in bridge_repos if r.get("commit")), None)
-        gbs, seq = _bridge_recipe_defaults(key, task, args, gpu_type, gbs, seq, notes, pinned)
+        gbs, seq, recipe_pick = _bridge_recipe_defaults(
+            key, task, args, gpu_type, gbs, seq, notes, pinned, where
+        )
+    nemo_pick = nemo_recipe_defaults(key) if workload == "nemo" else None
+    if nemo_pick is not None and (gbs is None or seq is None):
+        took = []
+        if gbs is None and nemo_pick.global_batch_size is not None:
+            gbs = nemo_pick.global_batch_size
+            took.append(f"global_batch_size {gbs}")
+        if seq is None and nemo_pick.seq_length is not None:
+            seq = nemo_pick.seq_length
+            took.append(f"seq_length {seq}")
+        if took:
+            notes.append(
+                f"{' and '.join(took)} from the recipe's defaults (the test leaves them to the "
+                f"recipe): {nemo_pick.source()}; give cmd_args.data.global_batch_size / "
+                "data.seq_length or --global-batch-size / --seq-length to change"
+            )
     gbs = gbs or base_sem.get("global_batch_size")
     seq = seq or base_sem.get("seq_length")
     if seq is None and isinstance(model, dict) and model.get("seq_length"):
@@ -1050,6 +1151,12 @@ def import_scenario(
             else:
                 overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
     knobs, fixed = b.knobs, b.fixed
+    layout_of = recipe_pick if workload == "bridge" else nemo_pick
+    if layout_of is not None:
+        given = {knob_map[k] for k in args if k in knob_map}  # the test's own, also None
+        if "recompute_modules" in args:
+            given.add("recompute")
+        _recipe_layout(layout_of, knobs, fixed, given, resources, _is_moe(model), notes)
     if fsdp_on:
         _megatron_fsdp(fsdp_on, fixed, overrides, notes)
     if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:
@@ -1181,6 +1288,8 @@ def import_scenario(
             space["env"]["node_steps"] = sorted(set(node_steps))
     if overrides:
         launcher["overrides"] = overrides
+    if provenance:
+        launcher["cloudai"] = provenance
     space.update(
         {
             "objective": {"metric": obj[0], "direction": obj[1]},
@@ -1191,7 +1300,7 @@ def import_scenario(
             "prescreen": {"enabled": "gpu_memory_gib" in resources},
         }
     )
-    for k in ("git_repos", "nsys", "env_params"):
+    for k in ("nsys", "env_params"):
         for holder in (test, run):
             if holder.get(k):
                 unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
@@ -1199,6 +1308,34 @@ def import_scenario(
     _uneven_pipeline_note(space, notes)
     _valid_baseline(space, where, notes)
     return CloudAIImport(space, unmapped, notes)
+
+
+#: The cmd_args fields that name a test's recipe (kept as written: :class:`CloudAISource`).
+_RECIPE_FIELDS = ("recipe_name", "model_family_name", "model_recipe_name")
+
+
+def _provenance(
+    test: Mapping[str, Any], args: Mapping[str, Any], unmapped: list[Unmapped]
+) -> dict[str, Any]:
+    """``workload.launcher.cloudai`` of an imported test: its ``[[git_repos]]`` (Bridge's pinned
+    commit, where CloudAI mounts it, whether it inits submodules) and the fields naming its
+    recipe, exactly as written, for :func:`export_test_full` to write back."""
+    repos: list[dict[str, str | bool]] = []
+    for i, r in enumerate(test.get("git_repos") or []):
+        if not isinstance(r, Mapping):
+            unmapped.append(Unmapped(f"git_repos[{i}]", r, "not a table; not kept"))
+            continue
+        bad = {k: v for k, v in r.items() if not isinstance(v, (str, bool))}
+        if bad:
+            unmapped.append(Unmapped(f"git_repos[{i}]", bad, "not text or true/false; not kept"))
+        repos.append({str(k): v for k, v in r.items() if isinstance(v, (str, bool))})
+    names = {k: args[k] for k in _RECIPE_FIELDS if isinstance(args.get(k), str)}
+    out: dict[str, Any] = {}
+    if repos:
+        out["git_repos"] = repos
+    if names:
+        out["recipe_fields"] = names
+    return out
 
 
 def _override_value(v: Any) -> Any:
@@ -1465,7 +1602,7 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
             "(nemo -> NeMoRun, bridge -> MegatronBridge)"
         )
     out = CloudAIExport({})
-    full = space.full_params(params)
+    full = space.active_config(params)  # no value that does nothing there
     set_names = set(space.knobs) | set(space.fixed) | set(space.derived)
     knob_params = {k: v for k, v in full.items() if not k.startswith("env.") and k in set_names}
     res, sem = space.resources, space.semantics
@@ -1477,10 +1614,15 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
         "test_template_name": _TEMPLATES[wl.name],
         "cmd_args": cmd,
     }
+    src = wl.launcher.cloudai
+    named = dict(src.recipe_fields) if src is not None else {}
     if wl.name == "nemo":
         cmd["docker_image_url"] = wl.launcher.container_image or ""
         cmd["task"] = wl.launcher.task or "pretrain"
         cmd["recipe_name"] = wl.launcher.recipe or ""
+        given = named.get("recipe_name")
+        if given is not None and _recipe_key(given) == cmd["recipe_name"]:
+            cmd["recipe_name"] = given  # the test's own factory name (cloudai_..._recipe)
         cmd["num_layers"] = space.model.num_layers
         inv = {v: k for k, v in NEMO_RUN_KNOBS.items()}
         flat: dict[str, Any] = {
@@ -1516,6 +1658,10 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
         cmd["container_image"] = wl.launcher.container_image or ""
         cmd["model_family_name"] = parts_["model_family_name"]
         cmd["model_recipe_name"] = parts_["model_recipe_name"]
+        if named.get("model_recipe_name") == parts_["model_recipe_name"]:
+            for k in ("model_family_name", "model_recipe_name"):  # as the test wrote them
+                if k in named:
+                    cmd[k] = named[k]
         cmd["task"] = parts_["task"]
         gpu = _gpu_type(res.gpu)
         if gpu:
@@ -1581,18 +1727,21 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
                 extra.setdefault(k, v if isinstance(v, str) else _hydra(v))
         if extra:
             test["extra_cmd_args"] = extra
-        test["git_repos"] = [
-            {"url": "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git", "commit": "main"}
-        ]
-        out.notes.append(
-            "git_repos: CloudAI's MegatronBridge needs the Megatron-Bridge repository; pin the "
-            "commit the study ran"
-        )
+        if not (src is not None and src.git_repos):
+            test["git_repos"] = [
+                {"url": "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git", "commit": "main"}
+            ]
+            out.notes.append(
+                "git_repos: CloudAI's MegatronBridge needs the Megatron-Bridge repository; pin "
+                "the commit the study ran"
+            )
         out.notes.append(
             f"CloudAI runs Megatron-Bridge's performance launcher, which picks the recipe from "
             f"model_recipe_name {parts_['model_recipe_name']!r}, task {parts_['task']!r}, "
             f"num_gpus, gpu_type and compute_dtype; the study ran {recipe!r}"
         )
+    if src is not None and src.git_repos:
+        test["git_repos"] = [dict(r) for r in src.git_repos]  # as the test pinned them
     env = trial_env(full, space.env.fixed)
     if "vboost" in space.env.node_steps:
         if wl.name == "bridge":

@@ -76,7 +76,7 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
     if nb is None:
         raise NoCompleteTrialError(_why_no_best(storage, study, space))
     t = nb.best.trial or storage.get_trial_by_number(study.id, nb.best.number, with_steps=False)
-    full = space.full_params(t.params)
+    full = space.active_config(t.params)  # no value that does nothing there
     m = t.metrics
     metrics: dict[str, Any] = {
         "tflops_per_gpu": m.get("tflops_per_gpu"),

@@ -50,10 +50,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dse.space.knobs import KNOBS
+from dse.space.knobs import IGNORED, KNOBS, ignored_knobs
 from dse.space.layout import Layout
 
-__all__ = ["Derivation", "DERIVATIONS", "INERT", "derive", "forced", "inert", "canonical"]
+__all__ = [
+    "Derivation",
+    "DERIVATIONS",
+    "INERT",
+    "derive",
+    "forced",
+    "inert",
+    "ignored",
+    "canonical",
+]
 
 
 class SpaceView(Protocol):
@@ -203,15 +212,32 @@ def _distopt_inert(space: SpaceView, p: Mapping[str, Any], s: Layout) -> bool:
     return space.model.num_moe_experts is None or s.edp == 1  # experts: expert-DP too
 
 
+def _ignored_rule(
+    fn: Callable[[Mapping[str, Any]], bool],
+) -> Callable[[SpaceView, Mapping[str, Any], Layout], bool]:
+    return lambda sp, p, s: fn(p)
+
+
 #: knob -> ``inert(space, effective params, layout)``: Megatron-Core ignores the knob there.
+#: The knobs Megatron-Core does not read under the others' values
+#: (:data:`dse.space.knobs.IGNORED`) are among them.
 INERT: dict[str, Callable[[SpaceView, Mapping[str, Any], Layout], bool]] = {
     "use_distributed_optimizer": _distopt_inert,
-    "moe_flex_dispatcher_backend": lambda sp, p, s: (
-        _given(p, "moe_token_dispatcher_type") != "flex"
-    ),
-    "cross_entropy_fusion_impl": lambda sp, p, s: not _given(p, "cross_entropy_loss_fusion"),
+    **{name: _ignored_rule(fn) for name, fn in IGNORED.items()},
     "moe_token_dispatcher_type": lambda sp, p, s: sp.model.num_moe_experts is None,
 }
+
+
+def ignored(space: SpaceView, params: Mapping[str, Any]) -> set[str]:
+    """The knobs of ``params`` (a configuration's knob and fixed values, derivations applied)
+    that Megatron-Core does not read there: :func:`dse.space.knobs.ignored_knobs`, and on a
+    dense model every MoE-only knob but the expert parallel sizes (no MoE layer reads it;
+    the sizes still shape the layout Megatron checks)."""
+    out = ignored_knobs(params)
+    if space.model.num_moe_experts is None:
+        sizes = ("expert_model_parallel_size", "expert_tensor_parallel_size")
+        out |= {n for n in params if n in KNOBS and KNOBS[n].moe_only and n not in sizes}
+    return out
 
 
 def inert(space: SpaceView, knob: str, params: Mapping[str, Any]) -> bool:

@@ -37,6 +37,8 @@ __all__ = [
     "modules_list",
     "FIELD_SOURCES",
     "effective_params",
+    "IGNORED",
+    "ignored_knobs",
     "knob_value",
     "ENV_PREFIX",
     "ENV_VARS",
@@ -950,11 +952,59 @@ _REFINES = ("recompute_modules",)
 
 
 def effective_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` in the order their fields are assigned: refining knobs last, and
-    ``recompute_modules`` left out where the ``recompute`` knob is not selective (Megatron
-    reads the list only with selective recompute) or where it is None (Megatron's default)."""
-    out = {k: v for k, v in params.items() if k not in _REFINES}
+    """``params`` in the order their fields are assigned: refining knobs last, knobs
+    Megatron does not read under the others' values left out (:func:`ignored_knobs`), and
+    ``recompute_modules`` left out where it is None (Megatron's default)."""
+    drop = ignored_knobs(params)
+    out = {k: v for k, v in params.items() if k not in _REFINES and k not in drop}
     mods = params.get("recompute_modules")
-    if mods is not None and params.get("recompute", "selective") == "selective":
+    if mods is not None and "recompute_modules" not in drop:
         out["recompute_modules"] = mods
     return out
+
+
+def _set_to(name: str, *values: Any) -> Callable[[Mapping[str, Any]], bool]:
+    """``ignored(params)``: ``name`` is set in ``params`` to a value outside ``values``."""
+    return lambda p: name in p and p[name] not in values
+
+
+def _not_on(name: str) -> Callable[[Mapping[str, Any]], bool]:
+    """``ignored(params)``: ``name`` is set in ``params`` and off (false / None / "none")."""
+    return lambda p: name in p and p[name] in (False, None, "none")
+
+
+def _hybridep_ignored(p: Mapping[str, Any]) -> bool:
+    return _set_to("moe_token_dispatcher_type", "flex")(p) or _set_to(
+        "moe_flex_dispatcher_backend", "hybridep"
+    )(p)
+
+
+#: knob -> ``ignored(params)``: whether Megatron-Core never reads the knob's field under the
+#: other values of ``params`` (a configuration's knob and fixed values). Each is decided
+#: only by a value the configuration itself sets: where the deciding knob is absent the
+#: recipe's own value decides, which dse does not know, and the knob is kept. The one table
+#: of these facts: the launch command, every export, the stored best, the dashboard and the
+#: report leave such a knob out (:meth:`dse.space.searchspace.SearchSpace.inactive_knobs`),
+#: and the canonical form puts it at its baseline (:data:`dse.space.derive.INERT`).
+#: Sources: Megatron-Core 0.16 ``TransformerConfig`` (``recompute_modules`` read under
+#: ``recompute_granularity == "selective"``; the flex dispatcher's fields by
+#: ``MoEFlexTokenDispatcher`` only; ``cross_entropy_fusion_impl`` by the fused loss only;
+#: ``fp8_recipe`` inside ``if self.fp8``; ``cuda_graph_scope`` by the CUDA-graph code
+#: only), ``DistributedDataParallelConfig.data_parallel_sharding_strategy`` (read by
+#: Megatron FSDP only).
+IGNORED: Mapping[str, Callable[[Mapping[str, Any]], bool]] = {
+    "recompute_modules": _set_to("recompute", "selective"),
+    "moe_flex_dispatcher_backend": _set_to("moe_token_dispatcher_type", "flex"),
+    "moe_flex_dispatcher_num_sms": _set_to("moe_token_dispatcher_type", "flex"),
+    "moe_hybridep_pad_uneven_dispatch_inputs": _hybridep_ignored,
+    "cross_entropy_fusion_impl": _not_on("cross_entropy_loss_fusion"),
+    "fp8_recipe": _not_on("fp8"),
+    "cuda_graph_scope": _not_on("cuda_graph_impl"),
+    "data_parallel_sharding_strategy": _not_on("use_megatron_fsdp"),
+}
+
+
+def ignored_knobs(params: Mapping[str, Any]) -> set[str]:
+    """The knobs of ``params`` whose value Megatron-Core does not read under the others'
+    values (:data:`IGNORED`)."""
+    return {name for name, fn in IGNORED.items() if name in params and fn(params)}

@@ -23,7 +23,7 @@ from pydantic import (
 from dse.core.registry import REGISTRY
 from dse.space.knobs import check_env_var
 
-__all__ = ["LAUNCHERS", "LauncherSpec", "EnvSpec", "NODE_STEPS"]
+__all__ = ["LAUNCHERS", "CloudAISource", "LauncherSpec", "EnvSpec", "NODE_STEPS"]
 
 #: Workload names that launch a user's recipe (the registry's launchers).
 LAUNCHERS: tuple[str, ...] = REGISTRY.names("launcher")
@@ -39,6 +39,21 @@ OverrideValue = int | float | bool | str | list[int | float | bool | str] | None
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CloudAISource(_Strict):
+    """Where a space imported from a CloudAI test took its recipe, kept as the test wrote it
+    so that ``dse cloudai export`` writes it back unchanged (nothing of it reaches a trial)."""
+
+    git_repos: list[dict[str, str | bool]] = Field(
+        default_factory=list,
+        description="The test's [[git_repos]] (url, commit, mount_as, init_submodules, ...).",
+    )
+    recipe_fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="The test's cmd_args naming its recipe (NeMoRun recipe_name; "
+        "MegatronBridge model_family_name, model_recipe_name).",
+    )
 
 
 class LauncherSpec(_Strict):
@@ -90,6 +105,11 @@ class LauncherSpec(_Strict):
     )
     log_format: Literal["auto", "megatron", "bridge", "nemo"] = Field(
         "auto", description="Format of the recipe's log (auto: the launcher's own)."
+    )
+    cloudai: CloudAISource | None = Field(
+        None,
+        description="What a CloudAI test named its recipe and repositories by, as written "
+        "(set by dse cloudai import; written back by dse cloudai export).",
     )
     check_resolved: bool = Field(
         True,

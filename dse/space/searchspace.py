@@ -1426,6 +1426,28 @@ class SearchSpace(_Strict):
                 return False
         return True
 
+    def inactive_knobs(self, params: Mapping[str, Any]) -> set[str]:
+        """The knobs of a configuration (``params``: knob values, fixed ones included or not)
+        that do nothing there: a conditional knob whose condition does not hold, and a knob
+        Megatron-Core does not read under the others' values
+        (:func:`dse.space.derive.ignored`, from :data:`dse.space.knobs.IGNORED`). The one
+        answer to "is this value live" that :meth:`active_config` and every launcher ask."""
+        from dse.space.derive import ignored
+
+        full = self.full_params(params)
+        out = {n for n, spec in self.knobs.items() if spec.when and not self.is_active(n, full)}
+        return (out | ignored(self, full)) & set(full)
+
+    def active_config(self, params: Mapping[str, Any], *, fixed: bool = True) -> dict[str, Any]:
+        """The canonical configuration as it runs: every setting of ``params`` (with
+        ``fixed``: the space's fixed values and derivations too, :meth:`full_params`) but the
+        knobs that do nothing there (:meth:`inactive_knobs`). What the stored best, every
+        export (Megatron-LM, Bridge, NeMo, CloudAI), the dashboard and the report show: a
+        value that does nothing is never shown nor exported as if it did."""
+        drop = self.inactive_knobs(params)
+        src = self.full_params(params) if fixed else params
+        return {k: v for k, v in src.items() if k not in drop}
+
     def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Knob values plus the fixed ones, with the ``derived`` settings applied: everything
         the trial sets."""
@@ -1534,6 +1556,8 @@ class SearchSpace(_Strict):
             exclude["budget"] = {"remeasure"}
         if self.agent.estimate == AgentSpec.model_fields["estimate"].default:
             exclude["agent"] = {"estimate"}
+        if self.workload.launcher is not None:  # provenance, not what a trial runs
+            exclude["workload"] = {"launcher": {"cloudai"}}
         text = self.model_dump_json(exclude=exclude or None)
         return hashlib.sha256(text.encode()).hexdigest()
 

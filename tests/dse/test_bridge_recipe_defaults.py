@@ -2,7 +2,7 @@
 (``dse/space/catalog/bridge_recipe_defaults.yaml``, written by
 ``scripts/extract_bridge_recipe_defaults.py``): the recipes CloudAI's tests and dse's catalog
 name are there, the lookup follows Bridge's performance launcher, and the file is what the
-script extracts from Megatron-Bridge 0.6.2 (where a copy of that source is at hand)."""
+script extracts from Megatron-Bridge r0.6.0 head (where a copy of that source is at hand)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dse.space.catalog.bridge_recipes import bridge_recipe_table, recipe_default
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "dse" / "space" / "catalog" / "bridge_recipe_defaults.yaml"
 
-#: dse's catalog models -> the Megatron-Bridge recipe of each (None: Bridge 0.6.2 has none)
+#: dse's catalog models -> the Megatron-Bridge recipe of each (None: Bridge 0.6 has none)
 CATALOG_RECIPES = {
     "deepseek_v3": "deepseek_v3_pretrain_config",
     "llama3_405b": "llama31_405b_pretrain_config",
@@ -54,7 +54,8 @@ CLOUDAI_RECIPES = {
 def test_the_table_names_its_source_and_every_entry_its_file() -> None:
     data = bridge_recipe_table()
     assert data["source"]["project"] == "NVIDIA-NeMo/Megatron-Bridge"
-    assert data["source"]["version"] == "0.6.2"
+    assert data["source"]["version"] == "0.6 (r0.6.0 head)"
+    assert TABLE_COMMIT in data["source"]["note"]
     assert len(data["recipes"]) > 500 and len(data["perf_recipes"]) > 400
     for section in ("recipes", "perf_recipes"):
         for name, e in data[section].items():
@@ -113,30 +114,30 @@ def test_the_lookup_follows_bridges_launcher() -> None:
     assert recipe_defaults("mixtral_8x7b", "pretrain", gpu="h100", compute_dtype="bf16") is None
 
 
+#: The Megatron-Bridge commit the table is extracted from (the r0.6.0 head; the commit
+#: tests/fixtures/upstream/bridge_config.json pins too).
+TABLE_COMMIT = "6124fbe38a68eea9c4f4be3aa5e084bd5d461d98"
+
+
 def _bridge_source() -> list[str] | None:
-    """Megatron-Bridge 0.6.2's source from $DSE_MEGATRON_BRIDGE_0_6_2: a folder holding
-    megatron/bridge (the unpacked wheel) or src/megatron/bridge, or a git directory (read at
-    the tag v0.6.2, or $DSE_MEGATRON_BRIDGE_0_6_2_REF)."""
-    path = os.environ.get("DSE_MEGATRON_BRIDGE_0_6_2")
+    """Megatron-Bridge's source from $DSE_MEGATRON_BRIDGE_GIT (a git directory of the
+    upstream clone, read at :data:`TABLE_COMMIT`), or a folder holding src/megatron/bridge of
+    that commit."""
+    path = os.environ.get("DSE_MEGATRON_BRIDGE_GIT")
     if not path or not Path(path).exists():
         return None
     p = Path(path)
-    if (p / "megatron" / "bridge").is_dir() or (p / "src" / "megatron" / "bridge").is_dir():
+    if (p / "src" / "megatron" / "bridge").is_dir():
         return ["--tree", str(p)]
-    return [
-        "--repo",
-        str(p),
-        "--commit",
-        os.environ.get("DSE_MEGATRON_BRIDGE_0_6_2_REF", "v0.6.2"),
-    ]
+    return ["--repo", str(p), "--commit", TABLE_COMMIT]
 
 
 def test_the_table_is_what_the_script_extracts(tmp_path: Path) -> None:
-    """Re-extracts the table from Megatron-Bridge 0.6.2 (skipped where no copy of that
-    source is named: it is not part of this repository)."""
+    """Re-extracts the table from Megatron-Bridge at :data:`TABLE_COMMIT` (skipped where no
+    clone is named: it is not part of this repository)."""
     args = _bridge_source()
     if args is None:
-        pytest.skip("$DSE_MEGATRON_BRIDGE_0_6_2 (Megatron-Bridge 0.6.2's source) is not set")
+        pytest.skip("$DSE_MEGATRON_BRIDGE_GIT (a git directory of the upstream clone) is not set")
     out = tmp_path / "defaults.yaml"
     script = REPO / "scripts" / "extract_bridge_recipe_defaults.py"
     subprocess.run([sys.executable, str(script), *args, "-o", str(out)], check=True)

@@ -17,8 +17,16 @@ from dse.api.schemas import (
     TrialPublic,
     TrialsPublic,
 )
-from dse.api.views import json_bytes, page_bytes, page_intervals, trial_detail, trial_row
+from dse.api.views import (
+    json_bytes,
+    page_bytes,
+    page_intervals,
+    study_space,
+    trial_detail,
+    trial_row,
+)
 from dse.core.records import StudyRecord, TrialState
+from dse.space.searchspace import SearchSpace
 from dse.storage import Storage, StoredTrialRow, trial_from_stored
 
 __all__ = ["router", "trial_page_answer"]
@@ -47,10 +55,10 @@ def _redact(trial: _T, trusted: bool) -> _T:
     return trial.model_copy(update=hidden)
 
 
-def _row(stored: StoredTrialRow, trusted: bool) -> bytes:
-    """A trial's row of a page (:func:`trial_row`), serialized; where it ran left out for a
-    reader without the token."""
-    row = trial_row(trial_from_stored(stored))
+def _row(stored: StoredTrialRow, trusted: bool, space: SearchSpace | None = None) -> bytes:
+    """A trial's row of a page (:func:`trial_row`: its knobs that do nothing left out),
+    serialized; where it ran left out for a reader without the token."""
+    row = trial_row(trial_from_stored(stored), space)
     if not trusted:
         row.update(dict.fromkeys(_WHERE_IN_PAGES, None))
         row["metrics"] = {k: v for k, v in row["metrics"].items() if k not in _WHERE_METRICS}
@@ -109,7 +117,8 @@ async def trial_page_answer(
         stored = storage.trial_page(study.id, state=state, limit=limit, offset=offset, order=order)
         # each row serialized once while its trial does not change (most rows of a page)
         keyed = [(("trial", row[0], trusted), row) for row in stored]
-        rows = reads.fragments.get_many(keyed, partial(_row, trusted=trusted))
+        space = study_space(study)
+        rows = reads.fragments.get_many(keyed, partial(_row, trusted=trusted, space=space))
         count = counts.get(state, 0) if state is not None else counts.get("total", 0)
         intervals = page_intervals(storage, study, [trial_from_stored(r) for r in stored])
         return page_bytes(rows, count, intervals)

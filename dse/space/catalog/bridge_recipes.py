@@ -1,17 +1,19 @@
-"""Megatron-Bridge recipes' default global batch size and sequence length.
+"""Megatron-Bridge recipes' default global batch size, sequence length and layout.
 
 ``bridge_recipe_defaults.yaml`` (next to this module, written by
 ``scripts/extract_bridge_recipe_defaults.py`` from Megatron-Bridge's source) holds, for each
 library recipe (``src/megatron/bridge/recipes``) and performance recipe
 (``src/megatron/bridge/perf_recipes``), the ``train.global_batch_size`` and
-``dataset.seq_length`` it sets. :func:`recipe_defaults` picks the recipe Megatron-Bridge's
-performance launcher (``scripts/performance/setup_experiment.py``, what a CloudAI
+``dataset.seq_length`` it sets, and its parallel layout (``layout``: the sizes, micro-batch,
+MoE dispatcher and recompute it sets itself). :func:`recipe_defaults` picks the recipe
+Megatron-Bridge's performance launcher (``scripts/performance/setup_experiment.py``, what a CloudAI
 MegatronBridge test runs) would build for a test, by the launcher's own naming rules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -44,6 +46,9 @@ class RecipeDefaults:
     function: str  # its name there (an alias's target)
     version: str  # the Megatron-Bridge version of the table
     why: str = ""  # how the launcher's choice was made, when not the obvious one
+    #: the parallel sizes and settings the recipe sets itself (knob name -> value; a field it
+    #: leaves to Megatron-Core's default is absent)
+    layout: Mapping[str, Any] = field(default_factory=dict)
 
     def source(self) -> str:
         """Where the values come from, for a note."""
@@ -77,6 +82,7 @@ def _entry(section: str, name: str, kind: str, why: str = "") -> RecipeDefaults 
         str(e.get("function") or name),
         version,
         why,
+        dict(e.get("layout") or {}),
     )
 
 

@@ -207,11 +207,10 @@ class Launcher(ABC):
         )
 
     def inactive_knobs(self, params: Mapping[str, Any]) -> set[str]:
-        """The conditional knobs of the space whose condition ``params`` does not meet."""
-        return {
-            n for n, spec in self.space.knobs.items()
-            if spec.when and n in params and not self.space.is_active(n, params)
-        }  # fmt: skip
+        """The knobs of ``params`` that do nothing there
+        (:meth:`dse.space.searchspace.SearchSpace.inactive_knobs`): a conditional knob
+        whose condition does not hold, a value Megatron-Core does not read."""
+        return self.space.inactive_knobs(params) & set(params)
 
     def check_installed(self) -> str | None:
         """What the installed recipe package says against this space (a recipe it lacks),

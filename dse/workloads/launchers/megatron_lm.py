@@ -1,13 +1,15 @@
 """Megatron-LM command lines: ``torchrun pretrain_gpt.py --flag value ...``.
 
 Knob fields become Megatron-LM arguments. The flag names were checked against
-``megatron/training/arguments.py`` of Megatron-LM ``core_v0.15.2``: fusions that Megatron-LM
+``megatron/training/arguments.py`` of Megatron-LM ``core_v0.15.2`` (and the upstream names
+fixture, core_v0.16): fusions that Megatron-LM
 turns on by default exist only as ``--no-...`` flags; ``grad_reduce_in_fp32`` is
 ``--accumulate-allreduce-grads-in-fp32`` / ``--grad-reduce-in-bf16``; a VPP size is given as
 ``--num-layers-per-virtual-pipeline-stage``; the flex dispatcher's DeepEP backend is
-``--moe-enable-deepep`` (HybridEP has no flag there). The MoE routing a study holds fixed
-(``semantics.moe_routing``) is rendered with the semantics (:func:`routing_flags`), also when
-the recipe's own arguments give the model (``model_args: false``).
+``--moe-enable-deepep``, its HybridEP backend ``--moe-flex-dispatcher-backend hybridep``.
+The MoE routing a study holds fixed (``semantics.moe_routing``) is rendered with the
+semantics (:func:`routing_flags`), also when the recipe's own arguments give the model
+(``model_args: false``).
 
 :func:`parse_megatron_args` reads such a command line back into knob values; the built-in
 trainer's Megatron-LM entry point (``dse.workloads.megatron.mlm``) uses it, so the same
@@ -66,6 +68,8 @@ FLAG_OF_FIELD: dict[str, str] = {
     "exp_avg_dtype": "--exp-avg-dtype",
     "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
     "data_parallel_sharding_strategy": "--data-parallel-sharding-strategy",
+    "cuda_graph_impl": "--cuda-graph-impl",
+    "cuda_graph_scope": "--cuda-graph-scope",
 }
 #: Boolean fields Megatron-LM leaves off by default: ``--flag`` turns them on.
 SWITCH_OF_FIELD: dict[str, str] = {
@@ -83,6 +87,7 @@ SWITCH_OF_FIELD: dict[str, str] = {
     "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
     "tp_comm_overlap": "--tp-comm-overlap",
     "use_megatron_fsdp": "--use-megatron-fsdp",
+    "use_fused_weighted_squared_relu": "--use-fused-weighted-squared-relu",
 }
 #: Fusions Megatron-LM turns on by default: ``--no-...`` turns them off.
 NO_SWITCH_OF_FIELD: dict[str, str] = {
@@ -93,6 +98,9 @@ NO_SWITCH_OF_FIELD: dict[str, str] = {
 }
 VPP_FLAG = "--num-layers-per-virtual-pipeline-stage"
 VSTAGES_FLAG = "--num-virtual-stages-per-pipeline-rank"
+#: The flex dispatcher's backend (Megatron-LM core_v0.16: ``deepep`` or ``hybridep``; DeepEP
+#: is rendered as ``--moe-enable-deepep``, as before that flag existed).
+FLEX_BACKEND_FLAG = "--moe-flex-dispatcher-backend"
 #: ``semantics.moe_routing`` field (a ``TransformerConfig`` field) -> Megatron-LM flag; a
 #: bool field's flag is a switch (Megatron-LM leaves each of them off by default).
 ROUTING_FLAG_OF_FIELD: dict[str, str] = {
@@ -287,18 +295,30 @@ def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = F
         elif f == "moe_flex_dispatcher_backend":
             if not flex:
                 continue  # no effect without the flex dispatcher
-            if v != "deepep":
-                raise NotTaken(name, value, "Megatron-LM has no flag for the HybridEP backend "
-                               "(only --moe-enable-deepep)")  # fmt: skip
-            out.append("--moe-enable-deepep")
+            if v == "deepep":
+                out.append("--moe-enable-deepep")
+            else:
+                out += [FLEX_BACKEND_FLAG, str(v)]
         elif f in FLAG_OF_FIELD:
-            if v is None:
+            if v is None or (f == "cuda_graph_scope" and v == "full"):  # the default: whole layers
                 continue
             flag = FLAG_OF_FIELD[f]
             out += [flag, *map(str, v)] if isinstance(v, list) else [flag, str(v)]
+        elif value == _catalog_default(name):
+            # no flag, and Megatron-LM builds the field at this default without one: passing
+            # nothing runs the same (only a value that changes what runs is refused)
+            continue
         else:
             raise NotTaken(name, value, f"no Megatron-LM argument sets {a.section}.{f}")
     return out
+
+
+def _catalog_default(name: str) -> Any:
+    """Megatron-Core's default of knob ``name`` (a sentinel no value equals for env knobs)."""
+    from dse.space.knobs import KNOBS
+
+    knob = KNOBS.get(name)
+    return knob.default if knob is not None and knob.default is not None else object()
 
 
 class MegatronLMLauncher(Launcher):
@@ -456,10 +476,14 @@ def resolved_expectations(
         elif f == "moe_flex_dispatcher_backend":
             if flex:
                 out["moe_enable_deepep"] = v == "deepep"
+                if v != "deepep":
+                    out[f] = v
         elif f == "recompute_modules" and params.get("recompute") != "selective":
             continue  # Megatron-LM reads the list only with selective recompute
         elif f in ("recompute_method", "recompute_num_layers") and v is None:
             continue
+        elif f == "cuda_graph_scope" and v == "full":
+            continue  # no flag rendered: Megatron-LM's own default (whole layers)
         else:
             out[_DEST_OF_FIELD.get(f, f)] = v
     args = list(argv)
@@ -507,6 +531,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--position-embedding-type", default="learned_absolute",
       choices=["learned_absolute", "rope", "none"])  # fmt: skip
     a("--tokenizer-type")
+    a(FLEX_BACKEND_FLAG, choices=["deepep", "hybridep"])
     for sw in ("--group-query-attention", "--swiglu", "--squared-relu", "--disable-bias-linear",
                "--untie-embeddings-and-output-weights", "--bf16", "--fp16", "--mock-data",
                "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16",
@@ -523,7 +548,7 @@ def _parser() -> argparse.ArgumentParser:
         else:
             a(flag, type=float)
     for f, flag in FLAG_OF_FIELD.items():
-        if f == "recompute_modules":
+        if f in ("recompute_modules", "cuda_graph_scope"):
             a(flag, nargs="*")
         elif f.endswith("_size") or f == "recompute_num_layers" or f.startswith("num_layers_in_"):
             a(flag, type=int)
@@ -618,6 +643,8 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
     fields["grad_reduce_in_fp32"] = not g("--grad-reduce-in-bf16")
     if g(VSTAGES_FLAG):
         fields["virtual_pipeline_model_parallel_size"] = g(VSTAGES_FLAG)
+    if g(FLEX_BACKEND_FLAG) or g("--moe-enable-deepep"):
+        fields["moe_flex_dispatcher_backend"] = g(FLEX_BACKEND_FLAG) or "deepep"
     if g(VPP_FLAG):
         pp = fields.get("pipeline_model_parallel_size", 1)
         fields["virtual_pipeline_model_parallel_size"] = model["num_layers"] // (pp * g(VPP_FLAG))
