@@ -56,7 +56,6 @@ from dse.results.noise import (
     study_best,
 )
 from dse.results.run_settings import effective_space
-from dse.results.trust import trust_summary
 from dse.space.searchspace import MODEL_FAMILY_FIELDS, SearchSpace, Semantics, family_value
 from dse.storage import Storage
 
@@ -483,14 +482,7 @@ def best_public(storage: Storage, study: StudyRecord, best: NoisyBest | None = N
     payload = clean(best_payload(storage, study, best))
     payload["numerics"] = numerics_public(payload.get("numerics"))
     exports = _exports(payload, best_space(storage, study))
-    trust = None
-    if payload.get("source") == "estimate":  # a sim study: what its estimates stand on
-        trials = [
-            {"number": t.number, "state": t.state, "params": t.params, "metrics": t.metrics}
-            for t in storage.list_trials(study.id)
-        ]
-        trust = trust_summary(trials, study.metric, study.direction)
-    return BestPublic(**payload, exports=exports, trust=trust)
+    return BestPublic(**payload, exports=exports)
 
 
 def best_text(storage: Storage, study: StudyRecord, fmt: BestFormat) -> str:

@@ -541,14 +541,10 @@ def cmd_best(args: argparse.Namespace) -> int:
         st = _pick_study(storage, args.study)
         payload = best_payload(storage, st)
         space = best_space(storage, st)
-        trust, label = None, None
-        if payload.get("source") == "estimate":  # a sim study: what its estimates stand on
-            trials = [_trial_json(t) for t in storage.list_trials(st.id)]
-            trust = trust_summary(trials, st.metric, st.direction)
-            label = next(
-                (trust_label(t["metrics"]) for t in trials if t["number"] == payload["trial"]),
-                None,
-            )
+        trust, label = payload.get("trust"), None
+        if trust is not None:  # a sim study: the trust of its best's own estimate
+            best_trial = storage.get_trial_by_number(st.id, payload["trial"], with_steps=False)
+            label = trust_label(best_trial.metrics)
     finally:
         storage.close()
     from dse.workloads.launchers.flags import export_text  # the targets' own tables

@@ -20,6 +20,7 @@ from dse.core.exceptions import NoCompleteTrialError
 from dse.core.records import BEST_FORMATS, BestFormat
 from dse.results.noise import NoisyBest, exclude_changed, study_best
 from dse.results.run_settings import effective_space
+from dse.results.trust import trust_summary
 from dse.space.searchspace import SearchSpace, parse_space_text
 
 __all__ = [
@@ -65,7 +66,7 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
     ``metrics`` (TFLOP/s, step time, tokens/s, peak memory, and their intervals
     ``*_ci``) are the pooled ones (the trial's own when the configuration ran once); ``noise``
     holds each figure with its 95 % interval, the pooled trials and the configurations tied
-    with it.
+    with it; ``trust`` what a study of estimates stands on (None for a measured best).
 
     Raises:
         NoCompleteTrialError: the study has no complete trial (eligible as best) yet.
@@ -110,7 +111,18 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
         "hardware": study.hardware,
         "numerics": m.get("numerics"),
         "noise": noise_payload(nb),
+        "trust": _trust(storage, study) if t.source == "estimate" else None,
     }
+
+
+def _trust(storage: Any, study: Any) -> dict[str, Any] | None:
+    """What a study of estimates stands on (:func:`dse.results.trust.trust_summary`), the one
+    ``trust`` block of the best wherever it is shown (``dse best``, the API)."""
+    trials = [
+        {"number": t.number, "state": t.state, "params": t.params, "metrics": t.metrics}
+        for t in storage.list_trials(study.id)
+    ]
+    return trust_summary(trials, study.metric, study.direction)
 
 
 def noise_payload(nb: NoisyBest) -> dict[str, Any]:
