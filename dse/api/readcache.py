@@ -192,6 +192,11 @@ class ReadCache:
         self._keep(key, version, body)
         future.set_result(body)
 
+    def warm_heavy(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` in the heavy builds' thread now (e.g. import what they use, a second
+        of CPU, at start-up instead of in the first request); its errors are dropped."""
+        self._heavy_pool.submit(fn).add_done_callback(lambda f: f.exception())
+
     def _keep(self, key: Hashable, version: Hashable, body: bytes) -> None:
         with self._lock:
             old = self._data.pop(key, None)
