@@ -468,3 +468,37 @@ def test_a_stop_while_the_agent_asks_ends_the_wait() -> None:
     release.set()
     assert still_asking and stop == [True]
     assert len(got) == 0 and not got.rejections and not got.exhausted
+
+
+def test_the_deepseek_v3_grid_says_nothing_is_launchable_at_once(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 item 4 end to end: CloudAI's DeepSeek-V3 Bayesian scenario as `dse cloudai
+    import` writes it (GP agent; 192 configurations, 4 valid, all predicted out of memory
+    but the baseline, which runs as the loss reference), on the sim workload: `dse start`
+    runs the baseline, then says "0 launchable configurations" without one rejected
+    proposal (before: rounds of 50 rejected proposals, minutes of GP asks)."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    from dse.cli.main import main
+    from dse.storage import open_storage
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "agent_stop.py"
+    spec = importlib.util.spec_from_file_location("agent_stop", bench)
+    assert spec is not None and spec.loader is not None
+    agent_stop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_stop)
+    path = agent_stop.space_file(tmp_path, extra_knob=False)
+    assert yaml.safe_load(path.read_text())["agent"]["name"] == "gp"
+    assert main(["start", "--space", str(path)]) == 0
+    out = capsys.readouterr()
+    said = [ln for ln in (out.out + out.err).splitlines() if "0 launchable configurations" in ln]
+    assert said and "192 configurations" in said[0] and "4 pass the rules" in said[0]
+    assert "3 of them predicted out of memory (cost-model estimate)" in said[0]
+    with open_storage(f"sqlite:///{tmp_path / 'study.db'}") as st:
+        study = st.list_studies()[0]
+        assert st.count_trials(study.id)["total"] == 1  # the baseline
+        assert sum(st.count_rejections(study.id).values()) == 0
