@@ -33,7 +33,7 @@ Bounded: at most 300 s of load, 200 readers, 200,000 trials; it talks to 127.0.0
 
 Run:  python bench/api_load.py [--backend sqlite|postgresql] [--mode load|idle]
           [--trials 10000] [--readers 50] [--duration 60] [--write-rate 10] [--requests 300]
-          [--pin-server 0 --pin-load 1] [--workers 2] [--client raw|httpx]
+          [--pin-server 0 --pin-load 1] [--workers 2] [--client raw|httpx] [--mix both|best]
 
 Every client and its connection are made before the clock starts, and the longest stall of
 the readers' own event loop is printed: on a loaded machine the load generator is starved
@@ -413,9 +413,10 @@ class _RawReader:
 
     def __init__(
         self, host: str, port: int, seed: int, n_trials: int,
-        out: dict[str, list[float]], errors: dict[str, int],
+        out: dict[str, list[float]], errors: dict[str, int], best_only: bool = False,
     ) -> None:  # fmt: skip
         self.host, self.port = host, port
+        self.best_only = best_only
         self.rng = random.Random(seed)
         self.i = seed
         self.n_trials = n_trials
@@ -459,7 +460,7 @@ class _RawReader:
     def _next(self) -> None:
         assert self.conn is not None
         self.i += 1
-        if self.i % 2:
+        if self.best_only or self.i % 2:
             self._name, request = "best", self._best
         else:
             head, order = self._page[self.rng.randrange(4)]
@@ -502,12 +503,13 @@ def _request(host: str, port: int, path: str) -> bytes:
 
 
 async def _raw_readers(
-    host: str, port: int, n: int, duration: float, n_trials: int
+    host: str, port: int, n: int, duration: float, n_trials: int, best_only: bool = False
 ) -> tuple[dict[str, list[float]], dict[str, int], float]:
-    """:func:`_readers` on :class:`_RawReader` connections."""
+    """:func:`_readers` on :class:`_RawReader` connections (``best_only``: every request a
+    ``/best``)."""
     out: dict[str, list[float]] = {"best": [], "trials_page": []}
     errors: dict[str, int] = {}
-    readers = [_RawReader(host, port, k, n_trials, out, errors) for k in range(n)]
+    readers = [_RawReader(host, port, k, n_trials, out, errors, best_only) for k in range(n)]
     try:
         for r in readers:
             await r.connect()
@@ -670,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--write-rate", type=float, default=10.0)
     ap.add_argument("--requests", type=int, default=300, help="idle mode: /best requests")
+    ap.add_argument(
+        "--mix", choices=["both", "best"], default="both",
+        help="load mode, raw client: /best and trial pages alternately, or /best only",
+    )  # fmt: skip
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument(
         "--workers", type=int, default=1, help="server processes (dse serve --workers N)"
@@ -749,7 +755,14 @@ def main(argv: list[str] | None = None) -> int:
             readers_cpu = time.process_time()
             if args.client == "raw":
                 results, errors, stall = _run(
-                    _raw_readers("127.0.0.1", port, args.readers, args.duration, args.trials)
+                    _raw_readers(
+                        "127.0.0.1",
+                        port,
+                        args.readers,
+                        args.duration,
+                        args.trials,
+                        args.mix == "best",
+                    )  # fmt: skip
                 )
             else:
                 results, errors, stall = asyncio.run(

@@ -395,4 +395,110 @@ def test_the_loss_reference_is_never_kept_out_by_a_prediction(guard: bool) -> No
 
     got = Proposer(sp, agent, features=[], prescreen=everything_oom).propose(2)
     assert [s.params for s in got] == ([base] if guard else [])
-    assert [r.params for r in got.rejections] == ([P(1, 2)] if guard else [base, P(1, 2)])
+    if guard:
+        assert [r.params for r in got.rejections] == [P(1, 2)]
+    else:  # nothing launchable in the enumerated space: said at once, the agent not asked
+        assert got.exhausted and got.message.startswith("0 launchable configurations")
+        assert agent.asked == {}
+
+
+def test_an_enumerable_space_with_nothing_launchable_is_said_at_once() -> None:
+    """Issue 39 item 4: every configuration of a small space breaks a rule or is predicted
+    out of memory: the first call says so (counts per rule, the estimate labelled) and asks
+    the agent nothing (before, it asked until the rejection cap, call after call)."""
+    sp = _space()
+    agent = Scripted(sp, [P(1, m) for m in (1, 2, 4, 8)] * 20)
+    lines: list[str] = []
+
+    def big(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+        if params["micro_batch_size"] >= 2:
+            return ("predicted_oom", "predicted 999 GiB > 80 GiB", {})
+        return None
+
+    prop = Proposer(sp, agent, features=[], prescreen=big, on_progress=lines.append)
+    census = prop.census()
+    assert census is not None and census.configurations == 12
+    assert census.invalid == {"world_divisible": 4, "gbs_divisible": 1}  # tp 4; tp 1 mbs 8
+    assert census.predicted_oom == 5 and len(census.launchable) == 2  # mbs 1 fits
+    got = prop.propose(1)
+    assert [s.params for s in got] == [P(1, 1)]  # launchable ones left: asked as before
+    measured = {params_key(P(1, 1)), params_key(P(2, 1))}
+    got = prop.propose(1, lookup=lambda k: Outcome("ok", {}) if k in measured else None)
+    assert len(got) == 0 and got.exhausted and not got.rejections
+    assert got.message.startswith("0 launchable configurations: of the space's 12")
+    assert (
+        "world_divisible 4" in got.message and "5 of them predicted out of memory" in got.message
+    )
+    assert "cost-model estimate" in got.message and "already measured" in got.message
+    assert len(agent.asked) == 1 and lines[-1] == got.message
+
+
+def test_a_space_beyond_the_enumerable_bound_is_not_enumerated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dse.loop import proposer
+
+    monkeypatch.setattr(proposer, "ENUMERABLE_MAX", 11)
+    sp = _space()
+    assert Proposer(sp, Scripted(sp, []), features=[]).census() is None
+
+
+def test_a_stop_while_the_agent_asks_ends_the_wait() -> None:
+    """Issue 39 item 4: a stop (SIGTERM) that comes while the agent is inside one ``ask``
+    (a GP fit: seconds each on a loaded machine) ends the call without waiting for the
+    agent's answer, which is dropped (before, the call waited for the ask to end)."""
+    import threading
+
+    sp = _space()
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Slow(Scripted):
+        def ask(self, n: int = 1) -> list[Proposal]:
+            entered.set()
+            release.wait(60)
+            return super().ask(n)
+
+    agent = Slow(sp, [P(1, 1)])
+    stop: list[bool] = []
+    threading.Thread(target=lambda: (entered.wait(60), stop.append(True)), daemon=True).start()
+    prop = Proposer(sp, agent, features=[], stopping=lambda: bool(stop))
+    got = prop.propose(1)
+    still_asking = not release.is_set()
+    release.set()
+    assert still_asking and stop == [True]
+    assert len(got) == 0 and not got.rejections and not got.exhausted
+
+
+def test_the_deepseek_v3_grid_says_nothing_is_launchable_at_once(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 item 4 end to end: CloudAI's DeepSeek-V3 Bayesian scenario as `dse cloudai
+    import` writes it (GP agent; 192 configurations, 4 valid, all predicted out of memory
+    but the baseline, which runs as the loss reference), on the sim workload: `dse start`
+    runs the baseline, then says "0 launchable configurations" without one rejected
+    proposal (before: rounds of 50 rejected proposals, minutes of GP asks)."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    from dse.cli.main import main
+    from dse.storage import open_storage
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "agent_stop.py"
+    spec = importlib.util.spec_from_file_location("agent_stop", bench)
+    assert spec is not None and spec.loader is not None
+    agent_stop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_stop)
+    path = agent_stop.space_file(tmp_path, extra_knob=False)
+    assert yaml.safe_load(path.read_text())["agent"]["name"] == "gp"
+    assert main(["start", "--space", str(path)]) == 0
+    out = capsys.readouterr()
+    said = [ln for ln in (out.out + out.err).splitlines() if "0 launchable configurations" in ln]
+    assert said and "192 configurations" in said[0] and "4 pass the rules" in said[0]
+    assert "3 of them predicted out of memory (cost-model estimate)" in said[0]
+    with open_storage(f"sqlite:///{tmp_path / 'study.db'}") as st:
+        study = st.list_studies()[0]
+        assert st.count_trials(study.id)["total"] == 1  # the baseline
+        assert sum(st.count_rejections(study.id).values()) == 0

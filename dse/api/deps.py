@@ -145,11 +145,14 @@ class Reads:
         build: Callable[[Callable[[], StudyRecord]], bytes],
         *,
         best: bool = False,
+        heavy: bool = False,
     ) -> bytes:
         """An answer about study ``name``, reused while its version does not move (built,
         and not kept, when there is no such study: the build raises the 404). ``best``: an
         answer that only the study's best can change (its best trial and figures), reused
         while ``best_version`` does not move (writes that queue or start trials leave it).
+        ``heavy``: an answer that reads a whole study (insights, timeline), built in the
+        heavy builds' own thread (:class:`dse.api.readcache.ReadCache`).
 
         ``build(study)`` gets a function that returns the study's record (shared by the
         builds of one version; raises the 404).
@@ -166,7 +169,7 @@ class Reads:
                 ("study", name), version, lambda: get_study(self._holder.get(), name)
             )
 
-        return await self.answers.get(key, answer, lambda: build(study))
+        return await self.answers.get(key, answer, lambda: build(study), heavy=heavy)
 
     def counts(self, study: StudyRecord) -> dict[str, int]:
         """The study's trial counts per state (shared by the pages of one version)."""

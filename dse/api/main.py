@@ -30,6 +30,13 @@ API_PREFIX = "/api/v1"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
+def _import_heavy_reads() -> None:
+    """Import what the heavy reads (insights: Optuna's importance) use."""
+    import optuna.importance  # noqa: F401
+
+    import dse.report.plots  # noqa: F401
+
+
 def create_app(storage_url: str | None = None, settings: Settings | None = None) -> FastAPI:
     """Build the app.
 
@@ -52,6 +59,7 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
             holder.get()
         except StorageError as e:  # keep serving: requests answer 503 until it is back
             log.warning("the study database is not available yet: %s", e)
+        app.state.reads.answers.warm_heavy(_import_heavy_reads)
         yield
         holder.close()
 

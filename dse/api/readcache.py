@@ -24,10 +24,12 @@ the last committed write, on SQLite and PostgreSQL, across processes:
 Several server processes (``dse serve --workers N``) each keep their own answers; as the
 versions are read from the database for every request, each answers as fresh as the others.
 
-Database work runs in worker threads of two thread pools, never on the event loop: builds
-share ``builders`` threads (more wait in the pool's queue, not in threads), and the version
-reads have a thread of their own, so a slow build never delays them (nor
-``/health``, which is answered by one). Errors are not kept.
+Database work runs in worker threads of three thread pools, never on the event loop: builds
+share ``builders`` threads (more wait in the pool's queue, not in threads), heavy builds (a
+whole study's insights or timeline) have one thread of their own, so that they queue behind
+each other and never behind or in front of a poll's build, and the version reads have a
+thread of their own, so a slow build never delays them (nor ``/health``, which is answered
+by one). Errors are not kept.
 """
 
 from __future__ import annotations
@@ -122,19 +124,33 @@ class ReadCache:
         # a plain thread pool: builds beyond ``builders`` wait in its queue, not in threads
         # (anyio's to_thread cost several times more CPU per hand-over under load)
         self._pool = ThreadPoolExecutor(builders, thread_name_prefix="dse-reads")
+        # heavy builds (a whole study's insights or timeline: up to seconds each) have a
+        # thread of their own, so however many are asked for at once they never hold the
+        # ``builders`` threads that the polls' builds (a best, a page) need
+        self._heavy_pool = ThreadPoolExecutor(1, thread_name_prefix="dse-heavy-reads")
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
         self.builds = 0  # answers built (for tests and benchmarks)
         self.hits = 0
 
-    async def get(self, key: Hashable, version: Hashable, build: Callable[[], bytes]) -> bytes:
+    async def get(
+        self,
+        key: Hashable,
+        version: Hashable,
+        build: Callable[[], bytes],
+        *,
+        heavy: bool = False,
+    ) -> bytes:
         """The body of ``key`` at ``version``: kept, or ``build()`` in a worker thread.
 
         ``version`` None: nothing to compare with (e.g. no such study yet): built, not kept.
+        ``heavy``: built in the one thread of the heavy builds (one at a time, the others
+        queued), never in one of the ``builders`` threads.
         """
         loop = asyncio.get_running_loop()
+        pool = self._heavy_pool if heavy else self._pool
         if version is None:
-            return await loop.run_in_executor(self._pool, build)
+            return await loop.run_in_executor(pool, build)
         if self._loop is not loop:
             self._loop, self._inflight = loop, {}
         with self._lock:
@@ -148,7 +164,7 @@ class ReadCache:
             future = loop.create_future()
             future.add_done_callback(_consume)
             self._inflight[(key, version)] = future
-            task = loop.create_task(self._build(key, version, build, future))
+            task = loop.create_task(self._build(key, version, build, future, pool))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(future)
@@ -159,10 +175,11 @@ class ReadCache:
         version: Hashable,
         build: Callable[[], bytes],
         future: asyncio.Future[bytes],
+        pool: ThreadPoolExecutor,
     ) -> None:
         # a task of its own: a client that goes away does not cancel the others' answer
         try:
-            body = await asyncio.get_running_loop().run_in_executor(self._pool, build)
+            body = await asyncio.get_running_loop().run_in_executor(pool, build)
         except Exception as e:  # noqa: BLE001 - handed to every request waiting for it
             future.set_exception(e)
             return
@@ -174,6 +191,11 @@ class ReadCache:
         self.builds += 1
         self._keep(key, version, body)
         future.set_result(body)
+
+    def warm_heavy(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` in the heavy builds' thread now (e.g. import what they use, a second
+        of CPU, at start-up instead of in the first request); its errors are dropped."""
+        self._heavy_pool.submit(fn).add_done_callback(lambda f: f.exception())
 
     def _keep(self, key: Hashable, version: Hashable, body: bytes) -> None:
         with self._lock:

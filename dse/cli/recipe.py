@@ -114,6 +114,8 @@ def dry_run(space: Any, n: int) -> str:
            f"first {len(got.proposals)} trial(s); nothing was run"]  # fmt: skip
     for rej in got.rejections:
         out.append(f"# rejected before launch ({rej.kind}): {rej.rule}: {rej.reason}")
+    if not got.proposals and got.message:  # e.g. nothing launchable in the whole space
+        out.append(f"# {got.message}")
     for i, prop in enumerate(got.proposals):
         params = prop.params
         env, workload = trial_launch(space, params)

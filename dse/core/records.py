@@ -15,11 +15,12 @@ reason). :func:`read_metrics` turns such a file into an :class:`Outcome`.
 from __future__ import annotations
 
 import fcntl
+import heapq
 import json
 import math
 import os
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -27,6 +28,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
+    "sample_numbers",
     # names (each defined once; every layer imports them from here)
     "TrialState",
     "REPLAY_RUNS",
@@ -721,3 +723,19 @@ def read_metrics(path: str | Path) -> Outcome | None:
 #: Study attribute :meth:`dse.storage.Storage.import_study` sets (true): the study's run
 #: settings came from an export file and are not run unconfirmed (see dse.results.run_settings).
 IMPORTED_ATTR = "imported"
+
+
+def sample_numbers(numbers: Iterable[int], limit: int, seed: int = 0) -> list[int]:
+    """At most ``limit`` of the trial ``numbers``, ascending: all of them, or the ``limit``
+    whose numbers hash lowest (with ``seed``; a bottom-k sample). A uniform sample, the same
+    on every run and machine, that one more number changes by at most one member, so that a
+    figure drawn from it does not jump as a study grows."""
+    return sorted(heapq.nsmallest(limit, numbers, key=lambda n: _mix(n, seed)))
+
+
+def _mix(number: int, seed: int) -> int:
+    """A 64-bit hash of a trial number (splitmix64's finalizer)."""
+    z = (number * 0x9E3779B97F4A7C15 + seed * 0xBF58476D1CE4E5B9 + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)

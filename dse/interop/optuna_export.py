@@ -29,7 +29,14 @@ from typing import Any
 
 from dse.core.exceptions import DSEError
 
-__all__ = ["export_to_optuna", "distributions", "frozen_trials", "sync_to_optuna", "follow_study"]
+__all__ = [
+    "export_to_optuna",
+    "distributions",
+    "frozen_trials",
+    "inside_params",
+    "sync_to_optuna",
+    "follow_study",
+]
 
 _STATES = {"complete": "COMPLETE", "failed": "FAIL", "infeasible": "FAIL", "pruned": "PRUNED"}
 _ATTRS = ("tflops_per_gpu", "peak_mem_gib", "peak_reserved_gib", "step_time_s", "loss")
@@ -73,6 +80,27 @@ def export_to_optuna(storage: Any, study: Any, url: str, name: str | None = None
     return len(trials)
 
 
+def inside_params(
+    params: dict[str, Any], dists: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The knobs of ``params`` that the distributions ``dists`` hold, and their
+    distributions (a knob of no distribution, or a value outside it, e.g. the inactive
+    value of a conditional knob, is left out)."""
+    kept: dict[str, Any] = {}
+    used: dict[str, Any] = {}
+    for k, v in params.items():
+        d = dists.get(k)
+        if d is None:
+            continue
+        try:
+            inside = d._contains(d.to_internal_repr(v))  # noqa: SLF001
+        except (ValueError, TypeError):
+            inside = False
+        if inside:
+            kept[k], used[k] = v, d
+    return kept, used
+
+
 def frozen_trials(
     storage: Any, study: Any, records: Sequence[Any] | None = None
 ) -> tuple[dict[str, Any], list[Any]]:
@@ -89,18 +117,7 @@ def frozen_trials(
         state = _STATES.get(t.state)
         if state is None:
             continue
-        params, used = {}, {}
-        for k, v in t.params.items():
-            d = dists.get(k)
-            if d is None:
-                continue
-            try:
-                inside = d._contains(d.to_internal_repr(v))  # noqa: SLF001
-            except (ValueError, TypeError):
-                inside = False
-            if not inside:  # e.g. the inactive value of a conditional knob
-                continue
-            params[k], used[k] = v, d
+        params, used = inside_params(t.params, dists)
         attrs: dict[str, Any] = {"dse_number": t.number, "dse_state": t.state}
         attrs.update({k: t.metrics.get(k) for k in _ATTRS if t.metrics.get(k) is not None})
         if t.failure_class:

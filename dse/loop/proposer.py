@@ -32,6 +32,8 @@ from dse.model.rules import check, is_valid
 from dse.space.searchspace import SearchSpace, params_key
 
 __all__ = [
+    "Census",
+    "ENUMERABLE_MAX",
     "Proposer",
     "Proposed",
     "Screened",
@@ -59,6 +61,14 @@ MAX_REJECTIONS = 50
 MAX_STALLED_CALLS = 10
 #: Seconds between progress lines while one call keeps rejecting.
 PROGRESS_EVERY_S = 2.0
+#: A space of at most this many knob combinations is enumerated before the agent is first
+#: asked (every configuration through the rules and the pre-screen: a fraction of a
+#: second for a few hundred), so that one with nothing launchable is said at once instead of
+#: after rounds of rejected proposals (CloudAI's DeepSeek-V3 grid: 192 combinations, 4
+#: valid, all predicted out of memory).
+ENUMERABLE_MAX = 2048
+#: How often a waiting ``ask`` looks whether the study was told to stop (seconds).
+STOP_POLL_S = 0.2
 #: A call that took this long says so when it returns (a slow sampler is not a hang).
 SLOW_CALL_S = 5.0
 #: While one call runs this long without a progress line (a sampler that fits a model for
@@ -97,6 +107,50 @@ class Rejection:
     rule: str
     reason: str
     values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Census:
+    """An enumerable space through the rules and the pre-screen (:meth:`Proposer.census`).
+
+    Attributes:
+        combinations: the knob combinations (``space.size()``).
+        configurations: the distinct configurations they make (conditions applied).
+        invalid: configurations breaking a rule, by the first rule broken.
+        predicted_oom: valid configurations the pre-screen predicts out of memory.
+        launchable: the ``params_key`` of every other configuration.
+    """
+
+    combinations: int
+    configurations: int
+    invalid: dict[str, int]
+    predicted_oom: int
+    launchable: tuple[str, ...]
+
+    def left(self, lookup: Lookup | None) -> list[str]:
+        """The launchable configurations not measured yet (``lookup``: None when a
+        configuration may run again)."""
+        if lookup is None:
+            return list(self.launchable)
+        return [k for k in self.launchable if lookup(k) is None]
+
+    def nothing_left_message(self, measured: bool) -> str:
+        valid = self.configurations - sum(self.invalid.values())
+        rules = ", ".join(f"{r} {n}" for r, n in sorted(self.invalid.items(), key=lambda x: -x[1]))
+        text = (
+            f"0 launchable configurations: of the space's {self.configurations} "
+            f"configurations ({self.combinations} knob combinations, all checked), "
+            f"{valid} pass the rules" + (f" (the others break {rules})" if rules else "")
+        )
+        if self.predicted_oom:
+            text += f", {self.predicted_oom} of them predicted out of memory (cost-model estimate)"
+        if self.launchable and measured:
+            text += f", and the remaining {len(self.launchable)} already measured"
+        return text + (
+            "; nothing is left to ask the agent for: widen the knobs, relax the memory "
+            "(prescreen.margin, more GPUs) or declare derived settings (dse validate "
+            "counts the valid configurations)"
+        )
 
 
 @dataclass(frozen=True)
@@ -313,6 +367,9 @@ class Proposer:
         self.rejections: list[Rejection] = []
         #: every duplicate answered from an earlier measurement, in order
         self.duplicates: list[Duplicate] = []
+        #: the enumerated space (:meth:`census`), made at the first call
+        self._census: Census | None = None
+        self._census_done = False
         set_validity = getattr(agent, "set_validity", None)
         if callable(set_validity):
             set_validity(self.is_valid)
@@ -334,6 +391,13 @@ class Proposer:
         exhausted = capped = False
         message = ""
         t0 = last = time.monotonic()
+        census = self.census()
+        if census is not None:
+            left = census.left(lookup if not self.space.budget.repeats else None)
+            if not left:
+                message = census.nothing_left_message(lookup is not None)
+                self._say(message)
+                return Proposed((), (), (), True, False, message)
 
         def still() -> str:
             return (
@@ -349,7 +413,9 @@ class Proposer:
                 if len(rejected) + len(dups) >= self.max_rejections:
                     capped = True
                     break
-                props = self.agent.ask(n - len(launch))
+                props = self._ask(n - len(launch))
+                if props is None:
+                    break  # told to stop while the agent was asking: its answer is dropped
                 if not props:
                     exhausted = True
                     message = "the agent has no configuration left to propose"
@@ -396,6 +462,65 @@ class Proposer:
             if self.on_progress is not None:
                 self._say(message)
         return Proposed(tuple(launch), tuple(rejected), tuple(dups), exhausted, capped, message)
+
+    def census(self) -> Census | None:
+        """The space enumerated through the rules and the pre-screen (made once, at the first
+        call), or None when it has more than :data:`ENUMERABLE_MAX` knob combinations."""
+        if self._census_done:
+            return self._census
+        self._census_done = True
+        size = self.space.size()
+        if size > ENUMERABLE_MAX:
+            return None
+        invalid: Counter[str] = Counter()
+        oom = 0
+        launchable: list[str] = []
+        configs = 0
+        for params in self.space.iter_configs():
+            configs += 1
+            key = params_key(params)
+            broken = check(self.space, params, self.features)
+            if broken:
+                invalid[broken[0].rule] += 1
+                continue
+            if (
+                self.prescreen is not None
+                and not self._is_reference(key)
+                and self.prescreen(dict(params)) is not None
+            ):
+                oom += 1
+                continue
+            launchable.append(key)
+        self._census = Census(size, configs, dict(invalid), oom, tuple(launchable))
+        return self._census
+
+    def _ask(self, n: int) -> list[Proposal] | None:
+        """``agent.ask(n)``; without a stop check, in this thread. With one, in a helper
+        thread that this one watches: a stop while the agent is at work (a GP fit takes
+        seconds per ask on a loaded machine) ends the wait within :data:`STOP_POLL_S`
+        (None; the agent's answer, when it comes, is dropped with the study's end)."""
+        if self.stopping is None:
+            return self.agent.ask(n)
+        got: list[Any] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                got.append(("ok", self.agent.ask(n)))
+            except BaseException as e:  # noqa: BLE001 - raised again in the caller
+                got.append(("error", e))
+            finally:
+                done.set()
+
+        helper = threading.Thread(target=run, name="dse-agent-ask", daemon=True)
+        helper.start()
+        while not done.wait(STOP_POLL_S):
+            if self.stopping():
+                return None
+        kind, value = got[0]
+        if kind == "error":
+            raise value
+        return list(value)
 
     def _say(self, line: str) -> None:
         self._said = time.monotonic()

@@ -24,6 +24,8 @@ from dse.results.trust import trust_summary
 __all__ = [
     "pareto_front",
     "study_plot_data",
+    "study_insights",
+    "INSIGHTS_SAMPLE",
     "knob_importance",
     "slice_label",
     "STATE_COLORS",
@@ -158,22 +160,57 @@ def slice_label(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
+#: The most complete trials that knob importance and the slices are computed from: a
+#: uniform sample (:meth:`dse.storage.Storage.sample_complete`) above it, so that the
+#: insights of a 50,000-trial study cost what those of a 2,000-trial one do (PED-ANOVA
+#: compares the top 10% of the trials with all of them: a uniform sample estimates both).
+INSIGHTS_SAMPLE = 1000
+
+
+def insight_sample(
+    storage: Any, study: Any, limit: int | None = None
+) -> tuple[int, list[tuple[int, dict[str, Any], float]]]:
+    """How many complete trials with a value the study has, and at most ``limit`` of them
+    (``INSIGHTS_SAMPLE`` when None) as ``(number, params, value)`` (all, or a uniform
+    sample)."""
+    total, rows = storage.sample_complete(study.id, limit or INSIGHTS_SAMPLE)
+    return total, rows
+
+
+def _sample_of_records(
+    records: Sequence[Any], limit: int | None = None
+) -> tuple[int, list[tuple[int, dict[str, Any], float]]]:
+    """:func:`insight_sample` of trial records already listed (the same trials)."""
+    from dse.core.records import sample_numbers
+
+    done = {t.number: t for t in records if t.state == "complete" and t.value is not None}
+    chosen = sample_numbers(done, limit or INSIGHTS_SAMPLE)
+    return len(done), [(n, dict(done[n].params), float(done[n].value)) for n in chosen]
+
+
 def knob_importance(
-    storage: Any, study: Any, records: Sequence[Any] | None = None
+    storage: Any,
+    study: Any,
+    sample: tuple[int, list[tuple[int, dict[str, Any], float]]] | None = None,
 ) -> tuple[dict[str, float] | None, str]:
-    """Optuna's PED-ANOVA importance of each knob on the study's complete trials, and how it
-    was computed (or why it could not be). ``records``: the study's trials where the caller
-    has listed them already."""
+    """Optuna's PED-ANOVA importance of each knob on the study's complete trials (a uniform
+    sample of at most ``INSIGHTS_SAMPLE`` of them), and how it was computed (or why it could
+    not be). ``sample``: :func:`insight_sample`'s answer where the caller has it already."""
     import warnings
 
     import optuna
 
-    from dse.interop.optuna_export import frozen_trials
+    from dse.interop.optuna_export import distributions, inside_params
+    from dse.results.export import _stored_space
 
-    _, trials = frozen_trials(storage, study, records)
-    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if len(done) < 3:
-        return None, f"needs 3 complete trials ({len(done)} so far)"
+    total, rows = insight_sample(storage, study) if sample is None else sample
+    if len(rows) < 3:
+        return None, f"needs 3 complete trials ({len(rows)} so far)"
+    dists = distributions(_stored_space(study.space_yaml, study.name))
+    done = []
+    for _, params, value in rows:
+        kept, used = inside_params(params, dists)
+        done.append(optuna.trial.create_trial(params=kept, distributions=used, value=value))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ost = optuna.create_study(direction=study.direction)
     ost.add_trials(done)  # PED-ANOVA reads the complete trials only
@@ -185,9 +222,152 @@ def knob_importance(
             )
         except (ValueError, RuntimeError) as e:
             return None, f"Optuna could not compute it: {e}"
-    return {k: float(v) for k, v in imp.items()}, (
-        f"Optuna PED-ANOVA on {len(done)} complete trials (top 10% quantile vs all)"
+    on = (
+        f"{total} complete trials"
+        if len(rows) == total
+        else f"a uniform sample of {len(rows)} of the {total} complete trials"
     )
+    return {k: float(v) for k, v in imp.items()}, (
+        f"Optuna PED-ANOVA on {on} (top 10% quantile vs all)"
+    )
+
+
+def slices_of(
+    space: Any, rows: Sequence[tuple[int, dict[str, Any], float]]
+) -> dict[str, list[dict[str, Any]]]:
+    """The objective per knob value: for each knob, a point per trial of ``rows``
+    (:func:`insight_sample`'s)."""
+    slices: dict[str, list[dict[str, Any]]] = {k: [] for k in space.knobs}
+    for number, params, value in rows:
+        for k, pts in slices.items():
+            pts.append({"number": number, "x": params.get(k), "value": value})
+    return slices
+
+
+def gpu_view(
+    storage: Any, study: Any, space: Any, cost_per_gpu_hour: float | None
+) -> dict[str, Any]:
+    """GPU-hours: spent (recorded by the runner), held and busy, and the full grid
+    (estimate: the mean GPU time of a trial that ran, times the valid configurations of the
+    space), computed where status and the API compute them (dse.results.gpu_usage); with
+    their cost at ``cost_per_gpu_hour``."""
+    from dse.results.gpu_usage import study_gpu_usage_of
+
+    usage = study_gpu_usage_of(storage, study)  # the storage's totals, as the API's
+    gpu = {
+        **usage,
+        "spent_gpu_hours": usage["gpu_hours"],
+        "full_grid_gpu_hours": usage["grid_gpu_hours"],
+        "cost_per_gpu_hour": cost_per_gpu_hour,
+        "label": usage["label"]
+        if usage.get("estimate_trials")
+        else "spent: GPU time recorded by the runner; full grid and saved: estimates "
+        "(mean GPU time of a trial that ran x valid configurations of the space)"
+        + (
+            "; a replay study's GPU time is the replay's own, not the measured runs'"
+            if space.workload.name == "replay"
+            else ""
+        ),
+    }
+    if cost_per_gpu_hour is not None:
+        gpu["spent_cost"] = gpu["spent_gpu_hours"] * cost_per_gpu_hour
+        if gpu["saved_gpu_hours"] is not None:
+            gpu["saved_cost"] = gpu["saved_gpu_hours"] * cost_per_gpu_hour
+    return gpu
+
+
+def projection(
+    space: Any,
+    source: str,
+    best: dict[str, Any] | None,
+    base_t: Any,
+    tokens: float,
+    cost_per_gpu_hour: float | None,
+) -> dict[str, Any]:
+    """A full training run of ``tokens`` projected from the best's step time and the
+    baseline trial's (``base_t``, None or unfinished: none), labelled an estimate."""
+    if base_t is not None and base_t.state != "complete":
+        base_t = None
+    sem, world = space.semantics, space.resources.world_size
+    tokens_per_step = sem.global_batch_size * sem.seq_length
+
+    def project(step_s: float | None) -> dict[str, Any] | None:
+        if not step_s:
+            return None
+        steps = tokens / tokens_per_step
+        days = steps * step_s / 86400
+        out: dict[str, Any] = {"step_time_s": step_s, "days": days,
+                               "gpu_hours": days * 24 * world}  # fmt: skip
+        if cost_per_gpu_hour is not None:
+            out["cost"] = out["gpu_hours"] * cost_per_gpu_hour
+        return out
+
+    best_step = best["metrics"]["step_time_s"] if best else None
+    base_step = base_t.metrics.get("step_time_s") if base_t else None
+    proj: dict[str, Any] = {
+        "tokens": tokens,
+        "tokens_per_step": tokens_per_step,
+        "world_size": world,
+        "best": project(best_step),
+        "baseline": project(base_step),
+        "baseline_trial": None if base_t is None else base_t.number,
+        "speedup_over_baseline": (base_step / best_step) if base_step and best_step else None,
+        "label": f"estimate: {tokens:.3g} tokens / ({sem.global_batch_size} x "
+        f"{sem.seq_length} tokens per step) x the "
+        + {
+            "measured": "measured step time",
+            "replay": "replayed measured step time",
+            "estimate": "cost model's estimated step time (sim: nothing measured)",
+        }[source]
+        + f" on {world} GPUs; excludes checkpointing, evaluation and restarts",
+    }
+    if proj["best"] and proj["baseline"]:
+        proj["days_saved"] = proj["baseline"]["days"] - proj["best"]["days"]
+        if cost_per_gpu_hour is not None:
+            proj["cost_saved"] = proj["baseline"]["cost"] - proj["best"]["cost"]
+
+    return proj
+
+
+def study_insights(
+    storage: Any,
+    study: Any,
+    *,
+    cost_per_gpu_hour: float | None = None,
+    tokens: float = 1e12,
+) -> dict[str, Any]:
+    """The decision views of ``GET /studies/{name}/insights``: knob importance and slices
+    (from :func:`insight_sample`: at most ``INSIGHTS_SAMPLE`` complete trials), GPU-hours
+    (the storage's aggregates) and the projection from the best and the baseline: a cost
+    bounded by the sample, not by the study's size (the parts :func:`study_plot_data` also
+    returns, the same functions)."""
+    from dse.core.exceptions import NoCompleteTrialError
+    from dse.results.export import _stored_space, best_payload
+
+    space = _stored_space(study.space_yaml, study.name)
+    sample = insight_sample(storage, study)
+    best = None
+    if sample[0]:
+        try:
+            best = best_payload(storage, study)
+        except NoCompleteTrialError:  # e.g. every complete trial's numerics changed
+            best = None
+    source = figure_source(space.workload.name, storage.trial_sources(study.id))
+    importance, how = knob_importance(storage, study, sample)
+    base_t = find_baseline(storage, study, space)
+    return {
+        "study": study.name,
+        "metric": study.metric,
+        "direction": study.direction,
+        "importance": importance,
+        "importance_how": how,
+        "slices": slices_of(space, sample[1]),
+        "slice_values": {
+            k: [slice_label(v) for v in spec.values()] for k, spec in space.knobs.items()
+        },
+        "gpu": gpu_view(storage, study, space, cost_per_gpu_hour),
+        "projection": projection(space, source, best, base_t, tokens, cost_per_gpu_hour),
+    }
 
 
 def study_plot_data(
@@ -238,11 +418,8 @@ def study_plot_data(
     front = [pts[i]["number"] for i in pareto_front(
         [(p["tflops_per_gpu"], p["peak_mem_gib"]) for p in pts])]  # fmt: skip
 
-    slices: dict[str, list[dict[str, Any]]] = {k: [] for k in space.knobs}
-    for t in trials:
-        if t.state == "complete" and t.value is not None:
-            for k in space.knobs:
-                slices[k].append({"number": t.number, "x": t.params.get(k), "value": t.value})
+    sample = _sample_of_records(trials)
+    slices = slices_of(space, sample[1])
 
     failures: dict[str, list[dict[str, Any]]] = {}
     for t in trials:
@@ -255,75 +432,10 @@ def study_plot_data(
         for r in storage.list_rejections(study.id)
     ]
 
-    # GPU-hours: spent (recorded by the runner), held and busy, and the full grid (estimate:
-    # the mean GPU time of a trial that ran, times the valid configurations of the space),
-    # computed where status and the API compute them (dse.results.gpu_usage)
-    from dse.results.gpu_usage import study_gpu_usage_of
-
-    usage = study_gpu_usage_of(storage, study)  # the storage's totals, as the API's
-    gpu = {
-        **usage,
-        "spent_gpu_hours": usage["gpu_hours"],
-        "full_grid_gpu_hours": usage["grid_gpu_hours"],
-        "cost_per_gpu_hour": cost_per_gpu_hour,
-        "label": usage["label"]
-        if usage.get("estimate_trials")
-        else "spent: GPU time recorded by the runner; full grid and saved: estimates "
-        "(mean GPU time of a trial that ran x valid configurations of the space)"
-        + (
-            "; a replay study's GPU time is the replay's own, not the measured runs'"
-            if space.workload.name == "replay"
-            else ""
-        ),
-    }
-    if cost_per_gpu_hour is not None:
-        gpu["spent_cost"] = gpu["spent_gpu_hours"] * cost_per_gpu_hour
-        if gpu["saved_gpu_hours"] is not None:
-            gpu["saved_cost"] = gpu["saved_gpu_hours"] * cost_per_gpu_hour
-
-    # projection of a full training run from the measured step time
-    sem, world = space.semantics, space.resources.world_size
-    tokens_per_step = sem.global_batch_size * sem.seq_length
+    gpu = gpu_view(storage, study, space, cost_per_gpu_hour)
     base_t = find_baseline(storage, study, space)
-    if base_t is not None and base_t.state != "complete":
-        base_t = None
-
-    def project(step_s: float | None) -> dict[str, Any] | None:
-        if not step_s:
-            return None
-        steps = tokens / tokens_per_step
-        days = steps * step_s / 86400
-        out: dict[str, Any] = {"step_time_s": step_s, "days": days,
-                               "gpu_hours": days * 24 * world}  # fmt: skip
-        if cost_per_gpu_hour is not None:
-            out["cost"] = out["gpu_hours"] * cost_per_gpu_hour
-        return out
-
-    best_step = best["metrics"]["step_time_s"] if best else None
-    base_step = base_t.metrics.get("step_time_s") if base_t else None
-    proj: dict[str, Any] = {
-        "tokens": tokens,
-        "tokens_per_step": tokens_per_step,
-        "world_size": world,
-        "best": project(best_step),
-        "baseline": project(base_step),
-        "baseline_trial": None if base_t is None else base_t.number,
-        "speedup_over_baseline": (base_step / best_step) if base_step and best_step else None,
-        "label": f"estimate: {tokens:.3g} tokens / ({sem.global_batch_size} x "
-        f"{sem.seq_length} tokens per step) x the "
-        + {
-            "measured": "measured step time",
-            "replay": "replayed measured step time",
-            "estimate": "cost model's estimated step time (sim: nothing measured)",
-        }[source]
-        + f" on {world} GPUs; excludes checkpointing, evaluation and restarts",
-    }
-    if proj["best"] and proj["baseline"]:
-        proj["days_saved"] = proj["baseline"]["days"] - proj["best"]["days"]
-        if cost_per_gpu_hour is not None:
-            proj["cost_saved"] = proj["baseline"]["cost"] - proj["best"]["cost"]
-
-    importance, how = knob_importance(storage, study, trials)
+    proj = projection(space, source, best, base_t, tokens, cost_per_gpu_hour)
+    importance, how = knob_importance(storage, study, sample)
     best_n = None if best is None else best["trial"]
     ranked = sorted(
         (t for t in trials if t.state == "complete" and t.value is not None),

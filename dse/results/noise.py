@@ -48,6 +48,8 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -479,10 +481,48 @@ def _groups_of_trials(space: SearchSpace, trials: Sequence[TrialRecord]) -> dict
     return out
 
 
+#: Canonical keys of stored configurations per space (``id(space)`` -> the space, kept weakly,
+#: and its stored ``params_key`` -> canonical key). A stored space is parsed once and cached
+#: (:func:`dse.results.run_settings.effective_space`), and a configuration's canonical form
+#: depends on the space alone, so every rebuild of a study's best after a write (10 a second
+#: under a writer) reuses them instead of canonicalizing every configuration again.
+_CANONICAL: dict[int, tuple[weakref.ref[SearchSpace], dict[str, str]]] = {}
+_CANONICAL_LOCK = threading.Lock()
+#: The most canonical keys kept per space (a space beyond it starts afresh).
+CANONICAL_KEYS_MAX = 200_000
+
+
+def _forget_space(sid: int, ref: weakref.ref[SearchSpace]) -> None:
+    """Drop the keys of a space that was collected (not those of a later one at its id)."""
+    hit = _CANONICAL.get(sid)
+    if hit is not None and hit[0] is ref:
+        _CANONICAL.pop(sid, None)
+
+
+def canonical_key(space: SearchSpace, stored_key: str, params: Mapping[str, Any]) -> str:
+    """``params_key(space.canonical(params))`` of the stored configuration ``stored_key``
+    (the ``params_key`` of ``params``), remembered per space."""
+    sid = id(space)
+    with _CANONICAL_LOCK:
+        hit = _CANONICAL.get(sid)
+        if hit is None or hit[0]() is not space:
+            ref = weakref.ref(space, functools.partial(_forget_space, sid))
+            hit = _CANONICAL[sid] = (ref, {})
+        memo = hit[1]
+        key = memo.get(stored_key)
+    if key is None:
+        key = params_key(space.canonical(params))
+        with _CANONICAL_LOCK:
+            if len(memo) >= CANONICAL_KEYS_MAX:
+                memo.clear()
+            memo[stored_key] = key
+    return key
+
+
 def _groups_of_stats(space: SearchSpace, stats: Sequence[ConfigStats]) -> dict[str, _Group]:
     out: dict[str, _Group] = {}
     for c in sorted(stats, key=lambda c: c.first_number):
-        key = params_key(space.canonical(c.params))
+        key = canonical_key(space, c.params_key, c.params)
         g = out.setdefault(key, _Group(key, c.first_number, dict(c.params), c.params_key, set()))
         g.merge(c.n, c.mean, c.m2, c.first_number, c.params, c.params_key)
     return out

@@ -41,6 +41,7 @@ from dse.core.records import (
     TrialRun,
     finite,
     gpu_slots_of,
+    sample_numbers,
 )
 from dse.results.gpu_usage import TRIAL_GPU_FIGURES, GpuTotals
 from dse.storage._engine import (
@@ -460,6 +461,50 @@ class StorageReads:
             return out
 
         return self._db.run(fn, write=False, what="list trial points")
+
+    def sample_complete(
+        self, study_id: int, limit: int, *, seed: int = 0
+    ) -> tuple[int, list[tuple[int, dict[str, Any], float]]]:
+        """At most ``limit`` of a study's complete trials that have a value, as
+        ``(number, params, value)`` by number, and how many such trials there are.
+
+        All of them when there are ``limit`` or fewer; else the ``limit`` whose numbers hash
+        lowest (with ``seed``): a uniform sample that a new trial changes by at most one
+        member, so figures drawn from it do not jump as a study grows. Two narrow queries:
+        every such trial's number, then the sample's knobs; the cost is bounded by ``limit``
+        apart from reading numbers.
+        """
+        if limit < 1:
+            raise ValueError(f"sample_complete: limit must be >= 1, got {limit}")
+        t = TrialModel
+        done = (t.study_id == study_id, t.state == "complete", t.value.is_not(None))
+
+        def fn(s: Session) -> tuple[int, list[tuple[int, dict[str, Any], float]]]:
+            numbers = list(s.scalars(select(t.number).where(*done)))
+            chosen: list[int] | None = None
+            if len(numbers) > limit:
+                chosen = sample_numbers(numbers, limit, seed)
+            rows: list[tuple[int, dict[str, Any], float]] = []
+            q = select(t.number, t.params, t.value).where(*done)
+            batches = [None] if chosen is None else [
+                chosen[i : i + 500] for i in range(0, len(chosen), 500)
+            ]  # fmt: skip
+            for batch in batches:
+                qb = q if batch is None else q.where(t.number.in_(batch))
+                rows.extend((r.number, dict(r.params or {}), r.value) for r in s.execute(qb))
+            rows.sort(key=lambda r: r[0])
+            return len(numbers), rows
+
+        return self._db.run(fn, write=False, what="sample complete trials")
+
+    def trial_sources(self, study_id: int) -> set[str]:
+        """The distinct ``source`` of a study's trials (``measured``, ``replay``,
+        ``estimate``; trials without one left out)."""
+        t = TrialModel
+        query = select(t.source).where(t.study_id == study_id, t.source.is_not(None)).distinct()
+        return self._db.run(
+            lambda s: {str(v) for v in s.scalars(query)}, write=False, what="trial sources"
+        )
 
     def list_trial_runs(self, study_id: int, *, last: int | None = None) -> list[TrialRun]:
         """Where and when a study's trials ran (those that started, or were re-queued after

@@ -6,7 +6,7 @@ the baseline's) and ``/comparable`` (the other studies of the model)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
@@ -32,23 +32,21 @@ async def get_insights(
     cost_per_gpu_hour: Annotated[float | None, Query(gt=0, le=1e6)] = None,
     tokens: Annotated[float, Query(gt=0, le=1e16)] = 1e12,
 ) -> Response:
-    """Knob importance (Optuna PED-ANOVA on the complete trials), the objective per knob
-    value (slices), GPU-hours spent and saved against the full grid, and a projection of a
-    full training run from the best step time (estimates are labelled). Reused until the
-    study changes."""
+    """Knob importance (Optuna PED-ANOVA on the complete trials, a uniform sample of at most
+    2,000 of them in a larger study: ``importance_how`` says which), the objective per knob
+    value (slices, of the same trials), GPU-hours spent and saved against the full grid, and
+    a projection of a full training run from the best step time (estimates are labelled).
+    Reused until the study changes; built in the heavy reads' own thread."""
 
     def build(study_of: Callable[[], StudyRecord]) -> bytes:
-        from dse.report.plots import study_plot_data
+        from dse.report.plots import study_insights
 
         study = study_of()
-        data = study_plot_data(storage, study, cost_per_gpu_hour=cost_per_gpu_hour, tokens=tokens)
-        keys = ("study", "metric", "direction", "importance", "importance_how", "slices",
-                "slice_values", "gpu", "projection")  # fmt: skip
-        body: dict[str, Any] = {k: data[k] for k in keys}
+        body = study_insights(storage, study, cost_per_gpu_hour=cost_per_gpu_hour, tokens=tokens)
         return json_bytes(body)
 
     key = ("insights", name, cost_per_gpu_hour, tokens)
-    return Response(await reads.study(name, key, build), media_type="application/json")
+    return Response(await reads.study(name, key, build, heavy=True), media_type="application/json")
 
 
 @router.get(
@@ -81,7 +79,7 @@ async def get_timeline(
         return json_bytes(study_timeline(storage, study, redact_hosts=not trusted, last=last))
 
     key = ("timeline", name, trusted, last)
-    return Response(await reads.study(name, key, build), media_type="application/json")
+    return Response(await reads.study(name, key, build, heavy=True), media_type="application/json")
 
 
 @router.get(

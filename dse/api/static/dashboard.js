@@ -817,7 +817,9 @@ function pcAxis(label, raw, figures = false) {
 
 // Axis labels that never overlap: horizontal, alternating between two heights, while every
 // name fits beside its neighbours on its row; else (many knobs, a narrow chart) upright,
-// reading upwards, cut with "…" past PC_LABEL_MAX px. The full name is each label's tooltip.
+// reading upwards, a name longer than PC_LABEL_MAX px wrapped after an underscore onto as
+// many lines as the room between two axes holds (each line kept whole: the label's text is
+// the whole name), cut with "…" only past that. The full name is each label's tooltip.
 const PC_LABEL_PX = 11;
 const PC_LABEL_MAX = 170;
 const PC_LABEL_GAP = 8;
@@ -844,17 +846,33 @@ function pcLabels(names, width) {
       at: (k) => ({ text: `<b>${names[k]}</b>`, y: k % 2 ? 1.1 : 1.03, yref: "paper",
         yanchor: "bottom" }) };
   }
-  const cut = (name, w) => {
-    if (w <= PC_LABEL_MAX) return name;
+  const cut = (name) => {
     let n = name.length;
     while (n > 4 && pcTextWidth(`${name.slice(0, n)}…`) > PC_LABEL_MAX) n--;
     return `${name.slice(0, n)}…`;
   };
-  const texts = names.map((n, k) => cut(n, widths[k]));
-  const tall = Math.min(PC_LABEL_MAX, Math.max(...widths));
+  // upright lines stand side by side: as many as fit between two axes
+  const maxLines = Math.max(1, Math.floor((step - PC_LABEL_GAP) / (PC_LABEL_PX + 3)));
+  const wrap = (name, w) => {
+    if (w <= PC_LABEL_MAX) return [name];
+    const parts = name.split(/(?<=_)/); // after each underscore, the underscore kept
+    const lines = [""];
+    for (const part of parts) {
+      const line = lines[lines.length - 1];
+      if (line && pcTextWidth(line + part) > PC_LABEL_MAX) lines.push(part);
+      else lines[lines.length - 1] = line + part;
+    }
+    if (lines.length > maxLines || lines.some((l) => pcTextWidth(l) > PC_LABEL_MAX)) {
+      return [cut(name)];
+    }
+    return lines;
+  };
+  const wrapped = names.map((n, k) => wrap(n, widths[k]));
+  const texts = wrapped.map((lines) => lines.map((l) => `<b>${l}</b>`).join("<br>"));
+  const tall = Math.min(PC_LABEL_MAX, Math.max(...wrapped.flat().map(pcTextWidth)));
   return { mode: "upright", top: Math.ceil(tall) + 16,
-    at: (k) => ({ text: `<b>${texts[k]}</b>`, textangle: -90, y: 1, yref: "paper",
-      yanchor: "bottom", yshift: 6 }) };
+    at: (k) => ({ text: texts[k], textangle: -90, y: 1, yref: "paper",
+      yanchor: "bottom", yshift: 6, align: "left" }) };
 }
 
 function renderParcoords(study, pareto) {
