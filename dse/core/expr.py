@@ -2,8 +2,9 @@
 
 A constraint is a Python-like boolean expression over knob names, ``world_size`` and ``dp``
 (``micro_batch_size * tensor_model_parallel_size <= 8``). It is parsed once with
-:func:`ast.parse` and checked against a whitelist of syntax; it is then *interpreted* here
-node by node, never compiled nor given to ``eval``, so that each operation can be bounded:
+:func:`ast.parse` and checked against a whitelist of syntax; it is then turned, once per
+expression, into a tree of small Python functions, one per syntax node (never compiled to
+bytecode nor given to ``eval``), so that each operation can be bounded:
 
 - the text is at most :data:`~dse.core.bounds.MAX_CONSTRAINT_CHARS` characters and
   :data:`~dse.core.bounds.MAX_CONSTRAINT_NODES` syntax nodes (this bounds the work per evaluation);
@@ -169,13 +170,13 @@ def eval_expr(expr: str | ast.Expression, env: Mapping[str, Any]) -> Any:
             bounds (the message says which operation and why).
     """
     if isinstance(expr, str):
-        tree = parse_expr(expr)
+        fn = _compiled(expr)
         _EVALUATED[0] += node_count(expr)
     else:
-        tree = expr
-        _EVALUATED[0] += sum(1 for _ in ast.walk(tree))
+        fn = _compile(expr.body)
+        _EVALUATED[0] += sum(1 for _ in ast.walk(expr))
     try:
-        return _eval(tree.body, env)
+        return fn(env)
     except ConstraintError:
         raise
     except ZeroDivisionError:
@@ -184,13 +185,53 @@ def eval_expr(expr: str | ast.Expression, env: Mapping[str, Any]) -> Any:
         raise ConstraintError(f"{type(e).__name__}: {e}") from None
 
 
+#: Values kept per expression by :func:`_compiled` (emptied when full).
+MEMO_ENTRIES = 4096
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(expr: str) -> Callable[[Mapping[str, Any]], Any]:
+    """The function of a checked constraint (:func:`_compile` of :func:`parse_expr`), made once
+    per expression: a space's check evaluates each constraint on thousands of configurations.
+
+    A constraint is a pure function of the names it reads, and those are usually a few knobs
+    of a few values each, so its value is kept per tuple of those names' values (at most
+    :data:`MEMO_ENTRIES`; an unhashable value, a list, is not kept)."""
+    tree = parse_expr(expr)
+    fn = _compile(tree.body)
+    names = tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
+    memo: dict[tuple[Any, ...], Any] = {}
+
+    def memoized(env: Mapping[str, Any]) -> Any:
+        try:
+            # the type beside each value: 1, 1.0 and True are equal keys but not equal values
+            key = tuple((type(v), v) for v in (env[n] for n in names))
+            hash(key)
+        except (KeyError, TypeError):  # a missing name says so in fn; a list is not kept
+            return fn(env)
+        if key in memo:
+            return memo[key]
+        value = fn(env)
+        if type(value) is list:  # a caller may change a list: never hand out a kept one
+            return value
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = value
+        return value
+
+    return memoized
+
+
 def _check_int(v: Any) -> None:
-    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
+    if type(v) is int and v.bit_length() > MAX_INT_BITS:  # bool (an int's subclass) is small
         raise ConstraintError(f"an integer exceeds {MAX_INT_BITS} bits")
 
 
+_NUMBER_TYPES = (int, float, bool)
+
+
 def _number(v: Any, op: str) -> Any:
-    if isinstance(v, (int, float)):  # bool is an int
+    if type(v) in _NUMBER_TYPES or isinstance(v, (int, float)):  # bool is an int
         return v
     raise ConstraintError(f"{op!r} needs numbers, got {type(v).__name__} {v!r}")
 
@@ -212,48 +253,112 @@ def _pow(a: Any, b: Any) -> Any:
     return a**b
 
 
-def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+Fn = Callable[[Mapping[str, Any]], Any]
+
+
+def _bounded(node: ast.AST) -> bool:
+    """Whether the value of ``node`` is known to be within the integer bound without a check:
+    a constant (checked when parsed), an arithmetic operation (its result is checked), or a
+    sign of one of those."""
+    if isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.Not):
+        return _bounded(node.operand)
+    return isinstance(node, (ast.Constant, ast.BinOp))
+
+
+def _compile(node: ast.AST) -> Fn:
+    """The function computing ``node``'s value from the names of a configuration, with the
+    bounds of the module docstring checked at every operation."""
     if isinstance(node, ast.Constant):
-        return node.value
+        value = node.value
+        return lambda env: value
     if isinstance(node, ast.Name):
-        if node.id not in env:
-            raise ConstraintError(f"{node.id!r} has no value in this configuration")
-        return env[node.id]
+        name = node.id
+
+        def read(env: Mapping[str, Any]) -> Any:
+            try:
+                return env[name]
+            except KeyError:
+                raise ConstraintError(f"{name!r} has no value in this configuration") from None
+
+        return read
     if isinstance(node, ast.BoolOp):
-        out: Any = None
-        for v in node.values:
-            out = _eval(v, env)
-            if isinstance(node.op, ast.And) and not out:
+        parts = [_compile(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+
+            def all_of(env: Mapping[str, Any]) -> Any:
+                out: Any = None
+                for f in parts:
+                    out = f(env)
+                    if not out:
+                        return out
                 return out
-            if isinstance(node.op, ast.Or) and out:
-                return out
-        return out
+
+            return all_of
+
+        def any_of(env: Mapping[str, Any]) -> Any:
+            out: Any = None
+            for f in parts:
+                out = f(env)
+                if out:
+                    return out
+            return out
+
+        return any_of
     if isinstance(node, ast.UnaryOp):
-        v = _eval(node.operand, env)
+        operand = _compile(node.operand)
         if isinstance(node.op, ast.Not):
-            return not v
-        v = _number(v, "-" if isinstance(node.op, ast.USub) else "+")
-        return -v if isinstance(node.op, ast.USub) else +v
+            return lambda env: not operand(env)
+        if isinstance(node.op, ast.USub):
+            return lambda env: -_number(operand(env), "-")
+        return lambda env: +_number(operand(env), "+")
     if isinstance(node, ast.BinOp):
         sym = _OP_TEXT[type(node.op)]
-        a = _number(_eval(node.left, env), sym)
-        b = _number(_eval(node.right, env), sym)
-        _check_int(a)
-        _check_int(b)
-        r = _pow(a, b) if isinstance(node.op, ast.Pow) else _BINOPS[type(node.op)](a, b)
-        _check_int(r)
-        return r
+        left, right = _compile(node.left), _compile(node.right)
+        fn = _pow if isinstance(node.op, ast.Pow) else _BINOPS[type(node.op)]
+        # an operand that is a constant (checked when parsed) or an operation (its result
+        # checked below) is within the bounds already: only a name's value is checked here
+        check_a, check_b = not _bounded(node.left), not _bounded(node.right)
+
+        def binop(env: Mapping[str, Any]) -> Any:
+            a = left(env)
+            if type(a) not in _NUMBER_TYPES:
+                a = _number(a, sym)
+            b = right(env)
+            if type(b) not in _NUMBER_TYPES:
+                b = _number(b, sym)
+            if check_a:
+                _check_int(a)
+            if check_b:
+                _check_int(b)
+            r = fn(a, b)
+            if type(r) is int and r.bit_length() > MAX_INT_BITS:
+                raise ConstraintError(f"an integer exceeds {MAX_INT_BITS} bits")
+            return r
+
+        return binop
     if isinstance(node, ast.Compare):
-        left = _eval(node.left, env)
-        for op, comp in zip(node.ops, node.comparators, strict=True):
-            right = _eval(comp, env)
-            if not _CMPOPS[type(op)](left, right):
-                return False
-            left = right
-        return True
+        first = _compile(node.left)
+        steps = [
+            (_CMPOPS[type(op)], _compile(comp))
+            for op, comp in zip(node.ops, node.comparators, strict=True)
+        ]
+
+        def compare(env: Mapping[str, Any]) -> bool:
+            left = first(env)
+            for op, comp in steps:
+                right = comp(env)
+                if not op(left, right):
+                    return False
+                left = right
+            return True
+
+        return compare
     if isinstance(node, (ast.Tuple, ast.List)):
-        items = [_eval(e, env) for e in node.elts]
-        return tuple(items) if isinstance(node, ast.Tuple) else items
+        items = [_compile(e) for e in node.elts]
+        if isinstance(node, ast.Tuple):
+            return lambda env: tuple(f(env) for f in items)
+        return lambda env: [f(env) for f in items]
     if isinstance(node, ast.IfExp):
-        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+        test, body, orelse = _compile(node.test), _compile(node.body), _compile(node.orelse)
+        return lambda env: body(env) if test(env) else orelse(env)
     raise ConstraintError(f"{type(node).__name__} is not allowed")
