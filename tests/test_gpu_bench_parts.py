@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from dse.core.table import space_model_fields
+from dse.space.tablemodel import space_model_fields
 from dse.space.searchspace import ModelSpec, load_space
 from tests.conftest import EXAMPLES
 
@@ -197,8 +197,11 @@ def test_the_measured_hybrid_table_rebuilds_the_proxy_and_replays() -> None:
         rows
     )
     proxy = load_space(EXAMPLES / "nemotron_h_proxy_h200.yaml").model
+    # moe_layer_freq and frozen_params came after the table was measured (issue 38); their
+    # defaults (every layer's MLP an MoE, nothing frozen) are the proxy's, checked just below
+    later = {"moe_layer_freq", "frozen_params"}
     for r in rows:
-        assert set(ModelSpec.model_fields) <= set(r.model)
+        assert set(ModelSpec.model_fields) - later <= set(r.model)
         assert ModelSpec.model_validate(space_model_fields(r.model)) == proxy
         assert r.status in ("ok", "oom")
         if r.status == "ok":

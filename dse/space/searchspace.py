@@ -1538,6 +1538,7 @@ class SearchSpace(_Strict):
                 ("moe_routing", self.semantics.moe_routing is None),
                 ("peft", self.semantics.peft is None),  # added later: counted only when set
                 ("packed_sequences", not self.semantics.packed_sequences),
+                ("init", self.semantics.init == Semantics.model_fields["init"].default),
             )
             if unset
         }
@@ -1584,6 +1585,8 @@ class SearchSpace(_Strict):
             sem.pop("peft", None)
         if not sem.get("packed_sequences"):
             sem.pop("packed_sequences", None)
+        if sem.get("init") == Semantics.model_fields["init"].default:  # added later still
+            sem.pop("init", None)
         measurement = self.measurement.identity()
         if measurement != MeasurementSpec().identity():
             out["measurement"] = measurement

@@ -66,7 +66,9 @@ HYBRID_REQUIRED = (
 #: Fields an MoE row must state.
 MOE_REQUIRED = ("moe_router_topk",)
 
-_MODEL_FIELDS = tuple(ModelSpec.model_fields)
+#: The ``ModelSpec`` fields a row's model gives; ``seq_length`` is the row's semantics
+#: (:data:`ROW_SEMANTICS`), which the model's optional field only repeats.
+_MODEL_FIELDS = tuple(k for k in ModelSpec.model_fields if k not in ROW_SEMANTICS)
 
 
 class RowModelError(ValueError):

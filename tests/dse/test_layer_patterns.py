@@ -308,7 +308,7 @@ SPLITS = [
 ]  # fmt: skip
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 @pytest.mark.parametrize(("n", "pp", "vpp", "split"), SPLITS)
 def test_pipeline_chunks_agree_with_megatron_core(
     n: int, pp: int, vpp: int | None, split: PipelineSplit
@@ -327,6 +327,7 @@ def test_pipeline_chunks_agree_with_megatron_core(
     assert pipeline_chunks(n, pp, vpp, split) == want
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 def test_the_differential_cases_cover_both_outcomes() -> None:
     """Of SPLITS, Megatron-Core refuses 6 and places 9 (so both branches above are tested)."""
     from tests.conftest import require_megatron
@@ -341,6 +342,7 @@ def test_the_differential_cases_cover_both_outcomes() -> None:
     assert (refused, len(SPLITS) - refused) == (6, 9)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 @pytest.mark.parametrize("freq", [1, 2, 3, [0, 0, 1, 1, 0, 1]])
 def test_moe_layer_pattern_is_megatron_cores(freq: Any) -> None:
     """dse's pattern against the layer specs Megatron-Core 0.16.1 builds from the same
