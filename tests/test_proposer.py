@@ -474,7 +474,7 @@ def test_the_deepseek_v3_grid_says_nothing_is_launchable_at_once(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 39 item 4 end to end: CloudAI's DeepSeek-V3 Bayesian scenario as `dse cloudai
-    import` writes it (GP agent; 192 configurations, 4 valid, all predicted out of memory
+    import` writes it (GP agent; 192 configurations, 12 valid (MLP recompute allowed), all predicted out of memory
     but the baseline, which runs as the loss reference), on the sim workload: `dse start`
     runs the baseline, then says "0 launchable configurations" without one rejected
     proposal (before: rounds of 50 rejected proposals, minutes of GP asks)."""
@@ -496,8 +496,8 @@ def test_the_deepseek_v3_grid_says_nothing_is_launchable_at_once(
     assert main(["start", "--space", str(path)]) == 0
     out = capsys.readouterr()
     said = [ln for ln in (out.out + out.err).splitlines() if "0 launchable configurations" in ln]
-    assert said and "192 configurations" in said[0] and "4 pass the rules" in said[0]
-    assert "3 of them predicted out of memory (cost-model estimate)" in said[0]
+    assert said and "192 configurations" in said[0] and "12 pass the rules" in said[0]
+    assert "11 of them predicted out of memory (cost-model estimate)" in said[0]
     with open_storage(f"sqlite:///{tmp_path / 'study.db'}") as st:
         study = st.list_studies()[0]
         assert st.count_trials(study.id)["total"] == 1  # the baseline
