@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from dse.space.tablemodel import space_model_fields
 from dse.space.searchspace import ModelSpec, load_space
+from dse.space.tablemodel import space_model_fields
 from tests.conftest import EXAMPLES
 
 REPO = Path(__file__).resolve().parents[1]
