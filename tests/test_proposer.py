@@ -475,9 +475,9 @@ def test_the_deepseek_v3_grid_says_nothing_is_launchable_at_once(
 ) -> None:
     """Issue 39 item 4 end to end: CloudAI's DeepSeek-V3 Bayesian scenario as `dse cloudai
     import` writes it (GP agent; 192 configurations, 12 valid (MLP recompute allowed), all
-    predicted out of memory but the baseline, which runs as the loss reference), on the sim workload: `dse start`
-    runs the baseline, then says "0 launchable configurations" without one rejected
-    proposal (before: rounds of 50 rejected proposals, minutes of GP asks)."""
+    predicted out of memory but the baseline, which runs as the loss reference), on the sim
+    workload: `dse start` runs the baseline, then says "0 launchable configurations" without
+    one rejected proposal (before: rounds of 50 rejected proposals, minutes of GP asks)."""
     import importlib.util
     from pathlib import Path
 

@@ -199,7 +199,16 @@ NO_RULE_NEEDED = {
     "dse does not explore; its apex/TE need is rule 'features'",
     "moe_permute_fusion": "the check imports TE's fused permute (a missing TE is rule "
     "'features'); also MoE-only (rule 'moe_only')",
-    **dict.fromkeys(("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"), "read by the rules through the Layout's split (L.split, " "dse.space.layout.pipeline_chunks: Megatron-Core's checks of uneven stages)"),
+    **dict.fromkeys(
+        (
+            "num_layers_in_first_pipeline_stage",
+            "num_layers_in_last_pipeline_stage",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+        ),
+        "read by the rules through the Layout's split (L.split, "
+        "dse.space.layout.pipeline_chunks: Megatron-Core's checks of uneven stages)",
+    ),
 }
 
 
