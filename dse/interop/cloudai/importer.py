@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -441,34 +441,15 @@ def _recipe_layout(
         notes.append(f"the recipe's own layout and settings: {', '.join(took)} ({pick.name})")
 
 
-def import_scenario(
-    path: str | Path,
-    *,
-    tests_dir: str | Path | None = None,
-    test_id: str | None = None,
-    gpus_per_node: int | None = None,
-    model_from: str | Path | None = None,
-    catalog: str | Path | None = None,
-    system: str | Path | CloudAISystem | None = None,
-    gpu_type: str | None = None,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-) -> CloudAIImport:
-    """A CloudAI scenario (or test definition) TOML as a dse space mapping.
-
-    ``system``: a CloudAI system TOML (or one read with :func:`read_system`) for the GPUs per
-    node, partition, account and Slurm options; ``gpu_type`` overrides the test's GPU type;
-    ``seq_length`` / ``global_batch_size`` stand in for what the test leaves to the recipe.
-
-    Raises:
-        SpaceError: unreadable TOML, a workload dse cannot launch, a missing test
-            definition or model, naming the file and the field.
-    """
-    src = Path(path)
-    where = str(src)
-    top = _read_toml(src)
-    unmapped: list[Unmapped] = []
-    notes: list[str] = []
+def _scenario_test(
+    top: dict[str, Any],
+    where: str,
+    test_id: str | None,
+    tests_dir: str | Path | None,
+    unmapped: list[Unmapped],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scenario's run entry and the test it runs (a test file on its own: no run entry);
+    the scenario's other tests are unmapped (one study per space)."""
     run: dict[str, Any] = {}
     if "test_template_name" in top and "Tests" not in top:  # a test definition on its own
         test = top
@@ -504,6 +485,117 @@ def import_scenario(
                 merged = _flatten(test.get(k, {}))
                 merged.update(_flatten(run[k]))
                 test = {**test, k: merged}
+    return run, test
+
+
+def _env_section(
+    env_in: dict[str, Any],
+    first: Callable[[str, Any, str], Any],
+    node_steps: list[str],
+    unmapped: list[Unmapped],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``extra_env_vars`` as the env section's fixed variables and variable knobs."""
+    env_fixed: dict[str, Any] = {}
+    env_knobs: dict[str, Any] = {}
+    for var, v in env_in.items():
+        if var == "ENABLE_VBOOST":  # CloudAI's generic Slurm vboost step
+            if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
+                node_steps.append("vboost")
+            continue
+        env_why = env_var_problem(var)
+        if var.startswith("CLOUDAI_") and var != "CLOUDAI_GPU_TYPE" and not env_why:
+            env_why = (
+                "read by CloudAI's own recipe factories (cloudai_nemorun.py), which dse does "
+                "not run"
+            )
+        if var == "CLOUDAI_GPU_TYPE":
+            continue  # resources.gpu
+        if env_why:
+            unmapped.append(Unmapped(f"extra_env_vars.{var}", v, env_why))
+        elif isinstance(v, list) and len(v) > 1:
+            env_knobs[var] = {"values": v, "baseline": v[0]}
+        else:
+            env_fixed[var] = v[0] if isinstance(v, list) else v
+    return env_fixed, env_knobs
+
+
+def _agent_section(
+    run: Mapping[str, Any],
+    test: Mapping[str, Any],
+    default_metric: str,
+    n_configs: int,
+    unmapped: list[Unmapped],
+    notes: list[str],
+) -> tuple[dict[str, Any], tuple[str, str], dict[str, Any]]:
+    """The agent, objective and budget of the space: (agent, (metric, direction), budget)."""
+    agent_name = str(run.get("agent") or test.get("agent") or "grid_search")
+    dse_agent = AGENTS.get(agent_name)
+    agent: dict[str, Any] = {"name": dse_agent or "tpe"}
+    if dse_agent is None:
+        unmapped.append(
+            Unmapped(
+                "agent",
+                agent_name,
+                f"no dse agent of that meaning (known: {sorted(AGENTS)}); tpe used",
+            )
+        )
+    elif dse_agent != "grid":
+        notes.append(f"agent {agent_name!r} is dse's {dse_agent!r}")
+    agent_cfg = run.get("agent_config") or test.get("agent_config") or {}
+    if isinstance(agent_cfg, Mapping):
+        for ak, av in agent_cfg.items():
+            if ak == "random_seed" and isinstance(av, int):
+                agent["seed"] = av
+            elif ak == "sobol_num_trials" and isinstance(av, int) and dse_agent == "gp":
+                agent["n_startup_trials"] = av
+            else:
+                unmapped.append(Unmapped(f"agent_config.{ak}", av, "no dse agent setting"))
+    metrics = run.get("agent_metrics", test.get("agent_metrics", ["default"]))
+    metric = str(metrics[0]) if metrics else "default"
+    if metric == "default":
+        metric = default_metric
+    obj = _METRICS.get(metric)
+    if obj is None:
+        unmapped.append(Unmapped("agent_metrics", metrics, "no dse metric; tflops_per_gpu used"))
+        obj = ("tflops_per_gpu", "maximize")
+    steps_budget = run.get("agent_steps", test.get("agent_steps"))
+    budget: dict[str, Any] = {"n_trials": int(steps_budget or n_configs)}
+    tl = run.get("time_limit")
+    if isinstance(tl, str) and tl.count(":") == 2:
+        h, m, s = (int(x) for x in tl.split(":"))
+        budget["trial_timeout_s"] = float(h * 3600 + m * 60 + s)
+    return agent, obj, budget
+
+
+def import_scenario(
+    path: str | Path,
+    *,
+    tests_dir: str | Path | None = None,
+    test_id: str | None = None,
+    gpus_per_node: int | None = None,
+    model_from: str | Path | None = None,
+    catalog: str | Path | None = None,
+    system: str | Path | CloudAISystem | None = None,
+    gpu_type: str | None = None,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+) -> CloudAIImport:
+    """A CloudAI scenario (or test definition) TOML as a dse space mapping.
+
+    ``system``: a CloudAI system TOML (or one read with :func:`read_system`) for the GPUs per
+    node, partition, account and Slurm options; ``gpu_type`` overrides the test's GPU type;
+    ``seq_length`` / ``global_batch_size`` stand in for what the test leaves to the recipe.
+
+    Raises:
+        SpaceError: unreadable TOML, a workload dse cannot launch, a missing test
+            definition or model, naming the file and the field.
+    """
+    src = Path(path)
+    where = str(src)
+    top = _read_toml(src)
+    unmapped: list[Unmapped] = []
+    notes: list[str] = []
+    run, test = _scenario_test(top, where, test_id, tests_dir, unmapped)
     template = test.get("test_template_name")
     workload = _WORKLOADS.get(str(template))
     if workload is None:
@@ -889,27 +981,7 @@ def import_scenario(
         fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
         notes.append("attention_backend te: the recipe's Transformer Engine attention")
 
-    env_fixed: dict[str, Any] = {}
-    env_knobs: dict[str, Any] = {}
-    for var, v in env_in.items():
-        if var == "ENABLE_VBOOST":  # CloudAI's generic Slurm vboost step
-            if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
-                node_steps.append("vboost")
-            continue
-        env_why = env_var_problem(var)
-        if var.startswith("CLOUDAI_") and var != "CLOUDAI_GPU_TYPE" and not env_why:
-            env_why = (
-                "read by CloudAI's own recipe factories (cloudai_nemorun.py), which dse does "
-                "not run"
-            )
-        if var == "CLOUDAI_GPU_TYPE":
-            continue  # resources.gpu
-        if env_why:
-            unmapped.append(Unmapped(f"extra_env_vars.{var}", v, env_why))
-        elif isinstance(v, list) and len(v) > 1:
-            env_knobs[var] = {"values": v, "baseline": v[0]}
-        else:
-            env_fixed[var] = v[0] if isinstance(v, list) else v
+    env_fixed, env_knobs = _env_section(env_in, first, node_steps, unmapped)
 
     if not knobs and not env_knobs:
         # a test that sweeps nothing: its own values become one-value knobs to widen
@@ -921,45 +993,11 @@ def import_scenario(
             knobs["micro_batch_size"] = {"values": [1]}
 
     # --- agent, objective, budget ---------------------------------------------------------
-    agent_name = str(run.get("agent") or test.get("agent") or "grid_search")
-    dse_agent = AGENTS.get(agent_name)
-    agent: dict[str, Any] = {"name": dse_agent or "tpe"}
-    if dse_agent is None:
-        unmapped.append(
-            Unmapped(
-                "agent",
-                agent_name,
-                f"no dse agent of that meaning (known: {sorted(AGENTS)}); tpe used",
-            )
-        )
-    elif dse_agent != "grid":
-        notes.append(f"agent {agent_name!r} is dse's {dse_agent!r}")
-    agent_cfg = run.get("agent_config") or test.get("agent_config") or {}
-    if isinstance(agent_cfg, Mapping):
-        for ak, av in agent_cfg.items():
-            if ak == "random_seed" and isinstance(av, int):
-                agent["seed"] = av
-            elif ak == "sobol_num_trials" and isinstance(av, int) and dse_agent == "gp":
-                agent["n_startup_trials"] = av
-            else:
-                unmapped.append(Unmapped(f"agent_config.{ak}", av, "no dse agent setting"))
-    metrics = run.get("agent_metrics", test.get("agent_metrics", ["default"]))
-    metric = str(metrics[0]) if metrics else "default"
-    if metric == "default":
-        metric = "step-time" if workload == "nemo" else "tflops-per-gpu"
-    obj = _METRICS.get(metric)
-    if obj is None:
-        unmapped.append(Unmapped("agent_metrics", metrics, "no dse metric; tflops_per_gpu used"))
-        obj = ("tflops_per_gpu", "maximize")
     n_configs = 1
     for spec in [*knobs.values(), *env_knobs.values()]:
         n_configs *= len(spec["values"])
-    steps_budget = run.get("agent_steps", test.get("agent_steps"))
-    budget: dict[str, Any] = {"n_trials": int(steps_budget or n_configs)}
-    tl = run.get("time_limit")
-    if isinstance(tl, str) and tl.count(":") == 2:
-        h, m, s = (int(x) for x in tl.split(":"))
-        budget["trial_timeout_s"] = float(h * 3600 + m * 60 + s)
+    default_metric = "step-time" if workload == "nemo" else "tflops-per-gpu"
+    agent, obj, budget = _agent_section(run, test, default_metric, n_configs, unmapped, notes)
 
     mounts: list[str] = []
     for holder in (test, run):
