@@ -441,6 +441,87 @@ def _recipe_layout(
         notes.append(f"the recipe's own layout and settings: {', '.join(took)} ({pick.name})")
 
 
+# --- one strategy per CloudAI workload template ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Template:
+    """What the import reads differently per CloudAI test template (its ``cmd_args`` model)."""
+
+    workload: str  #: dse's workload name
+    knob_map: Mapping[str, str]  #: cmd_args field -> dse knob
+    default_metric: str  #: CloudAI's ``agent_metrics = ["default"]`` for this template
+    gbs_field: str  #: the cmd_args field of the global batch size
+    seq_field: str  #: the cmd_args field of the sequence length
+    recipe_fields: str  #: the cmd_args field(s) that name the recipe
+
+    def read_recipe(self, args: dict[str, Any], where: str) -> tuple[Any, Any, str, Any]:
+        """(recipe, container image, task, model family) popped from ``args``."""
+        raise NotImplementedError
+
+    def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
+        """Notes on fields the test writes under an older CloudAI name."""
+        return []
+
+
+class _NeMoRunTemplate(_Template):
+    """CloudAI's ``NeMoRunCmdArgs``: NeMo 2.0 recipes through ``nemo llm TASK``."""
+
+    def read_recipe(self, args: dict[str, Any], where: str) -> tuple[Any, Any, str, Any]:
+        recipe = args.pop("recipe_name", None)
+        image = args.pop("docker_image_url", None)
+        task = str(args.pop("task", "pretrain"))
+        return recipe, image, task, None
+
+
+class _MegatronBridgeTemplate(_Template):
+    """CloudAI's ``MegatronBridgeCmdArgs``: Megatron-Bridge recipes."""
+
+    def read_recipe(self, args: dict[str, Any], where: str) -> tuple[Any, Any, str, Any]:
+        family = args.pop("model_family_name", None)
+        recipe = args.pop("model_recipe_name", None)
+        old_name, old_size = args.pop("model_name", None), args.pop("model_size", None)
+        if not recipe and old_name and old_size:
+            recipe = f"{old_name}_{old_size}"
+        family = family or (recipe_family(str(recipe)) if recipe else None)
+        image = args.pop("container_image", None)
+        task = str(args.pop("task", "pretrain"))
+        domain = args.pop("domain", None)
+        if domain not in (None, "llm"):
+            raise SpaceError(
+                f"{where}: cmd_args.domain {domain!r}: dse tunes language-model recipes "
+                "(domain llm) only"
+            )
+        return recipe, image, task, family
+
+    def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
+        return [
+            f"cmd_args.{old} is CloudAI's older name of {new}"
+            for old, new in BRIDGE_RENAMED.items()
+            if old in args and new not in args
+        ]
+
+
+_STRATEGIES: dict[str, _Template] = {
+    "nemo": _NeMoRunTemplate(
+        "nemo",
+        NEMO_RUN_KNOBS,
+        "step-time",
+        "data.global_batch_size",
+        "data.seq_length",
+        "recipe_name",
+    ),
+    "bridge": _MegatronBridgeTemplate(
+        "bridge",
+        BRIDGE_KNOBS,
+        "tflops-per-gpu",
+        "gb",
+        "seq_length",
+        "model_recipe_name / model_family_name",
+    ),
+}
+
+
 def _scenario_test(
     top: dict[str, Any],
     where: str,
@@ -603,13 +684,11 @@ def import_scenario(
             f"{where}: test_template_name {template!r}: dse launches {sorted(_WORKLOADS)} "
             "tests (Megatron training recipes) only"
         )
+    tpl = _STRATEGIES[workload]
     args = _flatten(test.get("cmd_args") or {})
     # the names and pins of the recipe as the test writes them, kept for the export
     provenance = _provenance(test, args, unmapped)
-    if workload == "bridge":
-        for old, new in BRIDGE_RENAMED.items():
-            if old in args and new not in args:
-                notes.append(f"cmd_args.{old} is CloudAI's older name of {new}")
+    notes.extend(tpl.renamed_notes(args))
     excluded = [str(x).removeprefix("cmd_args.") for x in run.get("dse_excluded_args") or []]
     excluded += [str(x).removeprefix("cmd_args.") for x in test.get("dse_excluded_args") or []]
     b = _Builder(excluded)
@@ -629,26 +708,7 @@ def import_scenario(
     launcher: dict[str, Any] = {}
     recipe_pick: RecipeDefaults | None = None
     pinned: str | None = None
-    if workload == "nemo":
-        recipe = args.pop("recipe_name", None)
-        image = args.pop("docker_image_url", None)
-        task = str(args.pop("task", "pretrain"))
-        family = None
-    else:
-        family = args.pop("model_family_name", None)
-        recipe = args.pop("model_recipe_name", None)
-        old_name, old_size = args.pop("model_name", None), args.pop("model_size", None)
-        if not recipe and old_name and old_size:
-            recipe = f"{old_name}_{old_size}"
-        family = family or (recipe_family(str(recipe)) if recipe else None)
-        image = args.pop("container_image", None)
-        task = str(args.pop("task", "pretrain"))
-        domain = args.pop("domain", None)
-        if domain not in (None, "llm"):
-            raise SpaceError(
-                f"{where}: cmd_args.domain {domain!r}: dse tunes language-model recipes "
-                "(domain llm) only"
-            )
+    recipe, image, task, family = tpl.read_recipe(args, where)
     if workload == "nemo" and task not in _NEMO_TASKS:
         # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
         unmapped.append(
@@ -658,8 +718,7 @@ def import_scenario(
     elif task not in ("pretrain", "sft", "finetune", "peft", "lora"):
         unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
     if not recipe:
-        names = "recipe_name" if workload == "nemo" else "model_recipe_name / model_family_name"
-        raise SpaceError(f"{where}: cmd_args names no recipe ({names})")
+        raise SpaceError(f"{where}: cmd_args names no recipe ({tpl.recipe_fields})")
     key = _recipe_key(str(recipe))
     if family and family != recipe_family(key):
         notes.append(
@@ -750,8 +809,8 @@ def import_scenario(
     missing = [
         f"{n} (cmd_args.{ck}, or --{n.replace('_', '-')})"
         for n, ck, v in (
-            ("global_batch_size", "data.global_batch_size" if workload == "nemo" else "gb", gbs),
-            ("seq_length", "data.seq_length" if workload == "nemo" else "seq_length", seq),
+            ("global_batch_size", tpl.gbs_field, gbs),
+            ("seq_length", tpl.seq_field, seq),
         )
         if v is None
     ]
@@ -870,7 +929,7 @@ def import_scenario(
 
     # --- knobs, fixed knobs and recipe overrides ------------------------------------------
     overrides: dict[str, Any] = {}
-    knob_map = NEMO_RUN_KNOBS if workload == "nemo" else BRIDGE_KNOBS
+    knob_map = tpl.knob_map
     old_fp8_recipe = args.pop("fp8_recipe", None) if workload == "bridge" else None
     node_steps: list[str] = []
     slurm_old: dict[str, Any] = {}
@@ -996,8 +1055,7 @@ def import_scenario(
     n_configs = 1
     for spec in [*knobs.values(), *env_knobs.values()]:
         n_configs *= len(spec["values"])
-    default_metric = "step-time" if workload == "nemo" else "tflops-per-gpu"
-    agent, obj, budget = _agent_section(run, test, default_metric, n_configs, unmapped, notes)
+    agent, obj, budget = _agent_section(run, test, tpl.default_metric, n_configs, unmapped, notes)
 
     mounts: list[str] = []
     for holder in (test, run):
