@@ -454,6 +454,7 @@ class _Template:
     gbs_field: str  #: the cmd_args field of the global batch size
     seq_field: str  #: the cmd_args field of the sequence length
     recipe_fields: str  #: the cmd_args field(s) that name the recipe
+    gpus_in_test: bool = False  #: cmd_args may carry num_gpus / gpus_per_node (older schema)
 
     def read_recipe(self, args: dict[str, Any], where: str) -> tuple[Any, Any, str, Any]:
         """(recipe, container image, task, model family) popped from ``args``."""
@@ -518,6 +519,7 @@ _STRATEGIES: dict[str, _Template] = {
         "gb",
         "seq_length",
         "model_recipe_name / model_family_name",
+        gpus_in_test=True,
     ),
 }
 
@@ -646,6 +648,84 @@ def _agent_section(
         h, m, s = (int(x) for x in tl.split(":"))
         budget["trial_timeout_s"] = float(h * 3600 + m * 60 + s)
     return agent, obj, budget
+
+
+def _resources_section(
+    tpl: _Template,
+    run: Mapping[str, Any],
+    args: dict[str, Any],
+    model: Any,
+    env_in: Mapping[str, Any],
+    sys_info: CloudAISystem | None,
+    gpus_per_node: int | None,
+    gpu_type: str | None,
+    first: Callable[[str, Any, str], Any],
+    notes: list[str],
+    where: str,
+) -> tuple[dict[str, Any], int]:
+    """The resources section (world size, GPUs per node, GPU type and memory, features) and
+    the GPUs per node; pops the fields it reads from ``args``."""
+    nodes_v = run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
+    args.pop("trainer.num_nodes", None)
+    nodes = _as_int(
+        first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
+    )
+    old_gpn = args.pop("gpus_per_node", None) if tpl.gpus_in_test else None
+    num_gpus = args.pop("num_gpus", None) if tpl.gpus_in_test else None
+    if gpus_per_node is not None:
+        gpn = gpus_per_node
+    elif old_gpn:  # the older MegatronBridge schema named it in the test
+        gpn = _as_int(old_gpn, "gpus_per_node", where)
+        if sys_info is not None and sys_info.gpus_per_node not in (None, gpn):
+            notes.append(
+                f"cmd_args.gpus_per_node {gpn} used; the system {sys_info.name!r} says "
+                f"{sys_info.gpus_per_node}"
+            )
+    elif sys_info is not None and sys_info.gpus_per_node:
+        gpn = sys_info.gpus_per_node
+        notes.append(f"{gpn} GPUs per node from the system {sys_info.name!r}")
+    elif num_gpus and nodes:
+        gpn = max(1, _as_int(num_gpus, "num_gpus", where) // nodes)
+        notes.append(f"{gpn} GPUs per node assumed (num_gpus / num_nodes); give --system")
+    else:
+        gpn = 8
+        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
+    world = _as_int(num_gpus, "num_gpus", where) if num_gpus else nodes * gpn
+    if num_gpus and nodes * gpn != world:
+        notes.append(
+            f"num_gpus {world} is not num_nodes x GPUs per node ({nodes} x {gpn}); "
+            "the world size is num_gpus"
+        )
+    resources: dict[str, Any] = {"world_size": world, "gpus_per_node": min(gpn, world)}
+    gtype = gpu_type or args.pop("gpu_type", None) or env_in.get("CLOUDAI_GPU_TYPE")
+    args.pop("gpu_type", None)
+    if not gtype and sys_info is not None:
+        gtype = sys_info.gpu_type
+    if gtype:
+        from dse.model.costmodel.throughput import DEFAULT_GPU, gpu_spec
+
+        gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
+        resources["gpu"] = gname
+        spec = gpu_spec(gname)
+        if spec is not DEFAULT_GPU:
+            resources["gpu_memory_gib"] = spec.memory_gib
+            notes.append(
+                f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
+                "memory pre-screen (an estimate)"
+            )
+        else:
+            notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
+    else:
+        notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
+    resources["device"] = "cuda"
+    # The NeMo Framework container the recipes run in ships Transformer Engine and Apex;
+    # declared, so the space validates the same on any machine (edit for another image).
+    feats = ["transformer_engine", "apex"]
+    if _model_fields(model).get("hybrid_layer_pattern"):
+        feats.append("mamba_ssm")
+    resources["features"] = feats
+    notes.append(f"features {feats} declared (the NeMo container's); edit if the image differs")
+    return resources, gpn
 
 
 def import_scenario(
@@ -866,66 +946,9 @@ def import_scenario(
     }
 
     # --- resources and where trials run -----------------------------------------------------
-    nodes_v = run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
-    args.pop("trainer.num_nodes", None)
-    nodes = _as_int(
-        first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
+    resources, gpn = _resources_section(
+        tpl, run, args, model, env_in, sys_info, gpus_per_node, gpu_type, first, notes, where
     )
-    old_gpn = args.pop("gpus_per_node", None) if workload == "bridge" else None
-    num_gpus = args.pop("num_gpus", None) if workload == "bridge" else None
-    if gpus_per_node is not None:
-        gpn = gpus_per_node
-    elif old_gpn:  # the older MegatronBridge schema named it in the test
-        gpn = _as_int(old_gpn, "gpus_per_node", where)
-        if sys_info is not None and sys_info.gpus_per_node not in (None, gpn):
-            notes.append(
-                f"cmd_args.gpus_per_node {gpn} used; the system {sys_info.name!r} says "
-                f"{sys_info.gpus_per_node}"
-            )
-    elif sys_info is not None and sys_info.gpus_per_node:
-        gpn = sys_info.gpus_per_node
-        notes.append(f"{gpn} GPUs per node from the system {sys_info.name!r}")
-    elif num_gpus and nodes:
-        gpn = max(1, _as_int(num_gpus, "num_gpus", where) // nodes)
-        notes.append(f"{gpn} GPUs per node assumed (num_gpus / num_nodes); give --system")
-    else:
-        gpn = 8
-        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
-    world = _as_int(num_gpus, "num_gpus", where) if num_gpus else nodes * gpn
-    if num_gpus and nodes * gpn != world:
-        notes.append(
-            f"num_gpus {world} is not num_nodes x GPUs per node ({nodes} x {gpn}); "
-            "the world size is num_gpus"
-        )
-    resources: dict[str, Any] = {"world_size": world, "gpus_per_node": min(gpn, world)}
-    gtype = gpu_type or args.pop("gpu_type", None) or env_in.get("CLOUDAI_GPU_TYPE")
-    args.pop("gpu_type", None)
-    if not gtype and sys_info is not None:
-        gtype = sys_info.gpu_type
-    if gtype:
-        from dse.model.costmodel.throughput import DEFAULT_GPU, gpu_spec
-
-        gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
-        resources["gpu"] = gname
-        spec = gpu_spec(gname)
-        if spec is not DEFAULT_GPU:
-            resources["gpu_memory_gib"] = spec.memory_gib
-            notes.append(
-                f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
-                "memory pre-screen (an estimate)"
-            )
-        else:
-            notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
-    else:
-        notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
-    resources["device"] = "cuda"
-    # The NeMo Framework container the recipes run in ships Transformer Engine and Apex;
-    # declared, so the space validates the same on any machine (edit for another image).
-    feats = ["transformer_engine", "apex"]
-    if _model_fields(model).get("hybrid_layer_pattern"):
-        feats.append("mamba_ssm")
-    resources["features"] = feats
-    notes.append(f"features {feats} declared (the NeMo container's); edit if the image differs")
 
     # --- knobs, fixed knobs and recipe overrides ------------------------------------------
     overrides: dict[str, Any] = {}
