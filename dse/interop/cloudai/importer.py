@@ -444,6 +444,16 @@ def _recipe_layout(
 # --- one strategy per CloudAI workload template ---------------------------------------------
 
 
+@dataclasses.dataclass
+class _ArgState:
+    """What the template-specific ``cmd_args`` fields leave for the rest of the import."""
+
+    old_fp8_recipe: Any  #: the older MegatronBridge fp8_recipe field, read with compute_dtype
+    node_steps: list[str] = dataclasses.field(default_factory=list)
+    slurm_old: dict[str, Any] = dataclasses.field(default_factory=dict)  #: account, partition
+    fsdp_on: str | None = None  #: use_megatron_fsdp true: "always" or "swept"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Template:
     """What the import reads differently per CloudAI test template (its ``cmd_args`` model)."""
@@ -463,6 +473,15 @@ class _Template:
     def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
         """Notes on fields the test writes under an older CloudAI name."""
         return []
+
+    def arg_state(self, args: dict[str, Any]) -> _ArgState:
+        """The state the template's own fields fill (pops what it reads ahead of the others)."""
+        return _ArgState(None)
+
+    def own_arg(self, b: _Builder, k: str, v: Any, sw: bool, st: _ArgState) -> bool:
+        """Reads a ``cmd_args`` field this template treats on its own (not one knob's value);
+        True when it did."""
+        return False
 
 
 class _NeMoRunTemplate(_Template):
@@ -494,6 +513,50 @@ class _MegatronBridgeTemplate(_Template):
                 "(domain llm) only"
             )
         return recipe, image, task, family
+
+    def arg_state(self, args: dict[str, Any]) -> _ArgState:
+        return _ArgState(args.pop("fp8_recipe", None))
+
+    def own_arg(self, b: _Builder, k: str, v: Any, sw: bool, st: _ArgState) -> bool:
+        ck = f"cmd_args.{k}"
+        if k == "compute_dtype":
+            _compute_dtype(b, ck, v, st.old_fp8_recipe, sw)
+            return True
+        if k == "recompute_modules":
+            _recompute_modules(b, ck, v, sw)
+            return True
+        if k == "cuda_graph_scope":
+            _cuda_graph_scope(b, ck, v, sw)
+            return True
+        if k == "use_megatron_fsdp":
+            b.add(ck, "use_megatron_fsdp", v, _as_list(v), swept=sw)
+            if True in _as_list(v):
+                st.fsdp_on = "always" if b.fixed.get("use_megatron_fsdp") is True else "swept"
+            return True
+        if k == "enable_vboost":
+            if any(bool(x) for x in _as_list(v)):
+                st.node_steps.append("vboost")
+            return True
+        if k == "use_tokendrop":
+            b.unmapped.append(
+                Unmapped(
+                    ck,
+                    v,
+                    "MoE token dropping changes which experts tokens reach (a routing "
+                    "semantic, semantics.moe_routing); set it there for the study",
+                )
+            )
+            return True
+        if k in ("account", "partition"):
+            st.slurm_old[k] = v
+            return True
+        if k in _BRIDGE_BOOKKEEPING:
+            if v not in (None, "", False):
+                b.unmapped.append(
+                    Unmapped(ck, v, "a CloudAI launcher setting, not part of a trial")
+                )
+            return True
+        return False
 
     def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
         return [
@@ -953,10 +1016,7 @@ def import_scenario(
     # --- knobs, fixed knobs and recipe overrides ------------------------------------------
     overrides: dict[str, Any] = {}
     knob_map = tpl.knob_map
-    old_fp8_recipe = args.pop("fp8_recipe", None) if workload == "bridge" else None
-    node_steps: list[str] = []
-    slurm_old: dict[str, Any] = {}
-    fsdp_on: str | None = None  # use_megatron_fsdp true: "always" or "swept"
+    st = tpl.arg_state(args)
     for k, v in args.items():
         ck = f"cmd_args.{k}"
         sw = b.swept(k, v)
@@ -964,40 +1024,7 @@ def import_scenario(
             if v:
                 unmapped.append(Unmapped(ck, "<not copied>", "a secret: give it as HF_TOKEN"))
             continue
-        if workload == "bridge" and k == "compute_dtype":
-            _compute_dtype(b, ck, v, old_fp8_recipe, sw)
-            continue
-        if workload == "bridge" and k == "recompute_modules":
-            _recompute_modules(b, ck, v, sw)
-            continue
-        if workload == "bridge" and k == "cuda_graph_scope":
-            _cuda_graph_scope(b, ck, v, sw)
-            continue
-        if workload == "bridge" and k == "use_megatron_fsdp":
-            b.add(ck, "use_megatron_fsdp", v, _as_list(v), swept=sw)
-            if True in _as_list(v):
-                fsdp_on = "always" if b.fixed.get("use_megatron_fsdp") is True else "swept"
-            continue
-        if workload == "bridge" and k == "enable_vboost":
-            if any(bool(x) for x in _as_list(v)):
-                node_steps.append("vboost")
-            continue
-        if workload == "bridge" and k == "use_tokendrop":
-            unmapped.append(
-                Unmapped(
-                    ck,
-                    v,
-                    "MoE token dropping changes which experts tokens reach (a routing "
-                    "semantic, semantics.moe_routing); set it there for the study",
-                )
-            )
-            continue
-        if workload == "bridge" and k in ("account", "partition"):
-            slurm_old[k] = v
-            continue
-        if workload == "bridge" and k in _BRIDGE_BOOKKEEPING:
-            if v not in (None, "", False):
-                unmapped.append(Unmapped(ck, v, "a CloudAI launcher setting, not part of a trial"))
+        if tpl.own_arg(b, k, v, sw, st):
             continue
         knob = knob_map.get(k)
         if knob is None:
@@ -1033,8 +1060,8 @@ def import_scenario(
         if "recompute_modules" in args:
             given.add("recompute")
         _recipe_layout(layout_of, knobs, fixed, given, resources, _is_moe(model), notes)
-    if fsdp_on:
-        _megatron_fsdp(fsdp_on, fixed, overrides, notes)
+    if st.fsdp_on:
+        _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
     if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:
         # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
         # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
@@ -1063,7 +1090,7 @@ def import_scenario(
         fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
         notes.append("attention_backend te: the recipe's Transformer Engine attention")
 
-    env_fixed, env_knobs = _env_section(env_in, first, node_steps, unmapped)
+    env_fixed, env_knobs = _env_section(env_in, first, st.node_steps, unmapped)
 
     if not knobs and not env_knobs:
         # a test that sweeps nothing: its own values become one-value knobs to widen
@@ -1084,7 +1111,7 @@ def import_scenario(
     for holder in (test, run):
         mounts += [str(x) for x in holder.get("extra_container_mounts") or [] if str(x).strip()]
     runner = _runner(
-        sys_info, slurm_old, mounts, launcher.get("container_image"), gpn, unmapped, notes
+        sys_info, st.slurm_old, mounts, launcher.get("container_image"), gpn, unmapped, notes
     )
 
     space: dict[str, Any] = {
@@ -1101,6 +1128,7 @@ def import_scenario(
         space["derived"] = derived
     if b.constraints:
         space["constraints"] = b.constraints
+    node_steps = st.node_steps
     if env_fixed or env_knobs or node_steps:
         space["env"] = {"fixed": env_fixed} if env_fixed else {}
         if env_knobs:
