@@ -483,6 +483,25 @@ class _Template:
         True when it did."""
         return False
 
+    def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
+        """A scalar ``cmd_args`` field dse has no knob for."""
+        raise NotImplementedError
+
+    def after_knob(self, k: str, v: Any, sw: bool, overrides: dict[str, Any]) -> None:
+        """After a field became a knob's value: what else the trial needs of it."""
+
+    def extra_cmd_args(
+        self, b: _Builder, test: Mapping[str, Any], overrides: dict[str, Any]
+    ) -> None:
+        """The test's ``extra_cmd_args`` (a template that has them)."""
+
+    def derived(self, fixed: dict[str, Any], is_moe: bool, notes: list[str]) -> dict[str, str]:
+        """The space's ``derived`` section: how the stack finalizes fields the trial leaves."""
+        derived: dict[str, str] = {}
+        if is_moe:
+            derived["sequence_parallel"] = "tp_gt_1"  # MoE with TP > 1 needs SP
+        return derived
+
 
 class _NeMoRunTemplate(_Template):
     """CloudAI's ``NeMoRunCmdArgs``: NeMo 2.0 recipes through ``nemo llm TASK``."""
@@ -492,6 +511,15 @@ class _NeMoRunTemplate(_Template):
         image = args.pop("docker_image_url", None)
         task = str(args.pop("task", "pretrain"))
         return recipe, image, task, None
+
+    def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
+        overrides[k] = v  # the recipe's own override syntax (NeMo-Run dotted paths)
+
+    def after_knob(self, k: str, v: Any, sw: bool, overrides: dict[str, Any]) -> None:
+        if k.startswith("trainer.plugins.fp8") and not sw:
+            # NeMo's precision plugin sets the model's FP8 fields when the trial starts (over
+            # model.config.*): the recipe keeps it as written, the knob tells dse's cost model
+            overrides[k] = v
 
 
 class _MegatronBridgeTemplate(_Template):
@@ -557,6 +585,30 @@ class _MegatronBridgeTemplate(_Template):
                 )
             return True
         return False
+
+    def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
+        b.unmapped.append(
+            Unmapped(f"cmd_args.{k}", v, "a MegatronBridge launcher argument dse has no knob for")
+        )
+
+    def extra_cmd_args(
+        self, b: _Builder, test: Mapping[str, Any], overrides: dict[str, Any]
+    ) -> None:
+        for hk, hv in (test.get("extra_cmd_args") or {}).items():
+            if hk == "mixed_precision" and str(hv) in _MIXED_PRECISION:
+                _compute_dtype(b, f"extra_cmd_args.{hk}", _MIXED_PRECISION[str(hv)], None, False)
+            else:
+                overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
+
+    def derived(self, fixed: dict[str, Any], is_moe: bool, notes: list[str]) -> dict[str, str]:
+        # Megatron-Bridge finalizes SP off at TP 1 and ETP 1 where EP > 1 (dse.space.derive)
+        fixed.setdefault("sequence_parallel", True)
+        derived = {"sequence_parallel": "bridge"}
+        if is_moe:
+            derived["expert_tensor_parallel_size"] = "bridge"
+            fixed.setdefault("moe_grouped_gemm", True)
+            notes.append("moe_grouped_gemm on: Megatron-Bridge's MoE model providers' default")
+        return derived
 
     def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
         return [
@@ -1030,12 +1082,8 @@ def import_scenario(
         if knob is None:
             if sw:
                 unmapped.append(Unmapped(ck, v, "a list over a field dse has no knob for"))
-            elif workload == "nemo":
-                overrides[k] = v  # the recipe's own override syntax (NeMo-Run dotted paths)
             else:
-                unmapped.append(
-                    Unmapped(ck, v, "a MegatronBridge launcher argument dse has no knob for")
-                )
+                tpl.unknown_arg(b, k, v, overrides)
             continue
         vals = _as_list(v)
         if knob == "virtual_pipeline_model_parallel_size":
@@ -1043,16 +1091,8 @@ def import_scenario(
         if knob == "cuda_graph_impl":
             vals = ["none" if x in (None, "", "null", "None") else str(x).lower() for x in vals]
         b.add(ck, knob, v, vals, swept=sw)
-        if workload == "nemo" and k.startswith("trainer.plugins.fp8") and not sw:
-            # NeMo's precision plugin sets the model's FP8 fields when the trial starts (over
-            # model.config.*): the recipe keeps it as written, the knob tells dse's cost model
-            overrides[k] = v
-    if workload == "bridge":
-        for hk, hv in (test.get("extra_cmd_args") or {}).items():
-            if hk == "mixed_precision" and str(hv) in _MIXED_PRECISION:
-                _compute_dtype(b, f"extra_cmd_args.{hk}", _MIXED_PRECISION[str(hv)], None, False)
-            else:
-                overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
+        tpl.after_knob(k, v, sw, overrides)
+    tpl.extra_cmd_args(b, test, overrides)
     knobs, fixed = b.knobs, b.fixed
     layout_of = recipe_pick if workload == "bridge" else nemo_pick
     if layout_of is not None:
@@ -1070,17 +1110,7 @@ def import_scenario(
         if preset is not None:
             overrides["mixed_precision"] = preset
     is_moe = _is_moe(model)
-    derived: dict[str, str] = {}
-    if workload == "bridge":
-        # Megatron-Bridge finalizes SP off at TP 1 and ETP 1 where EP > 1 (dse.space.derive)
-        fixed.setdefault("sequence_parallel", True)
-        derived["sequence_parallel"] = "bridge"
-        if is_moe:
-            derived["expert_tensor_parallel_size"] = "bridge"
-            fixed.setdefault("moe_grouped_gemm", True)
-            notes.append("moe_grouped_gemm on: Megatron-Bridge's MoE model providers' default")
-    elif is_moe:
-        derived["sequence_parallel"] = "tp_gt_1"  # MoE with TP > 1 needs SP
+    derived = tpl.derived(fixed, is_moe, notes)
     if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
         # NeMo 2.0's and Megatron-Bridge's recipes train with the distributed optimizer
         # (distributed_fused_adam_with_cosine_annealing); Megatron-Core's default is off
