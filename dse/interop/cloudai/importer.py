@@ -483,6 +483,19 @@ class _Template:
         True when it did."""
         return False
 
+    def check_task(self, task: str, unmapped: list[Unmapped]) -> str:
+        """The test's task, noted where dse knows no such training task."""
+        if task not in ("pretrain", "sft", "finetune", "peft", "lora"):
+            unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
+        return task
+
+    def pop_dense_first(self, args: dict[str, Any]) -> Any:
+        """The test's count of leading dense layers of an MoE model (a template that has it)."""
+        return None
+
+    def fp8_preset(self, fixed: Mapping[str, Any], overrides: dict[str, Any]) -> None:
+        """The recipe's own FP8 setting for a fixed FP8 knob (a template that needs one)."""
+
     def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
         """A scalar ``cmd_args`` field dse has no knob for."""
         raise NotImplementedError
@@ -511,6 +524,15 @@ class _NeMoRunTemplate(_Template):
         image = args.pop("docker_image_url", None)
         task = str(args.pop("task", "pretrain"))
         return recipe, image, task, None
+
+    def check_task(self, task: str, unmapped: list[Unmapped]) -> str:
+        if task not in _NEMO_TASKS:
+            # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
+            unmapped.append(
+                Unmapped("cmd_args.task", task, f"NeMo's CLI task is one of {list(_NEMO_TASKS)}")
+            )
+            return "pretrain"
+        return super().check_task(task, unmapped)
 
     def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
         overrides[k] = v  # the recipe's own override syntax (NeMo-Run dotted paths)
@@ -541,6 +563,20 @@ class _MegatronBridgeTemplate(_Template):
                 "(domain llm) only"
             )
         return recipe, image, task, family
+
+    def pop_dense_first(self, args: dict[str, Any]) -> Any:
+        return args.pop("first_k_dense_replace", None)
+
+    def fp8_preset(self, fixed: Mapping[str, Any], overrides: dict[str, Any]) -> None:
+        if "fp8" in fixed and "mixed_precision" not in overrides:
+            # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
+            # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
+            pair = (fixed["fp8"], fixed.get("fp8_recipe"))
+            preset = next(
+                (m for m, d in _MIXED_PRECISION.items() if COMPUTE_DTYPES[d] == pair), None
+            )
+            if preset is not None:
+                overrides["mixed_precision"] = preset
 
     def arg_state(self, args: dict[str, Any]) -> _ArgState:
         return _ArgState(args.pop("fp8_recipe", None))
@@ -904,14 +940,7 @@ def import_scenario(
     recipe_pick: RecipeDefaults | None = None
     pinned: str | None = None
     recipe, image, task, family = tpl.read_recipe(args, where)
-    if workload == "nemo" and task not in _NEMO_TASKS:
-        # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
-        unmapped.append(
-            Unmapped("cmd_args.task", task, f"NeMo's CLI task is one of {list(_NEMO_TASKS)}")
-        )
-        task = "pretrain"
-    elif task not in ("pretrain", "sft", "finetune", "peft", "lora"):
-        unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
+    task = tpl.check_task(task, unmapped)
     if not recipe:
         raise SpaceError(f"{where}: cmd_args names no recipe ({tpl.recipe_fields})")
     key = _recipe_key(str(recipe))
@@ -1031,7 +1060,7 @@ def import_scenario(
         if v != current:
             model_over[mk] = v
             notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
-    dense_first = args.pop("first_k_dense_replace", None) if workload == "bridge" else None
+    dense_first = tpl.pop_dense_first(args)
     if dense_first is not None:
         n_dense = _as_int(first("cmd_args.first_k_dense_replace", dense_first, "a model field"),
                     "first_k_dense_replace", where)  # fmt: skip
@@ -1102,13 +1131,7 @@ def import_scenario(
         _recipe_layout(layout_of, knobs, fixed, given, resources, _is_moe(model), notes)
     if st.fsdp_on:
         _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
-    if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:
-        # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
-        # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
-        pair = (fixed["fp8"], fixed.get("fp8_recipe"))
-        preset = next((m for m, d in _MIXED_PRECISION.items() if COMPUTE_DTYPES[d] == pair), None)
-        if preset is not None:
-            overrides["mixed_precision"] = preset
+    tpl.fp8_preset(fixed, overrides)
     is_moe = _is_moe(model)
     derived = tpl.derived(fixed, is_moe, notes)
     if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
