@@ -1,343 +1,45 @@
-"""CloudAI test scenarios in and out, against CloudAI's current schema.
-
-:func:`import_scenario` turns a CloudAI test scenario (or one test definition) of the NeMoRun
-or MegatronBridge workloads into a dse space. The fields are read as CloudAI's current
-``NeMoRunCmdArgs`` / ``MegatronBridgeCmdArgs`` name them (older names still read:
-:data:`BRIDGE_RENAMED`); every field dse has a knob for becomes that knob (list values:
-explored, CloudAI's implicit DSE dimensions; scalars: ``fixed``), ``compute_dtype`` and the
-FP8 plugin fields become dse's FP8 knobs (so FLOPs and the cost model see FP8), ``agent``
-maps to the dse agent of the same meaning (:data:`AGENTS`). ``extra_env_vars`` become the
-``env`` section, ``num_nodes`` / ``num_gpus`` and the system's GPUs per node the resources, the
-recipe and container the launcher settings, and an optional CloudAI system TOML
-(:func:`read_system`) the GPUs per node, partition, account, container mounts and Slurm
-options. The model comes from dse's model catalog or the example space of the recipe.
-Whatever has no dse equivalent is returned in :attr:`CloudAIImport.unmapped` with what was
-done about it, never dropped silently; what the import assumed is in
-:attr:`CloudAIImport.notes`.
-
-:func:`export_test` writes a configuration back as a CloudAI test TOML with scalar fields in
-the current names (the full recipe in ``model_family_name`` / ``model_recipe_name`` and
-``task``); knobs CloudAI names no field for travel as the recipe's own overrides
-(``extra_cmd_args`` for MegatronBridge, dotted ``cmd_args`` for NeMoRun) through the recipe
-launcher's table, and what the target cannot take is named.
-
-The mapping tables below are the one place the CloudAI field names live.
-"""
+"""CloudAI test scenario or test -> dse space (:func:`import_scenario`)."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
-import shlex
-import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from dse.core.bounds import MAX_SPACE_BYTES, read_regular_file
 from dse.core.envpolicy import env_var_problem
 from dse.core.exceptions import SpaceError
-from dse.core.safeyaml import comment
+from dse.interop.cloudai._common import (
+    _BRIDGE_BOOKKEEPING,
+    _CATALOG_ALIASES,
+    _FAMILIES,
+    _GPU_NAMES,
+    _METRICS,
+    _MIXED_PRECISION,
+    _NEMO_TASKS,
+    _OLD_FP8_RECIPES,
+    _RECIPE_RE,
+    _SEMANTICS,
+    _WORKLOADS,
+    AGENTS,
+    BRIDGE_KNOBS,
+    BRIDGE_RENAMED,
+    COMPUTE_DTYPES,
+    NEMO_RUN_KNOBS,
+    CloudAIImport,
+    CloudAISystem,
+    Unmapped,
+    _flatten,
+    _read_toml,
+)
+from dse.interop.cloudai.system import read_system
 from dse.space.catalog.bridge_recipes import RecipeDefaults
 from dse.space.catalog.nemo_recipes import NemoRecipeDefaults, nemo_recipe_defaults
 from dse.space.knobs import KNOBS, ModulesKnob, get_knob
 from dse.space.layout import PIPELINE_SPLIT_KNOBS
-
-__all__ = [
-    "CloudAIImport",
-    "CloudAISystem",
-    "Unmapped",
-    "import_scenario",
-    "read_system",
-    "export_test",
-    "dump_toml",
-    "NEMO_RUN_KNOBS",
-    "BRIDGE_KNOBS",
-    "BRIDGE_RENAMED",
-    "COMPUTE_DTYPES",
-    "AGENTS",
-    "bridge_recipe_parts",
-]
-
-# --- the mapping tables (CloudAI field -> dse) -------------------------------------------
-
-#: NeMoRun ``cmd_args`` paths that set one dse knob, value for value (CloudAI's
-#: ``NeMoRunCmdArgs``: trainer.strategy, trainer.plugins, data, optim.config): the knob
-#: catalog's ``Knob.cloudai["NeMoRun"]``.
-NEMO_RUN_KNOBS: dict[str, str] = {
-    k.cloudai["NeMoRun"]: name for name, k in KNOBS.items() if "NeMoRun" in k.cloudai
-}
-
-#: MegatronBridge ``cmd_args`` (CloudAI's ``MegatronBridgeCmdArgs``) that set one dse knob,
-#: value for value (Megatron-Bridge's perf launcher flags -tp ... --moe_a2a_overlap, which
-#: Bridge's _set_moe_a2a_overlap_overrides turns into
-#: comm_overlap.overlap_moe_expert_parallel_comm): ``Knob.cloudai["MegatronBridge"]``.
-BRIDGE_KNOBS: dict[str, str] = {
-    k.cloudai["MegatronBridge"]: name for name, k in KNOBS.items() if "MegatronBridge" in k.cloudai
-}
-
-#: MegatronBridge fields renamed by CloudAI (December 2025), still read on import: old ->
-#: current. The old ``model_name`` + ``model_size`` together name the recipe
-#: (``qwen3`` + ``30b_a3b`` -> ``qwen3_30b_a3b``).
-BRIDGE_RENAMED: dict[str, str] = {
-    "model_name": "model_family_name",
-    "model_size": "model_recipe_name",
-}
-
-#: MegatronBridge ``compute_dtype`` -> dse's FP8 knobs (fp8, fp8_recipe), as Megatron-Bridge's
-#: perf scripts' get_precision_config picks the MixedPrecisionConfig preset:
-#: fp8_cs bf16_with_fp8_current_scaling_mixed, fp8_mx bf16_with_mxfp8_mixed, fp8_sc
-#: bf16_with_fp8_subchannel_scaling_mixed, fp8_ds (older ``fp8`` + ``fp8_recipe = "ds"``)
-#: bf16_with_fp8_delayed_scaling_mixed.
-COMPUTE_DTYPES: dict[str, tuple[str | None, str | None]] = {
-    "bf16": (None, None),
-    "fp8_cs": ("hybrid", "tensorwise"),
-    "fp8_mx": ("e4m3", "mxfp8"),
-    "fp8_sc": ("hybrid", "blockwise"),
-    "fp8_ds": ("hybrid", "delayed"),
-}
-#: Older MegatronBridge ``compute_dtype = "fp8"`` with ``fp8_recipe`` (ds/cs/mx/ss).
-_OLD_FP8_RECIPES = {"ds": "fp8_ds", "cs": "fp8_cs", "mx": "fp8_mx", "ss": "fp8_sc"}
-#: Megatron-Bridge mixed_precision preset names (a launcher override) -> compute_dtype.
-_MIXED_PRECISION = {
-    "bf16_mixed": "bf16",
-    "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
-    "bf16_with_mxfp8_mixed": "fp8_mx",
-    "bf16_with_fp8_subchannel_scaling_mixed": "fp8_sc",
-    "bf16_with_fp8_delayed_scaling_mixed": "fp8_ds",
-    "bf16_with_fp8_mixed": "fp8_ds",
-}
-
-#: Training semantics (never knobs): CloudAI field -> ``semantics`` field.
-_SEMANTICS = {
-    "nemo": {
-        "data.global_batch_size": "global_batch_size",
-        "data.seq_length": "seq_length",
-        "trainer.max_steps": "steps",
-    },
-    "bridge": {"gb": "global_batch_size", "seq_length": "seq_length", "max_steps": "steps"},
-}
-
-#: MegatronBridge fields that are CloudAI's or the launcher's bookkeeping, not part of what a
-#: trial trains (listed as not mapped when set, with this reason).
-_BRIDGE_BOOKKEEPING = {
-    "log_dir", "dryrun", "enable_nsys", "save_config_filepath", "max_retries", "nemo_home",
-    "wandb_key", "wandb_project_name", "wandb_entity_name", "wandb_experiment_name",
-    "wandb_save_dir", "pytorch_profiler", "profiling_start_step", "profiling_stop_step",
-    "record_memory_history", "profiling_gpu_metrics", "profiling_ranks", "nsys_trace",
-    "nsys_extra_args", "list_config_variants", "config_variant", "use_recipes",
-    "venv_path", "megatron_bridge_dir", "pretrained_checkpoint", "save_dir", "load_dir",
-    "save_interval", "most_recent_k",
-}  # fmt: skip
-
-
-#: CloudAI agents -> dse agents by meaning (CloudAI's own registry ships grid_search; the
-#: others are the plug-in agents' names: bo_gp a Bayesian optimisation with a Gaussian
-#: process, ga a genetic algorithm).
-AGENTS: dict[str, str] = {
-    "grid_search": "grid",
-    "bo_gp": "gp",
-    "bo": "gp",
-    "bayesian_optimization": "gp",
-    "random": "random",
-    "random_search": "random",
-    "ga": "nsga2",
-    "genetic_algorithm": "nsga2",
-    "tpe": "tpe",
-}
-
-#: CloudAI ``gpu_type`` -> the GPU name dse's cost model knows.
-_GPU_NAMES = {
-    "h100": "NVIDIA H100 80GB HBM3",
-    "h200": "NVIDIA H200",
-    "b200": "NVIDIA B200",
-    "gb200": "NVIDIA GB200",
-    "gb300": "NVIDIA GB300",
-}
-
-#: CloudAI agent metrics -> dse objective (NeMoRun "default" is the step time).
-_METRICS = {
-    "step-time": ("step_time_s", "minimize"),
-    "iteration-time": ("step_time_s", "minimize"),
-    "tflops-per-gpu": ("tflops_per_gpu", "maximize"),
-}
-
-_WORKLOADS = {"NeMoRun": "nemo", "MegatronBridge": "bridge"}
-#: NeMoRun ``task`` values: CloudAI's run script calls llm.pretrain or llm.finetune
-#: (cloudai_nemorun.py); dse's NeMo launcher runs ``nemo llm TASK``.
-_NEMO_TASKS = ("pretrain", "finetune")
-_TEMPLATES = {v: k for k, v in _WORKLOADS.items()}
-
-#: Recipe names (CloudAI's / Bridge's) -> dse catalog entries where the names differ.
-_CATALOG_ALIASES = {
-    "llama31_405b": "llama3_405b",
-    "llama3_1_405b": "llama3_405b",
-    "nemotron_15b": "nemotron4_15b",
-    "nemotron_340b": "nemotron4_340b",
-    "nemotron_3_nano": "nemotron_3_nano_30b_a3b",
-    "nemotron3_nano": "nemotron_3_nano_30b_a3b",
-    "deepseekv3": "deepseek_v3",
-    "qwen3_30b": "qwen3_30b_a3b",
-}
-
-#: Megatron-Bridge recipe families (``recipes/<family>/``, the perf launcher's
-#: --model_family_name), by the recipe's first words, most specific first.
-_FAMILIES = (
-    ("nemotron_omni", "nemotron_omni"),
-    ("nemotron_3_nano", "nemotronh"),
-    ("nemotron_nano", "nemotronh"),
-    ("nemotronh", "nemotronh"),
-    ("nemotron", "nemotron"),
-    ("llama", "llama"),
-    ("qwen", "qwen"),
-    ("deepseek", "deepseek"),
-    ("gpt_oss", "gpt_oss"),
-    ("kimi", "kimi"),
-    ("mixtral", "mixtral"),
-    ("gemma", "gemma"),
-)
-
-#: A Bridge recipe function name: <recipe>_<task>[_<N>gpu][_<gpu>][_<dtype>][_<variant>]_config
-#: (a performance recipe writes its dtype without the underscore: fp8cs, fp8mx).
-_RECIPE_RE = re.compile(
-    r"^(?P<stem>.+?)_(?P<task>pretrain|sft|finetune|peft|lora)"
-    r"(?:_(?P<gpus>\d+)gpu)?(?:_(?P<gpu>[hb]\d+|gb\d+|vr\d+))?"
-    r"(?:_(?P<dtype>bf16|fp8_cs|fp8_mx|fp8_sc|fp8_ds|nvfp4|fp8cs|fp8mx|fp8sc|fp8))?"
-    r"(?:_(?P<variant>[a-z0-9_]+?))?_config$"
-)
-
-
-@dataclass(frozen=True)
-class Unmapped:
-    """A CloudAI field dse has no equivalent for, and what the import did about it."""
-
-    key: str
-    value: Any
-    why: str
-
-
-@dataclass
-class CloudAIImport:
-    """The space a CloudAI scenario became, what could not be mapped, what was assumed."""
-
-    space: dict[str, Any]
-    unmapped: list[Unmapped] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_yaml(self, source: str) -> str:
-        """The space file, headed by comments that list every unmapped field.
-
-        The header's text comes from the scenario (a refused variable's name, a file name):
-        each line is written by :func:`~dse.core.safeyaml.comment`, so no part of it can
-        end the comment and become YAML.
-        """
-        head = [f"Imported by `dse cloudai import` from the CloudAI scenario {source}."]
-        head += [f"note: {n}" for n in self.notes]
-        if self.unmapped:
-            head.append("Not mapped (no dse equivalent):")
-            head += [f"  {u.key} = {u.value!r}: {u.why}" for u in self.unmapped]
-        lines = [comment(h) for h in head]
-        return "\n".join(lines) + "\n" + yaml.safe_dump(self.space, sort_keys=False)
-
-
-@dataclass(frozen=True)
-class CloudAISystem:
-    """What dse takes from a CloudAI system TOML (``SlurmSystem`` fields)."""
-
-    name: str
-    scheduler: str
-    gpus_per_node: int | None = None
-    partition: str | None = None
-    account: str | None = None
-    sbatch_args: tuple[str, ...] = ()
-    srun_args: tuple[str, ...] = ()
-    container_mount_home: bool = False
-    env: tuple[tuple[str, str], ...] = ()
-    gpu_type: str | None = None
-
-
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:  # a CloudAI file is a few KiB, as a space file is
-        raw = read_regular_file(path, MAX_SPACE_BYTES)
-        return tomllib.loads(raw.decode("utf-8"))
-    except OSError as e:
-        raise SpaceError(f"{path}: cannot read the CloudAI file ({e.strerror})") from e
-    except UnicodeDecodeError as e:
-        raise SpaceError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SpaceError(f"{path}: not valid TOML: {e}") from e
-    except ValueError as e:  # read_regular_file: a device, a FIFO, too large
-        raise SpaceError(f"{path}: {e}; a CloudAI file is a TOML file") from None
-
-
-def read_system(path: str | Path) -> CloudAISystem:
-    """The parts of a CloudAI system TOML a dse space uses.
-
-    Raises:
-        SpaceError: unreadable TOML or a field of the wrong type, naming the file and field.
-    """
-    src = Path(path)
-    data = _read_toml(src)
-    where = str(src)
-    if "scheduler" not in data:
-        raise SpaceError(f"{where}: not a CloudAI system TOML (no scheduler field)")
-
-    def opt_int(key: str) -> int | None:
-        v = data.get(key)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpaceError(f"{where}: {key} must be a positive integer, got {v!r}")
-        return v
-
-    def opt_str(key: str) -> str | None:
-        v = data.get(key)
-        if v is None or v == "":
-            return None
-        if not isinstance(v, str):
-            raise SpaceError(f"{where}: {key} must be a string, got {v!r}")
-        return v
-
-    sbatch = data.get("extra_sbatch_args") or []
-    if not isinstance(sbatch, list) or not all(isinstance(x, str) for x in sbatch):
-        raise SpaceError(f"{where}: extra_sbatch_args must be a list of strings")
-    srun = opt_str("extra_srun_args")
-    try:
-        srun_args = tuple(shlex.split(srun)) if srun else ()
-    except ValueError as e:  # shlex: "No closing quotation", "No escaped character"
-        raise SpaceError(
-            f"{where}: extra_srun_args is not a command line ({str(e).lower()}): {srun!r}"
-        ) from None
-    env = data.get("global_env_vars") or {}
-    if not isinstance(env, Mapping):
-        raise SpaceError(f"{where}: global_env_vars must be a table")
-    return CloudAISystem(
-        name=str(data.get("name") or src.stem),
-        scheduler=str(data["scheduler"]),
-        gpus_per_node=opt_int("gpus_per_node"),
-        partition=opt_str("default_partition"),
-        account=opt_str("account"),
-        sbatch_args=tuple(sbatch),
-        srun_args=srun_args,
-        container_mount_home=bool(data.get("container_mount_home", False)),
-        env=tuple((str(k), str(v)) for k, v in env.items()),
-        gpu_type=opt_str("gpu_type"),
-    )
 
 
 def _find_test(name: str, tests_dir: Path | None, where: str) -> dict[str, Any]:
@@ -739,34 +441,249 @@ def _recipe_layout(
         notes.append(f"the recipe's own layout and settings: {', '.join(took)} ({pick.name})")
 
 
-def import_scenario(
-    path: str | Path,
-    *,
-    tests_dir: str | Path | None = None,
-    test_id: str | None = None,
-    gpus_per_node: int | None = None,
-    model_from: str | Path | None = None,
-    catalog: str | Path | None = None,
-    system: str | Path | CloudAISystem | None = None,
-    gpu_type: str | None = None,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-) -> CloudAIImport:
-    """A CloudAI scenario (or test definition) TOML as a dse space mapping.
+# --- one strategy per CloudAI workload template ---------------------------------------------
 
-    ``system``: a CloudAI system TOML (or one read with :func:`read_system`) for the GPUs per
-    node, partition, account and Slurm options; ``gpu_type`` overrides the test's GPU type;
-    ``seq_length`` / ``global_batch_size`` stand in for what the test leaves to the recipe.
 
-    Raises:
-        SpaceError: unreadable TOML, a workload dse cannot launch, a missing test
-            definition or model, naming the file and the field.
-    """
-    src = Path(path)
-    where = str(src)
-    top = _read_toml(src)
-    unmapped: list[Unmapped] = []
-    notes: list[str] = []
+@dataclasses.dataclass
+class _ArgState:
+    """What the template-specific ``cmd_args`` fields leave for the rest of the import."""
+
+    old_fp8_recipe: Any  #: the older MegatronBridge fp8_recipe field, read with compute_dtype
+    node_steps: list[str] = dataclasses.field(default_factory=list)
+    slurm_old: dict[str, Any] = dataclasses.field(default_factory=dict)  #: account, partition
+    fsdp_on: str | None = None  #: use_megatron_fsdp true: "always" or "swept"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Template:
+    """What the import reads differently per CloudAI test template (its ``cmd_args`` model)."""
+
+    workload: str  #: dse's workload name
+    knob_map: Mapping[str, str]  #: cmd_args field -> dse knob
+    default_metric: str  #: CloudAI's ``agent_metrics = ["default"]`` for this template
+    gbs_field: str  #: the cmd_args field of the global batch size
+    seq_field: str  #: the cmd_args field of the sequence length
+    recipe_fields: str  #: the cmd_args field(s) that name the recipe
+    gpus_in_test: bool = False  #: cmd_args may carry num_gpus / gpus_per_node (older schema)
+
+    def read_recipe(self, args: dict[str, Any], where: str) -> tuple[Any, Any, str, Any]:
+        """(recipe, container image, task, model family) popped from ``args``."""
+        raise NotImplementedError
+
+    def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
+        """Notes on fields the test writes under an older CloudAI name."""
+        return []
+
+    def arg_state(self, args: dict[str, Any]) -> _ArgState:
+        """The state the template's own fields fill (pops what it reads ahead of the others)."""
+        return _ArgState(None)
+
+    def own_arg(self, b: _Builder, k: str, v: Any, sw: bool, st: _ArgState) -> bool:
+        """Reads a ``cmd_args`` field this template treats on its own (not one knob's value);
+        True when it did."""
+        return False
+
+    def check_task(self, task: str, unmapped: list[Unmapped]) -> str:
+        """The test's task, noted where dse knows no such training task."""
+        if task not in ("pretrain", "sft", "finetune", "peft", "lora"):
+            unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
+        return task
+
+    def pop_dense_first(self, args: dict[str, Any]) -> Any:
+        """The test's count of leading dense layers of an MoE model (a template that has it)."""
+        return None
+
+    def fp8_preset(self, fixed: Mapping[str, Any], overrides: dict[str, Any]) -> None:
+        """The recipe's own FP8 setting for a fixed FP8 knob (a template that needs one)."""
+
+    def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
+        """A scalar ``cmd_args`` field dse has no knob for."""
+        raise NotImplementedError
+
+    def after_knob(self, k: str, v: Any, sw: bool, overrides: dict[str, Any]) -> None:
+        """After a field became a knob's value: what else the trial needs of it."""
+
+    def extra_cmd_args(
+        self, b: _Builder, test: Mapping[str, Any], overrides: dict[str, Any]
+    ) -> None:
+        """The test's ``extra_cmd_args`` (a template that has them)."""
+
+    def derived(self, fixed: dict[str, Any], is_moe: bool, notes: list[str]) -> dict[str, str]:
+        """The space's ``derived`` section: how the stack finalizes fields the trial leaves."""
+        derived: dict[str, str] = {}
+        if is_moe:
+            derived["sequence_parallel"] = "tp_gt_1"  # MoE with TP > 1 needs SP
+        return derived
+
+
+class _NeMoRunTemplate(_Template):
+    """CloudAI's ``NeMoRunCmdArgs``: NeMo 2.0 recipes through ``nemo llm TASK``."""
+
+    def read_recipe(self, args: dict[str, Any], where: str) -> tuple[Any, Any, str, Any]:
+        recipe = args.pop("recipe_name", None)
+        image = args.pop("docker_image_url", None)
+        task = str(args.pop("task", "pretrain"))
+        return recipe, image, task, None
+
+    def check_task(self, task: str, unmapped: list[Unmapped]) -> str:
+        if task not in _NEMO_TASKS:
+            # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
+            unmapped.append(
+                Unmapped("cmd_args.task", task, f"NeMo's CLI task is one of {list(_NEMO_TASKS)}")
+            )
+            return "pretrain"
+        return super().check_task(task, unmapped)
+
+    def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
+        overrides[k] = v  # the recipe's own override syntax (NeMo-Run dotted paths)
+
+    def after_knob(self, k: str, v: Any, sw: bool, overrides: dict[str, Any]) -> None:
+        if k.startswith("trainer.plugins.fp8") and not sw:
+            # NeMo's precision plugin sets the model's FP8 fields when the trial starts (over
+            # model.config.*): the recipe keeps it as written, the knob tells dse's cost model
+            overrides[k] = v
+
+
+class _MegatronBridgeTemplate(_Template):
+    """CloudAI's ``MegatronBridgeCmdArgs``: Megatron-Bridge recipes."""
+
+    def read_recipe(self, args: dict[str, Any], where: str) -> tuple[Any, Any, str, Any]:
+        family = args.pop("model_family_name", None)
+        recipe = args.pop("model_recipe_name", None)
+        old_name, old_size = args.pop("model_name", None), args.pop("model_size", None)
+        if not recipe and old_name and old_size:
+            recipe = f"{old_name}_{old_size}"
+        family = family or (recipe_family(str(recipe)) if recipe else None)
+        image = args.pop("container_image", None)
+        task = str(args.pop("task", "pretrain"))
+        domain = args.pop("domain", None)
+        if domain not in (None, "llm"):
+            raise SpaceError(
+                f"{where}: cmd_args.domain {domain!r}: dse tunes language-model recipes "
+                "(domain llm) only"
+            )
+        return recipe, image, task, family
+
+    def pop_dense_first(self, args: dict[str, Any]) -> Any:
+        return args.pop("first_k_dense_replace", None)
+
+    def fp8_preset(self, fixed: Mapping[str, Any], overrides: dict[str, Any]) -> None:
+        if "fp8" in fixed and "mixed_precision" not in overrides:
+            # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
+            # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
+            pair = (fixed["fp8"], fixed.get("fp8_recipe"))
+            preset = next(
+                (m for m, d in _MIXED_PRECISION.items() if COMPUTE_DTYPES[d] == pair), None
+            )
+            if preset is not None:
+                overrides["mixed_precision"] = preset
+
+    def arg_state(self, args: dict[str, Any]) -> _ArgState:
+        return _ArgState(args.pop("fp8_recipe", None))
+
+    def own_arg(self, b: _Builder, k: str, v: Any, sw: bool, st: _ArgState) -> bool:
+        ck = f"cmd_args.{k}"
+        if k == "compute_dtype":
+            _compute_dtype(b, ck, v, st.old_fp8_recipe, sw)
+            return True
+        if k == "recompute_modules":
+            _recompute_modules(b, ck, v, sw)
+            return True
+        if k == "cuda_graph_scope":
+            _cuda_graph_scope(b, ck, v, sw)
+            return True
+        if k == "use_megatron_fsdp":
+            b.add(ck, "use_megatron_fsdp", v, _as_list(v), swept=sw)
+            if True in _as_list(v):
+                st.fsdp_on = "always" if b.fixed.get("use_megatron_fsdp") is True else "swept"
+            return True
+        if k == "enable_vboost":
+            if any(bool(x) for x in _as_list(v)):
+                st.node_steps.append("vboost")
+            return True
+        if k == "use_tokendrop":
+            b.unmapped.append(
+                Unmapped(
+                    ck,
+                    v,
+                    "MoE token dropping changes which experts tokens reach (a routing "
+                    "semantic, semantics.moe_routing); set it there for the study",
+                )
+            )
+            return True
+        if k in ("account", "partition"):
+            st.slurm_old[k] = v
+            return True
+        if k in _BRIDGE_BOOKKEEPING:
+            if v not in (None, "", False):
+                b.unmapped.append(
+                    Unmapped(ck, v, "a CloudAI launcher setting, not part of a trial")
+                )
+            return True
+        return False
+
+    def unknown_arg(self, b: _Builder, k: str, v: Any, overrides: dict[str, Any]) -> None:
+        b.unmapped.append(
+            Unmapped(f"cmd_args.{k}", v, "a MegatronBridge launcher argument dse has no knob for")
+        )
+
+    def extra_cmd_args(
+        self, b: _Builder, test: Mapping[str, Any], overrides: dict[str, Any]
+    ) -> None:
+        for hk, hv in (test.get("extra_cmd_args") or {}).items():
+            if hk == "mixed_precision" and str(hv) in _MIXED_PRECISION:
+                _compute_dtype(b, f"extra_cmd_args.{hk}", _MIXED_PRECISION[str(hv)], None, False)
+            else:
+                overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
+
+    def derived(self, fixed: dict[str, Any], is_moe: bool, notes: list[str]) -> dict[str, str]:
+        # Megatron-Bridge finalizes SP off at TP 1 and ETP 1 where EP > 1 (dse.space.derive)
+        fixed.setdefault("sequence_parallel", True)
+        derived = {"sequence_parallel": "bridge"}
+        if is_moe:
+            derived["expert_tensor_parallel_size"] = "bridge"
+            fixed.setdefault("moe_grouped_gemm", True)
+            notes.append("moe_grouped_gemm on: Megatron-Bridge's MoE model providers' default")
+        return derived
+
+    def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
+        return [
+            f"cmd_args.{old} is CloudAI's older name of {new}"
+            for old, new in BRIDGE_RENAMED.items()
+            if old in args and new not in args
+        ]
+
+
+_STRATEGIES: dict[str, _Template] = {
+    "nemo": _NeMoRunTemplate(
+        "nemo",
+        NEMO_RUN_KNOBS,
+        "step-time",
+        "data.global_batch_size",
+        "data.seq_length",
+        "recipe_name",
+    ),
+    "bridge": _MegatronBridgeTemplate(
+        "bridge",
+        BRIDGE_KNOBS,
+        "tflops-per-gpu",
+        "gb",
+        "seq_length",
+        "model_recipe_name / model_family_name",
+        gpus_in_test=True,
+    ),
+}
+
+
+def _scenario_test(
+    top: dict[str, Any],
+    where: str,
+    test_id: str | None,
+    tests_dir: str | Path | None,
+    unmapped: list[Unmapped],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scenario's run entry and the test it runs (a test file on its own: no run entry);
+    the scenario's other tests are unmapped (one study per space)."""
     run: dict[str, Any] = {}
     if "test_template_name" in top and "Tests" not in top:  # a test definition on its own
         test = top
@@ -802,6 +719,195 @@ def import_scenario(
                 merged = _flatten(test.get(k, {}))
                 merged.update(_flatten(run[k]))
                 test = {**test, k: merged}
+    return run, test
+
+
+def _env_section(
+    env_in: dict[str, Any],
+    first: Callable[[str, Any, str], Any],
+    node_steps: list[str],
+    unmapped: list[Unmapped],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``extra_env_vars`` as the env section's fixed variables and variable knobs."""
+    env_fixed: dict[str, Any] = {}
+    env_knobs: dict[str, Any] = {}
+    for var, v in env_in.items():
+        if var == "ENABLE_VBOOST":  # CloudAI's generic Slurm vboost step
+            if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
+                node_steps.append("vboost")
+            continue
+        env_why = env_var_problem(var)
+        if var.startswith("CLOUDAI_") and var != "CLOUDAI_GPU_TYPE" and not env_why:
+            env_why = (
+                "read by CloudAI's own recipe factories (cloudai_nemorun.py), which dse does "
+                "not run"
+            )
+        if var == "CLOUDAI_GPU_TYPE":
+            continue  # resources.gpu
+        if env_why:
+            unmapped.append(Unmapped(f"extra_env_vars.{var}", v, env_why))
+        elif isinstance(v, list) and len(v) > 1:
+            env_knobs[var] = {"values": v, "baseline": v[0]}
+        else:
+            env_fixed[var] = v[0] if isinstance(v, list) else v
+    return env_fixed, env_knobs
+
+
+def _agent_section(
+    run: Mapping[str, Any],
+    test: Mapping[str, Any],
+    default_metric: str,
+    n_configs: int,
+    unmapped: list[Unmapped],
+    notes: list[str],
+) -> tuple[dict[str, Any], tuple[str, str], dict[str, Any]]:
+    """The agent, objective and budget of the space: (agent, (metric, direction), budget)."""
+    agent_name = str(run.get("agent") or test.get("agent") or "grid_search")
+    dse_agent = AGENTS.get(agent_name)
+    agent: dict[str, Any] = {"name": dse_agent or "tpe"}
+    if dse_agent is None:
+        unmapped.append(
+            Unmapped(
+                "agent",
+                agent_name,
+                f"no dse agent of that meaning (known: {sorted(AGENTS)}); tpe used",
+            )
+        )
+    elif dse_agent != "grid":
+        notes.append(f"agent {agent_name!r} is dse's {dse_agent!r}")
+    agent_cfg = run.get("agent_config") or test.get("agent_config") or {}
+    if isinstance(agent_cfg, Mapping):
+        for ak, av in agent_cfg.items():
+            if ak == "random_seed" and isinstance(av, int):
+                agent["seed"] = av
+            elif ak == "sobol_num_trials" and isinstance(av, int) and dse_agent == "gp":
+                agent["n_startup_trials"] = av
+            else:
+                unmapped.append(Unmapped(f"agent_config.{ak}", av, "no dse agent setting"))
+    metrics = run.get("agent_metrics", test.get("agent_metrics", ["default"]))
+    metric = str(metrics[0]) if metrics else "default"
+    if metric == "default":
+        metric = default_metric
+    obj = _METRICS.get(metric)
+    if obj is None:
+        unmapped.append(Unmapped("agent_metrics", metrics, "no dse metric; tflops_per_gpu used"))
+        obj = ("tflops_per_gpu", "maximize")
+    steps_budget = run.get("agent_steps", test.get("agent_steps"))
+    budget: dict[str, Any] = {"n_trials": int(steps_budget or n_configs)}
+    tl = run.get("time_limit")
+    if isinstance(tl, str) and tl.count(":") == 2:
+        h, m, s = (int(x) for x in tl.split(":"))
+        budget["trial_timeout_s"] = float(h * 3600 + m * 60 + s)
+    return agent, obj, budget
+
+
+def _resources_section(
+    tpl: _Template,
+    run: Mapping[str, Any],
+    args: dict[str, Any],
+    model: Any,
+    env_in: Mapping[str, Any],
+    sys_info: CloudAISystem | None,
+    gpus_per_node: int | None,
+    gpu_type: str | None,
+    first: Callable[[str, Any, str], Any],
+    notes: list[str],
+    where: str,
+) -> tuple[dict[str, Any], int]:
+    """The resources section (world size, GPUs per node, GPU type and memory, features) and
+    the GPUs per node; pops the fields it reads from ``args``."""
+    nodes_v = run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
+    args.pop("trainer.num_nodes", None)
+    nodes = _as_int(
+        first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
+    )
+    old_gpn = args.pop("gpus_per_node", None) if tpl.gpus_in_test else None
+    num_gpus = args.pop("num_gpus", None) if tpl.gpus_in_test else None
+    if gpus_per_node is not None:
+        gpn = gpus_per_node
+    elif old_gpn:  # the older MegatronBridge schema named it in the test
+        gpn = _as_int(old_gpn, "gpus_per_node", where)
+        if sys_info is not None and sys_info.gpus_per_node not in (None, gpn):
+            notes.append(
+                f"cmd_args.gpus_per_node {gpn} used; the system {sys_info.name!r} says "
+                f"{sys_info.gpus_per_node}"
+            )
+    elif sys_info is not None and sys_info.gpus_per_node:
+        gpn = sys_info.gpus_per_node
+        notes.append(f"{gpn} GPUs per node from the system {sys_info.name!r}")
+    elif num_gpus and nodes:
+        gpn = max(1, _as_int(num_gpus, "num_gpus", where) // nodes)
+        notes.append(f"{gpn} GPUs per node assumed (num_gpus / num_nodes); give --system")
+    else:
+        gpn = 8
+        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
+    world = _as_int(num_gpus, "num_gpus", where) if num_gpus else nodes * gpn
+    if num_gpus and nodes * gpn != world:
+        notes.append(
+            f"num_gpus {world} is not num_nodes x GPUs per node ({nodes} x {gpn}); "
+            "the world size is num_gpus"
+        )
+    resources: dict[str, Any] = {"world_size": world, "gpus_per_node": min(gpn, world)}
+    gtype = gpu_type or args.pop("gpu_type", None) or env_in.get("CLOUDAI_GPU_TYPE")
+    args.pop("gpu_type", None)
+    if not gtype and sys_info is not None:
+        gtype = sys_info.gpu_type
+    if gtype:
+        from dse.model.costmodel.throughput import DEFAULT_GPU, gpu_spec
+
+        gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
+        resources["gpu"] = gname
+        spec = gpu_spec(gname)
+        if spec is not DEFAULT_GPU:
+            resources["gpu_memory_gib"] = spec.memory_gib
+            notes.append(
+                f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
+                "memory pre-screen (an estimate)"
+            )
+        else:
+            notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
+    else:
+        notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
+    resources["device"] = "cuda"
+    # The NeMo Framework container the recipes run in ships Transformer Engine and Apex;
+    # declared, so the space validates the same on any machine (edit for another image).
+    feats = ["transformer_engine", "apex"]
+    if _model_fields(model).get("hybrid_layer_pattern"):
+        feats.append("mamba_ssm")
+    resources["features"] = feats
+    notes.append(f"features {feats} declared (the NeMo container's); edit if the image differs")
+    return resources, gpn
+
+
+def import_scenario(
+    path: str | Path,
+    *,
+    tests_dir: str | Path | None = None,
+    test_id: str | None = None,
+    gpus_per_node: int | None = None,
+    model_from: str | Path | None = None,
+    catalog: str | Path | None = None,
+    system: str | Path | CloudAISystem | None = None,
+    gpu_type: str | None = None,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+) -> CloudAIImport:
+    """A CloudAI scenario (or test definition) TOML as a dse space mapping.
+
+    ``system``: a CloudAI system TOML (or one read with :func:`read_system`) for the GPUs per
+    node, partition, account and Slurm options; ``gpu_type`` overrides the test's GPU type;
+    ``seq_length`` / ``global_batch_size`` stand in for what the test leaves to the recipe.
+
+    Raises:
+        SpaceError: unreadable TOML, a workload dse cannot launch, a missing test
+            definition or model, naming the file and the field.
+    """
+    src = Path(path)
+    where = str(src)
+    top = _read_toml(src)
+    unmapped: list[Unmapped] = []
+    notes: list[str] = []
+    run, test = _scenario_test(top, where, test_id, tests_dir, unmapped)
     template = test.get("test_template_name")
     workload = _WORKLOADS.get(str(template))
     if workload is None:
@@ -809,13 +915,11 @@ def import_scenario(
             f"{where}: test_template_name {template!r}: dse launches {sorted(_WORKLOADS)} "
             "tests (Megatron training recipes) only"
         )
+    tpl = _STRATEGIES[workload]
     args = _flatten(test.get("cmd_args") or {})
     # the names and pins of the recipe as the test writes them, kept for the export
     provenance = _provenance(test, args, unmapped)
-    if workload == "bridge":
-        for old, new in BRIDGE_RENAMED.items():
-            if old in args and new not in args:
-                notes.append(f"cmd_args.{old} is CloudAI's older name of {new}")
+    notes.extend(tpl.renamed_notes(args))
     excluded = [str(x).removeprefix("cmd_args.") for x in run.get("dse_excluded_args") or []]
     excluded += [str(x).removeprefix("cmd_args.") for x in test.get("dse_excluded_args") or []]
     b = _Builder(excluded)
@@ -835,37 +939,10 @@ def import_scenario(
     launcher: dict[str, Any] = {}
     recipe_pick: RecipeDefaults | None = None
     pinned: str | None = None
-    if workload == "nemo":
-        recipe = args.pop("recipe_name", None)
-        image = args.pop("docker_image_url", None)
-        task = str(args.pop("task", "pretrain"))
-        family = None
-    else:
-        family = args.pop("model_family_name", None)
-        recipe = args.pop("model_recipe_name", None)
-        old_name, old_size = args.pop("model_name", None), args.pop("model_size", None)
-        if not recipe and old_name and old_size:
-            recipe = f"{old_name}_{old_size}"
-        family = family or (recipe_family(str(recipe)) if recipe else None)
-        image = args.pop("container_image", None)
-        task = str(args.pop("task", "pretrain"))
-        domain = args.pop("domain", None)
-        if domain not in (None, "llm"):
-            raise SpaceError(
-                f"{where}: cmd_args.domain {domain!r}: dse tunes language-model recipes "
-                "(domain llm) only"
-            )
-    if workload == "nemo" and task not in _NEMO_TASKS:
-        # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
-        unmapped.append(
-            Unmapped("cmd_args.task", task, f"NeMo's CLI task is one of {list(_NEMO_TASKS)}")
-        )
-        task = "pretrain"
-    elif task not in ("pretrain", "sft", "finetune", "peft", "lora"):
-        unmapped.append(Unmapped("cmd_args.task", task, "not a training task dse knows"))
+    recipe, image, task, family = tpl.read_recipe(args, where)
+    task = tpl.check_task(task, unmapped)
     if not recipe:
-        names = "recipe_name" if workload == "nemo" else "model_recipe_name / model_family_name"
-        raise SpaceError(f"{where}: cmd_args names no recipe ({names})")
+        raise SpaceError(f"{where}: cmd_args names no recipe ({tpl.recipe_fields})")
     key = _recipe_key(str(recipe))
     if family and family != recipe_family(key):
         notes.append(
@@ -956,8 +1033,8 @@ def import_scenario(
     missing = [
         f"{n} (cmd_args.{ck}, or --{n.replace('_', '-')})"
         for n, ck, v in (
-            ("global_batch_size", "data.global_batch_size" if workload == "nemo" else "gb", gbs),
-            ("seq_length", "data.seq_length" if workload == "nemo" else "seq_length", seq),
+            ("global_batch_size", tpl.gbs_field, gbs),
+            ("seq_length", tpl.seq_field, seq),
         )
         if v is None
     ]
@@ -983,7 +1060,7 @@ def import_scenario(
         if v != current:
             model_over[mk] = v
             notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
-    dense_first = args.pop("first_k_dense_replace", None) if workload == "bridge" else None
+    dense_first = tpl.pop_dense_first(args)
     if dense_first is not None:
         n_dense = _as_int(first("cmd_args.first_k_dense_replace", dense_first, "a model field"),
                     "first_k_dense_replace", where)  # fmt: skip
@@ -1013,74 +1090,14 @@ def import_scenario(
     }
 
     # --- resources and where trials run -----------------------------------------------------
-    nodes_v = run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
-    args.pop("trainer.num_nodes", None)
-    nodes = _as_int(
-        first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
+    resources, gpn = _resources_section(
+        tpl, run, args, model, env_in, sys_info, gpus_per_node, gpu_type, first, notes, where
     )
-    old_gpn = args.pop("gpus_per_node", None) if workload == "bridge" else None
-    num_gpus = args.pop("num_gpus", None) if workload == "bridge" else None
-    if gpus_per_node is not None:
-        gpn = gpus_per_node
-    elif old_gpn:  # the older MegatronBridge schema named it in the test
-        gpn = _as_int(old_gpn, "gpus_per_node", where)
-        if sys_info is not None and sys_info.gpus_per_node not in (None, gpn):
-            notes.append(
-                f"cmd_args.gpus_per_node {gpn} used; the system {sys_info.name!r} says "
-                f"{sys_info.gpus_per_node}"
-            )
-    elif sys_info is not None and sys_info.gpus_per_node:
-        gpn = sys_info.gpus_per_node
-        notes.append(f"{gpn} GPUs per node from the system {sys_info.name!r}")
-    elif num_gpus and nodes:
-        gpn = max(1, _as_int(num_gpus, "num_gpus", where) // nodes)
-        notes.append(f"{gpn} GPUs per node assumed (num_gpus / num_nodes); give --system")
-    else:
-        gpn = 8
-        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
-    world = _as_int(num_gpus, "num_gpus", where) if num_gpus else nodes * gpn
-    if num_gpus and nodes * gpn != world:
-        notes.append(
-            f"num_gpus {world} is not num_nodes x GPUs per node ({nodes} x {gpn}); "
-            "the world size is num_gpus"
-        )
-    resources: dict[str, Any] = {"world_size": world, "gpus_per_node": min(gpn, world)}
-    gtype = gpu_type or args.pop("gpu_type", None) or env_in.get("CLOUDAI_GPU_TYPE")
-    args.pop("gpu_type", None)
-    if not gtype and sys_info is not None:
-        gtype = sys_info.gpu_type
-    if gtype:
-        from dse.model.costmodel.throughput import DEFAULT_GPU, gpu_spec
-
-        gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
-        resources["gpu"] = gname
-        spec = gpu_spec(gname)
-        if spec is not DEFAULT_GPU:
-            resources["gpu_memory_gib"] = spec.memory_gib
-            notes.append(
-                f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
-                "memory pre-screen (an estimate)"
-            )
-        else:
-            notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
-    else:
-        notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
-    resources["device"] = "cuda"
-    # The NeMo Framework container the recipes run in ships Transformer Engine and Apex;
-    # declared, so the space validates the same on any machine (edit for another image).
-    feats = ["transformer_engine", "apex"]
-    if _model_fields(model).get("hybrid_layer_pattern"):
-        feats.append("mamba_ssm")
-    resources["features"] = feats
-    notes.append(f"features {feats} declared (the NeMo container's); edit if the image differs")
 
     # --- knobs, fixed knobs and recipe overrides ------------------------------------------
     overrides: dict[str, Any] = {}
-    knob_map = NEMO_RUN_KNOBS if workload == "nemo" else BRIDGE_KNOBS
-    old_fp8_recipe = args.pop("fp8_recipe", None) if workload == "bridge" else None
-    node_steps: list[str] = []
-    slurm_old: dict[str, Any] = {}
-    fsdp_on: str | None = None  # use_megatron_fsdp true: "always" or "swept"
+    knob_map = tpl.knob_map
+    st = tpl.arg_state(args)
     for k, v in args.items():
         ck = f"cmd_args.{k}"
         sw = b.swept(k, v)
@@ -1088,51 +1105,14 @@ def import_scenario(
             if v:
                 unmapped.append(Unmapped(ck, "<not copied>", "a secret: give it as HF_TOKEN"))
             continue
-        if workload == "bridge" and k == "compute_dtype":
-            _compute_dtype(b, ck, v, old_fp8_recipe, sw)
-            continue
-        if workload == "bridge" and k == "recompute_modules":
-            _recompute_modules(b, ck, v, sw)
-            continue
-        if workload == "bridge" and k == "cuda_graph_scope":
-            _cuda_graph_scope(b, ck, v, sw)
-            continue
-        if workload == "bridge" and k == "use_megatron_fsdp":
-            b.add(ck, "use_megatron_fsdp", v, _as_list(v), swept=sw)
-            if True in _as_list(v):
-                fsdp_on = "always" if b.fixed.get("use_megatron_fsdp") is True else "swept"
-            continue
-        if workload == "bridge" and k == "enable_vboost":
-            if any(bool(x) for x in _as_list(v)):
-                node_steps.append("vboost")
-            continue
-        if workload == "bridge" and k == "use_tokendrop":
-            unmapped.append(
-                Unmapped(
-                    ck,
-                    v,
-                    "MoE token dropping changes which experts tokens reach (a routing "
-                    "semantic, semantics.moe_routing); set it there for the study",
-                )
-            )
-            continue
-        if workload == "bridge" and k in ("account", "partition"):
-            slurm_old[k] = v
-            continue
-        if workload == "bridge" and k in _BRIDGE_BOOKKEEPING:
-            if v not in (None, "", False):
-                unmapped.append(Unmapped(ck, v, "a CloudAI launcher setting, not part of a trial"))
+        if tpl.own_arg(b, k, v, sw, st):
             continue
         knob = knob_map.get(k)
         if knob is None:
             if sw:
                 unmapped.append(Unmapped(ck, v, "a list over a field dse has no knob for"))
-            elif workload == "nemo":
-                overrides[k] = v  # the recipe's own override syntax (NeMo-Run dotted paths)
             else:
-                unmapped.append(
-                    Unmapped(ck, v, "a MegatronBridge launcher argument dse has no knob for")
-                )
+                tpl.unknown_arg(b, k, v, overrides)
             continue
         vals = _as_list(v)
         if knob == "virtual_pipeline_model_parallel_size":
@@ -1140,16 +1120,8 @@ def import_scenario(
         if knob == "cuda_graph_impl":
             vals = ["none" if x in (None, "", "null", "None") else str(x).lower() for x in vals]
         b.add(ck, knob, v, vals, swept=sw)
-        if workload == "nemo" and k.startswith("trainer.plugins.fp8") and not sw:
-            # NeMo's precision plugin sets the model's FP8 fields when the trial starts (over
-            # model.config.*): the recipe keeps it as written, the knob tells dse's cost model
-            overrides[k] = v
-    if workload == "bridge":
-        for hk, hv in (test.get("extra_cmd_args") or {}).items():
-            if hk == "mixed_precision" and str(hv) in _MIXED_PRECISION:
-                _compute_dtype(b, f"extra_cmd_args.{hk}", _MIXED_PRECISION[str(hv)], None, False)
-            else:
-                overrides[str(hk)] = hv  # Hydra overrides of the ConfigContainer
+        tpl.after_knob(k, v, sw, overrides)
+    tpl.extra_cmd_args(b, test, overrides)
     knobs, fixed = b.knobs, b.fixed
     layout_of = recipe_pick if workload == "bridge" else nemo_pick
     if layout_of is not None:
@@ -1157,27 +1129,11 @@ def import_scenario(
         if "recompute_modules" in args:
             given.add("recompute")
         _recipe_layout(layout_of, knobs, fixed, given, resources, _is_moe(model), notes)
-    if fsdp_on:
-        _megatron_fsdp(fsdp_on, fixed, overrides, notes)
-    if workload == "bridge" and "fp8" in fixed and "mixed_precision" not in overrides:
-        # Bridge's mixed_precision preset sets the model's FP8 fields at setup (over model.*):
-        # the recipe runs the preset of its compute_dtype, the knobs tell dse's cost model
-        pair = (fixed["fp8"], fixed.get("fp8_recipe"))
-        preset = next((m for m, d in _MIXED_PRECISION.items() if COMPUTE_DTYPES[d] == pair), None)
-        if preset is not None:
-            overrides["mixed_precision"] = preset
+    if st.fsdp_on:
+        _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
+    tpl.fp8_preset(fixed, overrides)
     is_moe = _is_moe(model)
-    derived: dict[str, str] = {}
-    if workload == "bridge":
-        # Megatron-Bridge finalizes SP off at TP 1 and ETP 1 where EP > 1 (dse.space.derive)
-        fixed.setdefault("sequence_parallel", True)
-        derived["sequence_parallel"] = "bridge"
-        if is_moe:
-            derived["expert_tensor_parallel_size"] = "bridge"
-            fixed.setdefault("moe_grouped_gemm", True)
-            notes.append("moe_grouped_gemm on: Megatron-Bridge's MoE model providers' default")
-    elif is_moe:
-        derived["sequence_parallel"] = "tp_gt_1"  # MoE with TP > 1 needs SP
+    derived = tpl.derived(fixed, is_moe, notes)
     if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
         # NeMo 2.0's and Megatron-Bridge's recipes train with the distributed optimizer
         # (distributed_fused_adam_with_cosine_annealing); Megatron-Core's default is off
@@ -1187,27 +1143,7 @@ def import_scenario(
         fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
         notes.append("attention_backend te: the recipe's Transformer Engine attention")
 
-    env_fixed: dict[str, Any] = {}
-    env_knobs: dict[str, Any] = {}
-    for var, v in env_in.items():
-        if var == "ENABLE_VBOOST":  # CloudAI's generic Slurm vboost step
-            if str(first(f"extra_env_vars.{var}", v, "")) not in ("", "0"):
-                node_steps.append("vboost")
-            continue
-        env_why = env_var_problem(var)
-        if var.startswith("CLOUDAI_") and var != "CLOUDAI_GPU_TYPE" and not env_why:
-            env_why = (
-                "read by CloudAI's own recipe factories (cloudai_nemorun.py), which dse does "
-                "not run"
-            )
-        if var == "CLOUDAI_GPU_TYPE":
-            continue  # resources.gpu
-        if env_why:
-            unmapped.append(Unmapped(f"extra_env_vars.{var}", v, env_why))
-        elif isinstance(v, list) and len(v) > 1:
-            env_knobs[var] = {"values": v, "baseline": v[0]}
-        else:
-            env_fixed[var] = v[0] if isinstance(v, list) else v
+    env_fixed, env_knobs = _env_section(env_in, first, st.node_steps, unmapped)
 
     if not knobs and not env_knobs:
         # a test that sweeps nothing: its own values become one-value knobs to widen
@@ -1219,51 +1155,16 @@ def import_scenario(
             knobs["micro_batch_size"] = {"values": [1]}
 
     # --- agent, objective, budget ---------------------------------------------------------
-    agent_name = str(run.get("agent") or test.get("agent") or "grid_search")
-    dse_agent = AGENTS.get(agent_name)
-    agent: dict[str, Any] = {"name": dse_agent or "tpe"}
-    if dse_agent is None:
-        unmapped.append(
-            Unmapped(
-                "agent",
-                agent_name,
-                f"no dse agent of that meaning (known: {sorted(AGENTS)}); tpe used",
-            )
-        )
-    elif dse_agent != "grid":
-        notes.append(f"agent {agent_name!r} is dse's {dse_agent!r}")
-    agent_cfg = run.get("agent_config") or test.get("agent_config") or {}
-    if isinstance(agent_cfg, Mapping):
-        for ak, av in agent_cfg.items():
-            if ak == "random_seed" and isinstance(av, int):
-                agent["seed"] = av
-            elif ak == "sobol_num_trials" and isinstance(av, int) and dse_agent == "gp":
-                agent["n_startup_trials"] = av
-            else:
-                unmapped.append(Unmapped(f"agent_config.{ak}", av, "no dse agent setting"))
-    metrics = run.get("agent_metrics", test.get("agent_metrics", ["default"]))
-    metric = str(metrics[0]) if metrics else "default"
-    if metric == "default":
-        metric = "step-time" if workload == "nemo" else "tflops-per-gpu"
-    obj = _METRICS.get(metric)
-    if obj is None:
-        unmapped.append(Unmapped("agent_metrics", metrics, "no dse metric; tflops_per_gpu used"))
-        obj = ("tflops_per_gpu", "maximize")
     n_configs = 1
     for spec in [*knobs.values(), *env_knobs.values()]:
         n_configs *= len(spec["values"])
-    steps_budget = run.get("agent_steps", test.get("agent_steps"))
-    budget: dict[str, Any] = {"n_trials": int(steps_budget or n_configs)}
-    tl = run.get("time_limit")
-    if isinstance(tl, str) and tl.count(":") == 2:
-        h, m, s = (int(x) for x in tl.split(":"))
-        budget["trial_timeout_s"] = float(h * 3600 + m * 60 + s)
+    agent, obj, budget = _agent_section(run, test, tpl.default_metric, n_configs, unmapped, notes)
 
     mounts: list[str] = []
     for holder in (test, run):
         mounts += [str(x) for x in holder.get("extra_container_mounts") or [] if str(x).strip()]
     runner = _runner(
-        sys_info, slurm_old, mounts, launcher.get("container_image"), gpn, unmapped, notes
+        sys_info, st.slurm_old, mounts, launcher.get("container_image"), gpn, unmapped, notes
     )
 
     space: dict[str, Any] = {
@@ -1280,6 +1181,7 @@ def import_scenario(
         space["derived"] = derived
     if b.constraints:
         space["constraints"] = b.constraints
+    node_steps = st.node_steps
     if env_fixed or env_knobs or node_steps:
         space["env"] = {"fixed": env_fixed} if env_fixed else {}
         if env_knobs:
@@ -1548,291 +1450,3 @@ def _runner(
         opts["env"] = env
     notes.append(f"Slurm runner options from the system {sysi.name!r}")
     return {"name": "slurm", "options": opts}
-
-
-# --- export -------------------------------------------------------------------------------
-
-
-@dataclass
-class CloudAIExport:
-    """A CloudAI test and what of the configuration it could not carry."""
-
-    test: dict[str, Any]
-    not_taken: list[tuple[str, Any, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def _cloudai_list(mods: Any) -> str:
-    return "[" + ", ".join(m for m in str(mods or "").split(",") if m) + "]"
-
-
-def _launcher_overrides(space: Any, params: Mapping[str, Any], out: CloudAIExport) -> list[str]:
-    """The recipe launcher's own overrides for ``params`` (knobs it cannot take are named
-    and left out)."""
-    from dse.workloads.launchers._core import NotTaken, launcher_for
-
-    launcher = launcher_for(space)
-    rest = dict(params)
-    for _ in range(len(rest) + 1):
-        try:
-            return launcher.knob_overrides(rest)
-        except NotTaken as e:
-            out.not_taken.append((e.knob, e.value, e.why))
-            rest.pop(e.knob, None)
-    return []
-
-
-def export_test(space: Any, params: dict[str, Any], name: str) -> dict[str, Any]:
-    """A CloudAI test definition (scalar fields) that runs ``params`` of a launcher space."""
-    return export_test_full(space, params, name).test
-
-
-def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudAIExport:
-    """:func:`export_test` with the knobs the target could not take, and notes.
-
-    Raises:
-        SpaceError: the space's workload has no CloudAI test template.
-    """
-    from dse.space.knobs import trial_env
-
-    wl = space.workload
-    if wl.name not in ("nemo", "bridge") or wl.launcher is None:
-        raise SpaceError(
-            f"study {space.study!r}: workload {wl.name!r} has no CloudAI test template "
-            "(nemo -> NeMoRun, bridge -> MegatronBridge)"
-        )
-    out = CloudAIExport({})
-    full = space.active_config(params)  # no value that does nothing there
-    set_names = set(space.knobs) | set(space.fixed) | set(space.derived)
-    knob_params = {k: v for k, v in full.items() if not k.startswith("env.") and k in set_names}
-    res, sem = space.resources, space.semantics
-    nodes = max(1, res.world_size // (res.gpus_per_node or res.world_size))
-    cmd: dict[str, Any] = {}
-    test: dict[str, Any] = {
-        "name": name,
-        "description": f"best configuration of dse study {space.study}",
-        "test_template_name": _TEMPLATES[wl.name],
-        "cmd_args": cmd,
-    }
-    src = wl.launcher.cloudai
-    named = dict(src.recipe_fields) if src is not None else {}
-    if wl.name == "nemo":
-        cmd["docker_image_url"] = wl.launcher.container_image or ""
-        cmd["task"] = wl.launcher.task or "pretrain"
-        cmd["recipe_name"] = wl.launcher.recipe or ""
-        given = named.get("recipe_name")
-        if given is not None and _recipe_key(given) == cmd["recipe_name"]:
-            cmd["recipe_name"] = given  # the test's own factory name (cloudai_..._recipe)
-        cmd["num_layers"] = space.model.num_layers
-        inv = {v: k for k, v in NEMO_RUN_KNOBS.items()}
-        flat: dict[str, Any] = {
-            "data.global_batch_size": sem.global_batch_size,
-            "data.seq_length": sem.seq_length,
-            "trainer.max_steps": sem.steps,
-            "trainer.num_nodes": nodes,
-        }
-        rest: dict[str, Any] = {}
-        for k, v in knob_params.items():
-            if k in inv:
-                if v is not None:
-                    flat[inv[k]] = v
-            else:
-                rest[k] = v
-        for item in _launcher_overrides(space, rest, out):
-            key, _, text = item.partition("=")
-            flat.setdefault(key, _literal(text))
-        for k, v in wl.launcher.overrides.items():
-            flat.setdefault(k, v)
-        for k, v in flat.items():
-            if v is None:
-                out.notes.append(f"{k}: None (the recipe's default) left out; TOML has no null")
-                continue
-            node = cmd
-            *parts, leaf = k.split(".")
-            for p in parts:
-                node = node.setdefault(p, {})
-            node[leaf] = v
-    else:
-        recipe = wl.launcher.recipe or ""
-        parts_ = bridge_recipe_parts(recipe)
-        cmd["container_image"] = wl.launcher.container_image or ""
-        cmd["model_family_name"] = parts_["model_family_name"]
-        cmd["model_recipe_name"] = parts_["model_recipe_name"]
-        if named.get("model_recipe_name") == parts_["model_recipe_name"]:
-            for k in ("model_family_name", "model_recipe_name"):  # as the test wrote them
-                if k in named:
-                    cmd[k] = named[k]
-        cmd["task"] = parts_["task"]
-        gpu = _gpu_type(res.gpu)
-        if gpu:
-            cmd["gpu_type"] = gpu
-        cmd["num_gpus"] = res.world_size
-        cmd["domain"] = "llm"
-        cmd["hf_token"] = ""  # CloudAI reads HF_TOKEN from the environment when empty
-        cmd["gb"] = sem.global_batch_size
-        cmd["seq_length"] = sem.seq_length
-        cmd["max_steps"] = sem.steps
-        test["description"] += f" (Megatron-Bridge recipe {recipe})"
-        handled: set[str] = set()
-        inv = {v: k for k, v in BRIDGE_KNOBS.items()}
-        for k, v in knob_params.items():
-            if k in inv:
-                if k == "virtual_pipeline_model_parallel_size" and v is None:
-                    v = 1
-                if v is not None:
-                    cmd[inv[k]] = v
-                    handled.add(k)
-        scope = knob_params.get("cuda_graph_scope")
-        if "cuda_graph_scope" in knob_params:
-            handled.add("cuda_graph_scope")
-            if scope is not None:
-                cmd["cuda_graph_scope"] = _cloudai_list(scope)
-        rec = knob_params.get("recompute")
-        if rec in ("none", "selective"):
-            cmd["recompute_modules"] = (
-                _cloudai_list(knob_params.get("recompute_modules") or "core_attn")
-                if rec == "selective"
-                else "[]"
-            )
-            handled |= {"recompute", "recompute_modules"}
-        fp8 = (
-            knob_params.get("fp8"),
-            knob_params.get("fp8_recipe") if knob_params.get("fp8") else None,
-        )
-        mp = wl.launcher.overrides.get("mixed_precision")
-        dtype = next((d for d, pair in COMPUTE_DTYPES.items() if pair == fp8), None)
-        if fp8 == (None, None) and isinstance(mp, str) and mp in _MIXED_PRECISION:
-            dtype = _MIXED_PRECISION[mp]
-        if dtype is not None and dtype != "fp8_ds":
-            cmd["compute_dtype"] = dtype
-            handled |= {"fp8", "fp8_recipe"}
-        elif dtype == "fp8_ds" or fp8[0] is not None:
-            out.not_taken.append(
-                (
-                    "fp8",
-                    fp8,
-                    "no CloudAI compute_dtype is this FP8 recipe (bf16, fp8_cs, fp8_mx, fp8_sc)",
-                )
-            )
-            handled |= {"fp8", "fp8_recipe"}
-        extra: dict[str, str] = {}
-        rest = {k: v for k, v in knob_params.items() if k not in handled}
-        for item in _launcher_overrides(space, rest, out):
-            key, _, text = item.partition("=")
-            extra[key] = text
-        for k, v in wl.launcher.overrides.items():
-            if k == "mixed_precision" and "compute_dtype" in cmd:
-                continue
-            if v is not None:
-                extra.setdefault(k, v if isinstance(v, str) else _hydra(v))
-        if extra:
-            test["extra_cmd_args"] = extra
-        if not (src is not None and src.git_repos):
-            test["git_repos"] = [
-                {"url": "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git", "commit": "main"}
-            ]
-            out.notes.append(
-                "git_repos: CloudAI's MegatronBridge needs the Megatron-Bridge repository; pin "
-                "the commit the study ran"
-            )
-        out.notes.append(
-            f"CloudAI runs Megatron-Bridge's performance launcher, which picks the recipe from "
-            f"model_recipe_name {parts_['model_recipe_name']!r}, task {parts_['task']!r}, "
-            f"num_gpus, gpu_type and compute_dtype; the study ran {recipe!r}"
-        )
-    if src is not None and src.git_repos:
-        test["git_repos"] = [dict(r) for r in src.git_repos]  # as the test pinned them
-    env = trial_env(full, space.env.fixed)
-    if "vboost" in space.env.node_steps:
-        if wl.name == "bridge":
-            cmd["enable_vboost"] = True
-        else:
-            env["ENABLE_VBOOST"] = "1"
-    if env:
-        test["extra_env_vars"] = env
-    out.test = test
-    return out
-
-
-def _hydra(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, list):
-        return "[" + ",".join(_hydra(x) for x in v) + "]"
-    return str(v)
-
-
-def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _gpu_type(gpu: str | None) -> str | None:
-    if not gpu:
-        return None
-    for short, full in _GPU_NAMES.items():
-        if gpu == full:
-            return short
-    up = gpu.upper()
-    for short in sorted(_GPU_NAMES, key=len, reverse=True):
-        if short.upper() in up:
-            return short
-    return None
-
-
-def dump_toml(data: dict[str, Any]) -> str:
-    """TOML text of a CloudAI test (tables after scalars, lists of tables as ``[[...]]``;
-    strings, numbers, booleans)."""
-    import json
-
-    def scalar(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(scalar(x) for x in v) + "]"
-        return json.dumps(str(v))
-
-    def key(k: str) -> str:
-        return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
-
-    def is_tables(v: Any) -> bool:
-        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
-
-    lines: list[str] = []
-
-    def table(d: dict[str, Any], path: str) -> None:
-        for k, v in d.items():
-            if not isinstance(v, dict) and not is_tables(v):
-                lines.append(f"{key(k)} = {scalar(v)}")
-        for k, v in d.items():
-            sub = f"{path}.{key(k)}" if path else key(k)
-            if isinstance(v, dict):
-                lines.append("")
-                lines.append(f"[{sub}]")
-                table(v, sub)
-            elif is_tables(v):
-                for item in v:
-                    lines.append("")
-                    lines.append(f"[[{sub}]]")
-                    table(item, sub)
-
-    table(data, "")
-    return "\n".join(lines) + "\n"
-
-
-def figure_label(payload: Mapping[str, Any]) -> str:
-    """The best figure of a ``dse best`` payload with where it comes from: measured, a
-    replayed measurement, or an estimate (the cost model or the sim workload)."""
-    value = payload["objective"]["value"]
-    source = payload.get("source")
-    if source == "measured":
-        return f"{value} (measured)"
-    if source == "replay":
-        return f"{value} (replayed from a measured table)"
-    return f"{value} (estimate: {source or 'unknown source'}, not measured)"
