@@ -17,6 +17,7 @@ from dse.loop.verify import DRIFT_RTOL, VERIFY_ATTR, verdict
 from dse.space.searchspace import load_space, params_key
 from dse.storage import open_storage
 from dse.workloads.megatron.verify import PERTURB_ENV
+from tests.api.conftest import make_client
 from tests.conftest import EXAMPLES
 
 DEMO = EXAMPLES / "demo_cpu.yaml"
@@ -67,6 +68,12 @@ def test_verify_prints_the_table_stores_it_and_status_shows_it(tmp_path: Path) -
     assert rc == 0 and "verify (trial 1, 8 steps): verified" in out
     rc, out, _ = _run(["status", "--storage", url, "--format", "json"])
     assert json.loads(out)["verify"]["verdict"] == "verified"
+    with make_client(url) as client:
+        r = client.get("/api/v1/studies/demo-cpu/verify")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["verdict"] == "verified" and body["steps"] == 8 and body["reasons"] == []
+    assert body["best"]["last_loss"] == stored["best"]["last_loss"]
 
 
 @pytest.mark.usefixtures("megatron_core")
@@ -74,6 +81,9 @@ def test_a_reload_that_changes_the_loss_fails_verification(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = _demo_study(tmp_path)
+    with make_client(url) as client:  # not verified yet: a 404 that says what to run
+        r = client.get("/api/v1/studies/demo-cpu/verify")
+    assert r.status_code == 404 and "dse verify" in r.text
     monkeypatch.setenv(PERTURB_ENV, "0.05")  # the planted bad reload: a weight moved
     rc, out, err = _run(["verify", "--steps", "6", "--storage", url])
     assert rc == 1, out + err
