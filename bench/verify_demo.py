@@ -18,7 +18,7 @@ from io import StringIO
 from pathlib import Path
 
 from dse.cli.main import main as dse_main
-from dse.loop.verify import VERIFY_ATTR
+from dse.core.records import VERIFY_ATTR
 from dse.storage import open_storage
 
 

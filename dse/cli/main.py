@@ -40,7 +40,7 @@ from dse.core.exceptions import (
 )
 from dse.core.figures import figure
 from dse.core.names import display_name, study_name_problem
-from dse.core.records import BEST_FORMATS, IMPORTED_ATTR
+from dse.core.records import BEST_FORMATS, IMPORTED_ATTR, VERIFY_ATTR
 from dse.core.registry import REGISTRY
 from dse.model import rules
 from dse.model.rules import check_space
@@ -281,7 +281,6 @@ def _verify_summary(v: dict[str, Any] | None) -> dict[str, Any] | None:
 def _study_status(storage: Any, st: Any) -> dict[str, Any]:
     """One study's ``dse status`` record (the JSON format; the text is made from it)."""
     from dse.loop.loss_guard import LOSS_PARITY_ATTR
-    from dse.loop.verify import VERIFY_ATTR
 
     trials = storage.list_trials(st.id)
     intervals: dict[int, Any] = {}

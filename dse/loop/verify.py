@@ -20,12 +20,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dse.core.records import VERIFY_ATTR
 from dse.loop.launcher import trial_spec
 from dse.results.export import best_payload, best_space
 from dse.space.searchspace import params_key
 
-#: Study attribute holding the last ``dse verify`` result.
-VERIFY_ATTR = "verify"
 #: Largest relative difference of the best's last loss from the baseline's that verifies
 #: (the same data and semantics: execution knobs should not move the loss).
 DRIFT_RTOL = 0.01

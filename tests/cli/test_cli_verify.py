@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from dse.cli.main import main
-from dse.core.records import Outcome
-from dse.loop.verify import DRIFT_RTOL, VERIFY_ATTR, verdict
+from dse.core.records import VERIFY_ATTR, Outcome
+from dse.loop.verify import DRIFT_RTOL, verdict
+from dse.report.page import _verify_section
 from dse.space.searchspace import load_space, params_key
 from dse.storage import open_storage
 from dse.workloads.megatron.verify import PERTURB_ENV
@@ -74,6 +75,10 @@ def test_verify_prints_the_table_stores_it_and_status_shows_it(tmp_path: Path) -
     body = r.json()
     assert body["verdict"] == "verified" and body["steps"] == 8 and body["reasons"] == []
     assert body["best"]["last_loss"] == stored["best"]["last_loss"]
+    title, rows, _note = _verify_section(stored)  # the report's section
+    assert title == "Verify (trial 1)"
+    assert ("verify-verdict", "verdict", "verified") in rows
+    assert ("verify-best-reload", "best: checkpoint reload", "ok") in rows
 
 
 @pytest.mark.usefixtures("megatron_core")

@@ -41,8 +41,7 @@ from dse.api.views import (
 from dse.core.bounds import MAX_SPACE_BYTES
 from dse.core.exceptions import SpaceError
 from dse.core.names import study_name_problem
-from dse.core.records import StudyRecord
-from dse.loop.verify import VERIFY_ATTR
+from dse.core.records import VERIFY_ATTR, StudyRecord
 from dse.model.space_check import CheckedSpace
 from dse.storage import is_ephemeral
 
