@@ -732,3 +732,25 @@ class ComparablePublic(BaseModel):
     study: str
     data: list[CompareStudyPublic]
     count: int
+
+
+class VerifyPublic(BaseModel):
+    """The last ``dse verify`` of a study (``GET /studies/{name}/verify``): the long runs of
+    its best and its baseline (measured, one CPU rank of the built-in trainer), a checkpoint
+    saved midway and reloaded, and the verdict."""
+
+    study: str
+    best_trial: int = Field(description="The best's trial number when verify ran.")
+    steps: int = Field(description="Steps of each long run.")
+    verdict: str = Field(description="`verified` or `failed`.")
+    reasons: list[str] = Field(description="What failed, each naming its run; empty if verified.")
+    loss_drift: float | None = Field(
+        description="(best's last loss - baseline's) / baseline's; None when the best is the "
+        "baseline."
+    )
+    best_is_baseline: bool
+    best: dict[str, Any] = Field(
+        description="The best's run: steps, first_loss, last_loss, losses, final_step_time_s, "
+        "final_tflops_per_gpu, peak_mem_gib, reload_ok, reload_reason (or error)."
+    )
+    baseline: dict[str, Any] | None = Field(description="The baseline's run, as `best`.")

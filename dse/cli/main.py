@@ -40,7 +40,7 @@ from dse.core.exceptions import (
 )
 from dse.core.figures import figure
 from dse.core.names import display_name, study_name_problem
-from dse.core.records import BEST_FORMATS, IMPORTED_ATTR
+from dse.core.records import BEST_FORMATS, IMPORTED_ATTR, VERIFY_ATTR
 from dse.core.registry import REGISTRY
 from dse.model import rules
 from dse.model.rules import check_space
@@ -270,6 +270,14 @@ def _trial_json(t: Any) -> dict[str, Any]:
     }
 
 
+def _verify_summary(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The last ``dse verify`` of a study as ``dse status`` shows it (None: never run)."""
+    if not v:
+        return None
+    keys = ("best_trial", "steps", "verdict", "reasons", "loss_drift")
+    return {k: v.get(k) for k in keys}
+
+
 def _study_status(storage: Any, st: Any) -> dict[str, Any]:
     """One study's ``dse status`` record (the JSON format; the text is made from it)."""
     from dse.loop.loss_guard import LOSS_PARITY_ATTR
@@ -306,6 +314,7 @@ def _study_status(storage: Any, st: Any) -> dict[str, Any]:
             "remeasure_trials": remeasure,
             "guard": attrs.get(LOSS_PARITY_ATTR),
         },
+        "verify": _verify_summary(attrs.get(VERIFY_ATTR)),
         "best": None if best is None else {**_trial_json(best), "noise": noise},
         "trials": [{**_trial_json(t), "interval": intervals.get(t.number)} for t in trials],
         "trust": trust_summary([_trial_json(t) for t in trials], st.metric, st.direction),
@@ -337,7 +346,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         _out(_gpu_text(s["gpu"]))
         if s["trials"]:
             _out(_status_text(s))
+        v = s.get("verify")
+        if v:
+            why = "" if v["verdict"] == "verified" else ": " + "; ".join(v["reasons"])
+            _out(f"  verify (trial {v['best_trial']}, {v['steps']} steps): {v['verdict']}{why}")
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from dse.loop.verify import verify_study, verify_table
+
+    storage = _open_existing(args)
+    try:
+        st = _pick_study(storage, args.study)
+        _err(f"verifying study {st.name!r}: {args.steps} steps of the best and the baseline")
+        result = verify_study(storage, st, args.steps)
+    finally:
+        storage.close()
+    if args.format == "json":
+        _out(json.dumps(result, indent=1))
+    else:
+        _out(verify_table(result))
+    return 0 if result["verdict"] == "verified" else 1
 
 
 def _pct(x: Any) -> str:
@@ -911,6 +941,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=BEST_FORMATS, default="json")
     storage_arg(sp)
     sp.set_defaults(fn=cmd_best)
+
+    sp = sub.add_parser(
+        "verify",
+        help="the best (and the baseline) trained longer, a checkpoint saved midway and "
+        "reloaded; the verdict is stored with the study",
+    )
+    sp.add_argument("--study")
+    sp.add_argument("--steps", type=int, default=100, help="steps of each long run (100)")
+    sp.add_argument("--format", choices=["text", "json"], default="text")
+    storage_arg(sp)
+    sp.set_defaults(fn=cmd_verify)
 
     sp = sub.add_parser("export", help="a whole study as one JSON file")
     sp.add_argument("--study")

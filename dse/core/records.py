@@ -723,6 +723,8 @@ def read_metrics(path: str | Path) -> Outcome | None:
 #: Study attribute :meth:`dse.storage.Storage.import_study` sets (true): the study's run
 #: settings came from an export file and are not run unconfirmed (see dse.results.run_settings).
 IMPORTED_ATTR = "imported"
+#: Study attribute holding the last ``dse verify`` result (:mod:`dse.loop.verify`).
+VERIFY_ATTR = "verify"
 
 
 def sample_numbers(numbers: Iterable[int], limit: int, seed: int = 0) -> list[int]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from dse.core.exceptions import DSEError
 from dse.core.figures import figure
+from dse.core.records import VERIFY_ATTR
 from dse.report.plots import slice_label
 
 __all__ = ["register", "write_report", "cmd_report"]
@@ -418,7 +419,34 @@ def _sections(data: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str]
     if b and _cpu_clock(b["metrics"]):
         label += "; the step time is CPU time (measurement.clock cpu), not wall time"
     secs.append(("Projection of a full training run", rows, label))
+    v = data.get("verify")
+    if v:
+        secs.append(_verify_section(v))
     return secs
+
+
+def _verify_section(v: dict[str, Any]) -> tuple[str, list[tuple[str, str, str]], str]:
+    """The last ``dse verify``: the verdict and each long run's losses and reload."""
+    why = "; ".join(v.get("reasons") or [])
+    rows = [("verify-verdict", "verdict", v["verdict"] + (f": {why}" if why else ""))]
+    for who in ("best", "baseline"):
+        r = v.get(who)
+        if not r:
+            continue
+        if r.get("error"):
+            rows.append((f"verify-{who}", f"{who}: run", f"failed: {r['error']}"))
+            continue
+        rows += [
+            (f"verify-{who}-loss", f"{who}: first / last loss",
+             f"{figure(r['first_loss'])} / {figure(r['last_loss'])}"),
+            (f"verify-{who}-reload", f"{who}: checkpoint reload",
+             "ok" if r["reload_ok"] else str(r.get("reload_reason"))),
+        ]  # fmt: skip
+    if v.get("loss_drift") is not None:
+        rows.append(("verify-drift", "last-loss drift against the baseline",
+                     f"{100 * v['loss_drift']:+.3g}%"))  # fmt: skip
+    note = f"dse verify: {v['steps']} steps each, a checkpoint saved midway and reloaded"
+    return (f"Verify (trial {v['best_trial']})", rows, note)
 
 
 _COMPARE_HEAD = ("study", "GPU", "recipe", "seq", "GBS", "best trial", "TFLOP/s per GPU",
@@ -565,6 +593,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         data = study_plot_data(
             storage, st, cost_per_gpu_hour=args.cost_per_gpu_hour, tokens=args.tokens
         )
+        data["verify"] = storage.get_study_attrs(st.id).get(VERIFY_ATTR)
     finally:
         storage.close()
     paths = write_report(data, Path(args.output))

@@ -29,6 +29,7 @@ from dse.api.schemas import (
     StudiesPublic,
     StudyCreatedPublic,
     StudyPublic,
+    VerifyPublic,
 )
 from dse.api.views import (
     json_bytes,
@@ -40,7 +41,7 @@ from dse.api.views import (
 from dse.core.bounds import MAX_SPACE_BYTES
 from dse.core.exceptions import SpaceError
 from dse.core.names import study_name_problem
-from dse.core.records import StudyRecord
+from dse.core.records import VERIFY_ATTR, StudyRecord
 from dse.model.space_check import CheckedSpace
 from dse.storage import is_ephemeral
 
@@ -257,3 +258,20 @@ async def list_rejections(
         return json_bytes(public.model_dump(mode="json"))
 
     return _json(await reads.study(name, ("rejections", name, kind, limit, offset), build))
+
+
+@router.get(
+    "/{name}/verify", response_model=VerifyPublic, responses=error_responses(404, 422, 503)
+)
+def get_verify(storage: StorageDep, study: StudyDep) -> VerifyPublic:
+    """The study's last ``dse verify``: the best and the baseline trained longer, a
+    checkpoint saved midway and reloaded, the loss drift and the verdict. 404 until
+    ``dse verify`` has run for the study."""
+    stored = storage.get_study_attrs(study.id).get(VERIFY_ATTR)
+    if not stored:
+        raise HTTPException(
+            status_code=404,
+            detail=f"study {study.name!r} has not been verified: run dse verify --study "
+            f"{study.name}",
+        )
+    return VerifyPublic.model_validate(stored)

@@ -553,12 +553,19 @@ def _forward_step(position_ids: Any, data_iterator: Any, model: Any) -> tuple[An
 
 
 def train(
-    plan: TrialPlan, built: _Built, device: Any, dist: _Dist, writer: MetricsWriter | None
+    plan: TrialPlan,
+    built: _Built,
+    device: Any,
+    dist: _Dist,
+    writer: MetricsWriter | None,
+    *,
+    first_step: int = 0,
 ) -> tuple[list[StepMetrics], StepSeries]:
     """Train the built model until the trial's measurement rule says stop; (steps, their
-    series). ``writer`` (rank 0's) gets a step line per step. The trial process calls it
-    after :func:`build`; a bench that times configurations in its own process calls the
-    same pair (``bench/adaptive_window.py``)."""
+    series). ``writer`` (rank 0's) gets a step line per step. ``first_step``: the data's
+    step of the first step (a run continued from a checkpoint, ``dse verify``). The trial
+    process calls it after :func:`build`; a bench that times configurations in its own
+    process calls the same pair (``bench/adaptive_window.py``)."""
     import torch
     import torch.distributed as tdist
     from megatron.core import parallel_state
@@ -618,7 +625,7 @@ def train(
     steps: list[StepMetrics] = []
     for step in range(series.limit):
         try:
-            batch = data.global_batch(step)
+            batch = data.global_batch(first_step + step)
         except ValueError as e:
             raise TrialFailure("invalid", f"training data: {e}") from e
         micro = [
