@@ -457,7 +457,6 @@ MODEL_FAMILY_FIELDS: dict[str, Any] = {
     "num_moe_experts": None,
     "hybrid_layer_pattern": None,
     "frozen_params": 0,
-    "multi_latent_attention": False,
 }
 
 

@@ -199,3 +199,32 @@ def test_mla_refuses_grouped_query_attention_by_name() -> None:
         _model(num_query_groups=2)
     with pytest.raises(ValidationError, match="q_lora_rank"):
         _model(q_lora_rank=0)
+
+
+def test_mla_fields_render_as_megatron_lm_flags_and_read_back() -> None:
+    """The Megatron-LM launcher passes MLA's fields as Megatron-LM's own flags (each in its
+    argument parser at the pinned commit) and its command line reads back into the same
+    model; the built-in trainer refuses MLA by name (it cannot build it on a CPU)."""
+    from dse.core.records import TrialSpec
+    from dse.workloads.launchers.megatron_lm import model_flags, parse_megatron_args
+    from dse.workloads.megatron._plan import TrialFailure, make_plan
+    from tests.conftest import small_space
+
+    upstream = json.loads((REPO / "tests/fixtures/upstream/megatron_lm_args.json").read_text())
+    upstream = upstream["flags"]
+    space = small_space("mla", {"micro_batch_size": {"values": [1]}},
+                        model={**SMALL, "qk_layernorm": True})  # fmt: skip
+    flags = model_flags(space)
+    for flag in ("--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+                 "--qk-pos-emb-head-dim", "--v-head-dim", "--qk-layernorm"):  # fmt: skip
+        assert flag in flags and flag in upstream, flag
+    model, _, _ = parse_megatron_args(flags)
+    back = ModelSpec.model_validate(model)
+    for k in ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+              "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm"):  # fmt: skip
+        assert getattr(back, k) == getattr(space.model, k), k
+    spec = TrialSpec(study="mla", trial_number=0, params=space.full_params(space.baseline()),
+                     model=space.model.model_dump(), semantics=space.semantics.model_dump(),
+                     world_size=1, device="cpu", metrics_path="m.jsonl", features=[])  # fmt: skip
+    with pytest.raises(TrialFailure, match="model.multi_latent_attention"):
+        make_plan(spec, [])
