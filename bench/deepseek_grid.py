@@ -163,11 +163,24 @@ def _modules(value: Any) -> str | None:
 BRIDGE_GB200_FP8CS: dict[str, Any] = {"fp8_param": True, "grad_reduce_in_fp32": False}
 
 
-def gb200_layout(bridge_precision: bool = True) -> dict[str, Any]:
+#: Bridge's ``deepseek_v3_pretrain_256gpu_gb200_bf16_config`` (same file): no FP8,
+#: ``_perf_precision("bf16")`` (bf16 gradient buffers), ``recompute_modules=["mla_up_proj"]``.
+BRIDGE_GB200_BF16: dict[str, Any] = {
+    "fp8": None,
+    "recompute_modules": "mla_up_proj",
+    "grad_reduce_in_fp32": False,
+}
+
+
+def gb200_layout(variant: str = "fp8cs") -> dict[str, Any]:
     """Bridge's DeepSeek-V3 GB200 performance configuration: rules and estimates.
 
-    ``bridge_precision`` False: the settings this bench used before it took Bridge's
-    precision preset (bf16 weights with an FP8 copy, fp32 gradient buffers, GBS 2048)."""
+    ``variant``: ``fp8cs`` (the recipe's FP8 current-scaling settings), ``bf16`` (its BF16
+    sibling, which recomputes MLA's up projections), ``earlier`` (the settings this bench
+    used before it took Bridge's precision preset: bf16 weights with an FP8 copy, fp32
+    gradient buffers, GBS 2048)."""
+    bridge_precision = variant != "earlier"
+    extra = {"fp8cs": BRIDGE_GB200_FP8CS, "bf16": BRIDGE_GB200_BF16}.get(variant, {})
     fixed = {
         "tensor_model_parallel_size": 1,
         "pipeline_model_parallel_size": 4,
@@ -181,7 +194,7 @@ def gb200_layout(bridge_precision: bool = True) -> dict[str, Any]:
         "moe_grouped_gemm": True,
         "use_distributed_optimizer": True,
         "attention_backend": "te",
-        **(BRIDGE_GB200_FP8CS if bridge_precision else {}),
+        **extra,
     }
     space = parse_space(
         {
@@ -212,7 +225,7 @@ def gb200_layout(bridge_precision: bool = True) -> dict[str, Any]:
     cm = CostModel(space.model, space.semantics, space.resources)
     fits, _ = cm.fits(params, cm.margin(space.prescreen.margin))
     return {
-        "settings": {k: fixed[k] for k in BRIDGE_GB200_FP8CS if k in fixed},
+        "settings": {k: fixed[k] for k in extra},
         "global_batch_size": space.semantics.global_batch_size,
         "rules_broken": rules,
         "peak_gib_estimate": round(mem.total_gib, 1),
@@ -268,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "grid": grid(),
         "gb200_perf_layout": gb200_layout(),
-        "gb200_perf_layout_earlier_settings": gb200_layout(bridge_precision=False),
+        "gb200_perf_layout_earlier_settings": gb200_layout("earlier"),
+        "gb200_bf16_layout": gb200_layout("bf16"),
         "flops": flops_check(),
     }
     if args.json:
@@ -297,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     for st, v in p["stages"].items():
         print(f"    stage {st}: {v['layers']}, {v['params'] / 1e9:.2f}B parameters per rank")
     print(f"  step {p['step_time_s_estimate']} s, {p['tflops_per_gpu_estimate']} TFLOP/s/GPU "
+          "(estimates)")  # fmt: skip
+    b = out["gb200_bf16_layout"]
+    print(f"Bridge's BF16 sibling ({b['settings']}): rules broken: "
+          f"{b['rules_broken'] or 'none'}; peak {b['peak_gib_estimate']} GiB on stage "
+          f"{b['peak_stage']} (estimate; {b['peak_terms_gib']}); step "
+          f"{b['step_time_s_estimate']} s, {b['tflops_per_gpu_estimate']} TFLOP/s/GPU "
           "(estimates)")  # fmt: skip
     print(f"DeepSeek-V3 model FLOPs per token (seq 4096): {f['flops_per_token_t']} TFLOP; "
           f"published 6 x 37B + attention matmuls: {f['published_6x37b_plus_attention_t']} "

@@ -228,3 +228,37 @@ def test_mla_fields_render_as_megatron_lm_flags_and_read_back() -> None:
                      world_size=1, device="cpu", metrics_path="m.jsonl", features=[])  # fmt: skip
     with pytest.raises(TrialFailure, match="model.multi_latent_attention"):
         make_plan(spec, [])
+
+
+def test_mla_up_proj_recompute_is_refused_without_mla_and_saves_the_query_key_value() -> None:
+    """recompute_modules mla_up_proj: Megatron-Core refuses it without Multi-Latent
+    Attention (TransformerConfig.__post_init__), and dse names the rule; with MLA it frees
+    the query, key and value (recomputed in the backward) and costs their up projections
+    again in the step time (estimates)."""
+    from dse.model.costmodel.throughput import estimate_throughput
+    from dse.model.rules import check
+    from tests.conftest import small_space
+
+    knobs = {"recompute": {"values": ["selective"]},
+             "recompute_modules": {"values": ["mla_up_proj", "layernorm"]}}  # fmt: skip
+    plain = small_space("plain", knobs)
+    sel = {"recompute": "selective"}
+    bad = check(plain, plain.full_params({**sel, "recompute_modules": "mla_up_proj"}), set())
+    assert bad and bad[0].rule == "recompute_modules"
+    assert "needs multi-latent attention" in bad[0].message
+    space = small_space("mla", knobs, model=dict(SMALL))
+    up = space.full_params({**sel, "recompute_modules": "mla_up_proj"})
+    assert check(space, up, set()) == []
+    m = space.model
+    kept = _saved(m, recompute="selective", recompute_modules="layernorm")
+    freed = _saved(m, recompute="selective", recompute_modules="mla_up_proj")
+    assert kept - freed == 2 * (12 * 4 + 12 * 4 + 6 * 4) * 32  # query, key, value (bf16)
+    big = small_space("mla_big", knobs, model={**SMALL, "hidden_size": 4096, "q_lora_rank": 1536,
+                      "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+                      "v_head_dim": 128, "num_attention_heads": 32})  # fmt: skip
+
+    def step(mods: str) -> float:
+        p = big.full_params({**sel, "recompute_modules": mods})
+        return float(estimate_throughput(big.model, big.semantics, big.resources, p)["step_time_s"])
+
+    assert step("mla_up_proj") > step("layernorm")
