@@ -261,9 +261,8 @@ def flops_check() -> dict[str, Any]:
     )
     m, seq = space.model, space.semantics.seq_length
     per_token = model_flops_per_step(m, space.semantics) / seq
-    attn = 6 * m.num_layers * m.num_attention_heads * seq / 2 * (
-        m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim
-    )
+    head_dims = m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim
+    attn = 6 * m.num_layers * m.num_attention_heads * seq / 2 * head_dims
     published = 6 * 37e9 + attn
     return {
         "total_params_b": round(total_params(m, seq) / 1e9, 1),
@@ -301,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     print("Bridge DeepSeek-V3 GB200 performance layout (TP1 PP4 VP4 EP64, recompute mlp):")
     print(f"  with this bench's earlier settings (GBS 2048, bf16 weights + FP8 copies, fp32 "
           f"gradient buffers): peak {e['peak_gib_estimate']} GiB on stage {e['peak_stage']} "
-          f"(estimate; {e['peak_terms_gib']}; pre-screen keeps: {e['prescreen_keeps']})")  # fmt: skip
+          f"(estimate; {e['peak_terms_gib']}; pre-screen keeps: "
+          f"{e['prescreen_keeps']})")  # fmt: skip
     print(f"  with Bridge's fp8cs recipe settings (GBS {p['global_batch_size']}, "
           f"{p['settings']}):")  # fmt: skip
     print(f"  rules broken: {p['rules_broken'] or 'none'}; pre-screen keeps: "

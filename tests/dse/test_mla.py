@@ -259,6 +259,7 @@ def test_mla_up_proj_recompute_is_refused_without_mla_and_saves_the_query_key_va
 
     def step(mods: str) -> float:
         p = big.full_params({**sel, "recompute_modules": mods})
-        return float(estimate_throughput(big.model, big.semantics, big.resources, p)["step_time_s"])
+        est = estimate_throughput(big.model, big.semantics, big.resources, p)
+        return float(est["step_time_s"])
 
     assert step("mla_up_proj") > step("layernorm")

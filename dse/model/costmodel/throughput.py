@@ -235,7 +235,7 @@ def _step_parts(
     tp, cp = lay.tp, lay.cp
     tokens = lay.mbs * s / cp  # tokens of one micro-batch on one rank
     h = model.hidden_size
-    hd = model.head_dim
+    hd: float = model.head_dim
     q = model.num_attention_heads * hd / tp
     kv = hd * max(1.0, model.query_groups / tp)
     heads = model.num_attention_heads / tp
@@ -244,7 +244,8 @@ def _step_parts(
         # MLA: its down / up / output projections (the down ones whole on every TP rank);
         # QK^T runs over query/key heads of qk + rope dims, PV over value heads
         qh = model.qk_head_dim + model.qk_pos_emb_head_dim
-        attn_macs = sum(i * o / (tp if split else 1) for i, o, split in model.mla_linears().values())
+        mla = model.mla_linears().values()
+        attn_macs = sum(i * o / (tp if split else 1) for i, o, split in mla)
         hd = (qh + model.v_head_dim) / 2
         q = kv = heads * qh
     fac = mlp_factor(model)

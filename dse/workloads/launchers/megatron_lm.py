@@ -611,7 +611,8 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
     }
     if g("--multi-latent-attention"):
         mla = {"q_lora_rank": g("--q-lora-rank"), "kv_lora_rank": g("--kv-lora-rank"),
-               "qk_head_dim": g("--qk-head-dim"), "qk_pos_emb_head_dim": g("--qk-pos-emb-head-dim"),
+               "qk_head_dim": g("--qk-head-dim"),
+               "qk_pos_emb_head_dim": g("--qk-pos-emb-head-dim"),
                "v_head_dim": g("--v-head-dim")}  # fmt: skip
         # Megatron-LM's --q-lora-rank defaults to None (one full query projection)
         model.update(multi_latent_attention=True, q_lora_rank=mla.pop("q_lora_rank"))
