@@ -19,8 +19,13 @@ as dse now describes them (issue 38): dense-first MoE layers, uneven pipelines.
    ``recompute_modules: [mlp]``, the (4, 4) layout): its rules and its estimate (peak memory
    per stage, step time and TFLOP/s per GPU: cost-model estimates, never measurements).
 
-The catalog model has no multi-token-prediction layer, so Bridge's layouts are used without
-their ``m`` (MTP) symbol; its multi-head latent attention is modelled as plain attention
+   Printed twice: with the recipe's precision settings (:data:`BRIDGE_GB200_FP8CS`), and
+   with the settings this bench used before (for the before/after of BENCHMARKS).
+3. DeepSeek-V3's model FLOPs per token against the published 6 x 37B activated parameters
+   plus the attention matmuls.
+
+The catalog model describes Multi-Latent Attention as Megatron-Core builds it; it has no
+multi-token-prediction layer, so Bridge's layouts are used without their ``m`` (MTP) symbol
 (dse/space/catalog/models/deepseek_v3.yaml). Every memory and speed figure is an estimate.
 """
 
@@ -149,13 +154,57 @@ def _modules(value: Any) -> str | None:
     return text or None
 
 
-def gb200_layout() -> dict[str, Any]:
-    """Bridge's DeepSeek-V3 GB200 performance configuration: rules and estimates."""
+#: What Bridge's ``deepseek_v3_pretrain_256gpu_gb200_fp8cs_config`` sets beyond the layout
+#: (src/megatron/bridge/perf_recipes/deepseek/gb200/deepseek_v3.py): GBS 4096 and the
+#: benchmark precision preset ``_perf_precision("fp8_cs")`` (perf_recipes/_common.py):
+#: ``bf16_with_fp8_current_scaling_mixed`` (fp8 hybrid, tensorwise, ``fp8_param_gather``
+#: True, which Bridge's MixedPrecisionConfig copies to the model's ``fp8_param``) with
+#: ``grad_reduce_in_fp32=False`` (bf16 gradient buffers).
+BRIDGE_GB200_FP8CS: dict[str, Any] = {"fp8_param": True, "grad_reduce_in_fp32": False}
+
+
+#: Bridge's ``deepseek_v3_pretrain_256gpu_gb200_bf16_config`` (same file): no FP8,
+#: ``_perf_precision("bf16")`` (bf16 gradient buffers), ``recompute_modules=["mla_up_proj"]``.
+BRIDGE_GB200_BF16: dict[str, Any] = {
+    "fp8": None,
+    "recompute_modules": "mla_up_proj",
+    "grad_reduce_in_fp32": False,
+}
+
+
+def gb200_layout(variant: str = "fp8cs") -> dict[str, Any]:
+    """Bridge's DeepSeek-V3 GB200 performance configuration: rules and estimates.
+
+    ``variant``: ``fp8cs`` (the recipe's FP8 current-scaling settings), ``bf16`` (its BF16
+    sibling, which recomputes MLA's up projections), ``earlier`` (the settings this bench
+    used before it took Bridge's precision preset: bf16 weights with an FP8 copy, fp32
+    gradient buffers, GBS 2048)."""
+    bridge_precision = variant != "earlier"
+    extra = {"fp8cs": BRIDGE_GB200_FP8CS, "bf16": BRIDGE_GB200_BF16}.get(variant, {})
+    fixed = {
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 4,
+        "virtual_pipeline_model_parallel_size": 4,
+        "expert_model_parallel_size": 64,
+        "pipeline_model_parallel_layout": BRIDGE_DSV3_LAYOUTS[(4, 4)],
+        "recompute": "selective",
+        "recompute_modules": "mlp",
+        "fp8": "hybrid",
+        "fp8_recipe": "tensorwise",
+        "moe_grouped_gemm": True,
+        "use_distributed_optimizer": True,
+        "attention_backend": "te",
+        **extra,
+    }
     space = parse_space(
         {
             "study": "dsv3_gb200_perf",
             "model": "deepseek_v3",
-            "semantics": {"seq_length": 4096, "global_batch_size": 2048, "precision": "bf16"},
+            "semantics": {
+                "seq_length": 4096,
+                "global_batch_size": 4096 if bridge_precision else 2048,
+                "precision": "bf16",
+            },
             "resources": {
                 "world_size": 256,
                 "gpus_per_node": 4,
@@ -163,20 +212,7 @@ def gb200_layout() -> dict[str, Any]:
                 "gpu_memory_gib": 184.0,  # dse's GPU table, as the import sets it
                 "features": ["transformer_engine", "apex"],
             },  # fmt: skip
-            "fixed": {
-                "tensor_model_parallel_size": 1,
-                "pipeline_model_parallel_size": 4,
-                "virtual_pipeline_model_parallel_size": 4,
-                "expert_model_parallel_size": 64,
-                "pipeline_model_parallel_layout": BRIDGE_DSV3_LAYOUTS[(4, 4)],
-                "recompute": "selective",
-                "recompute_modules": "mlp",
-                "fp8": "hybrid",
-                "fp8_recipe": "tensorwise",
-                "moe_grouped_gemm": True,
-                "use_distributed_optimizer": True,
-                "attention_backend": "te",
-            },
+            "fixed": fixed,
             "knobs": {"micro_batch_size": {"values": [1]}},
         },
         "gb200",
@@ -186,11 +222,16 @@ def gb200_layout() -> dict[str, Any]:
     mem = estimate_memory(space.model, space.semantics, space.resources, params)
     terms = ("weights_gib", "gradients_gib", "optimizer_gib", "activations_gib")
     speed = estimate_throughput(space.model, space.semantics, space.resources, params)
+    cm = CostModel(space.model, space.semantics, space.resources)
+    fits, _ = cm.fits(params, cm.margin(space.prescreen.margin))
     return {
+        "settings": {k: fixed[k] for k in extra},
+        "global_batch_size": space.semantics.global_batch_size,
         "rules_broken": rules,
         "peak_gib_estimate": round(mem.total_gib, 1),
         "peak_terms_gib": {t: round(getattr(mem, t), 1) for t in terms},
         "peak_stage": mem.peak_stage,
+        "prescreen_keeps": bool(fits),
         "stages": {
             s: {"layers": v["layers"], "params": v["params"]}
             for s, v in mem.details["stages"].items()
@@ -201,15 +242,52 @@ def gb200_layout() -> dict[str, Any]:
     }
 
 
+def flops_check() -> dict[str, Any]:
+    """DeepSeek-V3's model FLOPs per token (dse's count, Megatron-LM's convention) against
+    the published 37 B activated parameters: ``6 x 37e9`` per token plus the attention
+    matmuls (``6 x`` per token ``layers x heads x s/2 x (qk + rope + v)``, causal)."""
+    from dse.model.costmodel._params import total_params
+    from dse.model.flops import model_flops_per_step
+
+    space = parse_space(
+        {
+            "study": "dsv3_flops",
+            "model": "deepseek_v3",
+            "semantics": {"seq_length": 4096, "global_batch_size": 1, "precision": "bf16"},
+            "resources": {"world_size": 1, "gpu": "NVIDIA GB200", "gpu_memory_gib": 184.0},
+            "knobs": {"micro_batch_size": {"values": [1]}},
+        },
+        "flops",
+    )
+    m, seq = space.model, space.semantics.seq_length
+    per_token = model_flops_per_step(m, space.semantics) / seq
+    head_dims = m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim
+    attn = 6 * m.num_layers * m.num_attention_heads * seq / 2 * head_dims
+    published = 6 * 37e9 + attn
+    return {
+        "total_params_b": round(total_params(m, seq) / 1e9, 1),
+        "flops_per_token_t": round(per_token / 1e12, 4),
+        "published_6x37b_plus_attention_t": round(published / 1e12, 4),
+        "ratio": round(per_token / published, 3),
+        "attention_matmuls_t": round(attn / 1e12, 4),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    out = {"grid": grid(), "gb200_perf_layout": gb200_layout()}
+    out = {
+        "grid": grid(),
+        "gb200_perf_layout": gb200_layout(),
+        "gb200_perf_layout_earlier_settings": gb200_layout("earlier"),
+        "gb200_bf16_layout": gb200_layout("bf16"),
+        "flops": flops_check(),
+    }
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    g, p = out["grid"], out["gb200_perf_layout"]
+    g, p, f = out["grid"], out["gb200_perf_layout"], out["flops"]
     print(f"CloudAI DeepSeek-V3 grid: {g['grid']} configurations on {g['gpu']} "
           f"({g['gpu_memory_gib']} GiB, pre-screen margin {g['prescreen_margin']})")  # fmt: skip
     print(f"  CloudAI keeps {g['cloudai_keeps']} (by PP {g['cloudai_keeps_by_pp']})")
@@ -218,14 +296,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  kept by CloudAI, refused by dse: {g['cloudai_kept_dse_refused_by_reason']}")
     for row in g["kept"]:
         print(f"    kept {row}")
+    e = out["gb200_perf_layout_earlier_settings"]
     print("Bridge DeepSeek-V3 GB200 performance layout (TP1 PP4 VP4 EP64, recompute mlp):")
-    print(f"  rules broken: {p['rules_broken'] or 'none'}")
+    print(f"  with this bench's earlier settings (GBS 2048, bf16 weights + FP8 copies, fp32 "
+          f"gradient buffers): peak {e['peak_gib_estimate']} GiB on stage {e['peak_stage']} "
+          f"(estimate; {e['peak_terms_gib']}; pre-screen keeps: "
+          f"{e['prescreen_keeps']})")  # fmt: skip
+    print(f"  with Bridge's fp8cs recipe settings (GBS {p['global_batch_size']}, "
+          f"{p['settings']}):")  # fmt: skip
+    print(f"  rules broken: {p['rules_broken'] or 'none'}; pre-screen keeps: "
+          f"{p['prescreen_keeps']}")  # fmt: skip
     print(f"  peak {p['peak_gib_estimate']} GiB on stage {p['peak_stage']} of "
           f"{p['gpu_memory_gib']} GiB (estimate; {p['peak_terms_gib']})")  # fmt: skip
     for st, v in p["stages"].items():
         print(f"    stage {st}: {v['layers']}, {v['params'] / 1e9:.2f}B parameters per rank")
     print(f"  step {p['step_time_s_estimate']} s, {p['tflops_per_gpu_estimate']} TFLOP/s/GPU "
           "(estimates)")  # fmt: skip
+    b = out["gb200_bf16_layout"]
+    print(f"Bridge's BF16 sibling ({b['settings']}): rules broken: "
+          f"{b['rules_broken'] or 'none'}; peak {b['peak_gib_estimate']} GiB on stage "
+          f"{b['peak_stage']} (estimate; {b['peak_terms_gib']}); step "
+          f"{b['step_time_s_estimate']} s, {b['tflops_per_gpu_estimate']} TFLOP/s/GPU "
+          "(estimates)")  # fmt: skip
+    print(f"DeepSeek-V3 model FLOPs per token (seq 4096): {f['flops_per_token_t']} TFLOP; "
+          f"published 6 x 37B + attention matmuls: {f['published_6x37b_plus_attention_t']} "
+          f"TFLOP (ratio {f['ratio']}); parameters {f['total_params_b']}B")  # fmt: skip
     return 0
 
 

@@ -11,6 +11,11 @@ The count follows ``num_floating_point_operations`` of Megatron-LM
   ``moe_ffn_hidden_size`` plus the shared expert;
 * attention counts the Q, K, V and output projections with GQA's smaller K/V, and the two
   attention matmuls (QK^T and softmax·V) over half of the sequence (the causal mask);
+* Multi-Latent Attention (``multi_latent_attention``) counts its down and up projections
+  (:func:`dse.space.searchspace.mla_linear_shapes`), one multiply-add per element of the
+  compressed query and key/value for their norms, as Megatron-LM does, and the two
+  attention matmuls with query/key heads of ``qk_head_dim + qk_pos_emb_head_dim`` and value
+  heads of ``v_head_dim``, halved by the causal mask;
 * the logits GEMM uses the padded vocabulary size;
 * activation recompute is not counted (model FLOPs, not hardware FLOPs);
 * the training semantics change no count: a LoRA study (``semantics.peft``) counts the base
@@ -30,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from dse.space.searchspace import moe_layer_pattern
+from dse.space.searchspace import mla_linear_shapes, moe_layer_pattern
 
 __all__ = ["padded_vocab_size", "model_flops_per_step", "tflops_per_gpu"]
 
@@ -108,15 +113,37 @@ def model_flops_per_step(
 
     # Per token: MLP GEMMs.
     mlp = h * mlp_gemms * (ffn * dense_layers + (moe_ffn * topk + shared_ffn) * moe_layers)
-    # Per token: attention projections (Q, K, V in; output projection).
-    q_size = head_dim * heads
-    kv_size = head_dim * groups
-    projections = (h * (q_size + 2 * kv_size) + q_size * h) * layers
-    # Per token: QK^T and softmax·V, each q_size x seq, halved by the causal mask.
-    core_attention = 2 * q_size * seq * 0.5 * layers
+    if m.get("multi_latent_attention"):
+        projections, core_attention = _mla_flops_terms(m, h, heads, seq)
+        projections *= layers
+        core_attention *= layers
+    else:
+        # Per token: attention projections (Q, K, V in; output projection).
+        q_size = head_dim * heads
+        kv_size = head_dim * groups
+        projections = (h * (q_size + 2 * kv_size) + q_size * h) * layers
+        # Per token: QK^T and softmax·V, each q_size x seq, halved by the causal mask.
+        core_attention = 2 * q_size * seq * 0.5 * layers
     # Per token: output logits.
     logits = h * vocab
     return float(fwd_bwd * fma * tokens * (mlp + projections + core_attention + logits))
+
+
+def _mla_flops_terms(m: Mapping[str, Any], h: int, heads: int, seq: int) -> tuple[float, float]:
+    """Multiply-adds per token of one MLA block: (projections with the compressed norms,
+    the two attention matmuls over half the sequence), as Megatron-LM's
+    ``num_floating_point_operations`` counts them."""
+    q_lora = m.get("q_lora_rank", 512)  # MLATransformerConfig's default when absent
+    kv_lora = int(m.get("kv_lora_rank") or 512)
+    qk = int(m.get("qk_head_dim") or 128)
+    rope = int(m.get("qk_pos_emb_head_dim") or 64)
+    v = int(m.get("v_head_dim") or 128)
+    shapes = mla_linear_shapes(h, heads, None if q_lora is None else int(q_lora), kv_lora, qk,
+                               rope, v)  # fmt: skip
+    projections = float(sum(n_in * n_out for n_in, n_out, _ in shapes.values()))
+    projections += (int(q_lora) if q_lora is not None else 0) + kv_lora  # q / kv norms
+    core = seq * heads * (qk + rope) / 2 + seq * heads * v / 2
+    return projections, core
 
 
 #: MambaMixer's causal convolution width (``d_conv``, fixed at 4 in Megatron-Core's specs).

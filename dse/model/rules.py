@@ -660,7 +660,7 @@ def r_recompute_modules(
     """recompute_modules (selective): moe_act needs moe_grouped_gemm; moe, moe_act and
     shared_experts need MoE layers, shared_experts a shared expert and no
     moe_shared_expert_overlap; FP8 with the delayed recipe cannot recompute moe_act or
-    layernorm (TransformerConfig.__post_init__).
+    layernorm; mla_up_proj needs Multi-Latent Attention (TransformerConfig.__post_init__).
 
     ``mlp`` is allowed on every model, as Megatron-Core 0.16.1 allows it: its
     TransformerConfig.__post_init__ checks only that each module is a known name
@@ -676,6 +676,13 @@ def r_recompute_modules(
         return None
     mods = modules_list(fp["recompute_modules"])
     counts = s.model.layer_counts()
+    if "mla_up_proj" in mods and not s.model.multi_latent_attention:
+        return _v(
+            "recompute_modules",
+            "mla_up_proj recompute needs multi-latent attention",
+            recompute_modules=fp["recompute_modules"],
+            multi_latent_attention=False,
+        )
     if "moe_act" in mods and not _get(fp, "moe_grouped_gemm"):
         return _v(
             "recompute_modules",

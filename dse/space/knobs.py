@@ -621,9 +621,12 @@ def _pipeline_split_knobs() -> list[Knob]:
 # --- knobs of the tuned hybrid/MoE recipes (Nemotron 3 Nano Omni) --------------------------
 
 #: ``recompute_modules`` choices (TransformerConfig.recompute_modules, selective recompute),
-#: in Megatron-Core's order; ``mla_up_proj`` and ``gdn_norm_out`` need model kinds dse does
-#: not describe (MLA, gated delta net).
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts")
+#: in Megatron-Core's order; ``mla_up_proj`` needs Multi-Latent Attention
+#: (``model.multi_latent_attention``); ``gdn_norm_out`` needs a model kind dse does not
+#: describe (gated delta net).
+RECOMPUTE_MODULES = (
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

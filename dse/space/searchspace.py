@@ -50,6 +50,7 @@ __all__ = [
     "HYBRID_SYMBOLS",
     "moe_layer_pattern",
     "count_layer_kinds",
+    "mla_linear_shapes",
     "MODEL_FAMILY_FIELDS",
     "family_value",
     "Resources",
@@ -94,6 +95,13 @@ _LATER_MODEL_FIELDS = (
     "mamba_chunk_size",
     "frozen_params",
     "moe_layer_freq",
+    "multi_latent_attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "qk_layernorm",
 )
 
 #: Layer symbols of ``hybrid_layer_pattern`` (megatron/core/ssm/mamba_hybrid_layer_allocation.py
@@ -113,6 +121,38 @@ def moe_layer_pattern(
     if isinstance(moe_layer_freq, int):
         return [1 if i % moe_layer_freq == 0 else 0 for i in range(num_layers)]
     return [int(x) for x in moe_layer_freq]
+
+
+def mla_linear_shapes(
+    hidden_size: int,
+    num_attention_heads: int,
+    q_lora_rank: int | None,
+    kv_lora_rank: int,
+    qk_head_dim: int,
+    qk_pos_emb_head_dim: int,
+    v_head_dim: int,
+) -> dict[str, tuple[int, int, bool]]:
+    """The linear layers of one Multi-Latent Attention block as Megatron-Core builds them
+    (megatron/core/transformer/multi_latent_attention.py ``MLASelfAttention``): name ->
+    (input width, output width, split over tensor parallelism). The down projections of the
+    Transformer-Engine spec are duplicated on every TP rank (``parallel_mode='duplicated'``);
+    the up projections and the output projection are split by heads. Without ``q_lora_rank``
+    the query has one projection, ``linear_q_proj``. The one place dse reads MLA's shapes."""
+    q_head = qk_head_dim + qk_pos_emb_head_dim
+    out: dict[str, tuple[int, int, bool]] = {}
+    if q_lora_rank is None:
+        out["linear_q_proj"] = (hidden_size, num_attention_heads * q_head, True)
+    else:
+        out["linear_q_down_proj"] = (hidden_size, q_lora_rank, False)
+        out["linear_q_up_proj"] = (q_lora_rank, num_attention_heads * q_head, True)
+    out["linear_kv_down_proj"] = (hidden_size, kv_lora_rank + qk_pos_emb_head_dim, False)
+    out["linear_kv_up_proj"] = (
+        kv_lora_rank,
+        num_attention_heads * (qk_head_dim + v_head_dim),
+        True,
+    )
+    out["linear_proj"] = (num_attention_heads * v_head_dim, hidden_size, True)
+    return out
 
 
 def count_layer_kinds(kinds: list[str]) -> dict[str, int]:
@@ -149,6 +189,40 @@ class ModelSpec(_Strict):
     )
     kv_channels: int | None = Field(
         None, ge=1, le=B.MAX_MODEL_INT, description="Head dim; default h/heads."
+    )
+    multi_latent_attention: bool = Field(
+        False,
+        description="Multi-Latent Attention (Megatron-Core MLATransformerConfig."
+        "multi_latent_attention, --multi-latent-attention; DeepSeek-V2/V3): low-rank query "
+        "and key/value projections (q_lora_rank, kv_lora_rank), query/key heads of "
+        "qk_head_dim + qk_pos_emb_head_dim, value heads of v_head_dim. kv_channels and "
+        "num_query_groups do not apply.",
+    )
+    q_lora_rank: int | None = Field(
+        512,
+        ge=1,
+        le=B.MAX_MODEL_INT,
+        description="MLA: rank of the query's low-rank projection (MLATransformerConfig."
+        "q_lora_rank); None: one full query projection (DeepSeek-V2-Lite).",
+    )
+    kv_lora_rank: int = Field(
+        512,
+        ge=1,
+        le=B.MAX_MODEL_INT,
+        description="MLA: rank of the key/value low-rank projection (kv_lora_rank).",
+    )
+    qk_head_dim: int = Field(
+        128, ge=1, le=B.MAX_MODEL_INT, description="MLA: query/key head dim without RoPE."
+    )
+    qk_pos_emb_head_dim: int = Field(
+        64, ge=1, le=B.MAX_MODEL_INT, description="MLA: the RoPE part of a query/key head."
+    )
+    v_head_dim: int = Field(128, ge=1, le=B.MAX_MODEL_INT, description="MLA: value head dim.")
+    qk_layernorm: bool = Field(
+        False,
+        description="Norms on the queries and keys (TransformerConfig.qk_layernorm, "
+        "--qk-layernorm); with MLA, the norms of the compressed query and key/value "
+        "(q_layernorm of q_lora_rank, kv_layernorm of kv_lora_rank), as DeepSeek-V3 has.",
     )
     activation: Literal["gelu", "swiglu", "silu", "relu", "squared_relu"] = Field(
         "swiglu", description="MLP activation (swiglu = silu + gated_linear_unit)."
@@ -266,6 +340,37 @@ class ModelSpec(_Strict):
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    def mla_linears(self) -> dict[str, tuple[int, int, bool]]:
+        """This model's MLA linear layers (:func:`mla_linear_shapes`); {} without MLA."""
+        if not self.multi_latent_attention:
+            return {}
+        return mla_linear_shapes(
+            self.hidden_size,
+            self.num_attention_heads,
+            self.q_lora_rank,
+            self.kv_lora_rank,
+            self.qk_head_dim,
+            self.qk_pos_emb_head_dim,
+            self.v_head_dim,
+        )
+
+    @model_validator(mode="after")
+    def _mla_fields(self) -> ModelSpec:
+        if not self.multi_latent_attention:
+            return self
+        if self.num_query_groups is not None and self.num_query_groups != self.num_attention_heads:
+            raise ValueError(
+                "multi_latent_attention has no grouped-query attention (Megatron-LM asserts "
+                "not group_query_attention) (num_query_groups="
+                f"{self.num_query_groups}, num_attention_heads={self.num_attention_heads})"
+            )
+        if self.hybrid_layer_pattern is not None:
+            raise ValueError(
+                "multi_latent_attention applies to a GPT model; a hybrid_layer_pattern's "
+                "attention layers are standard attention in dse's model"
+            )
+        return self
 
     @model_validator(mode="after")
     def _hybrid_fields(self) -> ModelSpec:

@@ -32,15 +32,43 @@ def mlp_factor(model: ModelSpec) -> int:
 
 
 def _attention_params(model: ModelSpec) -> tuple[int, int]:
-    """(TP-sharded, replicated) parameters of one attention block, norm included."""
+    """(TP-sharded, replicated) parameters of one attention block, norm included.
+
+    Multi-Latent Attention: the linears of :meth:`ModelSpec.mla_linears` (down projections
+    replicated on every TP rank, as the Transformer-Engine spec builds them), plus, with
+    ``qk_layernorm``, the norms of the compressed query and key/value."""
+    if model.multi_latent_attention:
+        return _mla_params(model)
     h, q = model.hidden_size, model.num_attention_heads * model.head_dim
     kv = model.query_groups * model.head_dim
     norm = h * (2 if model.normalization == "LayerNorm" else 1)
     sharded = h * (q + 2 * kv) + q * h
     replicated = norm
+    if model.qk_layernorm:
+        replicated += 2 * model.head_dim * (2 if model.normalization == "LayerNorm" else 1)
     if model.add_bias_linear:
         sharded += q + 2 * kv
         replicated += h
+    return sharded, replicated
+
+
+def _mla_params(model: ModelSpec) -> tuple[int, int]:
+    """(TP-sharded, replicated) parameters of one MLA block with its input norm (MLA has no
+    linear biases in Megatron-Core: every projection is built with ``bias=False`` except
+    the output projection, which follows ``add_bias_linear``)."""
+    h = model.hidden_size
+    per_norm = 2 if model.normalization == "LayerNorm" else 1
+    sharded = replicated = 0
+    for n_in, n_out, split in model.mla_linears().values():
+        if split:
+            sharded += n_in * n_out
+        else:
+            replicated += n_in * n_out
+    replicated += h * per_norm
+    if model.qk_layernorm:
+        replicated += per_norm * ((model.q_lora_rank or 0) + model.kv_lora_rank)
+    if model.add_bias_linear:
+        replicated += h  # linear_proj's bias
     return sharded, replicated
 
 
@@ -192,6 +220,12 @@ def lora_layer_params(model: ModelSpec, kind: str, peft: LoraSpec) -> tuple[floa
     r, t = peft.dim, set(peft.target_modules)
     h = model.hidden_size
     dense = expert = 0.0
+    if kind == "attention" and model.multi_latent_attention:
+        # MLA has no linear_qkv: of the targets, only linear_proj exists in its block
+        if "linear_proj" in t:
+            n_in, n_out, _ = model.mla_linears()["linear_proj"]
+            dense += r * (n_in + n_out)
+        return dense, expert
     if kind == "attention":
         q = model.num_attention_heads * model.head_dim
         kv = model.query_groups * model.head_dim

@@ -71,10 +71,19 @@ def family(model: ModelSpec) -> str:
     return "moe" if model.num_moe_experts else "dense"
 
 
+#: Multi-Latent Attention's shape fields, which mean nothing without it.
+_MLA_FIELDS = {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}
+
+
 def fingerprint(model: ModelSpec) -> str:
     """The architecture as one string (two data sets of one model share it). A field added
-    later counts only when set (``moe_layer_freq`` other than every layer)."""
+    later counts only when set (``moe_layer_freq`` other than every layer; MLA's fields with
+    ``multi_latent_attention``; ``qk_layernorm`` when on)."""
     exclude = {"seq_length"} | ({"moe_layer_freq"} if model.moe_layer_freq == 1 else set())
+    if not model.multi_latent_attention:
+        exclude |= _MLA_FIELDS | {"multi_latent_attention"}
+    if not model.qk_layernorm:
+        exclude.add("qk_layernorm")
     return json.dumps(model.model_dump(mode="json", exclude=exclude), sort_keys=True)
 
 

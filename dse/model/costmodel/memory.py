@@ -304,7 +304,12 @@ def layer_activations(
     # which TP shards only with sequence parallelism (like the norms)
     norms += _hidden_dropout_mask(model, tr, sh.h) * 2
     scores = masks = 0.0
-    if rc == "selective":
+    if model.multi_latent_attention:
+        attn = _mla_saved(model, layout, sh)
+        if layout.attention == "unfused" and rc != "selective":
+            scores = (SOFTMAX_BYTES + a + _attn_dropout_mask(model)) * sh.scores
+            masks = sh.mask
+    elif rc == "selective":
         attn = (_qkv_kept(model, sh) + a * sh.q_r) * t  # checkpoint inputs + its output
     elif layout.attention == "unfused":
         if sh.rep > 1:
@@ -324,6 +329,58 @@ def layer_activations(
         attn = (_qkv_kept(model, sh) + a * sh.q_r + 4 * sh.heads_r) * t
     mlp = _mlp_activations(model, layout, sh)
     return ActivationBreakdown(norms, attn, scores, mlp, masks)
+
+
+def _mla_widths(model: ModelSpec, layout: CostLayout) -> tuple[float, float]:
+    """(query/key width, value width) of an MLA block on one TP rank."""
+    heads_r = model.num_attention_heads / layout.tp
+    return heads_r * (model.qk_head_dim + model.qk_pos_emb_head_dim), heads_r * model.v_head_dim
+
+
+def _mla_saved(model: ModelSpec, layout: CostLayout, sh: _Shapes) -> float:
+    """Bytes one MLA block saves for the backward per micro-batch on one rank (no full
+    recompute), from megatron/core/transformer/multi_latent_attention.py:
+
+    * down projections (every TP rank holds them whole, on its ``tokens_r``): the compressed
+      query, the norm's output (with ``qk_layernorm``: the up projection's input), the
+      compressed key/value with its RoPE part (the norm's input is a view of it) and its
+      norm's output;
+    * up projections: the contiguous query, key and value the attention kernel keeps (widths
+      ``heads (qk_head_dim + qk_pos_emb_head_dim)`` and ``heads v_head_dim`` over TP), the
+      attention output (also ``linear_proj``'s input) and, for fused kernels, the fp32
+      log-sum-exp per head. The up projections' own outputs are not kept: the split, RoPE
+      and concatenation make new tensors.
+
+    Selective recompute of ``mla_up_proj`` (``CheckpointWithoutOutput``) frees the query,
+    key and value after the attention's forward and recomputes them in the backward; the
+    legacy selective recompute of ``core_attn`` keeps them as its checkpoint's inputs."""
+    a, t, tr = sh.a, sh.tokens, sh.tokens_r
+    ln = 2 if model.qk_layernorm else 1
+    down = ((model.q_lora_rank or 0) * ln + model.kv_lora_rank + model.qk_pos_emb_head_dim) * tr
+    if model.qk_layernorm:
+        down += model.kv_lora_rank * tr
+    qk_w, v_w = _mla_widths(model, layout)
+    out = a * v_w * t
+    lse = 0.0 if layout.attention == "unfused" else 4 * sh.heads_r * t
+    qkv = 0.0 if layout.recomputes("mla_up_proj") else a * (2 * qk_w + v_w) * t
+    return a * down + qkv + out + lse
+
+
+def _attention_backward(model: ModelSpec, layout: CostLayout, sh: _Shapes) -> float:
+    """Working set of one fused attention's backward: the query/key/value gradients and an
+    fp32 query-gradient accumulator (MLA: its own widths; ``mla_up_proj`` recompute adds the
+    recomputed query, key and value). 0 for unfused attention (its score buffers count
+    instead)."""
+    if layout.attention == "unfused":
+        return 0.0
+    a, t = sh.a, sh.tokens
+    if not model.multi_latent_attention:
+        return (a * (sh.q_r + 2 * sh.kv_r) + 4 * sh.q_r) * t
+    qk_w, v_w = _mla_widths(model, layout)
+    work = (a * (2 * qk_w + v_w) + 4 * qk_w) * t
+    if layout.recomputes("mla_up_proj"):
+        work += a * (2 * qk_w + v_w) * t
+    return work
 
 
 def _hidden_dropout_mask(model: ModelSpec, tokens: float, width: float) -> float:
@@ -541,7 +598,7 @@ def _phases(
     mlp_bwd = a * sh.tokens * (fac + 1) * f_width
     if not layout.gradient_accumulation_fusion:
         mlp_bwd += a * sh.h * (fac + 1) * f_width  # weight gradients before main_grad.add_
-    flash_bwd = 0.0 if unfused else (a * (sh.q_r + 2 * sh.kv_r) + 4 * sh.q_r) * sh.tokens
+    flash_bwd = _attention_backward(model, layout, sh)
     expand = 2 * a * sh.q_r * sh.tokens if (unfused and sh.rep > 1) else 0.0
 
     phases: list[_Phase] = []
@@ -655,7 +712,7 @@ def _kind_bytes(
     rc = "selective" if layout.recomputes("core_attn") else "none"
     attn = layer_activations(model, semantics, layout, recompute=rc)
     unfused = layout.attention == "unfused"
-    flash_bwd = 0.0 if unfused else (a * (sh.q_r + 2 * sh.kv_r) + 4 * sh.q_r) * t
+    flash_bwd = _attention_backward(model, layout, sh)
     sm_work = SOFTMAX_BYTES if a < 4 else a
     score_bwd = (SOFTMAX_BYTES + 3 * sm_work) * sh.scores if unfused else 0.0
     out["attention"] = {

@@ -235,10 +235,19 @@ def _step_parts(
     tp, cp = lay.tp, lay.cp
     tokens = lay.mbs * s / cp  # tokens of one micro-batch on one rank
     h = model.hidden_size
-    hd = model.head_dim
+    hd: float = model.head_dim
     q = model.num_attention_heads * hd / tp
     kv = hd * max(1.0, model.query_groups / tp)
     heads = model.num_attention_heads / tp
+    attn_macs = h * (q + 2 * kv) + q * h  # Q, K, V and output projections per token
+    if model.multi_latent_attention:
+        # MLA: its down / up / output projections (the down ones whole on every TP rank);
+        # QK^T runs over query/key heads of qk + rope dims, PV over value heads
+        qh = model.qk_head_dim + model.qk_pos_emb_head_dim
+        mla = model.mla_linears().values()
+        attn_macs = sum(i * o / (tp if split else 1) for i, o, split in mla)
+        hd = (qh + model.v_head_dim) / 2
+        q = kv = heads * qh
     fac = mlp_factor(model)
     experts = model.num_moe_experts or 0
     moe = experts > 0
@@ -283,7 +292,7 @@ def _step_parts(
     d_in = model.mamba_d_inner / tp
     gn = model.mamba_num_groups * model.mamba_state_dim / tp
     mamba_macs = h * (2 * d_in + 2 * gn + model.mamba_heads / tp) + d_in * h
-    proj_macs = f_attn * (h * (q + 2 * kv) + q * h) + f_mamba * mamba_macs
+    proj_macs = f_attn * attn_macs + f_mamba * mamba_macs
     # the chunked scan and the mixer's elementwise traffic
     mamba_fwd = f_mamba * tokens * (MAMBA_SCAN_S_PER_TOKEN + MAMBA_ELEMENTWISE_BYTES * d_in / bw)
     n_layers = layers_on_stage(model, lay)
@@ -333,6 +342,10 @@ def _step_parts(
             layer_bwd += moe_fwd
         if lay.recomputes("mlp"):
             layer_bwd += 2 * tokens * f_dense * h * f * (fac + 1) / lin_rate
+        if lay.recomputes("mla_up_proj"):
+            # the query and key/value up projections again (split by heads over TP)
+            up = [v for k, v in model.mla_linears().items() if k.endswith("up_proj")]
+            layer_bwd += 2 * tokens * f_attn * sum(i * o / tp for i, o, _ in up) / lin_rate
     compute = n_layers * m * (layer_fwd + layer_bwd)
     if moe and lay.ep > 1 and lay.flex_backend is None:
         # the all-to-all dispatcher waits for the host in every MoE forward

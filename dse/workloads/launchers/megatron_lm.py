@@ -189,6 +189,16 @@ def model_flags(space: SearchSpace) -> list[str]:
         out += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
     if m.kv_channels is not None:
         out += ["--kv-channels", str(m.kv_channels)]
+    if m.multi_latent_attention:
+        out.append("--multi-latent-attention")
+        if m.q_lora_rank is not None:
+            out += ["--q-lora-rank", str(m.q_lora_rank)]
+        out += ["--kv-lora-rank", str(m.kv_lora_rank),
+                "--qk-head-dim", str(m.qk_head_dim),
+                "--qk-pos-emb-head-dim", str(m.qk_pos_emb_head_dim),
+                "--v-head-dim", str(m.v_head_dim)]  # fmt: skip
+    if m.qk_layernorm:
+        out.append("--qk-layernorm")
     if m.activation == "swiglu":
         out.append("--swiglu")
     elif m.activation == "squared_relu":
@@ -519,7 +529,8 @@ def _parser() -> argparse.ArgumentParser:
                  "--kv-channels", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                  "--moe-shared-expert-intermediate-size", "--global-batch-size", "--train-iters",
                  "--seed", "--log-interval", "--vocab-size", VPP_FLAG,
-                 VSTAGES_FLAG):  # fmt: skip
+                 VSTAGES_FLAG, "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+                 "--qk-pos-emb-head-dim", "--v-head-dim"):  # fmt: skip
         a(flag, type=int)
     a("--moe-layer-freq")
     a("--lr", type=float)
@@ -536,6 +547,7 @@ def _parser() -> argparse.ArgumentParser:
                "--untie-embeddings-and-output-weights", "--bf16", "--fp16", "--mock-data",
                "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16",
                "--moe-enable-deepep", "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion",
+               "--multi-latent-attention", "--qk-layernorm",
                *SWITCH_OF_FIELD.values(), *NO_SWITCH_OF_FIELD.values()):  # fmt: skip
         a(sw, action="store_true")
     for f, flag in ROUTING_FLAG_OF_FIELD.items():
@@ -595,7 +607,16 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
         "position_embedding_type": g("--position-embedding-type"),
         "add_bias_linear": not g("--disable-bias-linear"),
         "untie_embeddings_and_output_weights": g("--untie-embeddings-and-output-weights"),
+        "qk_layernorm": g("--qk-layernorm"),
     }
+    if g("--multi-latent-attention"):
+        mla = {"q_lora_rank": g("--q-lora-rank"), "kv_lora_rank": g("--kv-lora-rank"),
+               "qk_head_dim": g("--qk-head-dim"),
+               "qk_pos_emb_head_dim": g("--qk-pos-emb-head-dim"),
+               "v_head_dim": g("--v-head-dim")}  # fmt: skip
+        # Megatron-LM's --q-lora-rank defaults to None (one full query projection)
+        model.update(multi_latent_attention=True, q_lora_rank=mla.pop("q_lora_rank"))
+        model.update({k: v for k, v in mla.items() if v is not None})
     if g("--num-experts"):
         model.update(
             num_moe_experts=g("--num-experts"),

@@ -149,6 +149,27 @@ def _training_semantics_check(
         raise TrialFailure("invalid", f"semantics.peft: {why}")
 
 
+def _attention_model_check(model: ModelSpec) -> None:
+    """What the built-in trainer cannot build of the model's attention (class ``invalid``,
+    naming the field): Multi-Latent Attention (on a CPU Megatron-Core's local
+    DotProductAttention takes no separate query/key and value head dims, and its rotary
+    embedding asks for a CUDA device) and query/key norms (its layer specs are built
+    without them)."""
+    if model.multi_latent_attention:
+        raise TrialFailure(
+            "invalid",
+            "model.multi_latent_attention: the built-in trainer does not build Multi-Latent "
+            "Attention (Megatron-Core's local attention takes no k_channels); run a "
+            "Megatron-LM or Bridge recipe launcher, or the sim workload for estimates",
+        )
+    if model.qk_layernorm:
+        raise TrialFailure(
+            "invalid",
+            "model.qk_layernorm: the built-in trainer builds no query/key norms; run a "
+            "recipe launcher",
+        )
+
+
 def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPlan:
     """Validate the spec and derive its layout, as the pre-launch check does.
 
@@ -204,6 +225,7 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
             )
 
     _training_semantics_check(model, semantics, spec.params)
+    _attention_model_check(model)
 
     fields: dict[str, dict[str, Any]] = {
         "model": {}, "ddp": {}, "optimizer": {}, "train": {}, "env": {},
