@@ -165,8 +165,8 @@ def packing_refusal(
             f"attention_backend={backend!r} (Transformer Engine's THD layout with "
             "cu_seqlens runs through a Bridge or NeMo packed-SFT recipe launcher)"
         )
-    fusion = knob_value(params, "masked_softmax_fusion")
-    if backend == "unfused" and semantics.precision != "fp32" and fusion is not False:
+    fusion = bool(knob_value(params, "masked_softmax_fusion"))
+    if backend == "unfused" and semantics.precision != "fp32" and fusion:
         return (
             f"attention_backend unfused at {semantics.precision} with masked_softmax_fusion "
             "on: Megatron-Core's fused causal softmax (ScaledUpperTriangMaskedSoftmax) "
