@@ -58,7 +58,9 @@ def eod_id(vocab_size: int) -> int:
     return vocab_size - 1
 
 
-def packed_masks(tokens: torch.Tensor, eod: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed_masks(
+    tokens: torch.Tensor, eod: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(attention_mask [b, 1, s, s] bool, True where masked; loss_mask [b, s] float;
     position_ids [b, s])`` of packed rows of input ``tokens [b, s]``: each sequence ends at
     an ``eod`` token and attends causally within itself only (Megatron-Core's

@@ -919,7 +919,10 @@ def training_state_bytes(built: _Built) -> dict[str, int]:
     grads = 0
     buffer_storages: set[int] = set()
     for chunk in built.chunks:
-        for buf in [*getattr(chunk, "buffers", []), *getattr(chunk, "expert_parallel_buffers", [])]:
+        for buf in [
+            *getattr(chunk, "buffers", []),
+            *getattr(chunk, "expert_parallel_buffers", []),
+        ]:
             grads += buf.grad_data.numel() * buf.grad_data.element_size()
             buffer_storages.add(buf.grad_data.untyped_storage().data_ptr())
     for p in params:
