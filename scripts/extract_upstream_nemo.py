@@ -49,6 +49,11 @@ TARGETS: dict[str, list[tuple[str, str, str]]] = {
     "data": [
         ("nemo.collections.llm.gpt.data.mock", "MockDataModule", "init"),
         ("nemo.collections.llm.gpt.data.pre_training", "PreTrainingDataModule", "init"),
+        ("nemo.collections.llm.gpt.data.fine_tuning", "FineTuningDataModule", "init"),
+    ],
+    # packed SFT: the recipe's data.packed_sequence_specs (llm.gpt.data.PackedSequenceSpecs)
+    "data.packed_sequence_specs": [
+        ("nemo.collections.llm.gpt.data.packed_sequence", "PackedSequenceSpecs", "fields"),
     ],
 }  # fmt: skip
 

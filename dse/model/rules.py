@@ -80,6 +80,8 @@ class Problem:
     model: ModelSpec
     semantics: Semantics
     resources: Resources
+    #: the trial process that checks it (only dse's built-in trainer builds a Problem)
+    workload: str = "megatron"
 
     def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return dict(params)
@@ -123,6 +125,11 @@ class _Checked:
 
     def constraints_hold(self, params: Mapping[str, Any]) -> bool:
         return self._space.constraints_hold(params)
+
+    @property
+    def workload(self) -> Any:
+        """The space's workload (a :class:`Problem`'s name: the built-in trainer's)."""
+        return getattr(self._space, "workload", None)
 
     @property
     def env_fixed(self) -> Mapping[str, Any]:
@@ -722,15 +729,25 @@ def r_recompute_modules(
     return None
 
 
+def _builtin_trainer(s: RuleContext) -> bool:
+    """Whether the trials of ``s`` run dse's built-in trainer: a space whose workload is
+    ``megatron``, or the trial spec that trainer checks (:class:`Problem`)."""
+    workload = getattr(s, "workload", None)
+    return getattr(workload, "name", workload) == "megatron"
+
+
 @_rule
 def r_packed_sequences(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
-    """Packed sequences (``semantics.packed_sequences``, THD): one packed row per
-    micro-batch (Megatron-Bridge ``ConfigContainer.validate`` and NeMo's fine-tuning data
-    module refuse MBS > 1: "Micro batch size should be 1 when training with packed
-    sequence"), and a Transformer Engine attention: Megatron-Core's local
-    DotProductAttention asserts ``packed_seq_params is None``
-    (megatron/core/transformer/dot_product_attention.py), so ``unfused`` and dse's ``sdpa``
-    (both on the local spec) cannot attend within each packed sequence."""
+    """Packed sequences (``semantics.packed_sequences``): one packed row per micro-batch
+    (Megatron-Bridge ``ConfigContainer.validate`` and NeMo's fine-tuning data module refuse
+    MBS > 1: "Micro batch size should be 1 when training with packed sequence"). A recipe's
+    packed SFT runs the THD layout (``PackedSeqParams``, ``cu_seqlens``), which needs a
+    Transformer Engine attention: Megatron-Core's local DotProductAttention asserts
+    ``packed_seq_params is None`` (megatron/core/transformer/dot_product_attention.py), so
+    ``unfused`` and dse's ``sdpa`` cannot attend within each packed sequence there. dse's
+    built-in trainer (workload ``megatron``; a trial spec's own check, :class:`Problem`)
+    packs the other way Megatron-Core takes: a block-diagonal causal ``attention_mask`` and
+    per-sequence position ids on the local spec, so local attention is its path."""
     if not getattr(s.semantics, "packed_sequences", False):
         return None
     if L.mbs != 1:
@@ -740,7 +757,7 @@ def r_packed_sequences(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -
             micro_batch_size=L.mbs,
         )
     backend = _get(s.full_params(p), "attention_backend")
-    if backend in ("unfused", "sdpa"):
+    if backend in ("unfused", "sdpa") and not _builtin_trainer(s):
         return _v(
             "packed_sequences",
             "packed sequences need Transformer Engine attention (the local "

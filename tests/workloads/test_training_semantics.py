@@ -52,13 +52,19 @@ def test_a_space_without_the_new_semantics_keeps_its_hashes() -> None:
     assert lora.identity_digest() != plain.identity_digest()
 
 
-def test_packed_sequences_need_mbs_1_and_te_attention() -> None:
+def test_packed_sequences_need_mbs_1_and_te_attention_off_the_builtin_trainer() -> None:
+    """A recipe's packed SFT (THD) needs TE attention; the built-in trainer (workload
+    megatron) packs through a mask on the local spec, so local attention passes there."""
     space = _space({"packed_sequences": True}, {"attention_backend": "te"})
     assert not check(space, {"micro_batch_size": 1})
     assert [v.rule for v in check(space, {"micro_batch_size": 2})] == ["packed_sequences"]
-    local = _space({"packed_sequences": True}, {"attention_backend": "unfused"})
+    local = _space({"packed_sequences": True}, {"attention_backend": "unfused"},
+                   workload={"name": "sim"})  # fmt: skip
     got = check(local, {"micro_batch_size": 1})
     assert [v.rule for v in got] == ["packed_sequences"] and "packed_seq_params" in got[0].message
+    builtin = _space({"packed_sequences": True}, {"attention_backend": "unfused"})
+    assert not check(builtin, {"micro_batch_size": 1})
+    assert [v.rule for v in check(builtin, {"micro_batch_size": 2})] == ["packed_sequences"]
 
 
 def test_lora_memory_freezes_the_base_and_trains_the_adapters() -> None:
@@ -100,6 +106,37 @@ def test_launchers_render_lora_under_the_upstream_names() -> None:
     assert e.value.knob == "semantics.peft" and "no PEFT" in e.value.why
 
 
+def test_launchers_render_packing_under_the_upstream_names() -> None:
+    """A packed study renders Bridge's offline packing (dataset.enable_offline_packing,
+    dataset.offline_packing_specs.packed_sequence_size) and NeMo's
+    data.packed_sequence_specs.packed_sequence_size, each name in the pinned upstream
+    tables; an unpacked study renders none of them."""
+    import yaml
+
+    from tests.conftest import EXAMPLES
+    from tests.workloads import upstream
+
+    nested = upstream.load("nemo_recipe")["prefixes"]["data.packed_sequence_specs"]
+    assert any("packed_sequence_size" in names for names in nested.values())
+    for name, tool, want in (
+        ("qwen3_30b_a3b.yaml", "bridge", ["dataset.enable_offline_packing=true",
+                                          "dataset.offline_packing_specs.packed_sequence_size=4096"]),
+        ("llama3_8b.yaml", "nemo", ["data.packed_sequence_specs.packed_sequence_size=4096"]),
+    ):  # fmt: skip
+        data = yaml.safe_load((EXAMPLES / name).read_text())
+        assert data["workload"]["name"] == tool
+        data["semantics"].update(packed_sequences=True, seq_length=4096)
+        data["model"].pop("seq_length", None)
+        space = parse_space(data, name)
+        argv = launcher_for(space).render(space.full_params(space.baseline())).argv
+        assert [a for a in argv if "pack" in a] == want
+        assert upstream.problems(tool, argv) == []
+        data["semantics"]["packed_sequences"] = False
+        space = parse_space(data, name)
+        argv = launcher_for(space).render(space.full_params(space.baseline())).argv
+        assert not [a for a in argv if "pack" in a]
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 def test_builtin_trainer_trains_lora_adapters_on_a_frozen_base(tmp_path: Path) -> None:
     """The CPU trainer's adapters: B starts at zero, so step 0's loss is the full model's;
@@ -108,17 +145,29 @@ def test_builtin_trainer_trains_lora_adapters_on_a_frozen_base(tmp_path: Path) -
     from tests.workloads.test_megatron_trainer import losses, make_spec, run_trial
 
     require_megatron()
-    got = {}
+    got, state = {}, {}
     for name, sem in (("full", {}), ("lora", {"peft": {"dim": 4, "alpha": 8}})):
         rc, out = run_trial(make_spec(tmp_path, name, semantics=sem), tmp_path, torchrun=False)
         assert rc == 0
         got[name] = (losses(out), out.metrics["init"])
+        state[name] = out.metrics["training_state_bytes"]
     assert got["lora"][0][0] == pytest.approx(got["full"][0][0], abs=1e-6)
     assert got["lora"][0][1:] != got["full"][0][1:]
     space = _space({"peft": {"dim": 4}})
     per_layer = sum(lora_layer_params(space.model, k, LoraSpec(dim=4))[0]
                     for k in ("attention", "mlp"))  # fmt: skip
-    assert f"lora(trained={int(per_layer * 4)}," in got["lora"][1]
+    trained = int(per_layer * 4)
+    assert f"lora(trained={trained}," in got["lora"][1]
+    # the training state counted from the live tensors after the steps: the frozen base
+    # holds fp32 weights only, no gradient and no optimizer state
+    full, lora = state["full"], state["lora"]
+    assert full["frozen_in_optimizer"] == lora["frozen_in_optimizer"] == 0
+    assert lora["optimizer_params"] == trained and lora["grads"] == 4 * trained
+    assert lora["weights_trained"] == 4 * trained
+    assert lora["weights_frozen"] == full["weights_trained"] == 4 * full["optimizer_params"]
+    # Adam's two fp32 moments per trained element (plus its per-tensor step counters)
+    assert 8 * trained <= lora["optimizer"] < 8 * trained + 1024
+    assert lora["optimizer"] < full["optimizer"] / 10
 
 
 def test_builtin_trainer_says_what_it_cannot(tmp_path: Path) -> None:
@@ -127,8 +176,16 @@ def test_builtin_trainer_says_what_it_cannot(tmp_path: Path) -> None:
 
     spec = make_spec(tmp_path, "packed", semantics={"packed_sequences": True},
                      params={"attention_backend": "te"})  # fmt: skip
-    with pytest.raises(TrialFailure, match="does not pack sequences"):
+    with pytest.raises(TrialFailure, match="block-diagonal attention mask on the local spec"):
         make_plan(spec, ["transformer_engine"])
+    for why, sem, params in (
+        ("ignores a given attention_mask", {"precision": "bf16"}, {"masked_softmax_fusion": True}),
+        ("end-of-document id", {"data": {"kind": "path", "path": "t.bin"}}, {}),
+    ):
+        spec = make_spec(tmp_path, "packed", params,
+                         semantics={"packed_sequences": True, **sem})  # fmt: skip
+        with pytest.raises(TrialFailure, match=why):
+            make_plan(spec, ["apex"])
     spec = make_spec(tmp_path, "lora_tp2", {"tensor_model_parallel_size": 2}, world=2,
                      semantics={"peft": {"dim": 4}})  # fmt: skip
     with pytest.raises(TrialFailure, match="not tensor-parallel"):

@@ -36,6 +36,7 @@ __all__ = [
     "launcher_for",
     "routing_fields",
     "lora_fields",
+    "packing_fields",
 ]
 
 
@@ -355,6 +356,28 @@ def lora_fields(peft: LoraSpec | None) -> list[tuple[str, Any]]:
         ("alpha", peft.alpha),
         ("dropout", peft.dropout),
     ]
+
+
+def packing_fields(packed: bool, seq_length: int, tool: str) -> list[tuple[str, Any]]:
+    """(dotted key, value) of a recipe's packed-sequence settings for a packed study
+    (``semantics.packed_sequences``; none otherwise). Each packed row holds
+    ``seq_length`` tokens. ``tool``: ``bridge`` sets its SFT dataset's offline packing
+    (``GPTSFTDatasetConfig.enable_offline_packing`` and ``offline_packing_specs``, a
+    ``megatron.bridge.data.packing.PackedSequenceSpecs``); ``nemo`` sets the fine-tuning
+    data module's ``packed_sequence_specs`` (``llm.gpt.data.PackedSequenceSpecs``). The
+    packed row size is ``packed_sequence_size`` in both. The recipe must be a packed-SFT one
+    (its ``*_specs`` object set, a THD attention on Transformer Engine); the names are
+    checked against the pinned upstream tables (tests/fixtures/upstream)."""
+    if not packed:
+        return []
+    if tool == "bridge":
+        return [
+            ("dataset.enable_offline_packing", True),
+            ("dataset.offline_packing_specs.packed_sequence_size", seq_length),
+        ]
+    if tool == "nemo":
+        return [("data.packed_sequence_specs.packed_sequence_size", seq_length)]
+    raise ValueError(f"no packed-sequence settings for {tool!r}")
 
 
 def dse_only(name: str, value: Any) -> str | None:

@@ -23,6 +23,7 @@ from dse.workloads.launchers._core import (
     NotTaken,
     dse_only,
     lora_fields,
+    packing_fields,
     routing_fields,
 )
 
@@ -155,6 +156,10 @@ class BridgeLauncher(Launcher):
             "logger.log_interval=1",
             *(f"model.{f}={hydra_value(v)}" for f, v in routing_fields(sem.moe_routing)),
             *(f"peft.{f}={hydra_value(v)}" for f, v in lora_fields(sem.peft)),
+            *(
+                f"{k}={hydra_value(v)}"
+                for k, v in packing_fields(sem.packed_sequences, sem.seq_length, "bridge")
+            ),
         ]
 
     def fixed_overrides(self) -> list[str]:

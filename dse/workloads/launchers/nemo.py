@@ -21,6 +21,7 @@ from dse.workloads.launchers._core import (
     _layout,
     dse_only,
     lora_fields,
+    packing_fields,
     routing_fields,
 )
 
@@ -122,6 +123,8 @@ class NemoLauncher(Launcher):
             *(f"{self.key('model', f)}={python_value(v)}"
               for f, v in routing_fields(sem.moe_routing)),
             *(f"peft.{f}={python_value(v)}" for f, v in lora_fields(sem.peft)),
+            *(f"{k}={python_value(v)}"
+              for k, v in packing_fields(sem.packed_sequences, sem.seq_length, "nemo")),
         ]  # fmt: skip
 
     def fixed_overrides(self) -> list[str]:

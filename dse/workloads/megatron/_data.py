@@ -15,6 +15,17 @@ sampler, whatever the micro-batching.
 
 Micro-batch ``k`` of data-parallel rank ``r`` holds rows ``[(k*dp + r)*mbs, ... + mbs)`` of the
 global batch (the order of Megatron-LM's pretraining sampler).
+
+Packed sequences (``semantics.packed_sequences``): a row holds several sequences, each
+ending at the end-of-document token (id ``vocab_size - 1``, the ``NullTokenizer``'s). With
+synthetic data a row's sequence lengths are drawn uniformly from
+:data:`PACKED_SYNTHETIC_LENGTHS` (fractions of ``seq_length``), from the step's generator,
+and no other token is the end-of-document id; mock data keeps Megatron's own documents
+(their lengths, up to 4096 tokens, rarely end inside a short row). Each micro-batch then
+carries Megatron's ``attention_mask`` (block-diagonal causal), ``loss_mask`` (0 where the
+input is the end-of-document token) and ``position_ids`` (restarting at each sequence),
+made by megatron-core's own ``_get_ltor_masks_and_position_ids`` with
+``reset_position_ids``, ``reset_attention_mask`` and ``eod_mask_loss`` on.
 """
 
 from __future__ import annotations
@@ -26,7 +37,47 @@ import torch
 
 from dse.space.searchspace import DataSpec
 
-__all__ = ["GlobalBatches", "load_token_file", "mock_dataset"]
+__all__ = [
+    "GlobalBatches",
+    "PACKED_SYNTHETIC_LENGTHS",
+    "eod_id",
+    "load_token_file",
+    "mock_dataset",
+    "packed_masks",
+    "packed_rows_stats",
+]
+
+#: The shortest and longest sequence of a synthetic packed row, as fractions of
+#: ``seq_length`` (each sequence at least 2 tokens).
+PACKED_SYNTHETIC_LENGTHS = (1 / 8, 1 / 2)
+
+
+def eod_id(vocab_size: int) -> int:
+    """The end-of-document token id of the trainer's data: the last of the vocabulary, as
+    Megatron-Core's ``NullTokenizer(vocab_size - 1)`` has it."""
+    return vocab_size - 1
+
+
+def packed_masks(
+    tokens: torch.Tensor, eod: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(attention_mask [b, 1, s, s] bool, True where masked; loss_mask [b, s] float;
+    position_ids [b, s])`` of packed rows of input ``tokens [b, s]``: each sequence ends at
+    an ``eod`` token and attends causally within itself only (Megatron-Core's
+    ``_get_ltor_masks_and_position_ids`` with ``reset_position_ids``,
+    ``reset_attention_mask`` and ``eod_mask_loss``, one row at a time)."""
+    from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
+
+    masks, losses, positions = [], [], []
+    for row in tokens:
+        att, loss, pos = _get_ltor_masks_and_position_ids(
+            row, eod, reset_position_ids=True, reset_attention_mask=True,
+            eod_mask_loss=True, create_attention_mask=True,
+        )  # fmt: skip
+        masks.append(att)
+        losses.append(loss)
+        positions.append(pos)
+    return torch.stack(masks), torch.stack(losses), torch.stack(positions)
 
 
 def load_token_file(path: str | Path) -> Any:
@@ -86,15 +137,28 @@ def mock_dataset(seed: int, seq_length: int, vocab_size: int, num_samples: int) 
 
 
 class GlobalBatches:
-    """Global batches of ``[global_batch_size, seq_length + 1]`` token ids."""
+    """Global batches of ``[global_batch_size, seq_length + 1]`` token ids (``packed``:
+    several sequences per row, see the module docstring)."""
 
     def __init__(
-        self, data: DataSpec, *, global_batch_size: int, seq_length: int, vocab_size: int
+        self,
+        data: DataSpec,
+        *,
+        global_batch_size: int,
+        seq_length: int,
+        vocab_size: int,
+        packed: bool = False,
     ) -> None:
         self.data = data
         self.global_batch_size = global_batch_size
         self.seq_length = seq_length
         self.vocab_size = vocab_size
+        self.packed = packed
+        if packed and data.kind == "path":
+            raise ValueError(
+                "packed sequences need an end-of-document id, which a token file "
+                "(data.kind path) does not name"
+            )
         self._tokens: Any = None
         self._mock: Any = None
         if data.kind == "mock":
@@ -128,6 +192,8 @@ class GlobalBatches:
             )
         if self._tokens is None:
             gen = torch.Generator().manual_seed(self.data.seed + step)
+            if self.packed:
+                return self._packed_synthetic(gen, rows, width)
             return torch.randint(0, self.vocab_size, (rows, width), generator=gen)
         import numpy as np
 
@@ -144,15 +210,48 @@ class GlobalBatches:
             )
         return out
 
+    def _packed_synthetic(self, gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+        """Synthetic packed rows: tokens other than the end-of-document id, and an
+        end-of-document token closing each sequence of a length drawn from
+        :data:`PACKED_SYNTHETIC_LENGTHS` (the row's last sequence runs to its end)."""
+        eod = eod_id(self.vocab_size)
+        out = torch.randint(0, eod, (rows, width), generator=gen)
+        lo = max(2, int(self.seq_length * PACKED_SYNTHETIC_LENGTHS[0]))
+        hi = max(lo, int(self.seq_length * PACKED_SYNTHETIC_LENGTHS[1]))
+        for j in range(rows):
+            end = 0
+            while True:
+                end += int(torch.randint(lo, hi + 1, (1,), generator=gen))
+                if end > self.seq_length:
+                    break
+                out[j, end - 1] = eod
+        return out
+
     def microbatches(
         self, batch: torch.Tensor, *, dp_rank: int, dp_size: int, micro_batch_size: int
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This data-parallel rank's ``(tokens, labels)`` micro-batches of a global batch."""
+    ) -> list[tuple[torch.Tensor, ...]]:
+        """This data-parallel rank's micro-batches of a global batch: ``(tokens, labels)``,
+        packed: ``(tokens, labels, attention_mask, loss_mask, position_ids)``
+        (:func:`packed_masks`)."""
         mbs = micro_batch_size
         n = self.global_batch_size // (mbs * dp_size)
-        out = []
+        out: list[tuple[torch.Tensor, ...]] = []
         for k in range(n):
             lo = (k * dp_size + dp_rank) * mbs
             rows = batch[lo : lo + mbs]
-            out.append((rows[:, :-1].contiguous(), rows[:, 1:].contiguous()))
+            tokens, labels = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+            if self.packed:
+                out.append((tokens, labels, *packed_masks(tokens, eod_id(self.vocab_size))))
+            else:
+                out.append((tokens, labels))
         return out
+
+
+def packed_rows_stats(batch: torch.Tensor, vocab_size: int) -> tuple[int, int]:
+    """(rows, sequences) of a global batch of packed rows: a row's sequences are its
+    end-of-document tokens among its ``seq_length`` inputs, plus the one running to its
+    end."""
+    tokens = batch[:, :-1]
+    ends = (tokens == eod_id(vocab_size)).sum(dim=1)
+    open_tail = (tokens[:, -1] != eod_id(vocab_size)).to(ends.dtype)
+    return int(tokens.shape[0]), int((ends + open_tail).sum())

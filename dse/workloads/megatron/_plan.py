@@ -125,20 +125,14 @@ def _training_semantics_check(
     model: ModelSpec, semantics: Semantics, params: Mapping[str, Any]
 ) -> None:
     """What the built-in trainer cannot train of the study's training semantics (class
-    ``invalid``, naming it): packed sequences (it builds full seq_length rows and no
-    cu_seqlens; on a CPU Megatron-Core's only attention, the local DotProductAttention, takes
-    no packed_seq_params), and LoRA where its adapters cannot go
-    (:func:`dse.workloads.megatron._lora.lora_refusal`)."""
+    ``invalid``, naming it): packed sequences off its one packing path (:func:`packing_refusal`),
+    and LoRA where its adapters cannot go (:func:`dse.workloads.megatron._lora.lora_refusal`)."""
     from dse.workloads.megatron._lora import lora_refusal
 
     if semantics.packed_sequences:
-        raise TrialFailure(
-            "invalid",
-            "semantics.packed_sequences: the built-in trainer does not pack sequences (it "
-            "trains full seq_length rows, no cu_seqlens / THD batches; on a CPU Megatron-"
-            "Core's local DotProductAttention takes no packed_seq_params); run a Bridge or "
-            "NeMo recipe launcher",
-        )
+        why = packing_refusal(model, semantics, params)
+        if why:
+            raise TrialFailure("invalid", f"semantics.packed_sequences: {why}")
     why = lora_refusal(
         semantics.peft,
         int(knob_value(params, "tensor_model_parallel_size") or 1),
@@ -168,6 +162,56 @@ def _attention_model_check(model: ModelSpec) -> None:
             "model.qk_layernorm: the built-in trainer builds no query/key norms; run a "
             "recipe launcher",
         )
+
+
+def packing_refusal(
+    model: ModelSpec, semantics: Semantics, params: Mapping[str, Any]
+) -> str | None:
+    """Why the built-in trainer cannot train this packed-sequence study (None: it can).
+
+    Its one packing path: each packed row's sequences end at an end-of-document token (id
+    ``vocab_size - 1``, Megatron's ``NullTokenizer`` convention), and every sequence attends
+    only within itself through a block-diagonal causal ``attention_mask`` with per-sequence
+    position ids, on Megatron-Core's local spec (``unfused`` DotProductAttention, or dse's
+    ``sdpa``), the loss masked where the input is the end-of-document token (Megatron's
+    ``reset_attention_mask`` / ``reset_position_ids`` / ``eod_mask_loss``). Not the THD
+    layout: the local DotProductAttention asserts ``packed_seq_params is None``, so no
+    ``PackedSeqParams`` / ``cu_seqlens`` batch runs on a CPU, and a Transformer Engine
+    attention (THD on a GPU) runs through a Bridge or NeMo launcher instead."""
+    backend = str(knob_value(params, "attention_backend"))
+    if backend not in LOCAL_ATTENTION:
+        return (
+            f"the built-in trainer packs sequences through a block-diagonal attention mask "
+            f"on the local spec (attention_backend {list(LOCAL_ATTENTION)}), not "
+            f"attention_backend={backend!r} (Transformer Engine's THD layout with "
+            "cu_seqlens runs through a Bridge or NeMo packed-SFT recipe launcher)"
+        )
+    fusion = bool(knob_value(params, "masked_softmax_fusion"))
+    if backend == "unfused" and semantics.precision != "fp32" and fusion:
+        return (
+            f"attention_backend unfused at {semantics.precision} with masked_softmax_fusion "
+            "on: Megatron-Core's fused causal softmax (ScaledUpperTriangMaskedSoftmax) "
+            "ignores a given attention_mask, so the sequences of a packed row would see "
+            "each other; set masked_softmax_fusion false or use attention_backend sdpa"
+        )
+    if model.is_hybrid:
+        return (
+            "Mamba layers take no attention mask, so a state would carry across the "
+            "sequences of a packed row; run a Bridge or NeMo packed-SFT recipe launcher"
+        )
+    cp = int(knob_value(params, "context_parallel_size") or 1)
+    if cp > 1:
+        return (
+            f"context_parallel_size={cp}: the built-in trainer's block-diagonal mask is not "
+            "split over context-parallel ranks (Megatron's CP with packing is THD on "
+            "Transformer Engine)"
+        )
+    if semantics.data.kind == "path":
+        return (
+            "data.kind path: a token file's end-of-document id is its tokenizer's, which "
+            "the space does not name; use data.kind synthetic or mock"
+        )
+    return None
 
 
 def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPlan:

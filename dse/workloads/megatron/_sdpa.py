@@ -10,13 +10,16 @@ the same constructor and forward signature and the same layouts:
 
 so tensor parallelism works unchanged (each rank attends over its own heads). GQA uses
 SDPA's ``enable_gqa`` (torch >= 2.5), with a ``repeat_interleave`` fallback. The causal mask
-is SDPA's ``is_causal`` (no mask tensor is materialised).
+is SDPA's ``is_causal`` (no mask tensor is materialised) unless an ``attention_mask`` is
+given: then that mask, which already holds the causal part, is the one applied (packed rows'
+block-diagonal causal mask, as Megatron's local DotProductAttention applies a given mask).
 
 Selective recompute (``recompute_modules=["core_attn"]``) still applies: in Megatron-Core
 0.16.1 the checkpoint wraps whatever ``core_attention`` module the attention layer holds
 (``Attention._checkpointed_attention_forward``). Not supported (a ``ValueError`` at build,
 reported as an invalid configuration): context parallelism, sliding-window attention,
-softmax types other than ``vanilla``; packed sequences and attention bias at run time.
+softmax types other than ``vanilla``; ``packed_seq_params`` (THD) and attention bias at run
+time.
 """
 
 from __future__ import annotations
@@ -124,8 +127,9 @@ class SDPAttention(MegatronModule):
         v = value.permute(1, 2, 0, 3)
         causal = mask_type == AttnMaskType.causal
         mask = None
-        if attention_mask is not None and not causal:
-            # Megatron masks are True where attention is NOT allowed; SDPA's the opposite.
+        if attention_mask is not None:
+            # Megatron masks are True where attention is NOT allowed; SDPA's the opposite. A
+            # mask given to a causal layer holds the causal part itself (packed rows).
             mask = ~attention_mask.bool()
         extra: dict[str, Any] = {}
         rep = self.heads_per_partition // self.groups_per_partition

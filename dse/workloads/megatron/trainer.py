@@ -529,8 +529,10 @@ def build(plan: TrialPlan, device: Any) -> _Built:
 # --- train --------------------------------------------------------------------------------
 
 
-def _loss_func(output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
-    """Sum of per-token losses, token count, and a detached copy for reporting.
+def _loss_func(output_tensor: Any, loss_mask: Any = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Sum of per-token losses, token count, and a detached copy for reporting
+    (``loss_mask``: packed rows' mask, 0 where the input ends a sequence; counted tokens are
+    its ones).
 
     Everything stays on the device: a count made with ``torch.tensor(n, device=...)`` is a
     copy from host memory, which waits for the GPU to drain at every micro-batch and makes
@@ -539,14 +541,25 @@ def _loss_func(output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
     import torch
 
     losses = output_tensor.float()
-    loss_sum = losses.sum()
-    num_tokens = torch.full((), losses.numel(), dtype=torch.int, device=losses.device)
+    if loss_mask is None:
+        loss_sum = losses.sum()
+        num_tokens = torch.full((), losses.numel(), dtype=torch.int, device=losses.device)
+    else:
+        mask = loss_mask.reshape(losses.shape).float()
+        loss_sum = (losses * mask).sum()
+        num_tokens = mask.sum().to(torch.int)
     report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
     return loss_sum, num_tokens, {"lm loss": report}
 
 
 def _forward_step(position_ids: Any, data_iterator: Any, model: Any) -> tuple[Any, Any]:
-    tokens, labels = next(data_iterator)
+    micro = next(data_iterator)
+    if len(micro) == 5:
+        # packed rows: a block-diagonal causal mask, per-sequence positions, masked loss
+        tokens, labels, attention_mask, loss_mask, pos = micro
+        output = model(tokens, pos, attention_mask, labels=labels)
+        return output, partial(_loss_func, loss_mask=loss_mask)
+    tokens, labels = micro
     pos = position_ids.expand(tokens.shape[0], -1)
     output = model(tokens, pos, None, labels=labels)
     return output, _loss_func
@@ -579,6 +592,7 @@ def train(
         global_batch_size=sem.global_batch_size,
         seq_length=sem.seq_length,
         vocab_size=plan.model.vocab_size,
+        packed=sem.packed_sequences,
     )
     flops = model_flops_per_step(plan.model, sem, tensor_model_parallel_size=plan.layout.tp)
     dp_rank = parallel_state.get_data_parallel_rank()
@@ -600,7 +614,7 @@ def train(
     decides = series.adaptive or series.prune is not None
     stop_flag = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def run_step(micro: list[tuple[Any, Any]]) -> tuple[list[dict[str, Any]], Any]:
+    def run_step(micro: list[tuple[Any, ...]]) -> tuple[list[dict[str, Any]], Any]:
         iters = [iter(micro) for _ in chunks]
         for c in chunks:
             c.zero_grad_buffer()
@@ -629,8 +643,8 @@ def train(
         except ValueError as e:
             raise TrialFailure("invalid", f"training data: {e}") from e
         micro = [
-            (t.to(device, non_blocking=True), lab.to(device, non_blocking=True))
-            for t, lab in data.microbatches(
+            tuple(x.to(device, non_blocking=True) for x in mb)
+            for mb in data.microbatches(
                 batch, dp_rank=dp_rank, dp_size=plan.layout.dp, micro_batch_size=plan.layout.mbs
             )
         ]
@@ -838,6 +852,9 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     from dse.workloads.megatron._speed import adam_impl_of
 
     summary["adam_impl"] = adam_impl_of(built.optimizer)
+    summary["training_state_bytes"] = training_state_bytes(built)
+    if plan.semantics.packed_sequences:
+        summary["packing"] = packing_summary(plan, len(steps))
     if mamba_kernels is not None:
         summary["mamba_kernels"] = mamba_kernels
     if autotune0 is not None:
@@ -848,6 +865,99 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     if notes:
         summary["notes"] = notes
     return summary
+
+
+def packing_summary(plan: TrialPlan, n_steps: int) -> dict[str, Any]:
+    """What a packed trial trained: the rows and sequences of its ``n_steps`` global batches
+    (the same on every layout) and the attention path that kept the sequences apart."""
+    from dse.workloads.megatron._data import GlobalBatches, packed_rows_stats
+
+    sem = plan.semantics
+    data = GlobalBatches(
+        sem.data,
+        global_batch_size=sem.global_batch_size,
+        seq_length=sem.seq_length,
+        vocab_size=plan.model.vocab_size,
+        packed=True,
+    )
+    rows = seqs = 0
+    for step in range(n_steps):
+        r, n = packed_rows_stats(data.global_batch(step), plan.model.vocab_size)
+        rows, seqs = rows + r, seqs + n
+    return {
+        "rows": rows,
+        "sequences": seqs,
+        "path": "block-diagonal causal attention_mask + per-sequence position_ids "
+        f"({plan.attention_backend}, local spec); no PackedSeqParams/THD",
+    }
+
+
+def training_state_bytes(built: _Built) -> dict[str, int]:
+    """The bytes of the training state this rank holds, counted from the live tensors (call
+    it after the first optimizer step, when Adam's state exists): ``weights_trained`` and
+    ``weights_frozen`` (the model's parameters, by ``requires_grad``), ``grads`` (the DDP
+    gradient buffers, padding included, and any ``.grad`` outside them), ``optimizer``
+    (Adam's state tensors and master weights that are not the model's own storage), with
+    ``optimizer_params`` and ``frozen_in_optimizer`` (elements the optimizer updates, and
+    how many of them are frozen weights: 0 when the frozen base has no optimizer state).
+    Activations are not here: they live only inside a step."""
+    seen: set[int] = set()
+    weights = {True: 0, False: 0}
+    frozen_ptrs: set[int] = set()
+    model_storages: set[int] = set()
+    params = []
+    for chunk in built.chunks:
+        for p in chunk.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            params.append(p)
+            weights[bool(p.requires_grad)] += p.numel() * p.element_size()
+            model_storages.add(p.untyped_storage().data_ptr())
+            if not p.requires_grad:
+                frozen_ptrs.add(p.data_ptr())
+    grads = 0
+    buffer_storages: set[int] = set()
+    for chunk in built.chunks:
+        for buf in [
+            *getattr(chunk, "buffers", []),
+            *getattr(chunk, "expert_parallel_buffers", []),
+        ]:
+            grads += buf.grad_data.numel() * buf.grad_data.element_size()
+            buffer_storages.add(buf.grad_data.untyped_storage().data_ptr())
+    for p in params:
+        g = p.grad
+        if g is not None and g.untyped_storage().data_ptr() not in buffer_storages:
+            grads += g.numel() * g.element_size()
+    optimizer = opt_params = frozen_in_opt = 0
+    counted: set[int] = set()
+    inner = getattr(built.optimizer, "chained_optimizers", None) or [built.optimizer]
+    for opt in inner:
+        torch_opt = getattr(opt, "optimizer", None)
+        if torch_opt is None:
+            continue
+        for group in torch_opt.param_groups:
+            for p in group["params"]:
+                opt_params += p.numel()
+                if p.data_ptr() in frozen_ptrs:
+                    frozen_in_opt += p.numel()
+                ptr = p.untyped_storage().data_ptr()
+                if ptr not in model_storages and ptr not in counted:
+                    counted.add(ptr)
+                    optimizer += p.untyped_storage().nbytes()
+        for state in torch_opt.state.values():
+            for t in state.values():
+                if hasattr(t, "untyped_storage") and t.untyped_storage().data_ptr() not in counted:
+                    counted.add(t.untyped_storage().data_ptr())
+                    optimizer += t.numel() * t.element_size()
+    return {
+        "weights_trained": weights[True],
+        "weights_frozen": weights[False],
+        "grads": grads,
+        "optimizer": optimizer,
+        "optimizer_params": opt_params,
+        "frozen_in_optimizer": frozen_in_opt,
+    }
 
 
 def _autotune_counters(device: str) -> dict[str, int] | None:
