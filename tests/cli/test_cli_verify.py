@@ -5,12 +5,11 @@ trainer (Megatron-Core on CPU) through the study's own runner, a Megatron-Core
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from contextlib import redirect_stderr, redirect_stdout
 from io import StringIO
 from pathlib import Path
-
-import importlib.util
 
 import pytest
 
