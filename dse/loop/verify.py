@@ -108,7 +108,7 @@ def _run_one(
         why = outcome.reason or "the trial process wrote no verify result"
         return {
             **_failed(
-                steps, f"the run failed ({outcome.failure_class or outcome.state}): {why}"
+                steps, f"the run failed ({outcome.failure_class or outcome.status}): {why}"
             ),  # fmt: skip
             "log": str(launch.log_path),
         }
