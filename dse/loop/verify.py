@@ -1,64 +1,132 @@
 """``dse verify``: a study's best (and its baseline) validated by a long run.
 
-Each configuration trains ``steps`` steps with the built-in trainer in a process of its own
-(:mod:`dse.workloads.megatron.verify`, the space's fixed environment), a checkpoint saved
-midway and reloaded; the verdict is ``verified`` or names each thing that failed: a run that
-failed, a checkpoint reload that changed the loss, a best whose last loss drifts from the
-baseline's by more than :data:`DRIFT_RTOL`. The result is stored with the study (study
+Each configuration trains ``steps`` steps as a trial of the study runs: the study's own
+runner (``runner.name``: local, Slurm, Ray; :func:`dse.workloads.runners.make_runner`), the
+trial's command (``torchrun`` of the built-in trainer, every rank), environment and launch
+flags (:func:`dse.loop.launcher.trial_launch`), plus the verify settings in the trial spec
+(``workload.verify``), which make the trial process run the long run instead of a timed
+trial: a checkpoint saved midway with Megatron-Core's ``dist_checkpointing`` and reloaded
+(:mod:`dse.workloads.megatron.verify`). The runs go in ``<runner.workdir>/<study>/verify-best``
+and ``verify-baseline``. The verdict is ``verified`` or names each thing that failed: a run
+that failed, a checkpoint reload that changed the loss, a best whose last loss drifts from
+the baseline's by more than :data:`DRIFT_RTOL`. The result is stored with the study (study
 attribute :data:`VERIFY_ATTR`) and shown by ``dse verify``, ``dse status`` and
 ``GET /api/v1/studies/{name}/verify``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from dse.core.records import VERIFY_ATTR
-from dse.loop.launcher import trial_spec
+from dse.core.exceptions import TrialLaunchError
+from dse.core.records import VERIFY_ATTR, Outcome
+from dse.loop.launcher import trial_launch, trial_spec
+from dse.loop.reconcile import Owner
 from dse.results.export import best_payload, best_space
-from dse.space.searchspace import params_key
+from dse.space.searchspace import SearchSpace, params_key
+from dse.workloads import trial_command
+from dse.workloads.runners import OWNER_ENV, BaseRunner, Launch, make_runner
 
 #: Largest relative difference of the best's last loss from the baseline's that verifies
 #: (the same data and semantics: execution knobs should not move the loss).
 DRIFT_RTOL = 0.01
 DEFAULT_STEPS = 100
+#: The workload whose trial process can run the long run (the built-in trainer).
+VERIFY_WORKLOAD = "megatron"
+POLL_S = 0.5
+
+
+def run_timeout_s(space: SearchSpace, steps: int) -> float:
+    """A long run's time limit: the trial's (``budget.trial_timeout_s``) scaled by the steps
+    it trains (``steps`` and the reloaded half again) against a trial's steps."""
+    trained = steps + steps - steps // 2
+    return space.budget.trial_timeout_s * max(1.0, trained / max(1, space.semantics.steps))
+
+
+def _failed(steps: int, why: str) -> dict[str, Any]:
+    return {"steps": steps, "error": why, "reload_ok": False}
 
 
 def _run_one(
-    space: Any, params: dict[str, Any], steps: int, tmp: Path, tag: str
+    space: SearchSpace,
+    runner: BaseRunner,
+    owner: str,
+    params: dict[str, Any],
+    steps: int,
+    workdir: Path,
+    tag: str,
+    key: int,
 ) -> dict[str, Any]:
-    spec = trial_spec(space, params, tmp / f"{tag}.metrics.jsonl")
-    if spec.device != "cpu" or spec.world_size != 1:
+    """The long run of ``params`` through ``runner``: its result, or its failure."""
+    if space.workload.name != VERIFY_WORKLOAD:
+        return _failed(
+            steps,
+            f"dse verify trains with the built-in Megatron-Core trainer (workload "
+            f"{VERIFY_WORKLOAD!r}); this study's workload is {space.workload.name!r}",
+        )
+    env, workload = trial_launch(space, dict(params))
+    workload["verify"] = {"steps": steps}
+    tdir = (workdir / f"verify-{tag}").resolve()
+    metrics = tdir / "metrics.jsonl"
+    tdir.mkdir(parents=True, exist_ok=True)
+    for old in (metrics, tdir / "log.txt"):
+        old.unlink(missing_ok=True)
+    spec = trial_spec(space, params, metrics, trial_number=key, workload=workload)
+    spec_path = tdir / "trial.json"
+    spec_path.write_text(spec.model_dump_json(indent=2))
+    r = space.resources
+    timeout = run_timeout_s(space, steps)
+    launch = Launch(
+        trial_id=-key,  # not a stored trial: a negative id
+        number=key,
+        argv=trial_command(
+            space.workload.name,
+            str(spec_path),
+            world_size=r.world_size,
+            python=space.runner.python,
+        ),  # fmt: skip
+        trial_dir=tdir,
+        metrics_path=metrics,
+        log_path=tdir / "log.txt",
+        world_size=r.world_size,
+        device=r.device,
+        env={**env, OWNER_ENV: owner},
+        timeout_s=timeout,
+        hang_timeout_s=max(space.budget.hang_timeout_s, timeout / 4),
+        spec=spec,
+    )
+    try:
+        runner.submit(launch)
+    except TrialLaunchError as e:
+        return _failed(steps, f"the run could not be launched: {e}")
+    outcome = _wait(runner, launch.trial_id)
+    result = outcome.metrics.get("verify") if outcome.status == "ok" else None
+    if not isinstance(result, dict):
+        why = outcome.reason or "the trial process wrote no verify result"
         return {
-            "steps": steps,
-            "error": f"dse verify runs one CPU rank here; the study has device={spec.device}, "
-            f"world_size={spec.world_size}",
-            "reload_ok": False,
+            **_failed(
+                steps, f"the run failed ({outcome.failure_class or outcome.status}): {why}"
+            ),  # fmt: skip
+            "log": str(launch.log_path),
         }
-    spec_path, out = tmp / f"{tag}.spec.json", tmp / f"{tag}.out.json"
-    spec_path.write_text(spec.model_dump_json())
-    env = dict(os.environ)
-    env.update({k: str(v) for k, v in (space.env.fixed or {}).items()})
-    cmd = [sys.executable, "-m", "dse.workloads.megatron.verify"]
-    cmd += ["--spec", str(spec_path), "--steps", str(steps), "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if not out.exists():
-        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        return {
-            "steps": steps,
-            "error": f"the verify process failed: {tail[0]}",
-            "reload_ok": False,
-        }
-    result: dict[str, Any] = json.loads(out.read_text())
+    result = dict(result)
     result["params"] = dict(params)
+    result["runner"] = space.runner.name
+    result["log"] = str(launch.log_path)
     return result
+
+
+def _wait(runner: BaseRunner, trial_id: int) -> Outcome:
+    """Poll ``runner`` until the run ``trial_id`` finishes (the runner enforces its time
+    and hang limits); its outcome."""
+    while True:
+        for f in runner.poll():
+            if f.trial_id == trial_id:
+                return f.outcome
+        time.sleep(POLL_S)
 
 
 def verdict(best: dict[str, Any], baseline: dict[str, Any] | None) -> tuple[str, list[str]]:
@@ -102,10 +170,24 @@ def verify_study(storage: Any, study: Any, steps: int = DEFAULT_STEPS) -> dict[s
     same = params_key(space.full_params(dict(best_params))) == params_key(
         space.full_params(dict(base_params))
     )
-    with tempfile.TemporaryDirectory(prefix="dse-verify-") as d:
-        tmp = Path(d)
-        best = _run_one(space, best_params, steps, tmp, "best")
-        baseline = None if same else _run_one(space, base_params, steps, tmp, "baseline")
+    runner = make_runner(space)
+    owner = str(Owner.new(runner.host))
+    workdir = Path(space.runner.workdir) / space.study
+    runner.prepare(owner)
+    try:
+        best = _run_one(space, runner, owner, dict(best_params), steps, workdir, "best", 1)
+        baseline = (
+            None
+            if same
+            else _run_one(
+                space, runner, owner, dict(base_params), steps, workdir, "baseline", 2
+            )  # fmt: skip
+        )
+    except KeyboardInterrupt:
+        runner.stop()
+        raise
+    finally:
+        runner.close()
     status, reasons = verdict(best, baseline)
     result = {
         "study": study.name,
@@ -147,8 +229,12 @@ def verify_table(result: dict[str, Any]) -> str:
     elif drift is not None:
         lines.append(f"last-loss drift of the best against the baseline: {drift:+.4%}")
     clock = result["best"].get("step_clock", "wall")
+    ranks = result["best"].get("world_size", 1)
+    fmt = result["best"].get("checkpoint_format", "torch.save")
     lines.append(
-        f"(step time: median of the last 10 steps, {clock} clock; measured, one CPU rank)"
+        f"(step time: median of the last 10 steps, {clock} clock; measured, {ranks} "
+        f"rank(s) through the study's {result['best'].get('runner', 'local')} runner; "
+        f"checkpoint: {fmt})"
     )
     lines.append(f"verdict: {result['verdict']}")
     lines += [f"  - {r}" for r in result.get("reasons", [])]

@@ -44,6 +44,7 @@ from dse.core.measure import StepSeries, series_for
 from dse.core.records import MetricsWriter, StepMetrics, TrialSpec, finite, summarize_steps
 from dse.model.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
 from dse.space.knobs import KNOBS
+from dse.workloads.megatron import verify
 from dse.workloads.megatron._plan import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -803,6 +804,18 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
             raise  # dse's own build code failed: a bug (``error``), not an infeasible region
         raise _invalid_from(e) from e
     build_s = time.perf_counter() - t_build
+    long_steps = verify.verify_steps(spec)
+    if long_steps is not None:  # ``dse verify``: the long run with a checkpoint reloaded
+        result = verify.run_verify(
+            train, spec, long_steps, list(features), built, device, dist,
+            writer if dist.rank == 0 else None,
+        )  # fmt: skip
+        return {
+            "step_time_s": result["final_step_time_s"],
+            "tflops_per_gpu": result["final_tflops_per_gpu"],
+            "peak_mem_gib": result["peak_mem_gib"],
+            "verify": result,
+        }
     t_train = time.perf_counter()
     try:
         steps, series = train(plan, built, device, dist, writer if dist.rank == 0 else None)
