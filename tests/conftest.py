@@ -162,6 +162,21 @@ def tiny_space_dict() -> dict:
     }
 
 
+@pytest.fixture(scope="module")
+def replay_study(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The storage URL of a finished replay study ``replay-llama1b``: a real study of the
+    measured H200 table (examples/replay_llama1b.yaml) run once per module through ``dse
+    start``, what the export and report tests read."""
+    from dse.cli.main import main
+
+    d = tmp_path_factory.mktemp("replay")
+    url = f"sqlite:///{d / 'dse.db'}"
+    rc = main(["start", "--space", str(EXAMPLES / "replay_llama1b.yaml"), "--storage", url,
+               "--workdir", str(d / "runs")])  # fmt: skip
+    assert rc == 0
+    return url
+
+
 def _admin_engine() -> Engine:
     return create_engine(
         f"{PG_SERVER}/{PG_ADMIN_DB}",
