@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import sqlite3
 from pathlib import Path
 
@@ -115,3 +116,30 @@ def test_unreachable_or_bad_url_is_a_storage_error(url: str) -> None:
     if ":1/" in url:
         assert "cannot connect to" in str(info.value)
     assert "s3cret" not in str(info.value)  # passwords never reach messages
+
+
+def _dse_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dse":
+            out.append((node.lineno, node.module or ""))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "dse"]
+    return out
+
+
+def test_migrations_import_no_live_code() -> None:
+    """A revision must do tomorrow what it did when it was written: it imports nothing of dse
+    (what it needs is copied into it). The environment imports the live models only for
+    ``alembic revision --autogenerate`` (inside ``_target_metadata``), never on dse's own
+    upgrade."""
+    revisions = sorted((MIGRATIONS_DIR / "versions").glob("*.py"))
+    assert len(revisions) >= 6
+    for path in revisions:
+        assert _dse_imports(ast.parse(path.read_text())) == [], path.name
+    env = ast.parse((MIGRATIONS_DIR / "env.py").read_text())
+    allowed = next(
+        n for n in env.body if isinstance(n, ast.FunctionDef) and n.name == "_target_metadata"
+    )
+    assert [m for _, m in _dse_imports(allowed)] == ["dse.storage._models"]
+    assert len(_dse_imports(env)) == 1

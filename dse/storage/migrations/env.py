@@ -14,15 +14,26 @@ import os
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import MetaData, create_engine, pool
 from sqlalchemy.engine import Connection
 
-from dse.storage._models import Base
-
 config = context.config
+
+
+def _target_metadata() -> MetaData | None:
+    """The live models, which ``--autogenerate`` compares the database with: only for the
+    command line. dse's own upgrade (a connection passed in) runs the frozen revisions alone,
+    importing no live code of dse."""
+    if "connection" in config.attributes:
+        return None
+    from dse.storage._models import Base
+
+    return Base.metadata
+
+
 if config.config_file_name is not None and "connection" not in config.attributes:
     fileConfig(config.config_file_name, disable_existing_loggers=False)
-target_metadata = Base.metadata
+target_metadata = _target_metadata()
 
 
 def _url() -> str:
