@@ -59,7 +59,7 @@ from dse.core.bounds import (
 )
 from dse.core.exceptions import StudyFormatError
 from dse.core.records import STUDY_STATES, TRIAL_STATES, Direction, numerics_status
-from dse.results.gpu_usage import trial_gpu_figures
+from dse.stats.gpu_figures import trial_gpu_figures
 from dse.storage._engine import redact_passwords
 from dse.storage._models import (
     RejectionModel,

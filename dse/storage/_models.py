@@ -45,7 +45,7 @@ from dse.core.records import (
     StudyState,
     TrialState,
 )
-from dse.results.gpu_usage import TRIAL_GPU_FIGURES
+from dse.stats.gpu_figures import TRIAL_GPU_FIGURES
 
 __all__ = [
     "Base",
@@ -229,7 +229,7 @@ class TrialModel(Base):
     numerics: Mapped[NumericsStatus | None] = mapped_column(String(16))
     #: the number of the trial whose configuration this one re-measures
     remeasure_of: Mapped[int | None] = mapped_column(Integer)
-    # the trial's part of its study's GPU time (dse.results.gpu_usage.trial_gpu_figures of its
+    # the trial's part of its study's GPU time (dse.stats.gpu_figures.trial_gpu_figures of its
     # metrics, written with them by the repository; 0006)
     gpu_seconds_startup: Mapped[float | None] = mapped_column(Float)
     gpu_seconds_measure: Mapped[float | None] = mapped_column(Float)
@@ -241,7 +241,7 @@ class TrialModel(Base):
     first_step_s: Mapped[float | None] = mapped_column(Float)
 
 
-# The figures are named once, in dse.results.gpu_usage; the columns above are declared for the
+# The figures are named once, in dse.stats.gpu_figures; the columns above are declared for the
 # type checker, and a figure without its column (or a column left behind) stops the import.
 _GPU_PREFIXES = ("gpu_", "device_", "first_")
 _GPU_COLUMNS = {c.name for c in TrialModel.__table__.columns if c.name.startswith(_GPU_PREFIXES)}
@@ -249,7 +249,7 @@ _GPU_COLUMNS -= {"gpu_seconds"}  # the trial's whole GPU time, older than the fi
 if _GPU_COLUMNS != set(TRIAL_GPU_FIGURES):  # pragma: no cover - a developer's slip
     raise RuntimeError(
         f"TrialModel's GPU-time columns {sorted(_GPU_COLUMNS)} are not "
-        f"dse.results.gpu_usage.TRIAL_GPU_FIGURES {sorted(TRIAL_GPU_FIGURES)}"
+        f"dse.stats.gpu_figures.TRIAL_GPU_FIGURES {sorted(TRIAL_GPU_FIGURES)}"
     )
 
 

@@ -43,7 +43,7 @@ from dse.core.records import (
     gpu_slots_of,
     sample_numbers,
 )
-from dse.results.gpu_usage import TRIAL_GPU_FIGURES, GpuTotals
+from dse.stats.gpu_figures import TRIAL_GPU_FIGURES, GpuTotals
 from dse.storage._engine import (
     SessionScope,
 )
@@ -622,7 +622,7 @@ class StorageReads:
 
     def gpu_totals(self, study_id: int) -> GpuTotals:
         """A study's trials added up for its GPU-time figures
-        (:class:`dse.results.gpu_usage.GpuTotals`,
+        (:class:`dse.stats.gpu_figures.GpuTotals`,
         what :func:`dse.results.gpu_usage.gpu_totals` computes from the records): one aggregate
         query
         over the trials' GPU-time columns, read from the index

@@ -68,7 +68,7 @@ from dse.core.records import (
     TrialRecord,
     numerics_status,
 )
-from dse.results.gpu_usage import trial_gpu_figures
+from dse.stats.gpu_figures import trial_gpu_figures
 from dse.storage._engine import (
     SessionScope,
     is_ephemeral,
@@ -743,7 +743,7 @@ def _release_imported(s: Session, study: StudyModel) -> None:
 
 def _set_metrics(row: TrialModel, metrics: dict[str, Any]) -> None:
     """Store a trial's metrics with the GPU-time columns they give
-    (:func:`dse.results.gpu_usage.trial_gpu_figures`, summed by :meth:`Storage.gpu_totals`)."""
+    (:func:`dse.stats.gpu_figures.trial_gpu_figures`, summed by :meth:`Storage.gpu_totals`)."""
     row.metrics = metrics
     for k, v in trial_gpu_figures(metrics).items():
         setattr(row, k, v)

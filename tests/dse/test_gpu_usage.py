@@ -231,7 +231,7 @@ def test_usage_of_records_is_the_reference_fold(seed: int) -> None:
 def test_trial_gpu_figures() -> None:
     """One trial's part of its study's GPU time (the storage's columns): finite numbers or
     None, whatever its metrics hold."""
-    from dse.results.gpu_usage import TRIAL_GPU_FIGURES, trial_gpu_figures
+    from dse.stats.gpu_figures import TRIAL_GPU_FIGURES, trial_gpu_figures
 
     assert trial_gpu_figures({}) == dict.fromkeys(TRIAL_GPU_FIGURES)
     m = trial_timing(wall_s=10.0, devices=2, device="cuda", steps=_steps(1.0, 3.0),

@@ -16,7 +16,8 @@ from alembic import command
 from sqlalchemy import event, text
 
 from dse.core.records import Outcome
-from dse.results.gpu_usage import TRIAL_GPU_FIGURES, gpu_totals, trial_gpu_figures, usage_of_totals
+from dse.results.gpu_usage import gpu_totals, usage_of_totals
+from dse.stats.gpu_figures import TRIAL_GPU_FIGURES, trial_gpu_figures
 from dse.storage import Storage, open_storage
 from dse.storage._engine import alembic_config
 from tests.gpu_reference import (
