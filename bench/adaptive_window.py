@@ -341,7 +341,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--trim", type=float, default=None,
         help=f"the trimmed fraction of the replayed rule's location (default {TRIM}, "
-        "dse.core.measure.TRIM); only where the rule is replayed (--from-json, --adaptive series)",
+        "dse.core.measure.TRIM); only where the rule is replayed "
+        "(--from-json, --adaptive series)",
     )  # fmt: skip
     ap.add_argument(
         "--prune", action="store_true",

@@ -831,9 +831,8 @@ def model_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 def _noisy_best_row(storage: Any, st: Any) -> dict[str, Any] | None:
-    """A study's noise-aware best (:func:`dse.results.export.best_payload`: pooled figures with
-    their
-    intervals, the tie) as a comparison row's ``best``; None while it has none. A stored
+    """A study's noise-aware best (:func:`dse.results.export.best_payload`: pooled figures
+    with their intervals, the tie) as a comparison row's ``best``; None while it has none. A stored
     space that no longer loads: its best trial as stored, flagged ``pooled: False``."""
     from dse.core.exceptions import NoCompleteTrialError, SpaceError
     from dse.core.records import finite
