@@ -1,13 +1,17 @@
 """Search agents behind one ask/tell interface (:class:`BaseAgent`).
 
+Owns: ``_base`` (``BaseAgent``, the call sequence every agent follows), ``_common``
+(``SpaceAgent``: the space as an agent sees it), ``_prior`` (the knob-semantics prior),
+``_estimate`` (first trials from the cost model's estimate), ``_optuna`` (TPE, GP, NSGA-II),
+``_simple`` (random, grid), ``_factory`` (``create_agent``).
+
 ``create_agent(space)`` builds the agent a space file names (``tpe``, ``gp``, ``nsga2``,
 ``random``, ``grid``). Agents know nothing of GPUs, SQL or HTTP: the study loop screens
 their proposals with the validity rules and the cost model and tells every outcome back;
 after a restart their state is rebuilt from storage with :meth:`BaseAgent.add_evaluated`.
 
 Importing this package does not import Optuna: the Optuna agents (``OptunaAgent``,
-``TPEAgent``, ``GPAgent``, ``NSGA2Agent``) load on first use.
-"""
+``TPEAgent``, ``GPAgent``, ``NSGA2Agent``) load on first use."""
 
 from __future__ import annotations
 

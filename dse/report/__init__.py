@@ -1,1 +1,4 @@
-"""The study report (a static HTML page) and the plots it shares with the dashboard."""
+"""The study report.
+
+Owns: ``page`` (the static HTML + Markdown report of ``dse report``) and ``plots`` (its
+plots, shared with the dashboard)."""

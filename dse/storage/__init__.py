@@ -7,6 +7,12 @@ The schema is created and upgraded by the Alembic migrations shipped in
 ``dse/storage/migrations`` whenever a database is opened; a database from a newer dse is
 refused (:class:`~dse.core.exceptions.SchemaVersionError`).
 
+Owns: ``_repository`` (``Storage``: every write), ``_reads`` (``StorageReads``: every read),
+``_study_file`` (a whole study as one JSON document and back: ``dse export`` / ``dse
+import``), ``_rows`` (frozen records from rows), ``_models`` (the ORM tables), ``_engine``
+(URLs, engines, the schema head), ``locate`` (which database a command reads),
+``migrations/`` (the Alembic revisions, frozen: they import no live code).
+
 Everything read comes back as frozen records (:mod:`dse.core.records`), never ORM rows; every
 database error as :class:`~dse.core.exceptions.StorageError`.
 

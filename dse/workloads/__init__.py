@@ -1,9 +1,14 @@
-"""What a trial runs (built-in Megatron-Core trainer, replay of a measured table, the cost
-model's simulator) and where it runs (``dse.workloads.runners``). Every workload writes the
-trial contract of :mod:`dse.core.records` with its :class:`~dse.core.records.MetricsWriter`.
+"""What a trial runs, on the trial's side of the controller / trial boundary (where it runs
+is :mod:`dse.runners`, on the controller's side).
 
-Importing this package never imports torch or megatron.
-"""
+Owns: ``megatron/`` (the built-in Megatron-Core trainer), ``replay`` (answers from a measured
+table), ``sim`` (the cost model's simulator), ``launchers/`` (the recipe launchers:
+Megatron-Bridge, NeMo 2.0, Megatron-LM, and their trial process), ``logs`` (log parsers and
+failure classification), ``procgroup`` (trial process groups), and :func:`trial_command`.
+Every workload writes the trial contract of :mod:`dse.core.records` with its
+:class:`~dse.core.records.MetricsWriter`.
+
+Importing this package never imports torch or megatron."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""Runners: where trial processes run, on the controller's side: ``local`` (a process pool on
-this machine; ``warm`` keeps its workers' imports warm), ``inprocess`` (each trial answered by
-a function of its spec, for ``dse bench`` and tests), ``slurm_runner`` (batch jobs),
-``ray_runner`` (placement groups), over ``_base`` (``BaseRunner``) and ``_cluster`` (what the
-cluster runners share)."""
+"""Runners: where trial processes run, on the controller's side of the controller / trial
+boundary (the controller never imports the trainer, :mod:`dse.workloads.megatron`).
+
+Owns: ``_registry`` (the runner factory a space's ``runner`` names), ``local`` (a process pool
+on this machine), ``warm`` (its warm workers), ``inprocess`` (each trial answered by a
+function of its spec, for ``dse bench`` and tests), ``slurm_runner`` (batch jobs),
+``ray_runner`` (placement groups), over ``_cluster`` (what the cluster runners share) and
+``_base`` (``BaseRunner``)."""
 
 from __future__ import annotations
 
