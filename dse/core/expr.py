@@ -37,6 +37,7 @@ __all__ = [
     "eval_expr",
     "node_count",
     "evaluated_nodes",
+    "joint_values",
     "EXTRA_NAMES",
 ]
 
@@ -220,6 +221,54 @@ def _compiled(expr: str) -> Callable[[Mapping[str, Any]], Any]:
         return value
 
     return memoized
+
+
+class JointValues:
+    """The values of a list of constraints kept together, per tuple of the values of every
+    name any of them reads (at most :data:`MEMO_ENTRIES`): a configuration whose constraint
+    inputs were seen already costs one lookup, not one per constraint. A hit counts in
+    :func:`evaluated_nodes` as the evaluation of every constraint it stands for."""
+
+    def __init__(self, exprs: tuple[str, ...]) -> None:
+        names: set[str] = set()
+        for expr in exprs:
+            names.update(n.id for n in ast.walk(parse_expr(expr)) if isinstance(n, ast.Name))
+        self._names = tuple(sorted(names))
+        self._nodes = sum(node_count(e) for e in exprs)
+        self._memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def _key(self, env: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            # the type beside each value: 1, 1.0 and True are equal keys but not equal values
+            key = tuple((type(v), v) for v in (env[n] for n in self._names))
+            hash(key)
+        except (KeyError, TypeError):  # a missing name, or a list: not kept
+            return None
+        return key
+
+    def get(self, env: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """The kept values of the constraints on ``env`` (None: not kept)."""
+        key = self._key(env)
+        got = None if key is None else self._memo.get(key)
+        if got is not None:
+            _EVALUATED[0] += self._nodes
+        return got
+
+    def put(self, env: Mapping[str, Any], values: tuple[Any, ...]) -> None:
+        """Keep the constraints' values on ``env`` (immutable values only)."""
+        key = self._key(env)
+        if key is None or any(type(v) is list for v in values):
+            return
+        if len(self._memo) >= MEMO_ENTRIES:
+            self._memo.clear()
+        self._memo[key] = values
+
+
+@functools.lru_cache(maxsize=64)
+def joint_values(exprs: tuple[str, ...]) -> JointValues:
+    """The :class:`JointValues` of a space's constraints (one per tuple of checked
+    expressions, made once)."""
+    return JointValues(exprs)
 
 
 def _check_int(v: Any) -> None:

@@ -13,13 +13,14 @@ first violation as an ``invalid`` failure with the same ``str(violation)``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import operator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from dse.core.bounds import MAX_SPACE_COMBINATIONS
 from dse.core.exceptions import ConstraintEvalError, SpaceError
-from dse.space.derive import INERT as _INERT_KNOBS
 from dse.space.knobs import KNOBS, get_knob, modules_list, requires_nothing
 from dse.space.layout import Layout, PipelineSplit, PipelineSplitError, pipeline_chunks
 from dse.space.searchspace import ModelSpec, Resources, SearchSpace, Semantics, constraint_where
@@ -66,7 +67,7 @@ class RuleContext(Protocol):
     def semantics(self) -> Semantics: ...
     @property
     def resources(self) -> Resources: ...
-    def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]: ...
+    def full_params(self, params: Mapping[str, Any]) -> Mapping[str, Any]: ...
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]: ...
     def constraints_hold(self, params: Mapping[str, Any]) -> bool: ...
 
@@ -102,6 +103,7 @@ class _Checked:
         self._space = space
         self._params = params
         self._full = space.full_params(params)
+        self._full_view = MappingProxyType(self._full)
 
     @property
     def model(self) -> ModelSpec:
@@ -115,9 +117,9 @@ class _Checked:
     def resources(self) -> Resources:
         return self._space.resources
 
-    def full_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        if params is self._params:
-            return dict(self._full)
+    def full_params(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        if params is self._params:  # read-only: every rule reads the same one, uncopied
+            return self._full_view
         return self._space.full_params(params)
 
     def constraint_values(self, params: Mapping[str, Any]) -> list[tuple[str, bool]]:
@@ -530,16 +532,22 @@ def _requires(name: str) -> Callable[[Any], tuple[str, ...]] | None:
     return None if requires is requires_nothing else requires
 
 
+@functools.lru_cache(maxsize=64)
+def _needing_software(names: tuple[str, ...]) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """Of a configuration's settings (``names``, in order), the ones with a value that can
+    need optional software, each with its ``requires`` (found once per set of names: every
+    configuration of a space has the same names)."""
+    return tuple((n, r) for n in names if (r := _requires(n)) is not None)
+
+
 @_rule
 def r_features(s: RuleContext, p: dict, L: Layout, f: set[str] | None) -> Violation | None:
     """A knob value that needs software absent where trials run (TE, apex, DeepEP ...)."""
     if f is None:
         return None
     fp = s.full_params(p)
-    for name, value in fp.items():
-        requires = _requires(name)
-        if requires is None:
-            continue
+    for name, requires in _needing_software(tuple(fp)):
+        value = fp[name]
         if name == "moe_flex_dispatcher_backend" and _get(fp, "moe_token_dispatcher_type") != (
             "flex"
         ):
@@ -1129,47 +1137,68 @@ class SpaceCheck:
     unusable: tuple[UnusableValue, ...] = ()
 
 
-def _combinations(
-    space: SearchSpace, rng: Any
-) -> Iterable[tuple[dict[str, Any], tuple[int, ...]]]:
-    """Every raw knob combination of a space within the cap, else a seeded random sample of
-    :data:`CHECK_SPACE_CAP` of them (uniform, with replacement); each with the index of each
-    knob's value in its domain (in the order of ``space.knobs``)."""
+def _combinations(space: SearchSpace, seed: int) -> Any:
+    """The value indices (in the order of ``space.knobs``) of every raw knob combination of a
+    space within the cap, else of a seeded random sample of :data:`CHECK_SPACE_CAP` of them
+    (uniform, with replacement): an integer array of one row per combination.
+
+    The sample is NumPy's (``Generator.integers``, exact uniform draws): a space at the
+    bounds draws 256 values per combination, 2.56 million in all, which Python's ``random``
+    drew one call at a time (2 of its 5 CPU seconds)."""
     import itertools
 
-    names = list(space.knobs)
-    values = [space.knobs[n].values() for n in names]
+    import numpy as np
+
+    sizes = [len(space.knobs[n].values()) for n in space.knobs]
     if space.size() <= CHECK_SPACE_CAP:
-        for idx in itertools.product(*(range(len(vs)) for vs in values)):
-            yield {n: vs[i] for n, vs, i in zip(names, values, idx, strict=True)}, idx
-        return
-    sizes = [len(vs) for vs in values]
-    # random.Random.randrange(n) is _randbelow(n) after checking its arguments: the same
-    # draws for a third of the time (a space at the bounds draws 256 values per combination)
-    below = getattr(rng, "_randbelow", rng.randrange)
-    for _ in range(CHECK_SPACE_CAP):
-        idx = tuple(below(n) for n in sizes)
-        yield {n: vs[i] for n, vs, i in zip(names, values, idx, strict=True)}, idx
+        rows = list(itertools.product(*(range(n) for n in sizes)))
+        return np.array(rows, dtype=np.int64).reshape(len(rows), len(sizes))
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, np.array(sizes, dtype=np.int64), size=(CHECK_SPACE_CAP, len(sizes)))
 
 
-def _class_size(space: SearchSpace, cfg: dict[str, Any], key: str) -> int:
-    """How many raw combinations have the canonical configuration ``cfg``: the product of the
-    value counts of the knobs it ignores (a conditional knob that is inactive, a derived or
-    inert one), each found by changing it alone."""
-    from dse.space.searchspace import params_key
-
+def _class_size(
+    space: SearchSpace,
+    cfg: dict[str, Any],
+    key: Hashable,
+    key_of: Callable[[dict[str, Any]], Hashable],
+    canon: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> int:
+    """How many raw combinations have the canonical configuration ``cfg`` (of key
+    ``key_of(cfg)``): the product of the value counts of the knobs it ignores (a conditional
+    knob that is inactive, a derived or inert one), each found by changing it alone."""
     size = 1
-    for name, spec in space.knobs.items():
-        if not (spec.when or name in space.derived or name in _INERT_KNOBS):
-            continue
-        vals = spec.values()
+    for name in space.changeable_knobs():
+        vals = space.knobs[name].values()
         have = cfg[name]
         other = next((v for v in vals if not (type(v) is type(have) and v == have)), None)
         if other is None:
             continue
-        if params_key(space.apply_conditions({**cfg, name: other})) == key:
+        if key_of(canon({**cfg, name: other})) == key:
             size *= len(vals)
     return size
+
+
+def _key_function(space: SearchSpace) -> Callable[[dict[str, Any]], Hashable]:
+    """A key of a canonical configuration of ``space`` (its knobs' values, each with its
+    type: 1, 1.0 and True are different configurations), equal for the same configuration
+    as :func:`~dse.space.searchspace.params_key` and a few times cheaper (no JSON of every
+    knob); a configuration with an unhashable value (a list) falls back to that key."""
+    from dse.space.searchspace import params_key
+
+    names = list(space.knobs)
+    pick = operator.itemgetter(*names) if len(names) > 1 else (lambda c: (c[names[0]],))
+
+    def key_of(cfg: dict[str, Any]) -> Hashable:
+        vals = pick(cfg)
+        key = (vals, tuple(map(type, vals)))
+        try:
+            hash(key)
+        except TypeError:
+            return params_key(cfg)
+        return key
+
+    return key_of
 
 
 def _hashable(value: Any) -> bool:
@@ -1186,6 +1215,78 @@ def _verdict(v: Violation) -> str:
     return f"{v.rule} {v.where}" if v.where else v.rule
 
 
+def _same(a: Any, b: Any) -> bool:
+    """The same value (of the same type: 1, 1.0 and True are different values)."""
+    return type(a) is type(b) and a == b
+
+
+def _unusable(
+    space: SearchSpace,
+    base: dict[str, Any],
+    indices: Any,
+    verdicts: list[str],
+    kept: dict[int, tuple[bool, ...]],
+    floor: int,
+) -> tuple[UnusableValue, ...]:
+    """The knob values that no valid configuration looked at keeps, seen at least ``floor``
+    times, in the order the combinations first drew them (``indices``: each combination's
+    value indices, :func:`_combinations`; ``verdicts``: its first rule broken, "" when valid;
+    ``kept``: for the knobs the canonical form may replace, whether each combination kept
+    the drawn value).
+
+    Counted per knob over the columns of ``indices`` once the sample is checked (a count per
+    column, not bookkeeping per knob per combination); a value is told apart by its type and
+    value, so a choice list that repeats one counts it as one value."""
+    from collections import Counter
+
+    import numpy as np
+
+    valid_rows = np.array([not v for v in verdicts], dtype=bool)
+    found: list[tuple[int, int, UnusableValue]] = []
+    for k, name in enumerate(space.knobs):
+        vals = space.knobs[name].values()
+        col = indices[:, k]
+        if not _distinct(vals):  # equal values of one type are one value (its first index)
+            first: dict[tuple[str, Any], int] = {}
+            classes = [first.setdefault(_value_key(v), i) for i, v in enumerate(vals)]
+            col = np.array(classes, dtype=np.int64)[col]
+        counts = np.bincount(col, minlength=len(vals))
+        kept_col = None if k not in kept else np.array(kept[k], dtype=bool)
+        in_valid = np.zeros(len(vals), dtype=bool)
+        in_valid[col[valid_rows if kept_col is None else valid_rows & kept_col]] = True
+        for c in np.nonzero((counts >= floor) & ~in_valid)[0].tolist():
+            if _value_key(vals[c]) == _value_key(base[name]):
+                continue
+            members = np.nonzero(col == c)[0]
+            collapsed = 0 if kept_col is None else int((~kept_col[members]).sum())
+            taken = members if kept_col is None else members[kept_col[members]]
+            broken = Counter(verdicts[j] for j in taken.tolist())
+            found.append(
+                (
+                    int(members[0]),
+                    k,
+                    UnusableValue(
+                        name, vals[c], int(counts[c]), collapsed, tuple(broken.most_common())
+                    ),
+                )
+            )
+    found.sort(key=lambda t: (t[0], t[1]))
+    return tuple(u for _, _, u in found)
+
+
+def _distinct(vals: list[Any]) -> bool:
+    """Whether no two of a domain's values are the same value (all of one type, none equal:
+    a check in C, not a key per value)."""
+    try:
+        return len(set(map(type, vals))) == 1 and len(set(vals)) == len(vals)
+    except TypeError:  # an unhashable value (a list)
+        return False
+
+
+def _value_key(value: Any) -> tuple[str, Any]:
+    return (type(value).__name__, value if _hashable(value) else repr(value))
+
+
 def check_space(space: SearchSpace, source: str, *, count: bool = True) -> SpaceCheck:
     """Refuse a space whose baseline breaks a rule, or with a constraint that cannot be
     evaluated on one of the configurations looked at; count its valid configurations.
@@ -1195,11 +1296,7 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
     the fraction it finds valid is the space's, not that of the first combinations in
     enumeration order). With ``count=False`` only the baseline is checked (``dse start``
     needs only the refusal)."""
-    import random
-    from collections import Counter
     from fractions import Fraction
-
-    from dse.space.searchspace import params_key
 
     feats = space.resources.features if isinstance(space.resources.features, list) else None
     problems = check(space, space.baseline(), feats)
@@ -1212,32 +1309,31 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
     complete = total <= CHECK_SPACE_CAP
     if not count:
         return SpaceCheck(total, 0, 0, complete, 0)
-    verdicts: dict[str, str] = {}  # params_key -> "" (valid) or the first rule broken
-    seen: Counter[tuple[str, str, Any]] = Counter()
-    kept_valid: set[tuple[str, str, Any]] = set()
-    collapsed: Counter[tuple[str, str, Any]] = Counter()
-    broken: dict[tuple[str, str, Any], Counter[str]] = {}
-    shown: dict[tuple[str, str, Any], tuple[str, Any]] = {}
+    canon = space.canonicalizer()
+    key_of = _key_function(space)
+    verdicts: dict[Hashable, str] = {}  # configuration key -> "" (valid) or first rule broken
     n_raw = n_raw_valid = inv_n = 0
     inv_sum = 0.0
-    inv_class: dict[str, float] = {}  # params_key -> 1 / its equivalent combinations
-
-    def vkey(name: str, value: Any) -> tuple[str, str, Any]:
-        return (name, type(value).__name__, value if _hashable(value) else repr(value))
+    inv_class: dict[Hashable, float] = {}  # configuration key -> 1 / equivalent combinations
+    names = list(space.knobs)
+    # the knobs whose value the canonical form may replace (a condition, a derivation, an
+    # inert layout): each sample records, for these only, whether it kept the drawn value
+    settable = set(space.changeable_knobs())
+    changeable = [k for k, n in enumerate(names) if n in settable]
+    row_verdicts: list[str] = []
+    row_kept: list[tuple[bool, ...]] = []
 
     # the baseline passed above: a valid configuration, whether or not a sample draws it
-    base = space.apply_conditions(space.baseline())
-    verdicts[params_key(base)] = ""
-    kept_valid.update(vkey(name, value) for name, value in base.items())
-    # each knob value's key, made once per value (not once per combination drawn)
-    names = list(space.knobs)
-    vkeys: list[list[tuple[str, str, Any] | None]] = [
-        [None] * len(space.knobs[n].values()) for n in names
-    ]
-    for raw, idx in _combinations(space, random.Random(0)):
+    base = canon(space.baseline())
+    verdicts[key_of(base)] = ""
+    values = [space.knobs[n].values() for n in names]
+    pick = list.__getitem__
+    indices = _combinations(space, 0)
+    for row in indices:
+        raw = dict(zip(names, map(pick, values, row.tolist()), strict=True))
         n_raw += 1
-        cfg = space.apply_conditions(raw)
-        key = params_key(cfg)
+        cfg = canon(raw)
+        key = key_of(cfg)
         verdict = verdicts.get(key)
         if verdict is None:
             problems = check(space, cfg, feats)
@@ -1247,28 +1343,15 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
             verdict = _verdict(problems[0]) if problems else ""
             verdicts[key] = verdict
             if not verdict and not complete and len(inv_class) < _CLASS_SAMPLE:
-                inv_class[key] = 1.0 / _class_size(space, cfg, key)
+                inv_class[key] = 1.0 / _class_size(space, cfg, key, key_of, canon)
         if not verdict:
             n_raw_valid += 1
             if key in inv_class:  # every sampled combination counts (a class drawn twice too)
                 inv_sum += inv_class[key]
                 inv_n += 1
-        for k, (name, i) in enumerate(zip(names, idx, strict=True)):
-            vk = vkeys[k][i]
-            if vk is None:
-                vk = vkeys[k][i] = vkey(name, raw[name])
-            if vk in kept_valid:  # in a valid configuration already: never reported
-                continue
-            value = raw[name]
-            shown.setdefault(vk, (name, value))
-            seen[vk] += 1
-            kept = type(cfg[name]) is type(value) and cfg[name] == value
-            if not kept:
-                collapsed[vk] += 1
-            elif not verdict:
-                kept_valid.add(vk)
-            else:
-                broken.setdefault(vk, Counter())[verdict] += 1
+        row_verdicts.append(verdict)
+        if changeable:
+            row_kept.append(tuple(_same(cfg[names[k]], raw[names[k]]) for k in changeable))
     looked = len(verdicts)
     n_valid = sum(1 for v in verdicts.values() if not v)
     if complete:
@@ -1279,15 +1362,6 @@ def check_space(space: SearchSpace, source: str, *, count: bool = True) -> Space
         share = Fraction(n_raw_valid, n_raw) * Fraction(mean_inv)
         estimate = max(n_valid, round(total * share))
     floor = 1 if complete else UNUSABLE_MIN_SEEN
-    unusable = tuple(
-        UnusableValue(
-            name,
-            value,
-            seen[vk],
-            collapsed[vk],
-            tuple(broken.get(vk, Counter()).most_common()),
-        )
-        for vk, (name, value) in shown.items()
-        if vk not in kept_valid and seen[vk] >= floor
-    )
+    kept_cols = dict(zip(changeable, zip(*row_kept, strict=True), strict=True)) if row_kept else {}
+    unusable = _unusable(space, base, indices, row_verdicts, kept_cols, floor)
     return SpaceCheck(total, looked, n_valid, complete, estimate, unusable)

@@ -46,7 +46,7 @@ returns the canonical form):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -250,17 +250,32 @@ def inert(space: SpaceView, knob: str, params: Mapping[str, Any]) -> bool:
 
 
 def canonical(
-    space: SpaceView, params: Mapping[str, Any], inactive: Callable[[str], Any]
+    space: SpaceView,
+    params: Mapping[str, Any],
+    inactive: Callable[[str], Any],
+    settable: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     """``params`` (every knob) with each knob that a derivation sets here at the derived
     value (its ``inactive`` value when that is outside its domain) and each inert knob at its
-    ``inactive`` value. Used by :meth:`dse.space.searchspace.SearchSpace.apply_conditions`."""
+    ``inactive`` value. Used by :meth:`dse.space.searchspace.SearchSpace.apply_conditions`.
+
+    ``settable``: the space's knobs that are derived or in :data:`INERT`, in the order of
+    ``space.knobs`` (found once by a caller that canonicalizes many configurations; None:
+    found here)."""
     out = dict(params)
+    names = (
+        tuple(n for n in space.knobs if n in space.derived or n in INERT)
+        if settable is None
+        else tuple(settable)
+    )
+    if not names:
+        return out
     for _ in range(3):  # a change can make another knob inert (ETP -> expert-DP); settles fast
         changed = False
         eff = derive(space, {**space.fixed, **out})
         s = _sizes(space, eff)
-        for name, spec in space.knobs.items():
+        for name in names:
+            spec = space.knobs[name]
             if name in space.derived and forced(space, name, out):
                 want = eff[name]
                 if not any(type(want) is type(v) and want == v for v in spec.values()):

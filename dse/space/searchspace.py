@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,7 +31,7 @@ from pydantic import (
 from dse.core import bounds as B
 from dse.core.envpolicy import check_env
 from dse.core.exceptions import ConstraintEvalError, SpaceError
-from dse.core.expr import ConstraintError, check_expr, eval_expr
+from dse.core.expr import ConstraintError, check_expr, eval_expr, joint_values
 from dse.core.measure import PRUNABLE_METRICS, MeasurementSpec
 from dse.core.names import study_name_problem
 from dse.core.records import AgentName, Direction, Metric, RunnerName, WorkloadName
@@ -1502,13 +1502,34 @@ class SearchSpace(_Strict):
         baseline value, and so do knobs that do nothing in its layout; a knob that a
         ``derived`` rule sets there takes the derived value
         (:func:`dse.space.derive.canonical`)."""
-        from dse.space.derive import canonical
+        return self.canonicalizer()(params)
 
-        out = dict(params)
-        for name, spec in self.knobs.items():
-            if spec.when and not self.is_active(name, out):
-                out[name] = self._inactive_value(name)
-        return canonical(self, out, self._inactive_value)
+    def changeable_knobs(self) -> tuple[str, ...]:
+        """The knobs :meth:`apply_conditions` may change, in the order of ``knobs``: the
+        conditional ones, the ones a ``derived`` rule sets and the ones that can be inert
+        (every other knob keeps its value in every configuration)."""
+        from dse.space.derive import INERT
+
+        return tuple(n for n, s in self.knobs.items() if s.when or n in self.derived or n in INERT)
+
+    def canonicalizer(self) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+        """:meth:`apply_conditions` for many configurations of this space: which knobs are
+        conditional, derived or can be inert is found once, so each configuration costs
+        the knobs that can change, not every knob of the space."""
+        from dse.space.derive import INERT, canonical
+
+        conditional = tuple(n for n, s in self.knobs.items() if s.when)
+        settable = tuple(n for n in self.knobs if n in self.derived or n in INERT)
+        inactive = self._inactive_value
+
+        def apply(params: Mapping[str, Any]) -> dict[str, Any]:
+            out = dict(params)
+            for name in conditional:
+                if not self.is_active(name, out):
+                    out[name] = inactive(name)
+            return canonical(self, out, inactive, settable)
+
+        return apply
 
     def _inactive_value(self, name: str) -> Any:
         spec = self.knobs[name]
@@ -1589,10 +1610,16 @@ class SearchSpace(_Strict):
         if not self.constraints:
             return []
         env = self._constraint_env(params)
-        return [
-            (expr, bool(_eval_expr(expr, env, constraint_where(i))))
-            for i, expr in enumerate(self.constraints)
-        ]
+        exprs = tuple(self.constraints)
+        kept = joint_values(exprs)
+        got = kept.get(env)
+        if got is not None:
+            return list(zip(exprs, got, strict=True))
+        values = tuple(
+            bool(_eval_expr(expr, env, constraint_where(i))) for i, expr in enumerate(exprs)
+        )
+        kept.put(env, values)
+        return list(zip(exprs, values, strict=True))
 
     def constraints_hold(self, params: Mapping[str, Any]) -> bool:
         """Whether every constraint holds (``all`` of :meth:`constraint_values`; one that

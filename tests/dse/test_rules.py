@@ -211,3 +211,32 @@ def test_the_space_check_estimates_a_sampled_space_like_its_whole_count(
     )
     # without counting equivalent combinations once, the share found valid would be far off
     assert sp.size() * sampled.valid / sampled.looked_at > 1.3 * whole.valid
+
+
+def test_the_space_check_evaluates_the_constraints_once_per_values_they_read(
+    tiny_space_dict: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The space check evaluates the constraints once per distinct tuple of the values they
+    read (kept jointly), not once per constraint per configuration: 16 environment knobs
+    that no constraint reads change in every configuration."""
+    import dse.space.searchspace as ss
+    from dse.model.rules import check_space
+
+    calls = 0
+    original = ss._eval_expr
+
+    def counted(expr: str, env: object, where: str) -> object:
+        nonlocal calls
+        calls += 1
+        return original(expr, env, where)
+
+    monkeypatch.setattr(ss, "_eval_expr", counted)
+    d = copy.deepcopy(tiny_space_dict)
+    d["knobs"] = {
+        "micro_batch_size": {"values": [1, 2]},
+        **{f"env.NCCL_X{i}": {"type": "int", "low": 1, "high": 4} for i in range(16)},
+    }
+    d["constraints"] = [f"micro_batch_size <= {i + 2}" for i in range(8)]
+    got = check_space(parse_space(d, "x"), "x")
+    assert not got.complete and got.looked_at > 1000
+    assert calls <= 8 * 2, f"the constraints were evaluated {calls} times"
