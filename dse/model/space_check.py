@@ -72,6 +72,9 @@ def check_space_text(
             ``memory_mib`` (the message names ``source`` and the cause).
     """
     env = {k: v for k, v in os.environ.items() if k != "DSE_API_TOKEN"}
+    # one BLAS / OpenMP thread: the sample check uses NumPy, whose thread pools would each
+    # reserve address space under the child's memory limit on a many-core host
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     args = [sys.executable, "-m", "dse.model.space_check", source, str(memory_mib), target]
     try:
         proc = subprocess.run(
