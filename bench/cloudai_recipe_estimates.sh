@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# Issue 37: the recipe dse runs for CloudAI MegatronBridge tests, and the cost model's memory
-# and speed estimates of that recipe's own layout (estimates, not measurements; no GPU).
+# Issue 37: every CloudAI MegatronBridge / NeMoRun test dse has (upstream files under
+# tests/fixtures/cloudai_current/test): the recipe dse runs for it, that recipe's layout, and
+# the cost model's memory and speed estimates of it (estimates, not measurements; no GPU).
 # Usage (from the repository root): bash bench/cloudai_recipe_estimates.sh [WORKDIR]
 set -euo pipefail
 work="${1:-$(mktemp -d)}"
 mkdir -p "$work"
-t=tests/fixtures/cloudai_current/test
-qwen="$t/megatron_bridge_qwen_30b.toml"
-sed -e 's/gpu_type = "h100"/gpu_type = "b200"/; s/num_gpus = 16/num_gpus = 8/' \
-    -e 's/compute_dtype = "fp8_cs"/compute_dtype = "fp8_mx"/' "$qwen" > "$work/qwen_b200.toml"
-sed -e 's/gpu_type = "h100"/gpu_type = "gb300"/; s/num_gpus = 16/num_gpus = 8/' \
-    -e 's/compute_dtype = "fp8_cs"/compute_dtype = "fp8_mx"/' "$qwen" > "$work/qwen_gb300.toml"
-for f in "$qwen" "$t/megatron_bridge_nemotron_nano_pytorch_profiler.toml" \
-         "$work/qwen_b200.toml" "$work/qwen_gb300.toml"; do
+for f in tests/fixtures/cloudai_current/test/*.toml; do
     n=$(basename "$f" .toml)
-    python -m dse.cli cloudai import "$f" -o "$work/$n.yaml" 2>/dev/null
-    echo "== $n: $(grep -o 'recipe: [a-z0-9_]*_config' "$work/$n.yaml" | tail -1)"
+    if ! python -m dse.cli cloudai import "$f" -o "$work/$n.yaml" 2>"$work/$n.err"; then
+        echo "== $n: import refused: $(tail -1 "$work/$n.err")"
+        continue
+    fi
+    echo "== $n: $(grep -o 'recipe: [a-zA-Z0-9_]*' "$work/$n.yaml" | tail -1)"
+    grep -o "the recipe's own layout and settings: .*" "$work/$n.yaml" || true
+    python -m dse.cli estimate --space "$work/$n.yaml" --json | python -c '
+import json, sys
+d = json.load(sys.stdin)
+m, t, tr = d["memory"], d["throughput"], d["trust"]
+print("estimate: %.2f GiB of %s usable (fits=%s), %.1f TFLOP/s/GPU, trust %s: %s" % (
+    m["total_gib"], d["usable_gib"], d["fits"], t["tflops_per_gpu"], tr["label"], tr["why"]))'
     python -m dse.cli start --space "$work/$n.yaml" --workload sim --n-trials 1 \
         --storage "sqlite:///$work/$n.db" --workdir "$work/runs_$n" 2>&1 \
-        | grep -E '^trial 0 (complete|infeasible)' | cut -d'|' -f1
+        | grep -E '^trial 0 (complete|infeasible|failed|invalid)' | cut -d'|' -f1
 done

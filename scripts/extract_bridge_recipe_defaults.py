@@ -427,6 +427,8 @@ LAYOUT_FIELDS: dict[str, str] = {
     "model.moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
     "model.recompute_granularity": "recompute_granularity",
     "mixed_precision.grad_reduce_in_fp32": "grad_reduce_in_fp32",
+    "model.cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
+    "model.cross_entropy_fusion_impl": "cross_entropy_fusion_impl",
 }
 _TRACKED_DEFAULTS = {"seq_length", "global_batch_size"} | {
     k.split(".", 1)[1] for k in LAYOUT_FIELDS

@@ -101,7 +101,7 @@ def register(sub: Any) -> None:
     sp.add_argument(
         "--system", help="CloudAI system TOML (GPUs per node, partition, account, Slurm options)"
     )
-    sp.add_argument("--gpu-type", help="GPU type (h100, h200, b200, gb200, gb300)")
+    sp.add_argument("--gpu-type", help="GPU type (h100, h200, b200, gb200, b300, gb300)")
     sp.add_argument("--seq-length", type=int, help="sequence length the test leaves to the recipe")
     sp.add_argument(
         "--global-batch-size", type=int, help="global batch size the test leaves to the recipe"

@@ -111,6 +111,7 @@ _GPU_NAMES = {
     "h200": "NVIDIA H200",
     "b200": "NVIDIA B200",
     "gb200": "NVIDIA GB200",
+    "b300": "NVIDIA B300",
     "gb300": "NVIDIA GB300",
 }
 

@@ -445,7 +445,7 @@ def estimate_memory(
     layout = resolve(model, semantics, resources, params)
     if (
         model.is_hybrid
-        or model.mixed_moe
+        or model.num_moe_experts
         or params.get("recompute_modules") is not None
         or not layout.parallel.split.is_even
     ):

@@ -81,7 +81,15 @@ class GPUSpec:
 #: sparsity", twice the dense figure) and its DGX B200 / GB200 NVL72 specifications (B200
 #: 4500, GB200 5000 TFLOP/s dense per GPU). Ampere (A100, A800) has no FP8 tensor cores;
 #: L40S and MI300X have, but no FP8 peak is recorded here (their FP8 is estimated at bf16).
+#: Blackwell Ultra (GB300, B300): NVIDIA's GB300 NVL72 and HGX B300 specifications print, per
+#: rack / board and "with sparsity", FP8 720 PF / 72 GB300 and 72 PF / 8 B300, BF16 360 PF /
+#: 72 and 36 PF / 8; the dense per-GPU peaks are half (GB300 5000 FP8, 2500 BF16; B300 4500
+#: FP8, 2250 BF16 TFLOP/s); 288 GB of HBM3e at 8 TB/s per GPU, NVLink 5 (1.8 TB/s both
+#: directions). Memory as PyTorch reports it: 279 GiB (Megatron-Bridge's B300 performance
+#: recipes cite 279 GB for the card, against 179 / 184 for B200 / GB200 in this table).
 GPUS: tuple[tuple[str, GPUSpec], ...] = (
+    ("GB300", GPUSpec("NVIDIA GB300", 2500.0, 8.0, 900.0, 279.0, fp8_tflops=5000.0)),
+    ("B300", GPUSpec("NVIDIA B300", 2250.0, 8.0, 900.0, 279.0, fp8_tflops=4500.0)),
     ("GB200", GPUSpec("NVIDIA GB200", 2500.0, 8.0, 900.0, 184.0, fp8_tflops=5000.0)),
     ("B200", GPUSpec("NVIDIA B200", 2250.0, 8.0, 900.0, 179.0, fp8_tflops=4500.0)),
     ("H200", GPUSpec("NVIDIA H200", 989.0, 4.8, 450.0, 139.8, fp8_tflops=1979.0)),
