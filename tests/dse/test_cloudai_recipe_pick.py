@@ -165,3 +165,19 @@ def _model(tmp_path: Path) -> Path:
     f = tmp_path / "model.yaml"  # a model section (the recipe's model is not what is tested)
     f.write_text(yaml.safe_dump({"model": {"catalog": "llama3_8b"}}))
     return f
+
+
+@pytest.mark.parametrize("gpu", ["b200", "gb200", "gb300"])
+def test_the_8_gpu_blackwell_qwen3_30b_tests_fit(gpu: str) -> None:
+    """CloudAI's 8-GPU Blackwell Qwen3-30B tests (fp8_mx): each runs its own recipe, its GPU is
+    in the GPU table (a memory check runs: GB300 had none) and the recipe's own baseline is
+    no predicted OOM (B200 was one: 221.95 GiB of 177.12, the MoE layers counted twice)."""
+    from dse.model.costmodel import CostModel
+
+    _raw, space = _import(TESTS / f"megatron_bridge_qwen_30b_{gpu}.toml")
+    assert space.workload.launcher.recipe == f"qwen3_30b_a3b_pretrain_8gpu_{gpu}_fp8mx_config"
+    assert space.resources.gpu_memory_gib, "no GPU memory: the GPU is not in dse's table"
+    base = space.full_params(space.baseline())
+    cm = CostModel(space.model, space.semantics, space.resources)
+    fits, pred = cm.fits(base, 0.0)
+    assert fits, pred  # an estimate: the predicted GiB
