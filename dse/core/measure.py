@@ -731,7 +731,10 @@ def _above_zero(value: float, lo: float, hi: float) -> tuple[float, float]:
     a time is never 0, however few or noisy the steps."""
     if lo > 0 or value <= 0:
         return (lo, hi)
-    return (value * math.exp(-(value - lo) / value), value * math.exp((hi - value) / value))
+    # the exponent capped below float overflow (e^709): an interval that wide says nothing
+    # more at e^700 than at infinity
+    up = min((hi - value) / value, 700.0)
+    return (value * math.exp(-(value - lo) / value), value * math.exp(up))
 
 
 def series_for(spec: TrialSpec, *, tokens_per_step_per_gpu: float | None = None) -> StepSeries:

@@ -111,6 +111,40 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct
 _BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.construct_bounded_float)
 
 
+try:
+    from yaml._yaml import CParser as _CParser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    _CParser = None  # type: ignore[assignment,misc]
+
+if _CParser is not None:
+
+    class _FastBoundedLoader(_BoundedLoader, _CParser):  # type: ignore[misc,name-defined]
+        """The same loader on libyaml's scanner and parser (the events), with the Python
+        composer of :class:`_BoundedLoader` (and its limits) on top: the scan, most of the
+        time of a large file, runs in C; composing stays here, so every limit above holds
+        (libyaml's parser keeps its own stack, not the C one, however deep the nesting)."""
+
+        def __init__(self, stream: str) -> None:
+            _CParser.__init__(self, stream)  # type: ignore[attr-defined]
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._aliases = 0
+            self._depth = 0
+
+        # the Python composer's, not CParser's C one (which knows no limits)
+        get_single_node = yaml.composer.Composer.get_single_node
+        compose_document = yaml.composer.Composer.compose_document
+        check_event = _CParser.check_event  # type: ignore[attr-defined]
+        peek_event = _CParser.peek_event  # type: ignore[attr-defined]
+        get_event = _CParser.get_event  # type: ignore[attr-defined]
+        dispose = _CParser.dispose  # type: ignore[attr-defined]
+
+    _Loader: type[_BoundedLoader] = _FastBoundedLoader
+else:  # pragma: no cover - PyYAML built without libyaml
+    _Loader = _BoundedLoader
+
+
 def _expanded_size(root: Node) -> None:
     """Count the nodes of the document with aliases expanded; refuse cycles and a count
     above :data:`MAX_YAML_NODES` (linear in the nodes as written, whatever the expansion)."""
@@ -148,11 +182,32 @@ def _expanded_size(root: Node) -> None:
     size(root)
 
 
+def _clamp_to_text(e: yaml.MarkedYAMLError, text: str) -> None:
+    """libyaml marks an error at the end of a file without a final newline on the line after
+    the last one: name the last line (as PyYAML's own scanner does) instead."""
+    last = text.count("\n")  # the line the text ends on
+    for attr in ("problem_mark", "context_mark"):
+        mark = getattr(e, attr, None)
+        if mark is not None and mark.line > last:
+            column = len(text.rsplit("\n", 1)[-1])
+            setattr(e, attr, yaml.Mark(mark.name, mark.index, last, column, None, 0))
+
+
 def safe_load(text: str) -> Any:
     """``yaml.safe_load(text)`` with the limits of this module (one document)."""
-    loader = _BoundedLoader(text)
+    loader = _Loader(text)
     try:
-        node = loader.get_single_node()
+        try:
+            node = loader.get_single_node()
+        except yaml.MarkedYAMLError as e:
+            # libyaml's scanner reads flow brackets ahead of the composer and stops at its
+            # own nesting limit (1,000) first: the same refusal, said as this module says it
+            if "maximum nesting depth" not in str(e.problem):
+                _clamp_to_text(e, text)
+                raise
+            raise ComposerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", e.problem_mark
+            ) from None
         if node is None:
             return None
         _expanded_size(node)

@@ -474,3 +474,15 @@ def test_validate_at_the_knob_bounds_checks_the_env_policy_once_per_variable(
     out = capsys.readouterr().out
     assert f"{16**bounds.MAX_KNOBS} knob combinations" in out and "(an estimate)" in out
     assert len(asked) <= 2 * bounds.MAX_KNOBS, f"the policy was asked {len(asked)} times"
+
+
+def test_the_limits_hold_on_libyamls_parser() -> None:
+    """Large space files are scanned by libyaml (C) where PyYAML has it; the composer with
+    the limits above stays dse's, so each refusal of this file runs on that path too."""
+    from dse.core import safeyaml
+
+    pytest.importorskip("yaml._yaml")
+    assert safeyaml._Loader is not safeyaml._BoundedLoader
+    assert issubclass(safeyaml._Loader, safeyaml._BoundedLoader)
+    with pytest.raises(Exception, match="line 1, column 17"):  # not a line after the text
+        safeyaml.safe_load("study: [unclosed")
