@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dse.core.exceptions import SpaceError
+from dse.model.rules import check
 from dse.space.knobs import FieldAssignment, assignments, effective_params, trial_env
 from dse.space.recipe_spec import NODE_STEPS, LauncherSpec
 
@@ -255,6 +256,12 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
             f"{source}: {e.knob}: the {launcher.name} recipe cannot take "
             f"{e.knob}={e.value!r}: {e.why}"
         )
+
+    def resolvable(params: dict[str, Any]) -> bool:
+        # the recipe is resolved only on configurations the rules let run (a knob value
+        # against the baseline may break a constraint the space states, e.g. SP without TP)
+        return not check(space, params)
+
     with contextlib.suppress(NotTaken):
         argvs.append(launcher.render(base).argv)
     for name, spec in space.knobs.items():
@@ -264,7 +271,10 @@ def check_launcher(space: SearchSpace, source: str = "<space>") -> int:
                 active[other] = want[0] if isinstance(want, list) else want
         for v in spec.values():
             try:
-                argvs.append(launcher.render({**base, **active, name: v}).argv)
+                variant = {**base, **active, name: v}
+                argv = launcher.render(variant).argv
+                if resolvable(variant):
+                    argvs.append(argv)
                 n += 1
             except NotTaken as e:
                 key = (e.knob, repr(e.value))

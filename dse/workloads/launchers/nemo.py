@@ -84,6 +84,35 @@ class NemoLauncher(Launcher):
             return f"optim.config.{fld}"
         return f"data.{fld}"
 
+    def check_resolution(self, argvs: list[list[str]]) -> list[str]:
+        """Where an interpreter has NeMo 2.0 (:mod:`.nemo_installed`): each rendered command's
+        overrides applied to the recipe NeMo's own factory builds, resolved as NeMo's trainer
+        resolves them; a field that ends another value than dse set, or a configuration NeMo
+        refuses, is a problem naming it. Nothing is said where NeMo is not installed."""
+        from dse.workloads.launchers.nemo_installed import mismatch_reasons, nemo_python, resolve
+
+        if not self.spec.recipe or self.spec.module or self.spec.script or not nemo_python():
+            return []
+        unique = list({tuple(a): a for a in argvs}.values())
+        requests = []
+        for argv in unique:
+            overrides = [a for a in argv[argv.index("-y") + 1 :] if "=" in a]
+            fields = dict(o.split("=", 1) for o in overrides)
+            requests.append({
+                "recipe": self.spec.recipe,
+                "task": self.spec.task or "pretrain",
+                "num_nodes": int(fields.get("trainer.num_nodes", 1)),
+                "gpus_per_node": int(fields.get("trainer.devices", 8)),
+                "overrides": overrides,
+            })  # fmt: skip
+        got = resolve(requests)
+        if not got.get("importable"):
+            return []
+        out: list[str] = []
+        for res in got.get("results", []):
+            out += [f"NeMo: {r}" for r in mismatch_reasons(res) if f"NeMo: {r}" not in out]
+        return out
+
     def knob_overrides(self, params: Mapping[str, Any]) -> list[str]:
         out: dict[str, Any] = {}
         for name, value, a in self.assignments_of(params):
