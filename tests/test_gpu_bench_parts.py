@@ -197,9 +197,20 @@ def test_the_measured_hybrid_table_rebuilds_the_proxy_and_replays() -> None:
         rows
     )
     proxy = load_space(EXAMPLES / "nemotron_h_proxy_h200.yaml").model
-    # moe_layer_freq and frozen_params came after the table was measured (issue 38); their
-    # defaults (every layer's MLP an MoE, nothing frozen) are the proxy's, checked just below
-    later = {"moe_layer_freq", "frozen_params"}
+    # moe_layer_freq, frozen_params and the Multi-Latent Attention fields came after the table
+    # was measured (issue 38); their defaults (every layer's MLP an MoE, nothing frozen, standard
+    # attention) are the proxy's, checked just below
+    later = {
+        "moe_layer_freq",
+        "frozen_params",
+        "multi_latent_attention",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_head_dim",
+        "qk_pos_emb_head_dim",
+        "v_head_dim",
+        "qk_layernorm",
+    }
     for r in rows:
         assert set(ModelSpec.model_fields) - later <= set(r.model)
         assert ModelSpec.model_validate(space_model_fields(r.model)) == proxy
