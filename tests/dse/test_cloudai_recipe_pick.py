@@ -181,3 +181,38 @@ def test_the_8_gpu_blackwell_qwen3_30b_tests_fit(gpu: str) -> None:
     cm = CostModel(space.model, space.semantics, space.resources)
     fits, pred = cm.fits(base, 0.0)
     assert fits, pred  # an estimate: the predicted GiB
+
+
+def test_deepseek_v3_baseline_is_the_valid_configuration_closest_to_the_recipes_own() -> None:
+    """The DeepSeek-V3 sweep test leaves its layout to the recipe (PP 4, VP 4, EP 64, from
+    deepseek_v3_pretrain_256gpu_gb200_fp8cs_config); PP 4 splits 61 layers unevenly without
+    the recipe's pipeline layout, so dse must move the baseline. It moves the fewest knobs
+    (PP and VP, to 1 and None) and keeps the recipe's EP 64 and TP 1 (the first valid
+    configuration in grid order took EP 32 too), names each value it changed as the
+    recipe's own, and changes no value the study fixes."""
+    from dse.model.rules import check
+
+    path = CURRENT / "test_scenario" / "megatron_bridge_deepseekv3_bayesian.toml"
+    got = import_scenario(path, tests_dir=TESTS, seq_length=4096)
+    space = parse_space_text(got.to_yaml(path.name), path.name)
+    recipe = recipe_defaults("deepseek_v3", "pretrain", gpu="gb200", compute_dtype="fp8_cs",
+                             num_gpus=256)  # fmt: skip
+    assert recipe is not None and space.workload.launcher.recipe == recipe.name
+    own = recipe.layout
+    assert (own["pipeline_model_parallel_size"], own["virtual_pipeline_model_parallel_size"],
+            own["expert_model_parallel_size"]) == (4, 4, 64)  # fmt: skip
+    base = space.baseline()
+    assert not check(space, base, space.resources.features)  # type: ignore[arg-type]
+    assert base["expert_model_parallel_size"] == 64  # the recipe's, valid at PP 1
+    assert base["tensor_model_parallel_size"] == 1
+    assert base["recompute"] == "selective"
+    assert base["pipeline_model_parallel_size"] == 1
+    assert base["virtual_pipeline_model_parallel_size"] is None
+    note = next(n for n in got.notes if "breaks a dse rule" in n)
+    assert "the recipe's own pipeline_model_parallel_size 4 -> 1" in note
+    assert "virtual_pipeline_model_parallel_size 4 -> None" in note
+    assert "expert_model_parallel_size" not in note  # not changed
+    for knob in ("context_parallel_size", "expert_tensor_parallel_size", "micro_batch_size",
+                 "grad_reduce_in_fp32", "cross_entropy_fusion_impl"):  # fmt: skip
+        want = own["micro_batch_size"] if knob == "micro_batch_size" else own[knob]
+        assert space.fixed[knob] == want, knob  # the values the study fixes stay the recipe's

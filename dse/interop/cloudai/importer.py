@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -406,12 +407,14 @@ def _recipe_layout(
     resources: dict[str, Any],
     is_moe: bool,
     notes: list[str],
-) -> None:
+) -> dict[str, Any]:
     """The recipe's own parallel sizes and settings (what it runs when the test leaves them
     to it) as the study's fixed values, or as the baseline of a knob the test sweeps; what
     the test sets itself wins. A flex dispatcher backend the recipe runs is declared as a
-    feature of the image (the container that runs the recipe has it)."""
+    feature of the image (the container that runs the recipe has it). Returns the knob values
+    taken from the recipe."""
     took: list[str] = []
+    taken: dict[str, Any] = {}
     for f, v in pick.layout.items():
         knob = _LAYOUT_KNOB.get(f, f)
         if knob not in KNOBS or (knob in _MOE_LAYOUT and not is_moe):
@@ -425,6 +428,7 @@ def _recipe_layout(
         if knob in knobs:
             if v in knobs[knob]["values"]:
                 knobs[knob]["baseline"] = v
+                taken[knob] = v
                 took.append(f"{knob}={v!r} (baseline)")
             continue
         if knob in fixed or knob in given:
@@ -432,6 +436,7 @@ def _recipe_layout(
                 notes.append(f"{knob}: the test's {fixed[knob]!r}, not the recipe's {v!r}")
             continue
         fixed[knob] = v
+        taken[knob] = v
         took.append(f"{knob}={v!r}")
     backend = fixed.get("moe_flex_dispatcher_backend")
     if fixed.get("moe_token_dispatcher_type") == "flex" and backend in ("deepep", "hybridep"):
@@ -439,6 +444,7 @@ def _recipe_layout(
             resources["features"].append(backend)
     if took:
         notes.append(f"the recipe's own layout and settings: {', '.join(took)} ({pick.name})")
+    return taken
 
 
 # --- one strategy per CloudAI workload template ---------------------------------------------
@@ -1124,11 +1130,14 @@ def import_scenario(
     tpl.extra_cmd_args(b, test, overrides)
     knobs, fixed = b.knobs, b.fixed
     layout_of = recipe_pick if workload == "bridge" else nemo_pick
+    recipe_values: dict[str, Any] = {}
     if layout_of is not None:
         given = {knob_map[k] for k in args if k in knob_map}  # the test's own, also None
         if "recompute_modules" in args:
             given.add("recompute")
-        _recipe_layout(layout_of, knobs, fixed, given, resources, _is_moe(model), notes)
+        recipe_values = _recipe_layout(
+            layout_of, knobs, fixed, given, resources, _is_moe(model), notes
+        )
     if st.fsdp_on:
         _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
     tpl.fp8_preset(fixed, overrides)
@@ -1208,7 +1217,7 @@ def import_scenario(
                 unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
     _knobs_from_overrides(space, where, notes)
     _uneven_pipeline_note(space, notes)
-    _valid_baseline(space, where, notes)
+    _valid_baseline(space, where, notes, recipe_values)
     return CloudAIImport(space, unmapped, notes)
 
 
@@ -1351,13 +1360,59 @@ def _uneven_pipeline_note(space: dict[str, Any], notes: list[str]) -> None:
 
 
 #: Knob combinations looked at for a valid baseline (CloudAI has no baseline; its first
-#: values may break a rule).
+#: values, or the recipe's own layout, may break a rule).
 _BASELINE_SEARCH = 100_000
 
 
-def _valid_baseline(space: dict[str, Any], where: str, notes: list[str]) -> None:
-    """CloudAI's first values as the baseline; where they break a dse rule, the first
-    configuration (in the grid's order) that passes every rule, with a note."""
+def _closest_valid(
+    parsed: Any, base: Mapping[str, Any], feats: list[str] | None
+) -> dict[str, Any] | None:
+    """The valid configuration closest to ``base``: the fewest knobs changed, then the values
+    nearest in each knob's list, then the grid's order. Looks at configurations by the
+    number of knobs they change (one, then two, ...), up to :data:`_BASELINE_SEARCH`."""
+    from dse.model.rules import is_valid
+    from dse.space.searchspace import params_key
+
+    names = list(parsed.knobs)
+    values = {n: list(parsed.knobs[n].values()) for n in names}
+    alts = {n: [v for v in values[n] if v != base.get(n)] for n in names}
+
+    def cost(cfg: Mapping[str, Any]) -> tuple[int, int]:
+        changed = [n for n in names if cfg.get(n) != base.get(n)]
+        steps = 0
+        for n in changed:
+            vs = values[n]
+            if cfg.get(n) in vs and base.get(n) in vs:
+                steps += abs(vs.index(cfg.get(n)) - vs.index(base.get(n)))
+        return len(changed), steps
+
+    seen: set[str] = set()
+    looked = 0
+    for size in range(1, len(names) + 1):
+        found: list[dict[str, Any]] = []
+        for subset in itertools.combinations(names, size):
+            for combo in itertools.product(*(alts[n] for n in subset)):
+                looked += 1
+                if looked > _BASELINE_SEARCH:
+                    return min(found, key=cost) if found else None
+                cfg = parsed.apply_conditions({**base, **dict(zip(subset, combo, strict=True))})
+                key = params_key(cfg)
+                if key not in seen:
+                    seen.add(key)
+                    if is_valid(parsed, cfg, feats):
+                        found.append(cfg)
+        if found:
+            return min(found, key=cost)  # min keeps the first of equals: the grid's order
+    return None
+
+
+def _valid_baseline(
+    space: dict[str, Any], where: str, notes: list[str], recipe_values: Mapping[str, Any]
+) -> None:
+    """CloudAI's first values (or the recipe's own, ``recipe_values``, where the test leaves
+    them to it) as the baseline; where they break a dse rule, the valid configuration that
+    changes the fewest knobs (:func:`_closest_valid`), each change named in a note. Only
+    knobs' baselines move: a value the study fixes is never changed."""
     from dse.model.rules import check
     from dse.space.searchspace import parse_space
 
@@ -1366,20 +1421,27 @@ def _valid_baseline(space: dict[str, Any], where: str, notes: list[str]) -> None
     except SpaceError:
         return  # the caller's validation names the problem
     feats = parsed.resources.features if isinstance(parsed.resources.features, list) else None
-    broken = check(parsed, parsed.baseline(), feats)
+    base = parsed.baseline()
+    broken = check(parsed, base, feats)
     if not broken:
         return
-    for cfg in parsed.iter_configs(max_combinations=_BASELINE_SEARCH):
-        if not check(parsed, cfg, feats):
-            for name, spec in space["knobs"].items():
-                if name in cfg:
-                    spec["baseline"] = cfg[name]
-            notes.append(
-                f"CloudAI's first values break a dse rule ({broken[0]}); the baseline is the "
-                f"first valid configuration {cfg}"
-            )
-            return
-    notes.append(f"no configuration looked at passes dse's rules (first: {broken[0]})")
+    best = _closest_valid(parsed, base, feats)
+    if best is None:
+        notes.append(f"no configuration looked at passes dse's rules (first: {broken[0]})")
+        return
+    changes = []
+    for name, spec in space["knobs"].items():
+        if name not in best:
+            continue
+        spec["baseline"] = best[name]
+        if best[name] != base.get(name):
+            own = name in recipe_values and recipe_values[name] == base.get(name)
+            whose = "the recipe's own " if own else "CloudAI's first "
+            changes.append(f"{whose}{name} {base.get(name)!r} -> {best[name]!r}")
+    notes.append(
+        f"the baseline breaks a dse rule ({broken[0]}); the valid configuration closest to "
+        f"it (fewest knobs changed) is the baseline: {', '.join(changes)}"
+    )
 
 
 def _model_fields(model: Any) -> dict[str, Any]:
