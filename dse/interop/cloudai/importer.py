@@ -36,6 +36,7 @@ from dse.interop.cloudai._common import (
     _flatten,
     _read_toml,
 )
+from dse.interop.cloudai.cmd_args import validate_cmd_args
 from dse.interop.cloudai.system import read_system
 from dse.space.catalog.bridge_recipes import RecipeDefaults
 from dse.space.catalog.nemo_recipes import NemoRecipeDefaults, nemo_recipe_defaults
@@ -43,7 +44,8 @@ from dse.space.knobs import KNOBS, ModulesKnob, get_knob
 from dse.space.layout import PIPELINE_SPLIT_KNOBS
 
 
-def _find_test(name: str, tests_dir: Path | None, where: str) -> dict[str, Any]:
+def _find_test(name: str, tests_dir: Path | None, where: str) -> tuple[Path, dict[str, Any]]:
+    """The test definition named ``name`` in ``tests_dir``: its file and its fields."""
     if tests_dir is None:
         raise SpaceError(
             f"{where}: test_name {name!r} names a test definition; give the folder of the "
@@ -52,7 +54,7 @@ def _find_test(name: str, tests_dir: Path | None, where: str) -> dict[str, Any]:
     for p in sorted(tests_dir.rglob("*.toml")):
         data = _read_toml(p)
         if data.get("name") == name and "test_template_name" in data:
-            return data
+            return p, data
     raise SpaceError(f"{where}: no test named {name!r} in {tests_dir}")
 
 
@@ -687,10 +689,13 @@ def _scenario_test(
     test_id: str | None,
     tests_dir: str | Path | None,
     unmapped: list[Unmapped],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The scenario's run entry and the test it runs (a test file on its own: no run entry);
-    the scenario's other tests are unmapped (one study per space)."""
+) -> tuple[dict[str, Any], dict[str, Any], Callable[[str], str]]:
+    """The scenario's run entry, the test it runs (a test file on its own: no run entry) and
+    which file gives a ``cmd_args`` field (the scenario where its run entry sets it, else
+    the test's file); the scenario's other tests are unmapped (one study per space)."""
     run: dict[str, Any] = {}
+    test_file = where
+    overridden: set[str] = set()
     if "test_template_name" in top and "Tests" not in top:  # a test definition on its own
         test = top
     else:
@@ -717,7 +722,10 @@ def _scenario_test(
         if "test_spec" in run:
             test = run["test_spec"]
         elif "test_name" in run:
-            test = _find_test(run["test_name"], Path(tests_dir) if tests_dir else None, where)
+            found, test = _find_test(
+                run["test_name"], Path(tests_dir) if tests_dir else None, where
+            )
+            test_file = str(found)
         else:
             test = run
         for k in ("cmd_args", "extra_env_vars", "extra_cmd_args"):  # scenario overrides
@@ -725,7 +733,15 @@ def _scenario_test(
                 merged = _flatten(test.get(k, {}))
                 merged.update(_flatten(run[k]))
                 test = {**test, k: merged}
-    return run, test
+                if k == "cmd_args":
+                    overridden = set(_flatten(run[k]))
+
+    def file_of(key: str) -> str:
+        if not key or any(o == key or o.startswith(key + ".") for o in overridden):
+            return where
+        return test_file
+
+    return run, test, file_of
 
 
 def _env_section(
@@ -913,7 +929,7 @@ def import_scenario(
     top = _read_toml(src)
     unmapped: list[Unmapped] = []
     notes: list[str] = []
-    run, test = _scenario_test(top, where, test_id, tests_dir, unmapped)
+    run, test, file_of = _scenario_test(top, where, test_id, tests_dir, unmapped)
     template = test.get("test_template_name")
     workload = _WORKLOADS.get(str(template))
     if workload is None:
@@ -922,7 +938,7 @@ def import_scenario(
             "tests (Megatron training recipes) only"
         )
     tpl = _STRATEGIES[workload]
-    args = _flatten(test.get("cmd_args") or {})
+    args = validate_cmd_args(workload, _flatten(test.get("cmd_args") or {}), file_of)
     # the names and pins of the recipe as the test writes them, kept for the export
     provenance = _provenance(test, args, unmapped)
     notes.extend(tpl.renamed_notes(args))
