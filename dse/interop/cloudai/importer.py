@@ -478,6 +478,15 @@ class _Template:
         """(recipe, container image, task, model family) popped from ``args``."""
         raise NotImplementedError
 
+    def pick_recipe(self, ctx: _Import, recipe: str) -> None:
+        """The recipe the trial runs (``ctx.launcher``) and the recipe whose defaults and
+        layout stand in for what the test leaves to it (``ctx.pick``)."""
+        raise NotImplementedError
+
+    def recipe_batch(self, ctx: _Import, gbs: Any, seq: Any) -> tuple[Any, Any]:
+        """The global batch size and sequence length, the recipe's where the test has none."""
+        return gbs, seq
+
     def renamed_notes(self, args: Mapping[str, Any]) -> list[str]:
         """Notes on fields the test writes under an older CloudAI name."""
         return []
@@ -533,6 +542,36 @@ class _NeMoRunTemplate(_Template):
         task = str(args.pop("task", "pretrain"))
         return recipe, image, task, None
 
+    def pick_recipe(self, ctx: _Import, recipe: str) -> None:
+        ctx.launcher["recipe"] = ctx.key
+        ctx.launcher["task"] = ctx.task  # nemo llm TASK --factory RECIPE
+        if ctx.key != recipe:
+            ctx.notes.append(
+                f"CloudAI's factory {recipe!r} (cloudai_nemorun.py) runs as NeMo's own recipe "
+                f"{ctx.key!r}: the settings CloudAI's factory adds (callbacks, TP-overlap "
+                "configurations) are not part of the trial"
+            )
+        ctx.pick = nemo_recipe_defaults(ctx.key)
+
+    def recipe_batch(self, ctx: _Import, gbs: Any, seq: Any) -> tuple[Any, Any]:
+        pick = ctx.pick
+        if pick is None or (gbs is not None and seq is not None):
+            return gbs, seq
+        took = []
+        if gbs is None and pick.global_batch_size is not None:
+            gbs = pick.global_batch_size
+            took.append(f"global_batch_size {gbs}")
+        if seq is None and pick.seq_length is not None:
+            seq = pick.seq_length
+            took.append(f"seq_length {seq}")
+        if took:
+            ctx.notes.append(
+                f"{' and '.join(took)} from the recipe's defaults (the test leaves them to the "
+                f"recipe): {pick.source()}; give cmd_args.data.global_batch_size / "
+                "data.seq_length or --global-batch-size / --seq-length to change"
+            )
+        return gbs, seq
+
     def check_task(self, task: str, unmapped: list[Unmapped]) -> str:
         if task not in _NEMO_TASKS:
             # CloudAI's NeMoRun runs llm.pretrain or llm.finetune (cloudai_nemorun.py)
@@ -571,6 +610,29 @@ class _MegatronBridgeTemplate(_Template):
                 "(domain llm) only"
             )
         return recipe, image, task, family
+
+    def pick_recipe(self, ctx: _Import, recipe: str) -> None:
+        # the recipe CloudAI's launcher builds (Bridge's performance launcher's rule)
+        repos = [r for r in ctx.test.get("git_repos") or [] if isinstance(r, dict)]
+        bridge_repos = [r for r in repos if "Megatron-Bridge" in str(r.get("url"))]
+        ctx.pinned = next((str(r["commit"]) for r in bridge_repos if r.get("commit")), None)
+        _gb, _seq, pick = _bridge_recipe_defaults(
+            ctx.key, ctx.task, ctx.args, ctx.opts.gpu_type, None, None, [], ctx.pinned, ctx.where
+        )
+        ctx.pick = pick
+        ctx.launcher["recipe"] = pick.name
+        ctx.notes.append(
+            f"recipe {pick.name}: what CloudAI's MegatronBridge launcher builds for this "
+            f"test ({pick.source()}" + (f"; {pick.why}" if pick.why else "") + ")"
+        )
+
+    def recipe_batch(self, ctx: _Import, gbs: Any, seq: Any) -> tuple[Any, Any]:
+        if gbs is None or seq is None:
+            gbs, seq, ctx.pick = _bridge_recipe_defaults(
+                ctx.key, ctx.task, ctx.args, ctx.opts.gpu_type, gbs, seq, ctx.notes,
+                ctx.pinned, ctx.where,
+            )  # fmt: skip
+        return gbs, seq
 
     def pop_dense_first(self, args: dict[str, Any]) -> Any:
         return args.pop("first_k_dense_replace", None)
@@ -735,13 +797,19 @@ def _scenario_test(
                 test = {**test, k: merged}
                 if k == "cmd_args":
                     overridden = set(_flatten(run[k]))
+    return run, test, _file_of(where, test_file, overridden)
+
+
+def _file_of(where: str, test_file: str, overridden: set[str]) -> Callable[[str], str]:
+    """Which file gives a ``cmd_args`` field: the scenario where its run entry sets it (or
+    a field of it), else the test's file."""
 
     def file_of(key: str) -> str:
         if not key or any(o == key or o.startswith(key + ".") for o in overridden):
             return where
         return test_file
 
-    return run, test, file_of
+    return file_of
 
 
 def _env_section(
@@ -823,82 +891,457 @@ def _agent_section(
     return agent, obj, budget
 
 
-def _resources_section(
-    tpl: _Template,
-    run: Mapping[str, Any],
-    args: dict[str, Any],
-    model: Any,
-    env_in: Mapping[str, Any],
-    sys_info: CloudAISystem | None,
-    gpus_per_node: int | None,
-    gpu_type: str | None,
-    first: Callable[[str, Any, str], Any],
-    notes: list[str],
-    where: str,
-) -> tuple[dict[str, Any], int]:
-    """The resources section (world size, GPUs per node, GPU type and memory, features) and
-    the GPUs per node; pops the fields it reads from ``args``."""
-    nodes_v = run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
-    args.pop("trainer.num_nodes", None)
-    nodes = _as_int(
-        first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
-    )
-    old_gpn = args.pop("gpus_per_node", None) if tpl.gpus_in_test else None
-    num_gpus = args.pop("num_gpus", None) if tpl.gpus_in_test else None
-    if gpus_per_node is not None:
-        gpn = gpus_per_node
-    elif old_gpn:  # the older MegatronBridge schema named it in the test
-        gpn = _as_int(old_gpn, "gpus_per_node", where)
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """What the caller gives besides the scenario (:func:`import_scenario`'s keywords)."""
+
+    tests_dir: str | Path | None = None
+    test_id: str | None = None
+    gpus_per_node: int | None = None
+    model_from: str | Path | None = None
+    catalog: str | Path | None = None
+    gpu_type: str | None = None
+    seq_length: int | None = None
+    global_batch_size: int | None = None
+
+
+@dataclasses.dataclass
+class _Import:
+    """One import: the test it reads, its template, and what each section has found."""
+
+    src: Path
+    run: dict[str, Any]
+    test: dict[str, Any]
+    template: str  #: CloudAI's test_template_name
+    tpl: _Template
+    args: dict[str, Any]  #: the test's cmd_args (dotted keys), checked; sections pop them
+    b: _Builder
+    opts: _Options
+    sys_info: CloudAISystem | None
+    provenance: dict[str, Any]
+    env_in: dict[str, Any]
+    key: str = ""  #: dse's name of the recipe
+    task: str = "pretrain"
+    launcher: dict[str, Any] = dataclasses.field(default_factory=dict)
+    pick: RecipeDefaults | NemoRecipeDefaults | None = None  #: the recipe's own defaults
+    pinned: str | None = None  #: the Megatron-Bridge commit the test pins
+    model: Any = None
+    base_sem: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return str(self.src)
+
+    @property
+    def notes(self) -> list[str]:
+        return self.b.notes
+
+    @property
+    def unmapped(self) -> list[Unmapped]:
+        return self.b.unmapped
+
+    def first(self, key: str, v: Any, why: str) -> Any:
+        """A value the space takes one of: the first of a list, the rest listed as unmapped."""
+        if isinstance(v, list):
+            if len(v) > 1:
+                self.unmapped.append(Unmapped(key, v, why + f"; the space takes {v[0]!r}"))
+            return v[0] if v else None
+        return v
+
+
+def _open(src: Path, opts: _Options, system: str | Path | CloudAISystem | None) -> _Import:
+    """The scenario's test, its template and its checked ``cmd_args``."""
+    where = str(src)
+    top = _read_toml(src)
+    unmapped: list[Unmapped] = []
+    run, test, file_of = _scenario_test(top, where, opts.test_id, opts.tests_dir, unmapped)
+    template = str(test.get("test_template_name"))
+    workload = _WORKLOADS.get(template)
+    if workload is None:
+        raise SpaceError(
+            f"{where}: test_template_name {test.get('test_template_name')!r}: dse launches "
+            f"{sorted(_WORKLOADS)} tests (Megatron training recipes) only"
+        )
+    tpl = _STRATEGIES[workload]
+    args = validate_cmd_args(workload, _flatten(test.get("cmd_args") or {}), file_of)
+    excluded = [str(x).removeprefix("cmd_args.") for x in run.get("dse_excluded_args") or []]
+    excluded += [str(x).removeprefix("cmd_args.") for x in test.get("dse_excluded_args") or []]
+    b = _Builder(excluded)
+    b.unmapped = unmapped
+    # the names and pins of the recipe as the test writes them, kept for the export
+    provenance = _provenance(test, args, unmapped)
+    b.notes.extend(tpl.renamed_notes(args))
+    sys_info = read_system(system) if isinstance(system, (str, Path)) else system
+    env_in = _flatten(test.get("extra_env_vars") or {})
+    return _Import(src, run, test, template, tpl, args, b, opts, sys_info, provenance, env_in)
+
+
+def _model_source(ctx: _Import) -> tuple[Any, dict[str, Any]]:
+    """The model (a catalog entry or fields) and the semantics of the space it comes from:
+    ``--model-from``, else the recipe's example space, else dse's model catalog."""
+    base: dict[str, Any] | None = None
+    model: Any = None
+    if ctx.opts.model_from is not None:
+        base = yaml.safe_load(Path(ctx.opts.model_from).read_text())
+        ctx.notes.append(f"model and sequence length from {Path(ctx.opts.model_from).name}")
+    else:
+        catalog = ctx.opts.catalog
+        base = _example_space(ctx.key, Path(catalog) if catalog else default_catalog())
+        if base is not None:
+            ctx.notes.append(f"model and sequence length from the example space of {ctx.key!r}")
+        else:
+            entry = _catalog_entry(ctx.key)
+            if entry is not None:
+                model = entry
+                ctx.notes.append(f"model from dse's model catalog entry {entry!r}")
+    if model is None:
+        if not base or "model" not in base:
+            raise SpaceError(
+                f"{ctx.where}: no example space or catalog model for the recipe {ctx.key!r}; "
+                "give a space file with its model section with --model-from"
+            )
+        model = base["model"]
+    return model, dict((base or {}).get("semantics") or {})
+
+
+def _recipe_section(ctx: _Import) -> None:
+    """The recipe, task and container of the test (the launcher section) and its model."""
+    tpl = ctx.tpl
+    recipe, image, task, family = tpl.read_recipe(ctx.args, ctx.where)
+    ctx.task = tpl.check_task(task, ctx.unmapped)
+    if not recipe:
+        raise SpaceError(f"{ctx.where}: cmd_args names no recipe ({tpl.recipe_fields})")
+    ctx.key = _recipe_key(str(recipe))
+    if family and family != recipe_family(ctx.key):
+        ctx.notes.append(
+            f"model_family_name {family!r} differs from the family dse reads from the recipe "
+            f"({recipe_family(ctx.key)!r}); the export writes dse's"
+        )
+    ctx.model, ctx.base_sem = _model_source(ctx)
+    tpl.pick_recipe(ctx, str(recipe))
+    if image:
+        ctx.launcher["container_image"] = (
+            str(image).removeprefix("http://").removeprefix("https://")
+        )
+
+
+def _model_overrides(ctx: _Import) -> None:
+    """The model fields the test sets (``num_layers``, ``hidden_size``, the leading dense
+    layers of an MoE model) over the model's own."""
+    model = ctx.model
+    over: dict[str, Any] = {}
+    for mk in ("num_layers", "hidden_size"):
+        v = ctx.args.pop(mk, None)
+        if v is None:
+            continue
+        v = _as_int(ctx.first(f"cmd_args.{mk}", v, "a model field"), mk, ctx.where)
+        if v != _model_fields(model).get(mk):
+            over[mk] = v
+            ctx.notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
+    dense_first = ctx.tpl.pop_dense_first(ctx.args)
+    if dense_first is not None:
+        n_dense = _as_int(
+            ctx.first("cmd_args.first_k_dense_replace", dense_first, "a model field"),
+            "first_k_dense_replace", ctx.where,
+        )  # fmt: skip
+        n_layers = int(over.get("num_layers") or _model_fields(model).get("num_layers") or 0)
+        if not 0 <= n_dense <= n_layers:
+            raise SpaceError(
+                f"{ctx.where}: cmd_args.first_k_dense_replace must be between 0 and the "
+                f"model's {n_layers} layers (got {n_dense})"
+            )
+        freq = [0] * n_dense + [1] * (n_layers - n_dense)
+        if freq != _model_fields(model).get("moe_layer_freq"):
+            over["moe_layer_freq"] = freq
+        ctx.notes.append(
+            f"first_k_dense_replace {n_dense}: the first {n_dense} layers dense "
+            "(model.moe_layer_freq)"
+        )
+    if over:
+        ctx.model = {"catalog": model, **over} if isinstance(model, str) else {**model, **over}
+
+
+def _require_batch(ctx: _Import, gbs: Any, seq: Any) -> None:
+    """Refuse a global batch size or sequence length nobody gives, naming where to give it."""
+    missing = [
+        f"{n} (cmd_args.{ck}, or --{n.replace('_', '-')})"
+        for n, ck, v in (
+            ("global_batch_size", ctx.tpl.gbs_field, gbs),
+            ("seq_length", ctx.tpl.seq_field, seq),
+        )
+        if v is None
+    ]
+    if missing:
+        raise SpaceError(
+            f"{ctx.where}: the test leaves {' and '.join(missing)} to the recipe, whose value "
+            "dse does not know; give it"
+        )
+
+
+def _semantics_section(ctx: _Import) -> dict[str, Any]:
+    """The training semantics: the test's, else the caller's, else the recipe's, else the
+    model's space's (global batch size, sequence length, steps)."""
+    tpl, where = ctx.tpl, ctx.where
+    vals: dict[str, Any] = {}
+    for ck, name in _SEMANTICS[tpl.workload].items():
+        v = ctx.args.pop(ck, None)
+        why = f"{name} is a training semantic in dse (one study per value)"
+        vals[name] = ctx.first(f"cmd_args.{ck}", v, why) if v is not None else None
+    gbs = vals["global_batch_size"] or ctx.opts.global_batch_size
+    seq = vals["seq_length"] or ctx.opts.seq_length
+    gbs, seq = tpl.recipe_batch(ctx, gbs, seq)
+    gbs = gbs or ctx.base_sem.get("global_batch_size")
+    seq = seq or ctx.base_sem.get("seq_length")
+    if seq is None and isinstance(ctx.model, dict) and ctx.model.get("seq_length"):
+        seq = ctx.model["seq_length"]
+    _require_batch(ctx, gbs, seq)
+    steps = _as_int(vals["steps"] or ctx.base_sem.get("steps", 30), "max_steps", where)
+    _model_overrides(ctx)
+    return {
+        "global_batch_size": _as_int(gbs, "global_batch_size", where),
+        "seq_length": _as_int(seq, "seq_length", where),
+        "steps": steps,
+        # CloudAI's NeMoRun metric averages steps 80-100: time the last 20 steps
+        "warmup_steps": max(steps - 20, 1) if steps > 21 else max(steps // 2, 1),
+        "precision": ctx.base_sem.get("precision", "bf16"),
+    }
+
+
+def _gpus_per_node(ctx: _Import, nodes: int, old_gpn: Any, num_gpus: Any) -> int:
+    """The GPUs per node: the caller's, else the older test's, else the system's, else
+    num_gpus / num_nodes, else CloudAI's 8."""
+    sys_info, notes = ctx.sys_info, ctx.notes
+    if ctx.opts.gpus_per_node is not None:
+        return ctx.opts.gpus_per_node
+    if old_gpn:  # the older MegatronBridge schema named it in the test
+        gpn = _as_int(old_gpn, "gpus_per_node", ctx.where)
         if sys_info is not None and sys_info.gpus_per_node not in (None, gpn):
             notes.append(
                 f"cmd_args.gpus_per_node {gpn} used; the system {sys_info.name!r} says "
                 f"{sys_info.gpus_per_node}"
             )
-    elif sys_info is not None and sys_info.gpus_per_node:
-        gpn = sys_info.gpus_per_node
-        notes.append(f"{gpn} GPUs per node from the system {sys_info.name!r}")
-    elif num_gpus and nodes:
-        gpn = max(1, _as_int(num_gpus, "num_gpus", where) // nodes)
+        return gpn
+    if sys_info is not None and sys_info.gpus_per_node:
+        notes.append(f"{sys_info.gpus_per_node} GPUs per node from the system {sys_info.name!r}")
+        return sys_info.gpus_per_node
+    if num_gpus and nodes:
+        gpn = max(1, _as_int(num_gpus, "num_gpus", ctx.where) // nodes)
         notes.append(f"{gpn} GPUs per node assumed (num_gpus / num_nodes); give --system")
+        return gpn
+    notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
+    return 8
+
+
+def _gpu_section(ctx: _Import, resources: dict[str, Any]) -> None:
+    """The GPU type (the caller's, the test's, CLOUDAI_GPU_TYPE, the system's) and its
+    memory for the pre-screen."""
+    gtype = (
+        ctx.opts.gpu_type or ctx.args.pop("gpu_type", None) or ctx.env_in.get("CLOUDAI_GPU_TYPE")
+    )
+    ctx.args.pop("gpu_type", None)
+    if not gtype and ctx.sys_info is not None:
+        gtype = ctx.sys_info.gpu_type
+    if not gtype:
+        ctx.notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
+        return
+    from dse.model.costmodel.throughput import DEFAULT_GPU, gpu_spec
+
+    gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
+    resources["gpu"] = gname
+    spec = gpu_spec(gname)
+    if spec is not DEFAULT_GPU:
+        resources["gpu_memory_gib"] = spec.memory_gib
+        ctx.notes.append(
+            f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
+            "memory pre-screen (an estimate)"
+        )
     else:
-        gpn = 8
-        notes.append("8 GPUs per node assumed (CloudAI's NeMoRun rule); give --system")
+        ctx.notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
+
+
+def _resources_section(ctx: _Import) -> tuple[dict[str, Any], int]:
+    """The resources section (world size, GPUs per node, GPU type and memory, features) and
+    the GPUs per node; pops the fields it reads from the test's ``cmd_args``."""
+    args, where, tpl = ctx.args, ctx.where, ctx.tpl
+    nodes_v = ctx.run.get("num_nodes", args.pop("trainer.num_nodes", None) or 1)
+    args.pop("trainer.num_nodes", None)
+    nodes = _as_int(
+        ctx.first("num_nodes", nodes_v, "dse runs one world size per study"), "num_nodes", where
+    )
+    old_gpn = args.pop("gpus_per_node", None) if tpl.gpus_in_test else None
+    num_gpus = args.pop("num_gpus", None) if tpl.gpus_in_test else None
+    gpn = _gpus_per_node(ctx, nodes, old_gpn, num_gpus)
     world = _as_int(num_gpus, "num_gpus", where) if num_gpus else nodes * gpn
     if num_gpus and nodes * gpn != world:
-        notes.append(
+        ctx.notes.append(
             f"num_gpus {world} is not num_nodes x GPUs per node ({nodes} x {gpn}); "
             "the world size is num_gpus"
         )
     resources: dict[str, Any] = {"world_size": world, "gpus_per_node": min(gpn, world)}
-    gtype = gpu_type or args.pop("gpu_type", None) or env_in.get("CLOUDAI_GPU_TYPE")
-    args.pop("gpu_type", None)
-    if not gtype and sys_info is not None:
-        gtype = sys_info.gpu_type
-    if gtype:
-        from dse.model.costmodel.throughput import DEFAULT_GPU, gpu_spec
-
-        gname = _GPU_NAMES.get(str(gtype).lower(), str(gtype))
-        resources["gpu"] = gname
-        spec = gpu_spec(gname)
-        if spec is not DEFAULT_GPU:
-            resources["gpu_memory_gib"] = spec.memory_gib
-            notes.append(
-                f"GPU {gtype!r}: {spec.memory_gib} GiB per GPU (dse's GPU table) for the "
-                "memory pre-screen (an estimate)"
-            )
-        else:
-            notes.append(f"GPU {gtype!r} is not in dse's GPU table: no memory pre-screen")
-    else:
-        notes.append("no GPU type in the test or system (gpu_type): no memory pre-screen")
+    _gpu_section(ctx, resources)
     resources["device"] = "cuda"
     # The NeMo Framework container the recipes run in ships Transformer Engine and Apex;
     # declared, so the space validates the same on any machine (edit for another image).
     feats = ["transformer_engine", "apex"]
-    if _model_fields(model).get("hybrid_layer_pattern"):
+    if _model_fields(ctx.model).get("hybrid_layer_pattern"):
         feats.append("mamba_ssm")
     resources["features"] = feats
-    notes.append(f"features {feats} declared (the NeMo container's); edit if the image differs")
+    ctx.notes.append(
+        f"features {feats} declared (the NeMo container's); edit if the image differs"
+    )
     return resources, gpn
+
+
+def _knob_values(knob: str, v: Any) -> list[Any]:
+    """A CloudAI field's value(s) as the knob's values (VP 1 is no VP; no CUDA graph)."""
+    vals = _as_list(v)
+    if knob == "virtual_pipeline_model_parallel_size":
+        return [None if x in (None, 1, "None", "none") else x for x in vals]
+    if knob == "cuda_graph_impl":
+        return ["none" if x in (None, "", "null", "None") else str(x).lower() for x in vals]
+    return vals
+
+
+def _knobs_section(ctx: _Import) -> tuple[dict[str, Any], _ArgState]:
+    """Each remaining ``cmd_args`` field as a knob (a list: explored; a scalar: fixed), the
+    template's own reading, a recipe override or an unmapped field; the recipe overrides."""
+    tpl, b = ctx.tpl, ctx.b
+    overrides: dict[str, Any] = {}
+    st = tpl.arg_state(ctx.args)
+    for k, v in ctx.args.items():
+        ck = f"cmd_args.{k}"
+        sw = b.swept(k, v)
+        if k == "hf_token":
+            if v:
+                b.unmapped.append(Unmapped(ck, "<not copied>", "a secret: give it as HF_TOKEN"))
+            continue
+        if tpl.own_arg(b, k, v, sw, st):
+            continue
+        knob = tpl.knob_map.get(k)
+        if knob is None:
+            if sw:
+                b.unmapped.append(Unmapped(ck, v, "a list over a field dse has no knob for"))
+            else:
+                tpl.unknown_arg(b, k, v, overrides)
+            continue
+        b.add(ck, knob, v, _knob_values(knob, v), swept=sw)
+        tpl.after_knob(k, v, sw, overrides)
+    tpl.extra_cmd_args(b, ctx.test, overrides)
+    return overrides, st
+
+
+def _recipe_settings(
+    ctx: _Import, resources: dict[str, Any], st: _ArgState, overrides: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the recipe runs where the test leaves it: its layout (:func:`_recipe_layout`),
+    Megatron FSDP's settings, its FP8 preset, the stack's derived fields, the distributed
+    optimizer and Transformer Engine attention. Returns (the knob values taken from the
+    recipe, the space's ``derived`` section)."""
+    tpl, b, notes = ctx.tpl, ctx.b, ctx.notes
+    knobs, fixed = b.knobs, b.fixed
+    is_moe = _is_moe(ctx.model)
+    recipe_values: dict[str, Any] = {}
+    if ctx.pick is not None:
+        given = {tpl.knob_map[k] for k in ctx.args if k in tpl.knob_map}  # also None
+        if "recompute_modules" in ctx.args:
+            given.add("recompute")
+        recipe_values = _recipe_layout(ctx.pick, knobs, fixed, given, resources, is_moe, notes)
+    if st.fsdp_on:
+        _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
+    tpl.fp8_preset(fixed, overrides)
+    derived = tpl.derived(fixed, is_moe, notes)
+    if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
+        # NeMo 2.0's and Megatron-Bridge's recipes train with the distributed optimizer
+        # (distributed_fused_adam_with_cosine_annealing); Megatron-Core's default is off
+        fixed["use_distributed_optimizer"] = True
+        notes.append("use_distributed_optimizer on: the recipes' distributed Adam")
+    if "attention_backend" not in fixed and "attention_backend" not in knobs:
+        fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
+        notes.append("attention_backend te: the recipe's Transformer Engine attention")
+    return recipe_values, derived
+
+
+def _widen_if_nothing_swept(b: _Builder, env_knobs: Mapping[str, Any]) -> None:
+    """A test that sweeps nothing: its own TP and micro-batch become one-value knobs to widen."""
+    if b.knobs or env_knobs:
+        return
+    for name in list(b.fixed):
+        if name in ("tensor_model_parallel_size", "micro_batch_size"):
+            b.knobs[name] = {"values": [b.fixed.pop(name)]}
+    b.notes.append("the test sweeps nothing: widen the knobs' values to explore")
+    if not b.knobs:
+        b.knobs["micro_batch_size"] = {"values": [1]}
+
+
+def _grid_size(*sections: Mapping[str, Mapping[str, Any]]) -> int:
+    n = 1
+    for section in sections:
+        for spec in section.values():
+            n *= len(spec["values"])
+    return n
+
+
+def _runner_section(ctx: _Import, st: _ArgState, gpn: int) -> dict[str, Any]:
+    mounts: list[str] = []
+    for holder in (ctx.test, ctx.run):
+        mounts += [str(x) for x in holder.get("extra_container_mounts") or [] if str(x).strip()]
+    image = ctx.launcher.get("container_image")
+    return _runner(ctx.sys_info, st.slurm_old, mounts, image, gpn, ctx.unmapped, ctx.notes)
+
+
+def _env_space(
+    env_fixed: dict[str, Any], env_knobs: dict[str, Any], node_steps: list[str]
+) -> dict[str, Any] | None:
+    """The space's ``env`` section, if anything is in it."""
+    if not (env_fixed or env_knobs or node_steps):
+        return None
+    env: dict[str, Any] = {"fixed": env_fixed} if env_fixed else {}
+    if env_knobs:
+        env["knobs"] = env_knobs
+    if node_steps:
+        env["node_steps"] = sorted(set(node_steps))
+    return env
+
+
+def _space(ctx: _Import, sections: dict[str, Any]) -> dict[str, Any]:
+    """The space mapping: the import's sections in the space file's order."""
+    run, test, b = ctx.run, ctx.test, ctx.b
+    space: dict[str, Any] = {
+        "version": 1,
+        "study": str(run.get("id") or test.get("name") or ctx.src.stem).replace(".", "-"),
+        "recipe": f"CloudAI {ctx.template} {test.get('name', '')}".strip(),
+        "model": ctx.model,
+        "semantics": sections["semantics"],
+        "resources": sections["resources"],
+        "knobs": b.knobs,
+        "fixed": b.fixed,
+    }
+    if sections["derived"]:
+        space["derived"] = sections["derived"]
+    if b.constraints:
+        space["constraints"] = b.constraints
+    if sections["env"] is not None:
+        space["env"] = sections["env"]
+    if sections["overrides"]:
+        ctx.launcher["overrides"] = sections["overrides"]
+    if ctx.provenance:
+        ctx.launcher["cloudai"] = ctx.provenance
+    metric, direction = sections["objective"]
+    space.update(
+        {
+            "objective": {"metric": metric, "direction": direction},
+            "budget": sections["budget"],
+            "agent": sections["agent"],
+            "runner": sections["runner"],
+            "workload": {"name": ctx.tpl.workload, "launcher": ctx.launcher},
+            "prescreen": {"enabled": "gpu_memory_gib" in sections["resources"]},
+        }
+    )
+    for k in ("nsys", "env_params"):
+        for holder in (test, run):
+            if holder.get(k):
+                b.unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
+    return space
 
 
 def import_scenario(
@@ -922,319 +1365,33 @@ def import_scenario(
 
     Raises:
         SpaceError: unreadable TOML, a workload dse cannot launch, a missing test
-            definition or model, naming the file and the field.
+            definition or model, a ``cmd_args`` value its template does not take, naming
+            the file and the field.
     """
-    src = Path(path)
-    where = str(src)
-    top = _read_toml(src)
-    unmapped: list[Unmapped] = []
-    notes: list[str] = []
-    run, test, file_of = _scenario_test(top, where, test_id, tests_dir, unmapped)
-    template = test.get("test_template_name")
-    workload = _WORKLOADS.get(str(template))
-    if workload is None:
-        raise SpaceError(
-            f"{where}: test_template_name {template!r}: dse launches {sorted(_WORKLOADS)} "
-            "tests (Megatron training recipes) only"
-        )
-    tpl = _STRATEGIES[workload]
-    args = validate_cmd_args(workload, _flatten(test.get("cmd_args") or {}), file_of)
-    # the names and pins of the recipe as the test writes them, kept for the export
-    provenance = _provenance(test, args, unmapped)
-    notes.extend(tpl.renamed_notes(args))
-    excluded = [str(x).removeprefix("cmd_args.") for x in run.get("dse_excluded_args") or []]
-    excluded += [str(x).removeprefix("cmd_args.") for x in test.get("dse_excluded_args") or []]
-    b = _Builder(excluded)
-    b.unmapped, b.notes = unmapped, notes
-
-    def first(key: str, v: Any, why: str) -> Any:
-        if isinstance(v, list):
-            if len(v) > 1:
-                unmapped.append(Unmapped(key, v, why + f"; the space takes {v[0]!r}"))
-            return v[0] if v else None
-        return v
-
-    sys_info = read_system(system) if isinstance(system, (str, Path)) else system
-
-    # --- the recipe, the model and the semantics ------------------------------------------
-    env_in = _flatten(test.get("extra_env_vars") or {})
-    launcher: dict[str, Any] = {}
-    recipe_pick: RecipeDefaults | None = None
-    pinned: str | None = None
-    recipe, image, task, family = tpl.read_recipe(args, where)
-    task = tpl.check_task(task, unmapped)
-    if not recipe:
-        raise SpaceError(f"{where}: cmd_args names no recipe ({tpl.recipe_fields})")
-    key = _recipe_key(str(recipe))
-    if family and family != recipe_family(key):
-        notes.append(
-            f"model_family_name {family!r} differs from the family dse reads from the recipe "
-            f"({recipe_family(key)!r}); the export writes dse's"
-        )
-    base: dict[str, Any] | None = None
-    model: Any = None
-    if model_from is not None:
-        base = yaml.safe_load(Path(model_from).read_text())
-        notes.append(f"model and sequence length from {Path(model_from).name}")
-    else:
-        base = _example_space(key, Path(catalog) if catalog else default_catalog())
-        if base is not None:
-            notes.append(f"model and sequence length from the example space of {key!r}")
-        else:
-            entry = _catalog_entry(key)
-            if entry is not None:
-                model = entry
-                notes.append(f"model from dse's model catalog entry {entry!r}")
-    if model is None:
-        if not base or "model" not in base:
-            raise SpaceError(
-                f"{where}: no example space or catalog model for the recipe {key!r}; give a "
-                "space file with its model section with --model-from"
-            )
-        model = base["model"]
-    base_sem = dict((base or {}).get("semantics") or {})
-    if workload == "nemo":
-        launcher["recipe"] = key
-        launcher["task"] = task  # nemo llm TASK --factory RECIPE
-        if key != recipe:
-            notes.append(
-                f"CloudAI's factory {recipe!r} (cloudai_nemorun.py) runs as NeMo's own recipe "
-                f"{key!r}: the settings CloudAI's factory adds (callbacks, TP-overlap "
-                "configurations) are not part of the trial"
-            )
-    else:
-        # the recipe CloudAI's launcher builds (Bridge's performance launcher's rule)
-        repos = [r for r in test.get("git_repos") or [] if isinstance(r, dict)]
-        bridge_repos = [r for r in repos if "Megatron-Bridge" in str(r.get("url"))]
-        pinned = next((str(r["commit"]) for r in bridge_repos if r.get("commit")), None)
-        _gb, _seq, recipe_pick = _bridge_recipe_defaults(
-            key, task, args, gpu_type, None, None, [], pinned, where
-        )
-        launcher["recipe"] = recipe_pick.name
-        notes.append(
-            f"recipe {recipe_pick.name}: what CloudAI's MegatronBridge launcher builds for this "
-            f"test ({recipe_pick.source()}"
-            + (f"; {recipe_pick.why}" if recipe_pick.why else "")
-            + ")"
-        )
-    if image:
-        launcher["container_image"] = str(image).removeprefix("http://").removeprefix("https://")
-
-    sem_map = _SEMANTICS[workload]
-    sem_vals: dict[str, Any] = {}
-    for ck, name in sem_map.items():
-        v = args.pop(ck, None)
-        why = f"{name} is a training semantic in dse (one study per value)"
-        sem_vals[name] = first(f"cmd_args.{ck}", v, why) if v is not None else None
-    gbs = sem_vals["global_batch_size"] or global_batch_size
-    seq = sem_vals["seq_length"] or seq_length
-    if workload == "bridge" and (gbs is None or seq is None):
-        gbs, seq, recipe_pick = _bridge_recipe_defaults(
-            key, task, args, gpu_type, gbs, seq, notes, pinned, where
-        )
-    nemo_pick = nemo_recipe_defaults(key) if workload == "nemo" else None
-    if nemo_pick is not None and (gbs is None or seq is None):
-        took = []
-        if gbs is None and nemo_pick.global_batch_size is not None:
-            gbs = nemo_pick.global_batch_size
-            took.append(f"global_batch_size {gbs}")
-        if seq is None and nemo_pick.seq_length is not None:
-            seq = nemo_pick.seq_length
-            took.append(f"seq_length {seq}")
-        if took:
-            notes.append(
-                f"{' and '.join(took)} from the recipe's defaults (the test leaves them to the "
-                f"recipe): {nemo_pick.source()}; give cmd_args.data.global_batch_size / "
-                "data.seq_length or --global-batch-size / --seq-length to change"
-            )
-    gbs = gbs or base_sem.get("global_batch_size")
-    seq = seq or base_sem.get("seq_length")
-    if seq is None and isinstance(model, dict) and model.get("seq_length"):
-        seq = model["seq_length"]
-    steps = sem_vals["steps"] or base_sem.get("steps", 30)
-    missing = [
-        f"{n} (cmd_args.{ck}, or --{n.replace('_', '-')})"
-        for n, ck, v in (
-            ("global_batch_size", tpl.gbs_field, gbs),
-            ("seq_length", tpl.seq_field, seq),
-        )
-        if v is None
-    ]
-    if missing:
-        raise SpaceError(
-            f"{where}: the test leaves {' and '.join(missing)} to the recipe, whose value dse "
-            "does not know; give it"
-        )
-    steps = _as_int(steps, "max_steps", where)
-    # CloudAI's NeMoRun metric averages steps 80-100: time the last 20 steps
-    warmup = max(steps - 20, 1) if steps > 21 else max(steps // 2, 1)
-    model_over: dict[str, Any] = {}
-    for mk in ("num_layers", "hidden_size"):
-        v = args.pop(mk, None)
-        if v is None:
-            continue
-        v = _as_int(first(f"cmd_args.{mk}", v, "a model field"), mk, where)
-        current = model.get(mk) if isinstance(model, dict) else None
-        if isinstance(model, str):
-            from dse.space.catalog import get_entry
-
-            current = get_entry(model).model.get(mk)
-        if v != current:
-            model_over[mk] = v
-            notes.append(f"{mk} {v} taken from the test (it differs from the model's)")
-    dense_first = tpl.pop_dense_first(args)
-    if dense_first is not None:
-        n_dense = _as_int(first("cmd_args.first_k_dense_replace", dense_first, "a model field"),
-                    "first_k_dense_replace", where)  # fmt: skip
-        n_layers = int(model_over.get("num_layers") or _model_fields(model).get("num_layers") or 0)
-        if not 0 <= n_dense <= n_layers:
-            raise SpaceError(
-                f"{where}: cmd_args.first_k_dense_replace must be between 0 and the model's "
-                f"{n_layers} layers (got {n_dense})"
-            )
-        freq = [0] * n_dense + [1] * (n_layers - n_dense)
-        if freq != _model_fields(model).get("moe_layer_freq"):
-            model_over["moe_layer_freq"] = freq
-        notes.append(
-            f"first_k_dense_replace {n_dense}: the first {n_dense} layers dense "
-            "(model.moe_layer_freq)"
-        )
-    if model_over:
-        model = (
-            {"catalog": model, **model_over} if isinstance(model, str) else {**model, **model_over}
-        )
-    semantics = {
-        "global_batch_size": _as_int(gbs, "global_batch_size", where),
-        "seq_length": _as_int(seq, "seq_length", where),
-        "steps": steps,
-        "warmup_steps": warmup,
-        "precision": base_sem.get("precision", "bf16"),
-    }
-
-    # --- resources and where trials run -----------------------------------------------------
-    resources, gpn = _resources_section(
-        tpl, run, args, model, env_in, sys_info, gpus_per_node, gpu_type, first, notes, where
+    opts = _Options(tests_dir, test_id, gpus_per_node, model_from, catalog, gpu_type,
+                    seq_length, global_batch_size)  # fmt: skip
+    ctx = _open(Path(path), opts, system)
+    _recipe_section(ctx)
+    semantics = _semantics_section(ctx)
+    resources, gpn = _resources_section(ctx)
+    overrides, st = _knobs_section(ctx)
+    recipe_values, derived = _recipe_settings(ctx, resources, st, overrides)
+    env_fixed, env_knobs = _env_section(ctx.env_in, ctx.first, st.node_steps, ctx.unmapped)
+    _widen_if_nothing_swept(ctx.b, env_knobs)
+    n_configs = _grid_size(ctx.b.knobs, env_knobs)
+    agent, objective, budget = _agent_section(
+        ctx.run, ctx.test, ctx.tpl.default_metric, n_configs, ctx.unmapped, ctx.notes
     )
-
-    # --- knobs, fixed knobs and recipe overrides ------------------------------------------
-    overrides: dict[str, Any] = {}
-    knob_map = tpl.knob_map
-    st = tpl.arg_state(args)
-    for k, v in args.items():
-        ck = f"cmd_args.{k}"
-        sw = b.swept(k, v)
-        if k == "hf_token":
-            if v:
-                unmapped.append(Unmapped(ck, "<not copied>", "a secret: give it as HF_TOKEN"))
-            continue
-        if tpl.own_arg(b, k, v, sw, st):
-            continue
-        knob = knob_map.get(k)
-        if knob is None:
-            if sw:
-                unmapped.append(Unmapped(ck, v, "a list over a field dse has no knob for"))
-            else:
-                tpl.unknown_arg(b, k, v, overrides)
-            continue
-        vals = _as_list(v)
-        if knob == "virtual_pipeline_model_parallel_size":
-            vals = [None if x in (None, 1, "None", "none") else x for x in vals]
-        if knob == "cuda_graph_impl":
-            vals = ["none" if x in (None, "", "null", "None") else str(x).lower() for x in vals]
-        b.add(ck, knob, v, vals, swept=sw)
-        tpl.after_knob(k, v, sw, overrides)
-    tpl.extra_cmd_args(b, test, overrides)
-    knobs, fixed = b.knobs, b.fixed
-    layout_of = recipe_pick if workload == "bridge" else nemo_pick
-    recipe_values: dict[str, Any] = {}
-    if layout_of is not None:
-        given = {knob_map[k] for k in args if k in knob_map}  # the test's own, also None
-        if "recompute_modules" in args:
-            given.add("recompute")
-        recipe_values = _recipe_layout(
-            layout_of, knobs, fixed, given, resources, _is_moe(model), notes
-        )
-    if st.fsdp_on:
-        _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
-    tpl.fp8_preset(fixed, overrides)
-    is_moe = _is_moe(model)
-    derived = tpl.derived(fixed, is_moe, notes)
-    if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
-        # NeMo 2.0's and Megatron-Bridge's recipes train with the distributed optimizer
-        # (distributed_fused_adam_with_cosine_annealing); Megatron-Core's default is off
-        fixed["use_distributed_optimizer"] = True
-        notes.append("use_distributed_optimizer on: the recipes' distributed Adam")
-    if "attention_backend" not in fixed and "attention_backend" not in knobs:
-        fixed["attention_backend"] = "te"  # the recipes' Transformer Engine attention
-        notes.append("attention_backend te: the recipe's Transformer Engine attention")
-
-    env_fixed, env_knobs = _env_section(env_in, first, st.node_steps, unmapped)
-
-    if not knobs and not env_knobs:
-        # a test that sweeps nothing: its own values become one-value knobs to widen
-        for name in list(fixed):
-            if name in ("tensor_model_parallel_size", "micro_batch_size"):
-                knobs[name] = {"values": [fixed.pop(name)]}
-        notes.append("the test sweeps nothing: widen the knobs' values to explore")
-        if not knobs:
-            knobs["micro_batch_size"] = {"values": [1]}
-
-    # --- agent, objective, budget ---------------------------------------------------------
-    n_configs = 1
-    for spec in [*knobs.values(), *env_knobs.values()]:
-        n_configs *= len(spec["values"])
-    agent, obj, budget = _agent_section(run, test, tpl.default_metric, n_configs, unmapped, notes)
-
-    mounts: list[str] = []
-    for holder in (test, run):
-        mounts += [str(x) for x in holder.get("extra_container_mounts") or [] if str(x).strip()]
-    runner = _runner(
-        sys_info, st.slurm_old, mounts, launcher.get("container_image"), gpn, unmapped, notes
-    )
-
-    space: dict[str, Any] = {
-        "version": 1,
-        "study": str(run.get("id") or test.get("name") or src.stem).replace(".", "-"),
-        "recipe": f"CloudAI {template} {test.get('name', '')}".strip(),
-        "model": model,
-        "semantics": semantics,
-        "resources": resources,
-        "knobs": knobs,
-        "fixed": fixed,
-    }
-    if derived:
-        space["derived"] = derived
-    if b.constraints:
-        space["constraints"] = b.constraints
-    node_steps = st.node_steps
-    if env_fixed or env_knobs or node_steps:
-        space["env"] = {"fixed": env_fixed} if env_fixed else {}
-        if env_knobs:
-            space["env"]["knobs"] = env_knobs
-        if node_steps:
-            space["env"]["node_steps"] = sorted(set(node_steps))
-    if overrides:
-        launcher["overrides"] = overrides
-    if provenance:
-        launcher["cloudai"] = provenance
-    space.update(
-        {
-            "objective": {"metric": obj[0], "direction": obj[1]},
-            "budget": budget,
-            "agent": agent,
-            "runner": runner,
-            "workload": {"name": workload, "launcher": launcher},
-            "prescreen": {"enabled": "gpu_memory_gib" in resources},
-        }
-    )
-    for k in ("nsys", "env_params"):
-        for holder in (test, run):
-            if holder.get(k):
-                unmapped.append(Unmapped(k, holder[k], "CloudAI-specific; not part of a trial"))
-    _knobs_from_overrides(space, where, notes)
-    _uneven_pipeline_note(space, notes)
-    _valid_baseline(space, where, notes, recipe_values)
-    return CloudAIImport(space, unmapped, notes)
+    runner = _runner_section(ctx, st, gpn)
+    space = _space(ctx, {
+        "semantics": semantics, "resources": resources, "derived": derived,
+        "env": _env_space(env_fixed, env_knobs, st.node_steps), "overrides": overrides,
+        "objective": objective, "budget": budget, "agent": agent, "runner": runner,
+    })  # fmt: skip
+    _knobs_from_overrides(space, ctx.where, ctx.notes)
+    _uneven_pipeline_note(space, ctx.notes)
+    _valid_baseline(space, ctx.where, ctx.notes, recipe_values)
+    return CloudAIImport(space, ctx.unmapped, ctx.notes)
 
 
 #: The cmd_args fields that name a test's recipe (kept as written: :class:`CloudAISource`).
@@ -1380,6 +1537,23 @@ def _uneven_pipeline_note(space: dict[str, Any], notes: list[str]) -> None:
 _BASELINE_SEARCH = 100_000
 
 
+def _distance(
+    values: Mapping[str, list[Any]], base: Mapping[str, Any]
+) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
+    """How far a configuration is from ``base``: (knobs changed, steps along their lists)."""
+
+    def cost(cfg: Mapping[str, Any]) -> tuple[int, int]:
+        changed = [n for n in values if cfg.get(n) != base.get(n)]
+        steps = 0
+        for n in changed:
+            vs = values[n]
+            if cfg.get(n) in vs and base.get(n) in vs:
+                steps += abs(vs.index(cfg.get(n)) - vs.index(base.get(n)))
+        return len(changed), steps
+
+    return cost
+
+
 def _closest_valid(
     parsed: Any, base: Mapping[str, Any], feats: list[str] | None
 ) -> dict[str, Any] | None:
@@ -1392,16 +1566,7 @@ def _closest_valid(
     names = list(parsed.knobs)
     values = {n: list(parsed.knobs[n].values()) for n in names}
     alts = {n: [v for v in values[n] if v != base.get(n)] for n in names}
-
-    def cost(cfg: Mapping[str, Any]) -> tuple[int, int]:
-        changed = [n for n in names if cfg.get(n) != base.get(n)]
-        steps = 0
-        for n in changed:
-            vs = values[n]
-            if cfg.get(n) in vs and base.get(n) in vs:
-                steps += abs(vs.index(cfg.get(n)) - vs.index(base.get(n)))
-        return len(changed), steps
-
+    cost = _distance(values, base)
     seen: set[str] = set()
     looked = 0
     for size in range(1, len(names) + 1):
