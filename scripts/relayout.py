@@ -126,7 +126,8 @@ TEST_FILE_MOVES: dict[str, str] = {
 }
 
 #: Where references are rewritten: tracked files under these (a folder) or these files.
-REWRITE_ROOTS = ("dse/", "tests/", "bench/", "scripts/", "docs/", "examples/", "README.md",
+REWRITE_ROOTS = ("dse/", "tests/", "bench/", "scripts/", "docs/", "examples/", "docker/",
+                 "README.md",
                  "pyproject.toml")  # fmt: skip
 #: Left as they are: recorded outputs (what was run then), binary data, this script.
 REWRITE_SKIP = ("docs/results/", "scripts/relayout.py")
