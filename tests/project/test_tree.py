@@ -123,7 +123,7 @@ def test_a_catch_all_or_a_folder_without_a_package_is_named(tmp_path: Path) -> N
     assert tree_problems(tests, dse) == []
 
     _touch(tests / "dse" / "test_mixed.py")
-    _touch(tests / "study" / "test_loop.py")
+    _touch(tests / "helpers" / "test_loop.py")
     _touch(tests / "model" / "nothing" / "conftest.py")
     _touch(tests / "project" / "deeper" / "test_d.py")
     _touch(tests / "fixtures" / "test_e.py")
@@ -133,11 +133,11 @@ def test_a_catch_all_or_a_folder_without_a_package_is_named(tmp_path: Path) -> N
         "tests/dse/",
         "tests/test_top.py",
         "tests/fixtures/",
+        "tests/helpers/",
         "tests/model/nothing/",
         "tests/project/deeper/",
-        "tests/study/",
     ]
-    assert "no package dse/study/" in found[-1]
+    assert "no package dse/helpers/" in found[3]
 
     # a tests/dse/ left with bytecode caches only (a branch switch) is no catch-all
     for p in _files(tests / "dse"):
