@@ -12,9 +12,9 @@ until it stops (``min_steps`` 10, ``max_steps`` 50, +-1% at 95% unless told), an
 gives the share of runs that converged, the median number of steps, and the coverage: the
 share of runs whose interval contains 1, the centre of the jitter.
 
-Rules: ``trim T`` is :class:`dse.core.measure.StepSeries` of this checkout with its location the
+Rules: ``trim T`` is :class:`dse.stats.measure.StepSeries` of this checkout with its location the
 T-trimmed mean (0: the mean; the warm-up detection is this checkout's either way);
-``--baseline-rev REV`` adds the rule of ``dse/core/measure.py`` at git revision REV (loaded from
+``--baseline-rev REV`` adds the rule of ``dse/stats/measure.py`` at git revision REV (loaded from
 ``git show``), e.g. the mean with MSER on the raw series.
 
 Synthetic, seeded: what the rule does on series of a known shape, not a measurement.
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from dse.core import measure
+from dse.stats import measure
 
 HEAD = (4.0, 1.0, 0.3, 0.1)  # the head's slowdown over the steady step time
 
@@ -60,9 +60,9 @@ def draw(
 
 
 def _module_at(rev: str) -> ModuleType:
-    """``dse/core/measure.py`` as it was at ``rev``, imported under another name."""
+    """``dse/stats/measure.py`` as it was at ``rev``, imported under another name."""
     src = subprocess.run(
-        ["git", "show", f"{rev}:dse/core/measure.py"], capture_output=True, text=True, check=True
+        ["git", "show", f"{rev}:dse/stats/measure.py"], capture_output=True, text=True, check=True
     ).stdout
     path = Path(tempfile.mkdtemp()) / f"measure_{rev}.py"
     path.write_text(src)

@@ -12,7 +12,7 @@ memory screen), each is measured twice with dse's own trainer loop
   excluded, the value the window's median (``measurement.mode: fixed``);
 * **adaptive**: ``measurement.mode: adaptive`` with ``--min-steps``, ``--max-steps``,
   ``--rel-halfwidth`` and ``--confidence``: warm-up detected from the data, stopped once the
-  steady-state step time is known to the precision (:mod:`dse.core.measure`).
+  steady-state step time is known to the precision (:mod:`dse.stats.measure`).
 
 ``--adaptive live`` (default) runs both: the adaptive run first, on a freshly built model (its
 real cold start), then the fixed window continuing the same model (its GPU-seconds then miss
@@ -24,7 +24,7 @@ live run stops at when its steps take those times).
 Every row keeps the per-step series of its runs (``series``: ``fixed``, ``adaptive`` in live
 mode, ``control``; each ``step_time_s`` and ``tflops_per_gpu`` per step), so that a run can be
 studied offline: ``--from-json FILE`` measures nothing; it re-applies the adaptive rule of
-this checkout (``dse.core.measure``, with the precision of the command line or else of the file,
+this checkout (``dse.stats.measure``, with the precision of the command line or else of the file,
 and ``--trim``) to the saved series and prints the rows and the summary as a run would. The
 rule replays on the adaptive run's own series (its cold start included), continued, when
 the rule asks for more steps than that run took, by the fixed window that ran on the same
@@ -61,11 +61,11 @@ from typing import Any
 
 import yaml
 
-from dse.core.measure import TRIM, MeasurementSpec, PruneTarget, StepSeries, prune_target
 from dse.core.records import TrialSpec, summarize_steps
-from dse.loop.launcher import trial_spec
+from dse.loop.dispatch import trial_spec
 from dse.model.rules import check
 from dse.space.searchspace import SearchSpace, load_space, params_key, parse_space
+from dse.stats.measure import TRIM, MeasurementSpec, PruneTarget, StepSeries, prune_target
 
 
 def _space(args: argparse.Namespace) -> SearchSpace:
@@ -271,7 +271,7 @@ def _pruning_note(args: argparse.Namespace) -> str:
 
 class _Best:
     """``--prune``: the best adaptive result so far among the runs not pruned, which the next
-    run is pruned against as a study's next trial is (:func:`dse.core.measure.prune_target`)."""
+    run is pruned against as a study's next trial is (:func:`dse.stats.measure.prune_target`)."""
 
     def __init__(self, space: SearchSpace, margin: float | None) -> None:
         self.space = space
@@ -341,7 +341,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--trim", type=float, default=None,
         help=f"the trimmed fraction of the replayed rule's location (default {TRIM}, "
-        "dse.core.measure.TRIM); only where the rule is replayed "
+        "dse.stats.measure.TRIM); only where the rule is replayed "
         "(--from-json, --adaptive series)",
     )  # fmt: skip
     ap.add_argument(

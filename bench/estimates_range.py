@@ -62,9 +62,9 @@ def inverted_table(src: Path, out: Path) -> Path:
     """Write ``src`` with its TFLOP/s reassigned in the inverse order of the cost model's
     estimate (the estimate's best row measures the table's worst figure; step times follow).
     A terrain on which the estimate is exactly wrong; no measurement."""
-    from dse.core.table import read_table
     from dse.model.costmodel import CostModel
     from dse.model.costmodel.table import row_problem
+    from dse.stats.table import read_table
 
     recs = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
     est = []

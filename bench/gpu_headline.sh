@@ -47,7 +47,7 @@ EOF
   SET=(--set resources.world_size=1)
 else
   # the example's space with the measurement the headline uses (issue 36): warm-up ends where
-  # the step times settle (MSER, dse.core.measure), then at least 12 steps in all and until
+  # the step times settle (MSER, dse.stats.measure), then at least 12 steps in all and until
   # the step time is known to 1% (at most 40). DSE_HEADLINE_MEASUREMENT=fixed keeps the
   # space's fixed 6-step window; =long is the long-window reference (40 steps, 5 warm-up).
   # Each study stops launching trials after DSE_HEADLINE_STUDY_S (default 210 s).

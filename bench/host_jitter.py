@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import adaptive_window as aw  # noqa: E402  (a sibling bench script)
 
-from dse.core.measure import MeasurementSpec  # noqa: E402
+from dse.stats.measure import MeasurementSpec  # noqa: E402
 
 CONDITIONS = ("default", "manual_gc", "pinned", "legacy_loss", "legacy_norm")
 

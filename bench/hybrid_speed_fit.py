@@ -16,10 +16,10 @@ from unittest import mock
 
 import numpy as np
 
-from dse.core.table import read_table
 from dse.model.costmodel import throughput
 from dse.model.costmodel._layout import resolve
 from dse.model.costmodel.table import row_problem
+from dse.stats.table import read_table
 
 
 def fit(path: str) -> dict[str, float]:

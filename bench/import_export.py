@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dse.cli.main import main
-from dse.storage._export import parse_export
+from dse.storage._study_file import parse_export
 
 #: The study's space: the import derives the study's fields from it and checks every trial
 #: is one of its configurations.

@@ -85,7 +85,7 @@ def drifted_table(table: Path, factor: float, work: Path) -> Path:
 
 def report(url: str, study_name: str, wall_s: float) -> dict[str, Any]:
     from dse.loop.loss_guard import LOSS_PARITY_ATTR
-    from dse.results.export import best_payload
+    from dse.results.best_formats import best_payload
     from dse.storage import open_storage
 
     with open_storage(url) as st:

@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                 for k in ("tflops_per_gpu", "step_time_s", "peak_mem_gib", "peak_reserved_gib")
             }
             metrics["loss"] = [s.loss for s in oc.steps]
-            # the measurement and its intervals (dse.core.measure), which the replay passes on;
+            # the measurement and its intervals (dse.stats.measure), which the replay passes on;
             # where the time went apart from the measured steps; the Mamba kernels used
             for k in ("measurement", "step_time_ci_s", "tflops_per_gpu_ci", "first_step_s",
                       "build_s", "mamba_kernels", "model_flops_per_step",

@@ -42,10 +42,10 @@ class Mutation:
     tests: tuple[str, ...]
 
 
-_FLOPS = ("tests/dse/test_flops.py",)
-_RULES = ("tests/dse/test_rules.py", "tests/dse/test_rule_sources.py")
-_BEST = ("tests/dse/test_noise.py", "tests/dse/test_one_best.py")
-_KNOBS = ("tests/dse/test_rule_sources.py", "tests/dse/test_knob_facts.py")
+_FLOPS = ("tests/model/test_flops.py",)
+_RULES = ("tests/model/test_rules.py", "tests/model/test_rule_sources.py")
+_BEST = ("tests/results/test_noise.py", "tests/results/test_one_best.py")
+_KNOBS = ("tests/model/test_rule_sources.py", "tests/space/test_knob_facts.py")
 
 _EXTRA_KNOB = """        Knob(
             "defer_embedding_wgrad_compute",

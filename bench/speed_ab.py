@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import adaptive_window as aw  # noqa: E402  (a sibling bench script)
 import host_jitter as hj  # noqa: E402
 
-from dse.core.measure import MeasurementSpec  # noqa: E402
+from dse.stats.measure import MeasurementSpec  # noqa: E402
 
 CONDITIONS = ("default", "foreach_adam", "legacy_norm", "manual_gc", "threads1", "cuda_graph")
 #: Conditions that are another configuration (a build of their own): their knob values.

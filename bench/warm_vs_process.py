@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import adaptive_window as aw  # noqa: E402  (a sibling bench script)
 import host_jitter as hj  # noqa: E402
 
-from dse.core.measure import MeasurementSpec  # noqa: E402
+from dse.runners import Finished, Launch, LocalRunner  # noqa: E402
+from dse.runners.warm import WarmSettings  # noqa: E402
+from dse.stats.measure import MeasurementSpec  # noqa: E402
 from dse.workloads import trial_command  # noqa: E402
-from dse.workloads.runners import Finished, Launch, LocalRunner  # noqa: E402
-from dse.workloads.runners.warm import WarmSettings  # noqa: E402
 
 OWNER = "bench:warm_vs_process"
 

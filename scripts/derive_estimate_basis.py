@@ -28,13 +28,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dse.core.table import read_table
 from dse.model.costmodel._params import total_params
 from dse.model.costmodel.basis import BASIS_FILE, COORDINATES, coordinates, family, fingerprint
 from dse.model.costmodel.model import CostModel
 from dse.model.costmodel.throughput import gpu_spec
 from dse.space.knobs import KNOBS
 from dse.space.tablemodel import row_problem
+from dse.stats.table import read_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("examples/tables", "examples/studies", "examples/published")

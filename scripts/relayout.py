@@ -7,12 +7,15 @@ do). It
 1. moves the modules of :data:`MODULE_MOVES` with ``git mv`` (a package: every tracked file
    under it, so files a branch added since are moved too), the test files of
    :data:`TEST_FILE_MOVES` and the test folders of :data:`TEST_DIR_MOVES`; a test file of
-   ``tests/dse/`` that the table does not name goes to the folder of the dse package it
-   imports most (printed, to be checked);
+   ``tests/dse/`` or of ``tests/`` itself that the table does not name goes to the folder of
+   the dse package it imports most (one of ``tests/`` that imports none: to ``tests/project/``;
+   printed, to be checked, and its references rewritten like the table's);
 2. rewrites every reference to a moved module or test (dotted ``dse.core.measure``, a path
    ``dse/core/measure.py``, ``from dse.core import measure``) and the renamed names of
    :data:`SYMBOL_RENAMES` with exact regular expressions over the tracked text files of
-   :data:`REWRITE_ROOTS` (recorded outputs under ``docs/results/`` are left as they were run);
+   :data:`REWRITE_ROOTS` (recorded outputs under ``docs/results/`` are left as they were run),
+   and a relative reference (``:mod:`._export```, ``from .launcher import``) in a module left
+   in a moved module's old folder;
    a test file moved one folder deeper gets its ``Path(__file__)...parents[k]`` one higher;
 3. edits the import contracts of ``pyproject.toml``: a moved module leaves its old folder's
    contract and joins its new folder's (:data:`NEW_CONTRACTS` for a folder that had none),
@@ -52,6 +55,7 @@ MODULE_MOVES: dict[str, str] = {
     "dse.api.launch": "dse.api.spawn",
 }
 
+_SPAWNER_FILES = ("dse/api/deps.py", "dse/api/routes/studies.py", "tests/api/test_write.py")
 #: Names renamed with their module (whole words; (path prefixes where, old, new)).
 SYMBOL_RENAMES: list[tuple[tuple[str, ...], str, str]] = [
     (("dse/", "tests/", "bench/", "scripts/", "docs/"), "TrialLauncher", "TrialDispatcher"),
@@ -62,6 +66,11 @@ SYMBOL_RENAMES: list[tuple[tuple[str, ...], str, str]] = [
     (("dse/api/", "tests/api/"), r"state\.launcher", "state.spawner"),
     (("dse/api/", "tests/api/"), "Launcher", "Spawner"),
     (("dse/api/", "tests/api/"), "Launched", "Spawned"),
+    (("tests/api/test_write.py",), "RecordingLauncher", "RecordingSpawner"),
+    # the spawner's own variables (elsewhere in dse.api a "launcher" is a recipe's)
+    (_SPAWNER_FILES, "launcher", "spawner"),
+    (_SPAWNER_FILES, "launched", "spawned"),
+    (("dse/loop/", "tests/loop/", "tests/study/"), "trial launcher", "trial dispatcher"),
 ]
 
 #: Test folders moved whole (their conftest and data with them).
@@ -77,13 +86,17 @@ _STATS = ("test_adaptive_replay", "test_measure", "test_numerics", "test_table",
 _SPACE = ("test_bridge_recipe_defaults", "test_derive", "test_derive_module", "test_fuzz_space",
           "test_hostile_space", "test_hybrid", "test_knob_facts", "test_knobs",
           "test_layer_patterns", "test_layout", "test_space", "test_space_hints")  # fmt: skip
-_MODEL = ("space_check_targets", "test_flops", "test_rule_sources", "test_rules",
+_MODEL = ("space_check_targets", "test_flops", "test_mla", "test_rule_sources", "test_rules",
           "test_space_check")  # fmt: skip
-_RESULTS = ("test_export", "test_gpu_usage", "test_noise", "test_noise_decisions",
+_RESULTS = ("test_gpu_usage", "test_noise", "test_noise_decisions",
             "test_noise_headline_runs", "test_objective", "test_one_best")  # fmt: skip
 _INTEROP = ("test_cloudai", "test_cloudai_recipe_pick", "test_optuna_export")
 _REPORT = ("test_report", "test_report_cpu_clock", "test_report_many_knobs",
            "test_studyplots_views")  # fmt: skip
+
+#: Tests of dse.runners that lived with the workloads'.
+_RUNNERS = ("test_compile_cache", "test_runner_contract", "test_warm_settings",
+            "test_warm_worker_memory", "test_warm_workers")  # fmt: skip
 
 #: Single test files moved: old path -> new path. tests/<folder>/ holds the tests of
 #: dse/<folder>/; tests/project/ (the repository's own checks: docs, packaging, contracts,
@@ -96,6 +109,8 @@ TEST_FILE_MOVES: dict[str, str] = {
     **{f"tests/dse/{n}.py": f"tests/results/{n}.py" for n in _RESULTS},
     **{f"tests/dse/{n}.py": f"tests/interop/{n}.py" for n in _INTEROP},
     **{f"tests/dse/{n}.py": f"tests/report/{n}.py" for n in _REPORT},
+    **{f"tests/workloads/{n}.py": f"tests/runners/{n}.py" for n in _RUNNERS},
+    "tests/dse/test_export.py": "tests/results/test_best_formats.py",
     "tests/dse/test_agent_session.py": "tests/loop/test_agent_session.py",
     "tests/dse/test_estimate_rank_bench.py": "tests/bench/test_estimate_rank_bench.py",
     "tests/dse/test_host_jitter_bench.py": "tests/bench/test_host_jitter_bench.py",
@@ -111,7 +126,8 @@ TEST_FILE_MOVES: dict[str, str] = {
 }
 
 #: Where references are rewritten: tracked files under these (a folder) or these files.
-REWRITE_ROOTS = ("dse/", "tests/", "bench/", "scripts/", "docs/", "examples/", "README.md",
+REWRITE_ROOTS = ("dse/", "tests/", "bench/", "scripts/", "docs/", "examples/", "docker/",
+                 "README.md",
                  "pyproject.toml")  # fmt: skip
 #: Left as they are: recorded outputs (what was run then), binary data, this script.
 REWRITE_SKIP = ("docs/results/", "scripts/relayout.py")
@@ -187,9 +203,15 @@ def plan_moves() -> list[tuple[str, str]]:
         if (ROOT / old).exists():
             moves.append((old, new))
     named = set(TEST_FILE_MOVES)
+    GUESSED.clear()
     for f in tracked("tests/dse/"):
-        if f in named or f.count("/") != 2:
+        if f in named:
             continue
+        if f.count("/") != 2:
+            raise RelayoutError(
+                f"{f}: a folder inside tests/dse/; name the place of its files in "
+                "TEST_FILE_MOVES or TEST_DIR_MOVES, then run again"
+            )
         if Path(f).name == "conftest.py":
             raise RelayoutError(
                 f"{f}: its fixtures are shared by tests that go to several folders; move them "
@@ -197,17 +219,40 @@ def plan_moves() -> list[tuple[str, str]]:
             )
         if Path(f).name == "__init__.py":
             continue
-        folder = guess_folder(f)
-        say(f"  {f}: not in TEST_FILE_MOVES; it imports dse.{folder} most -> tests/{folder}/")
-        moves.append((f, f"tests/{folder}/{Path(f).name}"))
+        GUESSED[f] = f"tests/{guess_folder(f)}/{Path(f).name}"
+    # a test a branch added beside the cross-cutting ones: to its folder, or to tests/project/
+    for f in tracked("tests/"):
+        name = Path(f).name
+        if f.count("/") == 1 and name.startswith("test_") and name.endswith(".py"):
+            if f not in named:
+                GUESSED[f] = f"tests/{guess_folder(f, 'project')}/{name}"
+    for f, new in GUESSED.items():
+        say(f"  {f}: not in TEST_FILE_MOVES; by the dse folder it imports most -> {new}")
+        moves.append((f, new))
+    taken: dict[str, str] = {}
+    for old, new in moves:
+        if new in taken or ((ROOT / new).exists() and new != old):
+            raise RelayoutError(
+                f"{old}: its new place {new} is taken (by {taken.get(new, 'a tracked file')}); "
+                "name another in TEST_FILE_MOVES, then run again"
+            )
+        taken[new] = old
     return moves
 
 
-def guess_folder(test_file: str) -> str:
-    """The top folder of dse a test file imports most (after the module moves)."""
+#: Test files placed by :func:`guess_folder` in this run (old path -> new path); their
+#: references are rewritten like those of :data:`TEST_FILE_MOVES`.
+GUESSED: dict[str, str] = {}
+
+
+def guess_folder(test_file: str, otherwise: str | None = None) -> str:
+    """The top folder of dse a test file imports most (after the module moves); ``otherwise``
+    for one that imports none (None: an error)."""
     text = rewrite_text((ROOT / test_file).read_text(), test_file)
     found = re.findall(r"(?<![\w.])dse\.([a-z_]+)", text)
     folders = [f for f in found if (ROOT / "dse" / f).is_dir() or f in NEW_TOP_FOLDERS]
+    if not folders and otherwise:
+        return otherwise
     if not folders:
         raise RelayoutError(
             f"{test_file}: imports no dse folder; name its place in TEST_FILE_MOVES"
@@ -286,14 +331,43 @@ def _rules() -> list[tuple[re.Pattern[str], str]]:
     for old, new in TEST_DIR_MOVES.items():
         rules.append((re.compile(r"(?<![\w./-])" + re.escape(old) + r"(?=/)"), new))
         rules.append((_dotted(old.replace("/", ".")), new.replace("/", ".")))
-    for old, new in TEST_FILE_MOVES.items():
+    for old, new in {**TEST_FILE_MOVES, **GUESSED}.items():
         rules.append((_slashed(old), new))
         rules.append((_dotted(old[: -len(".py")].replace("/", ".")), new[:-3].replace("/", ".")))
     return rules
 
 
 RULES: list[tuple[re.Pattern[str], str]] = []
+_RULES_FOR: list[tuple[tuple[str, str], ...]] = []  # the GUESSED moves RULES were built with
 _MIXED_IMPORT: list[tuple[re.Pattern[str], str]] = []
+
+#: A Sphinx role's relative target (``:mod:`._export```, ``:func:`~.launcher.x```) or a
+#: relative import; {name} is the module's name in its folder.
+_RELATIVE = (
+    r"(?P<pre>:(?:mod|func|class|meth|data|attr|obj):`~?)\.{name}(?=[`.])",
+    r"(?P<pre>^\s*from\s+)\.{name}(?=\s+import\b)",
+)
+
+
+def _relative(text: str, path: str) -> str:
+    """Relative references to a moved module from a module left in its old folder: to its new
+    name if it stays in that folder, else to its new dotted path."""
+    folder = str(Path(path).parent).replace("/", ".")
+    for old, new in MODULE_MOVES.items():
+        parent, _, name = old.rpartition(".")
+        if parent != folder:
+            continue
+        nparent, _, nname = new.rpartition(".")
+        target = f".{nname}" if nparent == parent else new
+        for pat in _RELATIVE:
+            text = re.sub(pat.format(name=re.escape(name)), rf"\g<pre>{target}", text, flags=re.M)
+        text = re.sub(
+            rf"^(\s*)from\s+\.\s+import\s+{re.escape(name)}\s*$",
+            rf"\g<1>from {nparent} import {nname}" + ("" if nname == name else f" as {name}"),
+            text,
+            flags=re.M,
+        )
+    return text
 
 
 def _mixed() -> list[tuple[re.Pattern[str], str]]:
@@ -307,12 +381,15 @@ def _mixed() -> list[tuple[re.Pattern[str], str]]:
 
 
 def rewrite_text(text: str, path: str) -> str:
-    if not RULES:
-        RULES.extend(_rules())
-        _MIXED_IMPORT.extend(_mixed())
+    key = tuple(sorted(GUESSED.items()))
+    if not RULES or _RULES_FOR != [key]:
+        RULES[:] = _rules()
+        _RULES_FOR[:] = [key]
+        _MIXED_IMPORT[:] = _mixed()
     for pat, repl in RULES:
         text = pat.sub(repl, text)
     if path.endswith(".py"):
+        text = _relative(text, path)
         for pat, old in _MIXED_IMPORT:
             for m in pat.finditer(text):
                 raise RelayoutError(

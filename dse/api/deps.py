@@ -12,8 +12,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from dse.api.config import Settings
-from dse.api.launch import Launcher
 from dse.api.readcache import ReadCache, RowFragments, StudyVersions, VersionMemo, Versions
+from dse.api.spawn import Spawner
 from dse.core.exceptions import StudyNotFoundError
 from dse.core.records import StudyRecord
 from dse.model.space_check import CheckedSpace, check_space_text
@@ -24,7 +24,7 @@ __all__ = [
     "SettingsDep",
     "StorageDep",
     "StudyDep",
-    "LauncherDep",
+    "SpawnerDep",
     "Reads",
     "ReadsDep",
     "StudyName",
@@ -39,7 +39,7 @@ __all__ = [
     "get_settings",
     "get_storage",
     "get_study",
-    "get_launcher",
+    "get_spawner",
     "require_token",
 ]
 
@@ -116,12 +116,12 @@ def get_study(storage: StorageDep, name: StudyName) -> StudyRecord:
 StudyDep = Annotated[StudyRecord, Depends(get_study)]
 
 
-async def get_launcher(request: Request) -> Launcher:
-    launcher: Launcher = request.app.state.launcher
-    return launcher
+async def get_spawner(request: Request) -> Spawner:
+    spawner: Spawner = request.app.state.spawner
+    return spawner
 
 
-LauncherDep = Annotated[Launcher, Depends(get_launcher)]
+SpawnerDep = Annotated[Spawner, Depends(get_spawner)]
 
 
 class Reads:

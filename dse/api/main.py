@@ -16,9 +16,9 @@ from dse.api.config import Settings
 from dse.api.deps import Reads, SpaceChecker, StorageHolder
 from dse.api.errors import install_error_handlers
 from dse.api.fastreads import FastReads
-from dse.api.launch import SubprocessLauncher
 from dse.api.routes import api_router
 from dse.api.security import SecurityHeaders
+from dse.api.spawn import SubprocessSpawner
 from dse.core.exceptions import StorageError
 
 __all__ = ["create_app", "API_PREFIX", "STATIC_DIR"]
@@ -78,7 +78,7 @@ def create_app(storage_url: str | None = None, settings: Settings | None = None)
     )
     app.state.settings = settings
     app.state.storage = holder
-    app.state.launcher = SubprocessLauncher()
+    app.state.spawner = SubprocessSpawner()
     app.state.reads = Reads(
         holder, threads=settings.effective_read_threads, cache_mib=settings.read_cache_mib
     )

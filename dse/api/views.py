@@ -47,7 +47,7 @@ from dse.core.records import (
     finite,
 )
 from dse.report.plots import pareto_front, running_best
-from dse.results.export import best_payload, best_space, render_best
+from dse.results.best_formats import best_payload, best_space, render_best
 from dse.results.noise import (
     NoisyBest,
     configuration_intervals,

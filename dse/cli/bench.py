@@ -292,8 +292,8 @@ def run_one(
     from dse.agents import create_agent
     from dse.loop.proposer import cost_model_memory_hint, cost_model_speed_hint
     from dse.loop.study import Progress, StudyRunner
+    from dse.runners import InProcessRunner
     from dse.storage import open_storage
-    from dse.workloads.runners import InProcessRunner
 
     t0 = time.perf_counter()
     upd: dict[str, Any] = {"name": agent_name, "seed": seed, "prior": prior, "estimate": estimate}

@@ -59,7 +59,7 @@ def cmd_cloudai_import(args: argparse.Namespace) -> int:
 
 def cmd_cloudai_export(args: argparse.Namespace) -> int:
     from dse.interop.cloudai import dump_toml, export_test_full, figure_label
-    from dse.results.export import _stored_space, best_payload
+    from dse.results.best_formats import _stored_space, best_payload
     from dse.storage.locate import pick_study as _pick_study
 
     storage = _storage(args)

@@ -44,7 +44,7 @@ from dse.core.records import BEST_FORMATS, IMPORTED_ATTR, VERIFY_ATTR
 from dse.core.registry import REGISTRY
 from dse.model import rules
 from dse.model.rules import check_space
-from dse.results.export import best_payload, best_space, noise_payload, render_best
+from dse.results.best_formats import best_payload, best_space, noise_payload, render_best
 from dse.results.gpu_usage import study_gpu_usage_of
 from dse.results.noise import configuration_intervals, estimate_public, study_best
 from dse.results.run_settings import (
@@ -80,7 +80,7 @@ UNUSABLE_SHOWN = 20
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from dse.workloads.runners import check_runner
+    from dse.runners import check_runner
 
     space = load_space(args.space)
     check_runner(space, args.space)
@@ -134,8 +134,8 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     from dse.loop.proposer import cost_model_memory_hint, cost_model_speed_hint
     from dse.loop.reconcile import Owner
     from dse.loop.study import StudyRunner, detect_trial_features
+    from dse.runners import make_runner
     from dse.storage import open_storage  # SQLAlchemy: imported when a command uses it
-    from dse.workloads.runners import make_runner
 
     url = _storage_url(args, space.storage)
     storage = open_storage(url)
@@ -194,7 +194,7 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from dse.workloads.runners import check_runner
+    from dse.runners import check_runner
 
     space = load_space(args.space)
     if args.study:
@@ -224,7 +224,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from dse.workloads.runners import check_runner
+    from dse.runners import check_runner
 
     storage = _open_existing(args)
     try:

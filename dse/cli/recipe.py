@@ -122,7 +122,7 @@ def dry_run(space: Any, n: int) -> str:
         out.append("")
         out.append(f"## trial {i}: {json.dumps(params, sort_keys=True)}")
         if space.runner.name == "slurm":  # the batch script the runner submits, as it is
-            from dse.workloads.runners.slurm_runner import dry_run_script
+            from dse.runners.slurm_runner import dry_run_script
 
             out.append(dry_run_script(space, i, env, workload).rstrip("\n"))
         elif "rendered" in workload:

@@ -202,7 +202,7 @@ WORKLOAD_NAMES: tuple[WorkloadName, ...] = get_args(WorkloadName)
 #: How a trial measures its step time (the space's ``measurement.mode``): ``fixed`` times
 #: ``semantics.steps`` steps after ``semantics.warmup_steps``; ``adaptive`` detects the end of
 #: warm-up from the data and stops once the steady-state step time is known to the space's
-#: precision (see :mod:`dse.core.measure`).
+#: precision (see :mod:`dse.stats.measure`).
 MeasurementMode = Literal["adaptive", "fixed"]
 MEASUREMENT_MODES: tuple[MeasurementMode, ...] = get_args(MeasurementMode)
 #: Why a trial stopped measuring (``metrics["measurement"]["stop_reason"]``): its interval
@@ -265,11 +265,11 @@ class TrialSpec(BaseModel):
     gpu_memory_gib: float | None = Field(None, description="Memory per GPU (resources).")
     measurement: dict[str, Any] | None = Field(
         None,
-        description="MeasurementSpec as a dict (dse.core.measure); None: fixed, from semantics.",
+        description="MeasurementSpec as a dict (dse.stats.measure); None: fixed, from semantics.",
     )
     prune: dict[str, Any] | None = Field(
         None,
-        description="PruneTarget as a dict (dse.core.measure): the study's best when the trial "
+        description="PruneTarget as a dict (dse.stats.measure): the study's best when the trial "
         "starts; the trial stops as dominated when its interval lies clearly below it.",
     )
 

@@ -10,7 +10,7 @@ file, and its traits. Everything that lists plugins reads :data:`REGISTRY`: the 
 the runner factory, the launcher lookup, a trial's command line, the space file's launcher
 names. The closed vocabularies of :mod:`dse.core.records` (``AgentName``, ``RunnerName``,
 ``WorkloadName``), the space file's runner-options union and the CLI's choices are checked
-against it by ``tests/dse/test_registry.py``.
+against it by ``tests/core/test_registry.py``.
 
 To add a plugin: one line in :data:`dse.plugins.PLUGINS`, its name in the matching ``Literal``
 of :mod:`dse.core.records`, and (a runner) its options model in :mod:`dse.space.searchspace`.

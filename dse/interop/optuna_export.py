@@ -108,7 +108,7 @@ def frozen_trials(
     (``records``: the study's trials where the caller has listed them already)."""
     import optuna
 
-    from dse.results.export import _stored_space
+    from dse.results.best_formats import _stored_space
 
     space = _stored_space(study.space_yaml, study.name)
     dists = distributions(space)

@@ -1,7 +1,7 @@
 """What every part of a running study shares: one :class:`StudyContext`.
 
 The controller (:class:`~dse.loop.study.StudyRunner`) builds it once the study's row exists and
-hands it to each of its parts (the agent session, the trial launcher, the reconciler, the loss
+hands it to each of its parts (the agent session, the trial dispatcher, the reconciler, the loss
 guard), instead of each part taking the same space, storage, study id, features and progress
 sink one by one.
 """

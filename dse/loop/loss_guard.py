@@ -1,7 +1,7 @@
 """The loss-parity guard in the study loop: the one place a trial's loss is judged.
 
 When a trial finishes complete, :meth:`LossGuard.on_finished` compares its per-step loss
-with the baseline's (:mod:`dse.core.numerics`) and stores the verdict as ``metrics["numerics"]``
+with the baseline's (:mod:`dse.stats.numerics`) and stores the verdict as ``metrics["numerics"]``
 (:meth:`dse.storage.Storage.set_trial_numerics`). Storage is the source of every loss: the
 reference is the first complete trial of the space's baseline configuration, read with its
 steps; the run-to-run noise comes from the study's re-measurements (baseline repeats and
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dse.core.numerics import (
+from dse.core.records import TrialRecord
+from dse.loop.context import StudyContext
+from dse.space.searchspace import params_key
+from dse.stats.numerics import (
     Tolerance,
     floor_of,
     judge,
@@ -25,9 +28,6 @@ from dse.core.numerics import (
     tolerance_of,
     verdict,
 )
-from dse.core.records import TrialRecord
-from dse.loop.context import StudyContext
-from dse.space.searchspace import params_key
 
 if TYPE_CHECKING:
     pass

@@ -4,7 +4,7 @@ Each controller has an :class:`Owner` (host, pid, a random token), stored with e
 claims or runs and refreshed by a heartbeat. A :class:`Reconciler` decides whether the owner
 of a trial is gone, and if so takes the trial's result from its metrics file or re-queues it,
 after killing its process group (only one this installation started for that owner:
-:func:`dse.workloads.runners.kill_owned_group`).
+:func:`dse.runners.kill_owned_group`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from dse.core.records import Outcome, TrialRecord, read_metrics
 from dse.loop.context import StudyContext
 from dse.results.objective import objective_value
-from dse.workloads.runners import kill_owned_group
+from dse.runners import kill_owned_group
 
 if TYPE_CHECKING:
     pass

@@ -6,7 +6,7 @@ work on one study because trial numbers and budget are claimed atomically in sto
 
 The parts: :class:`~dse.loop.agent_session.AgentSession` (the agent conversation),
 :class:`~dse.loop.reconcile.Reconciler` (ownership and heartbeat),
-:class:`~dse.loop.launcher.TrialLauncher`
+:class:`~dse.loop.dispatch.TrialDispatcher`
 (spec and submit), and :class:`StudyRunner`, the loop itself. A stop (a signal, the study
 state ``stopping``, the wall-clock budget) is a condition of the loop: running trials are
 killed and re-queued, and the output says how to continue.
@@ -31,7 +31,7 @@ from dse.core.names import display_name
 from dse.core.records import FINISHED_STATES, Outcome, TrialRecord
 from dse.loop.agent_session import AgentSession
 from dse.loop.context import StudyContext
-from dse.loop.launcher import TrialLauncher, trial_launch
+from dse.loop.dispatch import TrialDispatcher, trial_launch
 from dse.loop.loss_guard import LossGuard
 from dse.loop.reconcile import HEARTBEAT_S, STALE_S, Owner, Reconciler
 from dse.results.gpu_usage import (
@@ -55,8 +55,8 @@ from dse.space.searchspace import SearchSpace, params_key, parse_space
 
 if TYPE_CHECKING:
     from dse.agents import BaseAgent
+    from dse.runners import BaseRunner
     from dse.storage import Storage
-    from dse.workloads.runners import BaseRunner
 
 __all__ = [
     "StudyRunner",
@@ -337,7 +337,9 @@ class StudyRunner:
                 kill=self.runner.kill_leftover,  # process group, or the runner's own (scancel)
             )
             self.session = AgentSession(self.ctx, self.agent, cost_model=self.cost_model)
-            self.launcher = TrialLauncher(self.ctx, self.runner, self.owner, workdir=self.workdir)
+            self.dispatcher = TrialDispatcher(
+                self.ctx, self.runner, self.owner, workdir=self.workdir
+            )
             self.guard = LossGuard(self.ctx)
             self.reconciler.reconcile()
             self.guard.judge_all()  # trials reconciled, or judged under other settings
@@ -638,7 +640,7 @@ class StudyRunner:
 
     def _submit(self, t: TrialRecord) -> bool:
         """Launch ``t``; a launch failure finishes it as a failed trial. True when it runs."""
-        failure = self.launcher.launch(t)
+        failure = self.dispatcher.launch(t)
         if failure is None:
             return True
         self._on_finished(t.id, failure, 0.0, 0)

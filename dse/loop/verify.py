@@ -1,9 +1,9 @@
 """``dse verify``: a study's best (and its baseline) validated by a long run.
 
 Each configuration trains ``steps`` steps as a trial of the study runs: the study's own
-runner (``runner.name``: local, Slurm, Ray; :func:`dse.workloads.runners.make_runner`), the
+runner (``runner.name``: local, Slurm, Ray; :func:`dse.runners.make_runner`), the
 trial's command (``torchrun`` of the built-in trainer, every rank), environment and launch
-flags (:func:`dse.loop.launcher.trial_launch`), plus the verify settings in the trial spec
+flags (:func:`dse.loop.dispatch.trial_launch`), plus the verify settings in the trial spec
 (``workload.verify``), which make the trial process run the long run instead of a timed
 trial: a checkpoint saved midway with Megatron-Core's ``dist_checkpointing`` and reloaded
 (:mod:`dse.workloads.megatron.verify`). The runs go in ``<runner.workdir>/<study>/verify-best``
@@ -23,12 +23,12 @@ from typing import Any
 
 from dse.core.exceptions import TrialLaunchError
 from dse.core.records import VERIFY_ATTR, Outcome
-from dse.loop.launcher import trial_launch, trial_spec
+from dse.loop.dispatch import trial_launch, trial_spec
 from dse.loop.reconcile import Owner
-from dse.results.export import best_payload, best_space
+from dse.results.best_formats import best_payload, best_space
+from dse.runners import OWNER_ENV, BaseRunner, Launch, make_runner
 from dse.space.searchspace import SearchSpace, params_key
 from dse.workloads import trial_command
-from dse.workloads.runners import OWNER_ENV, BaseRunner, Launch, make_runner
 
 #: Largest relative difference of the best's last loss from the baseline's that verifies
 #: (the same data and semantics: execution knobs should not move the loss).

@@ -201,7 +201,7 @@ def knob_importance(
     import optuna
 
     from dse.interop.optuna_export import distributions, inside_params
-    from dse.results.export import _stored_space
+    from dse.results.best_formats import _stored_space
 
     total, rows = insight_sample(storage, study) if sample is None else sample
     if len(rows) < 3:
@@ -342,7 +342,7 @@ def study_insights(
     bounded by the sample, not by the study's size (the parts :func:`study_plot_data` also
     returns, the same functions)."""
     from dse.core.exceptions import NoCompleteTrialError
-    from dse.results.export import _stored_space, best_payload
+    from dse.results.best_formats import _stored_space, best_payload
 
     space = _stored_space(study.space_yaml, study.name)
     sample = insight_sample(storage, study)
@@ -378,7 +378,7 @@ def study_plot_data(
     tokens: float = 1e12,
 ) -> dict[str, Any]:
     """Everything the report and the dashboard draw for one study, as plain data."""
-    from dse.results.export import _stored_space, best_payload, best_space, render_best
+    from dse.results.best_formats import _stored_space, best_payload, best_space, render_best
     from dse.workloads.launchers.flags import export_text
 
     space = _stored_space(study.space_yaml, study.name)
@@ -525,7 +525,7 @@ def find_baseline(
             except TrialNotFoundError:
                 pass
     if space is None:
-        from dse.results.export import _stored_space
+        from dse.results.best_formats import _stored_space
 
         space = _stored_space(study.space_yaml, study.name)
     return storage.find_trial(study.id, params_key(space.baseline()))
@@ -571,7 +571,7 @@ def loss_curves(
         except TrialNotFoundError:
             raise ValueError(f"trials: study {study.name!r} has no trial {n}") from None
     if space is None:
-        from dse.results.export import _stored_space
+        from dse.results.best_formats import _stored_space
 
         space = _stored_space(study.space_yaml, study.name)
     base = find_baseline(storage, study, space, picked)
@@ -606,7 +606,7 @@ _PLACED = re.compile(r"^(?P<node>[^:,\s]+):gpu(?P<gpu>\d+)$")
 
 def parse_placement(host: str | None) -> list[tuple[str, str]] | None:
     """``(node, gpu index)`` of each GPU in a cluster runner's placement
-    (``node1:gpu0,1,node2:gpu0,1``, :func:`dse.workloads.runners._cluster.read_placement`);
+    (``node1:gpu0,1,node2:gpu0,1``, :func:`dse.runners._cluster.read_placement`);
     None when ``host`` is not one (a plain host name: the local runner)."""
     if not host or ":gpu" not in host:
         return None
@@ -831,12 +831,12 @@ def model_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 def _noisy_best_row(storage: Any, st: Any) -> dict[str, Any] | None:
-    """A study's noise-aware best (:func:`dse.results.export.best_payload`: pooled figures
+    """A study's noise-aware best (:func:`dse.results.best_formats.best_payload`: pooled figures
     with their intervals, the tie) as a comparison row's ``best``; None while it has none. A stored
     space that no longer loads: its best trial as stored, flagged ``pooled: False``."""
     from dse.core.exceptions import NoCompleteTrialError, SpaceError
     from dse.core.records import finite
-    from dse.results.export import best_payload
+    from dse.results.best_formats import best_payload
 
     try:
         p = best_payload(storage, st)
@@ -870,7 +870,7 @@ def _noisy_best_row(storage: Any, st: Any) -> dict[str, Any] | None:
 
 
 def _study_row(storage: Any, st: Any) -> dict[str, Any]:
-    from dse.results.export import _stored_space
+    from dse.results.best_formats import _stored_space
 
     try:
         space = _stored_space(st.space_yaml, st.name)

@@ -11,7 +11,7 @@ ranked from one trial each. Here:
 * **Within a run** (step to step): a trial's interval of its step time comes from its stored
   per-step times (the steps after ``metrics["measurement"]["warmup_steps"]``, else
   ``semantics.warmup_steps``) on the log scale (:func:`log_step_interval`): a step farther
-  than :data:`dse.core.measure.SPIKE_K` normalised MADs from the median is a spike (a late
+  than :data:`dse.stats.measure.SPIKE_K` normalised MADs from the median is a spike (a late
   compilation, a host stall) and left out, so one slow step does not widen it; then the 95 %
   Student-t interval of the mean log step time. TFLOP/s and tokens/s per GPU follow as one
   over the step time (a step's work is fixed). A trial without per-step times uses the
@@ -54,7 +54,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dse.core.measure import spikes
 from dse.core.records import (
     METRIC_DIRECTION,
     REPLAY_RUNS,
@@ -65,6 +64,7 @@ from dse.core.records import (
     finite,
 )
 from dse.space.searchspace import SearchSpace, params_key
+from dse.stats.measure import spikes
 
 __all__ = [
     "INTERVAL_FIGURES",
@@ -341,7 +341,7 @@ def _step_half_width(values: Sequence[float]) -> float | None:
 def log_step_interval(times: Sequence[float]) -> tuple[float, float] | None:
     """The 95 % interval of a trial's steady step time on the log scale, ``(lo, hi)`` of
     ``log(step time)``, from its measured steps: the steps farther than
-    :data:`dse.core.measure.SPIKE_K` normalised MADs from their median are left out (the Hampel
+    :data:`dse.stats.measure.SPIKE_K` normalised MADs from their median are left out (the Hampel
     identifier: one slow step among 3-4 is a spike, not the configuration), then Student's t
     on the mean of the log times of the others. None with fewer than 2 usable steps, or when
     they are all equal (a replayed row without step times: no interval known)."""

@@ -71,7 +71,7 @@ def run_settings(space: SearchSpace) -> dict[str, Any]:
         },
         "prescreen": space.prescreen.model_dump(mode="json"),
         # measurement.prune / prune_margin: a pruned trial's figures are kept, and the trials
-        # that finish mean the same with or without pruning (dse.core.measure.MeasurementSpec)
+        # that finish mean the same with or without pruning (dse.stats.measure.MeasurementSpec)
         "measurement": space.measurement.model_dump(
             mode="json", include=set(space.measurement.RUN_FIELDS)
         ),

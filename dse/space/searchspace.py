@@ -32,13 +32,13 @@ from dse.core import bounds as B
 from dse.core.envpolicy import check_env
 from dse.core.exceptions import ConstraintEvalError, SpaceError
 from dse.core.expr import ConstraintError, check_expr, eval_expr, joint_values
-from dse.core.measure import PRUNABLE_METRICS, MeasurementSpec
 from dse.core.names import study_name_problem
 from dse.core.records import AgentName, Direction, Metric, RunnerName, WorkloadName
 from dse.core.safeyaml import safe_load
 from dse.space.knobs import ENV_PREFIX, FEATURES, get_knob
 from dse.space.layout import Layout
 from dse.space.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
+from dse.stats.measure import PRUNABLE_METRICS, MeasurementSpec
 
 __all__ = [
     "ModelSpec",
@@ -802,7 +802,7 @@ class LossParity(_Strict):
     """The loss-parity guard: every complete trial's per-step loss is compared with the
     baseline's (the first complete trial of the space's baseline configuration) on the
     steps both ran; a configuration that drifts beyond the tolerance is flagged
-    ``numerics: changed`` and kept out of the best (``dse.core.numerics``)."""
+    ``numerics: changed`` and kept out of the best (``dse.stats.numerics``)."""
 
     enabled: bool = Field(True, description="Compare every trial's loss with the baseline's.")
     rel_tolerance: float | None = Field(
@@ -1325,7 +1325,7 @@ class SearchSpace(_Strict):
     measurement: MeasurementSpec = Field(
         default_factory=lambda: MeasurementSpec(),
         description="How a trial measures its step time (fixed window or adaptive length) "
-        "and whether dominated trials stop early; see dse/core/measure.py.",
+        "and whether dominated trials stop early; see dse/stats/measure.py.",
     )
     loss_parity: LossParity = Field(
         default_factory=lambda: LossParity(),
@@ -1702,7 +1702,7 @@ class SearchSpace(_Strict):
 
         Of ``measurement``, the mode, step bounds, precision and confidence are identity (they
         say what a trial's figure is); ``prune`` and ``prune_margin`` are run settings
-        (:class:`dse.core.measure.MeasurementSpec`). A space that leaves them at their defaults
+        (:class:`dse.stats.measure.MeasurementSpec`). A space that leaves them at their defaults
         has no ``measurement`` entry, so studies stored before the section keep their hash."""
         out = self.model_dump(
             mode="json", include=set(IDENTITY_FIELDS) | {"workload"}, exclude=_RUN_WORKLOAD

@@ -44,10 +44,10 @@ if TYPE_CHECKING:
         safe_url,
         sqlite_file,
     )
-    from dse.storage._export import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
     from dse.storage._reads import StorageReads, StudyCounters
     from dse.storage._repository import Storage, open_storage
     from dse.storage._rows import StoredTrialRow, trial_from_stored
+    from dse.storage._study_file import FORMAT, FORMAT_VERSION, StudyExport, read_export_text
 
 #: Public name -> the module that defines it. Loaded when first asked for, so that a command
 #: that only locates its database (:mod:`dse.storage.locate`) starts without SQLAlchemy.
@@ -58,7 +58,7 @@ _LAZY = {
         "dse.storage._engine",
     ),
     **dict.fromkeys(("FORMAT", "FORMAT_VERSION", "StudyExport", "read_export_text"),
-                    "dse.storage._export"),
+                    "dse.storage._study_file"),
     **dict.fromkeys(("StorageReads", "StudyCounters"), "dse.storage._reads"),
     **dict.fromkeys(("Storage", "open_storage"), "dse.storage._repository"),
     **dict.fromkeys(("StoredTrialRow", "trial_from_stored"), "dse.storage._rows"),

@@ -47,9 +47,6 @@ from dse.stats.gpu_figures import TRIAL_GPU_FIGURES, GpuTotals
 from dse.storage._engine import (
     SessionScope,
 )
-from dse.storage._export import (
-    dump_study,
-)
 from dse.storage._models import (
     JSONText,
     RejectionModel,
@@ -66,6 +63,9 @@ from dse.storage._rows import (
     study_record,
     trial_from_row,
     trial_record,
+)
+from dse.storage._study_file import (
+    dump_study,
 )
 
 __all__ = ["StorageReads", "StudyCounters", "TRIAL_ORDERS"]
@@ -1002,7 +1002,7 @@ class StorageReads:
         return self._db.run(fn, write=False, what="count rejections")
 
     def export_study(self, name: str) -> dict[str, Any]:
-        """Everything a study has as one JSON-serializable dict (see :mod:`._export`).
+        """Everything a study has as one JSON-serializable dict (see :mod:`._study_file`).
 
         Raises:
             StudyNotFoundError: no such study.

@@ -78,13 +78,6 @@ from dse.storage._engine import (
     redact_passwords,
     safe_url,
 )
-from dse.storage._export import (
-    StudyExport,
-    check_trials_of_space,
-    derive_study_fields,
-    load_study,
-    parse_export,
-)
 from dse.storage._models import (
     RejectionModel,
     StudyAttrModel,
@@ -108,6 +101,13 @@ from dse.storage._rows import (
     steps_of,
     study_record,
     trial_record,
+)
+from dse.storage._study_file import (
+    StudyExport,
+    check_trials_of_space,
+    derive_study_fields,
+    load_study,
+    parse_export,
 )
 
 __all__ = ["Storage", "open_storage"]
@@ -660,13 +660,13 @@ class Storage(StorageReads):
         Trial numbers, states, timings, steps and rejections are kept; ids are new. The
         space hash, objective, model and hardware come from the export's space file, not
         from its stated copy (a stated value that disagrees is refused:
-        :func:`~dse.storage._export.derive_study_fields`). With ``release``, what the
+        :func:`~dse.storage._study_file.derive_study_fields`). With ``release``, what the
         export says is running is let go: nothing of this database runs it (its owners are
         controllers where it was exported, and its heartbeat may say anything): its running
         trials and those queued for a controller are re-queued ownerless, and a running or
         stopping study is stopped (``dse resume`` continues it). Every trial must be a
         configuration of the export's space (``trials_of_space``; off only for synthetic
-        test data): :func:`~dse.storage._export.check_trials_of_space`.
+        test data): :func:`~dse.storage._study_file.check_trials_of_space`.
 
         Raises:
             StudyFormatError: ``data`` is not a dse study export this dse can read, its

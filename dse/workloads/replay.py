@@ -1,7 +1,7 @@
 """Replay of a measured table: trials that answer from measurements instead of training.
 
 A replay table is JSON Lines, one configuration per line (the format, and its reader, are in
-:mod:`dse.core.table`); the replay also needs the metrics and losses of every ok row. The space of
+:mod:`dse.stats.table`); the replay also needs the metrics and losses of every ok row. The space of
 a table is the product of the distinct values of each parameter; a combination without a row
 is invalid.
 
@@ -39,9 +39,9 @@ from dse.core.records import (
     StepMetrics,
     TrialSpec,
 )
-from dse.core.table import MeasuredRow, read_table
 from dse.space.searchspace import SearchSpace, params_key
 from dse.space.tablemodel import RowModelError, row_problem
+from dse.stats.table import MeasuredRow, read_table
 
 __all__ = ["ReplayRow", "ReplayTable", "main"]
 

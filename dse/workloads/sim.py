@@ -29,7 +29,7 @@ factor; a capacity factor with ``moe_pad_expert_input_to_capacity`` (each expert
 padded to ``factor`` times that share) is not counted either.
 
 The measurement fields of the trial contract (``measurement``, ``step_time_ci_s``,
-``tflops_per_gpu_ci``, :mod:`dse.core.measure`) are filled the way a real trial fills them, from
+``tflops_per_gpu_ci``, :mod:`dse.stats.measure`) are filled the way a real trial fills them, from
 a series labelled ``measurement.series``: ``estimate`` (fixed mode: every step is the
 estimate, so the interval has no width) or ``synthetic`` (adaptive mode: the estimate with a
 slow first step and 1% seeded noise per step, one series per configuration, run through the
@@ -57,7 +57,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from dse.core.exceptions import DSEError
-from dse.core.measure import StepSeries, series_for
 from dse.core.records import (
     FailureLine,
     MetricsLine,
@@ -68,6 +67,7 @@ from dse.core.records import (
 )
 from dse.model.costmodel.model import CostModel
 from dse.space.searchspace import ModelSpec, Resources, Semantics
+from dse.stats.measure import StepSeries, series_for
 
 __all__ = ["main", "run_trial", "simulate", "simulated_losses", "synthetic_step_times"]
 

@@ -134,7 +134,7 @@ def test_a_rebuilt_best_does_not_canonicalize_every_configuration_again(
     rebuild after one more trial canonicalizes at most that trial's configuration, and the
     answer is the one computed from scratch."""
     from dse.results import noise
-    from dse.results.export import best_payload
+    from dse.results.best_formats import best_payload
     from dse.space.searchspace import SearchSpace
 
     url = f"sqlite:///{tmp_path / 'best.db'}"

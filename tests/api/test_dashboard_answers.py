@@ -18,7 +18,7 @@ from dse.storage import Storage
 from tests.api.live import serve
 from tests.api.seed import _run, create_from_dict, ok, seed_all, seed_cpu_demo, seed_database
 from tests.conftest import EXAMPLES
-from tests.dse.test_figures import CASES
+from tests.core.test_figures import CASES
 
 pytestmark = pytest.mark.slow
 

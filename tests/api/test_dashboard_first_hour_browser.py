@@ -27,7 +27,7 @@ from dse.cli.main import main
 from dse.storage import open_storage
 from tests.api.live import api_get, open_study, serve
 from tests.conftest import EXAMPLES
-from tests.study.test_loss_parity_replay import _noise_table, _run, _space
+from tests.loop.test_loss_parity_replay import _noise_table, _run, _space
 
 pytestmark = pytest.mark.slow
 

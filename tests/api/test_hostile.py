@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dse.api import Settings, create_app
 from dse.api.deps import SpaceChecker
-from dse.api.launch import SubprocessLauncher, controller_command
+from dse.api.spawn import SubprocessSpawner, controller_command
 from dse.cli.main import build_parser
 from tests.api.conftest import TOKEN, make_client
 from tests.api.live import serve
@@ -264,8 +264,8 @@ def test_controller_does_not_inherit_the_api_token(
 
     monkeypatch.setenv("DSE_API_TOKEN", "secret-token-of-the-api")
     monkeypatch.setenv("DSE_SOMETHING_ELSE", "kept")
-    monkeypatch.setattr("dse.api.launch.controller_command", command)
-    SubprocessLauncher()(study="s", storage_url="sqlite:///x.db", workdir=str(tmp_path))
+    monkeypatch.setattr("dse.api.spawn.controller_command", command)
+    SubprocessSpawner()(study="s", storage_url="sqlite:///x.db", workdir=str(tmp_path))
     deadline = time.time() + 30
     while time.time() < deadline and not (out.exists() and out.read_text()):
         time.sleep(0.05)

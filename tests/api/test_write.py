@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dse.api.deps import get_launcher
-from dse.api.launch import Launched, SubprocessLauncher, controller_command
+from dse.api.deps import get_spawner
+from dse.api.spawn import Spawned, SubprocessSpawner, controller_command
 from dse.storage import has_password, open_storage
 from tests.api.conftest import TOKEN, make_client
 from tests.api.seed import create_study, space_yaml
@@ -21,16 +21,16 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 YAML = {"Content-Type": "application/yaml"}
 
 
-class RecordingLauncher:
-    """Stands in for the subprocess launcher: records what it was asked to start."""
+class RecordingSpawner:
+    """Stands in for the subprocess spawner: records what it was asked to start."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, *, study: str, storage_url: str, workdir: str) -> Launched:
+    def __call__(self, *, study: str, storage_url: str, workdir: str) -> Spawned:
         self.calls.append({"study": study, "storage_url": storage_url, "workdir": workdir})
         argv, _ = controller_command(study, storage_url)
-        return Launched(pid=4242, command=argv, log_path=f"{workdir}/{study}/controller.log")
+        return Spawned(pid=4242, command=argv, log_path=f"{workdir}/{study}/controller.log")
 
 
 # --- auth ----------------------------------------------------------------------------------
@@ -136,9 +136,9 @@ def test_create_study_rejects_binary_body(writable_url: str) -> None:
 
 
 def test_create_and_start(writable_url: str, tmp_path: Path) -> None:
-    launcher = RecordingLauncher()
+    spawner = RecordingSpawner()
     with make_client(writable_url) as c:
-        c.app.dependency_overrides[get_launcher] = lambda: launcher  # type: ignore[attr-defined]
+        c.app.dependency_overrides[get_spawner] = lambda: spawner  # type: ignore[attr-defined]
         body = space_yaml("started").replace(
             "version: 1", f"version: 1\nrunner:\n  workdir: {tmp_path}"
         )
@@ -148,7 +148,7 @@ def test_create_and_start(writable_url: str, tmp_path: Path) -> None:
         assert r.status_code == 201, r.text
         launch = r.json()["launch"]
         assert launch["pid"] == 4242
-        assert launcher.calls == [
+        assert spawner.calls == [
             {"study": "started", "storage_url": writable_url, "workdir": str(tmp_path)}
         ]
         cmd = launch["command"]
@@ -180,23 +180,21 @@ def test_controller_command_keeps_passwords_off_the_command_line() -> None:
 
 
 def test_subprocess_launcher_detaches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real launcher: its own session, output in the study's controller.log."""
+    """The real spawner: its own session, output in the study's controller.log."""
     marker = tmp_path / "ran"
     code = f"import os, pathlib; pathlib.Path({str(marker)!r}).write_text(str(os.getsid(0)))"
 
     def fake_command(study: str, storage_url: str) -> tuple[list[str], dict[str, str]]:
         return [sys.executable, "-c", code + "; print('controller says hi')"], {}
 
-    monkeypatch.setattr("dse.api.launch.controller_command", fake_command)
-    launched = SubprocessLauncher()(
-        study="s1", storage_url="sqlite:///x.db", workdir=str(tmp_path)
-    )
+    monkeypatch.setattr("dse.api.spawn.controller_command", fake_command)
+    spawned = SubprocessSpawner()(study="s1", storage_url="sqlite:///x.db", workdir=str(tmp_path))
     deadline = time.time() + 30
-    log = Path(launched.log_path or "")
+    log = Path(spawned.log_path or "")
     while time.time() < deadline and not (marker.exists() and log.exists() and log.read_text()):
         time.sleep(0.05)
-    assert marker.read_text() == str(launched.pid)  # session leader: detached from us
-    assert launched.pid != os.getpid()
+    assert marker.read_text() == str(spawned.pid)  # session leader: detached from us
+    assert spawned.pid != os.getpid()
     assert log == tmp_path / "s1" / "controller.log"
     assert "controller says hi" in log.read_text()
 

@@ -12,7 +12,7 @@ import yaml
 from dse.cli.main import main
 from dse.storage import open_storage
 from tests.conftest import EXAMPLES
-from tests.study.test_loss_parity_replay import _noise_table, _run, _space
+from tests.loop.test_loss_parity_replay import _noise_table, _run, _space
 
 
 @pytest.fixture

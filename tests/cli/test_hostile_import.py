@@ -15,7 +15,7 @@ from dse.core.exceptions import StudyFormatError
 from dse.core.records import Outcome, StepMetrics
 from dse.space.searchspace import parse_space_text
 from dse.storage import open_storage, read_export_text
-from dse.storage._export import parse_export
+from dse.storage._study_file import parse_export
 from tests.conftest import EXAMPLES
 
 #: A real space file (the CPU demo's, as study "src").

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from dse.core.records import TrialRecord
+from dse.runners import BaseRunner, Finished, Launch
+from dse.runners.slurm_runner import SlurmOptions, SlurmRunner
 from dse.storage import open_storage
-from dse.workloads.runners import BaseRunner, Finished, Launch
-from dse.workloads.runners.slurm_runner import SlurmOptions, SlurmRunner
 from tests.conftest import EXAMPLES, REPLAY_TABLE, REPO, require_part
 
 TRIAL_PROGRAM = Path(__file__).with_name("trial_program.py")

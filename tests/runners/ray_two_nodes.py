@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ray.cluster_utils import Cluster
 
-from dse.workloads.runners.ray_runner import RayOptions, RayRunner
+from dse.runners.ray_runner import RayOptions, RayRunner
 from tests.runners.conftest import make_launch, seen
 
 

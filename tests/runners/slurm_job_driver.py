@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from dse.workloads.runners.slurm_runner import SlurmOptions, SlurmRunner
+from dse.runners.slurm_runner import SlurmOptions, SlurmRunner
 from tests.runners.conftest import drain, make_launch, seen
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.workloads.runners.ray_runner import RayOptions, RayRunner
+from dse.runners.ray_runner import RayOptions, RayRunner
 from tests.conftest import REPO
 from tests.runners.conftest import (
     alive,

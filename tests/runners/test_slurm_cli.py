@@ -66,8 +66,8 @@ def test_bad_slurm_option_is_named(
 
 
 def test_recipe_launcher_trials_ask_for_gpus_replay_trials_do_not() -> None:
+    from dse.runners.slurm_runner import make_runner
     from dse.space.searchspace import load_space
-    from dse.workloads.runners.slurm_runner import make_runner
 
     nemo = load_space(EXAMPLES / "llama3_8b.yaml")  # NeMo recipe, 8 GPUs per trial
     assert make_runner(nemo).shape.gpus_per_node == 8
@@ -81,8 +81,8 @@ def test_llama3_8b_dry_run_prints_the_scripts_the_runner_submits(
     """`dse start --space examples/llama3_8b.yaml --runner slurm --dry-run`: each script is
     the one the Slurm runner would write for that trial, byte for byte, and valid bash."""
     from dse.loop.study import trial_launch
+    from dse.runners.slurm_runner import dry_run_script, make_runner
     from dse.space.searchspace import load_space
-    from dse.workloads.runners.slurm_runner import dry_run_script, make_runner
 
     monkeypatch.chdir(tmp_path)
     assert main(["start", "--space", str(EXAMPLES / "llama3_8b.yaml"), "--runner", "slurm",

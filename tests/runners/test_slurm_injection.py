@@ -23,11 +23,11 @@ import yaml
 
 from dse.cli.main import main
 from dse.core.exceptions import SpaceError, TrialLaunchError
+from dse.runners import Launch
+from dse.runners._cluster import trial_shape
+from dse.runners.slurm_runner import SlurmRunner, render_batch_script
 from dse.space.searchspace import SlurmOptions, parse_space
 from dse.storage import open_storage
-from dse.workloads.runners import Launch
-from dse.workloads.runners._cluster import trial_shape
-from dse.workloads.runners.slurm_runner import SlurmRunner, render_batch_script
 from tests.conftest import EXAMPLES
 
 #: Shell payloads; ``{c}`` is the canary file the payload's command would create.
@@ -167,7 +167,7 @@ def test_sbatch_values_are_quoted_and_run_nothing_without_the_character_set(
     reads an #SBATCH line as a comment, so only a line break could start a command there; a
     value with a control character is still refused where it is written, and any other
     value is double-quoted (sbatch takes the quotes off) and runs nothing."""
-    from dse.workloads.runners import slurm_runner
+    from dse.runners import slurm_runner
 
     monkeypatch.setattr(slurm_runner, "_checked", lambda opts, env: None)
     canary = tmp_path / "pwned"
@@ -203,7 +203,7 @@ def test_the_real_sbatch_takes_the_quoted_values_as_they_are(
     held, then cancelled: none runs."""
     import subprocess
 
-    from dse.workloads.runners import slurm_runner
+    from dse.runners import slurm_runner
 
     monkeypatch.setattr(slurm_runner, "_checked", lambda opts, env: None)
     canary = tmp_path / "pwned"
@@ -450,7 +450,7 @@ def test_ray_options_refuse_shell_text_and_loader_variables(tmp_path: Path) -> N
         with pytest.raises(SpaceError, match=f"runner.options.{field}"):
             parse_space(d, "space.yaml")
     # the node task with the variable the policy refuses would have run the file
-    from dse.workloads.runners.ray_runner import _run_node
+    from dse.runners.ray_runner import _run_node
 
     tdir = tmp_path / "t"
     tdir.mkdir()
@@ -477,8 +477,8 @@ def test_the_ray_runner_checks_its_environment_itself(
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", no_init)
 
+    from dse.runners.ray_runner import RayRunner
     from dse.space.searchspace import RayOptions
-    from dse.workloads.runners.ray_runner import RayRunner
 
     rc = tmp_path / "rc.sh"
     for env, why in (
@@ -501,8 +501,8 @@ def test_shell_text_in_a_ray_env_value_stays_literal(ray_cluster: None, tmp_path
     """A Ray trial gets runner.options.env as its environment (the node task starts it with
     an argument list, no shell in between): each payload the policy allows in a value reaches
     the trial as it is, also read by a bash, and none of its commands runs."""
+    from dse.runners.ray_runner import RayRunner
     from dse.space.searchspace import RayOptions
-    from dse.workloads.runners.ray_runner import RayRunner
     from tests.runners.conftest import drain
 
     canary = tmp_path / "pwned"

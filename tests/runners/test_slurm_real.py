@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dse.workloads.runners import Launch
-from dse.workloads.runners.slurm_runner import SlurmRunner
+from dse.runners import Launch
+from dse.runners.slurm_runner import SlurmRunner
 from tests.conftest import LOGS
 from tests.runners.conftest import (
     drain,
@@ -254,7 +254,7 @@ def test_a_node_without_the_controllers_interpreter_fails_the_trial_naming_it(
     """``runner.python`` unset: the batch script runs the controller's own interpreter, which
     a node sees only over a shared file system; where the node lacks it, the trial stops at
     once, naming the path and ``runner.python`` (not a bare "No such file")."""
-    from dse.workloads.runners import slurm_runner as mod
+    from dse.runners import slurm_runner as mod
 
     gone = str(tmp_path / "venv-not-on-the-node" / "bin" / "python3")
     monkeypatch.setattr(mod.sys, "executable", gone)  # the controller's, elsewhere

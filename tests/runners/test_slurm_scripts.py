@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from dse.core.bounds import MAX_DURATION_S
-from dse.workloads import trial_command
-from dse.workloads.runners import Launch
-from dse.workloads.runners._cluster import rendezvous_argv, trial_shape
-from dse.workloads.runners.slurm_runner import (
+from dse.runners import Launch
+from dse.runners._cluster import rendezvous_argv, trial_shape
+from dse.runners.slurm_runner import (
     SlurmOptions,
     failure_class_of_state,
     render_batch_script,
 )
+from dse.workloads import trial_command
 
 GOLDEN = Path(__file__).with_name("golden")
 WORKDIR = Path("/shared/dse_runs/llama3-8b")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dse.core.records import INFEASIBLE_CLASSES
-from dse.workloads.runners.slurm_runner import pending_class, submission_env
+from dse.runners.slurm_runner import pending_class, submission_env
 from tests.runners.conftest import (
     drain,
     job_id,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from dse.runners import Launch
+from dse.runners.local import LocalRunner
 from dse.workloads.procgroup import OWNER_ENV
-from dse.workloads.runners import Launch
-from dse.workloads.runners.local import LocalRunner
 
 #: A rank: notes its pid and session, then sleeps (a trial mid-step).
 WORKER = """

@@ -285,7 +285,7 @@ def test_finish_is_idempotent(storage: Storage) -> None:
 
 
 def pruned(value: float) -> Outcome:
-    """An ok outcome of a trial that stopped as dominated (dse.core.measure)."""
+    """An ok outcome of a trial that stopped as dominated (dse.stats.measure)."""
     m = {"mode": "adaptive", "warmup_steps": 1, "measured_steps": 4, "stop_reason": "dominated"}
     return Outcome("ok", {"tflops_per_gpu": value, "measurement": m}, steps=steps(5))
 

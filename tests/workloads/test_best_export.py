@@ -32,7 +32,7 @@ import yaml
 
 from dse.cli.main import main
 from dse.core.records import Outcome
-from dse.results.export import EXPORT_TARGETS
+from dse.results.best_formats import EXPORT_TARGETS
 from dse.space.searchspace import SearchSpace, load_space, params_key, parse_space
 from dse.storage import open_storage
 from dse.workloads.launchers import launcher_for

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dse.workloads.runners import classify_log
+from dse.runners import classify_log
 from tests.conftest import LOGS, REPLAY_TABLE
 
 CASES = [

@@ -10,8 +10,8 @@ import pytest
 
 from dse.cli.main import main
 from dse.model.flops import model_flops_per_step
+from dse.runners import classify_log as runner_classify_log
 from dse.workloads.logs import classify_failure, classify_log, detect_format, parse_log
-from dse.workloads.runners import classify_log as runner_classify_log
 from tests.conftest import EXAMPLES, LOGS
 
 

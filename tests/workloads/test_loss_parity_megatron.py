@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
-from dse.core.numerics import floor_of, judge, losses_of, tolerance_of
 from dse.core.records import Outcome, TrialRecord, TrialSpec, read_metrics
 from dse.loop.context import StudyContext
 from dse.loop.loss_guard import LossGuard
 from dse.space.searchspace import params_key, parse_space
+from dse.stats.numerics import floor_of, judge, losses_of, tolerance_of
 from dse.storage import open_storage
 from tests.conftest import require_megatron
 

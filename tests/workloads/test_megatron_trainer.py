@@ -421,7 +421,7 @@ def test_adaptive_trial_stops_between_min_and_max_on_every_rank(tmp_path: Path) 
     rank that went on alone would wait in a collective until the timeout)."""
     from scipy import stats
 
-    from dse.core.measure import TRIM
+    from dse.stats.measure import TRIM
 
     m = {"mode": "adaptive", "min_steps": 6, "max_steps": 40, "rel_halfwidth": 0.25}
     spec = make_spec(tmp_path, "adaptive", {"tensor_model_parallel_size": 2}, world=2)

@@ -138,7 +138,7 @@ def test_sim_loss_is_the_same_for_every_execution_knob(tmp_path):
 
 
 def test_sim_loss_follows_what_defines_the_training(tmp_path):
-    from dse.core.numerics import floor_of, judge, tolerance_of
+    from dse.stats.numerics import floor_of, judge, tolerance_of
 
     base = _losses(tmp_path, EXECUTION[0])[0]
     tol = tolerance_of(floor_of(None, "bf16"), 3.0, [])

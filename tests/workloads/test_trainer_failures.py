@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from dse.core.records import MetricsWriter, Outcome, StepMetrics, TrialSpec, read_metrics
-from dse.workloads.runners import Launch
-from dse.workloads.runners._cluster import outcome_after_exit
-from dse.workloads.runners.local import LocalRunner
+from dse.runners import Launch
+from dse.runners._cluster import outcome_after_exit
+from dse.runners.local import LocalRunner
 from tests.conftest import needs_megatron
 
 MODEL = {

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dse.core.numerics import floor_of, judge, loss_drift, tolerance_of
 from dse.core.records import Outcome, TrialSpec, read_metrics
 from dse.space.searchspace import parse_space
+from dse.stats.numerics import floor_of, judge, loss_drift, tolerance_of
 from dse.workloads.logs import parse_log
 from tests.conftest import EXAMPLES, LOGS, REPO, require_megatron, require_part
 

@@ -25,7 +25,7 @@ import pytest
 
 from dse.core.exceptions import NoEquivalentError, SpaceError
 from dse.core.registry import REGISTRY
-from dse.results.export import EXPORT_TARGETS, render_best
+from dse.results.best_formats import EXPORT_TARGETS, render_best
 from dse.space.knobs import FIELD_SOURCES, KNOBS, Knob, ModulesKnob
 from dse.space.searchspace import SearchSpace, load_space
 from dse.workloads.launchers import NotTaken, launcher_for

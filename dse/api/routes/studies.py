@@ -11,11 +11,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from dse.api.deps import (
-    LauncherDep,
     ReadsDep,
     SettingsDep,
     SpaceChecker,
     SpaceCheckerDep,
+    SpawnerDep,
     StorageDep,
     StudyDep,
     StudyName,
@@ -151,7 +151,7 @@ async def create_study(
     request: Request,
     storage: StorageDep,
     settings: SettingsDep,
-    launcher: LauncherDep,
+    spawner: SpawnerDep,
     checker: SpaceCheckerDep,
     start: Annotated[
         bool, Query(description="Also start the study: `dse resume` as a detached process.")
@@ -175,12 +175,10 @@ async def create_study(
     rec = await run_in_threadpool(lambda: storage.create_study(space_yaml=text, **checked.fields))
     launch = None
     if start:
-        launched = await run_in_threadpool(
-            lambda: launcher(study=rec.name, storage_url=settings.storage, workdir=checked.workdir)
+        spawned = await run_in_threadpool(
+            lambda: spawner(study=rec.name, storage_url=settings.storage, workdir=checked.workdir)
         )
-        launch = LaunchPublic(
-            pid=launched.pid, command=launched.command, log_path=launched.log_path
-        )
+        launch = LaunchPublic(pid=spawned.pid, command=spawned.command, log_path=spawned.log_path)
     public = await run_in_threadpool(study_public, storage, rec)
     return StudyCreatedPublic(**public.model_dump(), launch=launch)
 

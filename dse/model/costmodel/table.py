@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from dse.core.records import finite
-from dse.core.table import MeasuredRow, TableError, read_table
 from dse.model.costmodel.model import CostModel
 from dse.space.knobs import KNOBS
 from dse.space.searchspace import ModelSpec, Resources, Semantics
 from dse.space.tablemodel import RowModelError
 from dse.space.tablemodel import row_problem as _row_problem
+from dse.stats.table import MeasuredRow, TableError, read_table
 
 __all__ = [
     "TableError",

@@ -7,7 +7,7 @@ one ``step`` line per logged iteration, then a ``summary`` line, or a ``failure`
 classified from the recipe's log (``oom``, ``nan``, ``hang``, ``invalid`` with the recipe's
 own message, ``error``).
 
-The logged step times go through the trial's measurement rule (:mod:`dse.core.measure`) as they
+The logged step times go through the trial's measurement rule (:mod:`dse.stats.measure`) as they
 come: in ``adaptive`` mode (the recipe is given ``max_steps`` iterations) the recipe is
 stopped, its whole process group, once the steady-state step time is known to the space's
 precision; with ``prune`` it is stopped once its interval lies clearly below the study's
@@ -30,9 +30,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from dse.core.measure import series_for
 from dse.core.records import MetricsWriter, StopReason, TrialSpec
 from dse.model.flops import model_flops_per_step
+from dse.stats.measure import series_for
 from dse.workloads.launchers._core import run_node_steps
 from dse.workloads.launchers.resolved import RESOLVED_ENV, check_for
 from dse.workloads.logs import LogParser, LogStep

@@ -10,7 +10,7 @@ Engine layer spec, Megatron ``DistributedDataParallel``, ``get_megatron_optimize
 with ``get_forward_backward_func()`` and rank 0 writes the metrics JSONL (one ``step`` line
 per step, then a ``summary`` line). How many steps: ``semantics.steps`` (``measurement.mode:
 fixed``), or until the steady-state step time is known to ``measurement.rel_halfwidth``
-(``adaptive``, :mod:`dse.core.measure`); a trial whose interval lies clearly below the study's
+(``adaptive``, :mod:`dse.stats.measure`); a trial whose interval lies clearly below the study's
 best (``spec.prune``) stops as dominated. Rank 0 decides and broadcasts the decision, so
 every rank stops at the same step. An expected failure (invalid
 configuration, out of memory, NaN loss, another exception) becomes one ``failure`` line,
@@ -40,10 +40,10 @@ from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any
 
-from dse.core.measure import StepSeries, series_for
 from dse.core.records import MetricsWriter, StepMetrics, TrialSpec, finite, summarize_steps
 from dse.model.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
 from dse.space.knobs import KNOBS
+from dse.stats.measure import StepSeries, series_for
 from dse.workloads.megatron import verify
 from dse.workloads.megatron._plan import (
     EXIT_FAILURE,

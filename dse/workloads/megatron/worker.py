@@ -1,7 +1,7 @@
 """A warm trial worker: one long-lived process per slot of the local runner that runs
 one-rank trials of the built-in trainer one after another.
 
-Started by :class:`dse.workloads.runners.local.LocalRunner` (``runner.options.warm_workers``)::
+Started by :class:`dse.runners.local.LocalRunner` (``runner.options.warm_workers``)::
 
     python -m dse.workloads.megatron.worker --device cuda --reply-fd 5 --parent PID
 
