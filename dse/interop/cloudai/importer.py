@@ -17,6 +17,7 @@ from dse.interop.cloudai._common import (
     _BRIDGE_BOOKKEEPING,
     _CATALOG_ALIASES,
     _FAMILIES,
+    _FP8_PARAM_PRESETS,
     _GPU_NAMES,
     _METRICS,
     _MIXED_PRECISION,
@@ -1268,6 +1269,13 @@ def _recipe_settings(
     if st.fsdp_on:
         _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
     tpl.fp8_preset(fixed, overrides)
+    preset = overrides.get("mixed_precision")
+    if preset in _FP8_PARAM_PRESETS and "fp8_param" not in fixed and "fp8_param" not in knobs:
+        fixed["fp8_param"] = True
+        notes.append(
+            f"fp8_param on: Megatron-Bridge's mixed_precision preset {preset} keeps the "
+            "parameters in FP8 (fp8_param_gather)"
+        )
     derived = tpl.derived(fixed, is_moe, notes)
     if ctx.pick is not None:
         ctx.recipe_derived = _recipe_derived(ctx.pick, derived, notes)
