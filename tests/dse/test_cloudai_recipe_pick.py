@@ -210,8 +210,9 @@ def test_deepseek_v3_baseline_is_the_recipes_own_layout_with_bridges_pipeline_la
     assert recipe is not None and space.workload.launcher.recipe == recipe.name
     own = recipe.layout
     base = space.baseline()
-    for knob in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                 "virtual_pipeline_model_parallel_size", "expert_model_parallel_size"):  # fmt: skip
+    sizes = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "expert_model_parallel_size")  # fmt: skip
+    for knob in sizes:
         assert base[knob] == own[knob], knob
     assert (base["pipeline_model_parallel_size"], base["virtual_pipeline_model_parallel_size"],
             base["expert_model_parallel_size"]) == (4, 4, 64)  # fmt: skip
@@ -233,7 +234,7 @@ def test_deepseek_v3_baseline_is_the_recipes_own_layout_with_bridges_pipeline_la
     with redirect_stdout(out), redirect_stderr(err):
         rc = main(["validate", str(f)])
     assert rc == 0, err.getvalue()
-    assert "pipeline_model_parallel_size\": 4" in out.getvalue()
+    assert 'pipeline_model_parallel_size": 4' in out.getvalue()
     # the sim workload's check (dse.workloads.sim): no predicted OOM of the recipe's layout
     cm = CostModel(space.model, space.semantics, space.resources)
     fits, need = cm.fits(full, 0.0)
