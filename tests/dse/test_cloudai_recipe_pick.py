@@ -239,6 +239,14 @@ def test_deepseek_v3_baseline_is_the_recipes_own_layout_with_bridges_pipeline_la
     cm = CostModel(space.model, space.semantics, space.resources)
     fits, need = cm.fits(full, 0.0)
     assert fits, need  # an estimate: GiB needed per GPU
+    # the Bridge launcher passes the derived layout on; at PP 1 it clears the recipe's own
+    from dse.workloads.launchers import launcher_for
+
+    launcher = launcher_for(space)
+    pp1 = {**base, "pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": None}
+    for params, want in ((base, "Et*4|(t*4|)*14tL"), (pp1, "null")):
+        argv = launcher.render(space.full_params(params)).argv
+        assert f"model.pipeline_model_parallel_layout={want}" in argv
 
 
 def test_without_the_layout_derivation_the_baseline_moves_the_fewest_knobs() -> None:
