@@ -8,7 +8,10 @@ The space is the CloudAI scenario ``megatron_bridge_deepseekv3_bayesian.toml`` o
 file, ``--seq-length 4096``) as ``dse cloudai import`` writes it (GP agent, 256 knob
 combinations, 192 configurations, 4 of them valid, the pre-screen on), with the workload set
 to ``sim`` (the cost model's estimate instead of a Slurm job) and a local runner, so that it
-runs on any machine:
+runs on any machine. (Since issue 37 the import derives Bridge's DeepSeek-V3 pipeline
+layouts and FP8 weights: 60 configurations pass the rules and most fit a GB200, so the
+``grid`` case no longer finds nothing launchable on this space; BENCHMARKS section 38's
+figures predate that.)
 
 * ``grid``: ``dse start`` of that space; seconds from the launch to the line that starts
   with ``0 launchable configurations`` (None: never said before the end) and to the exit.

@@ -12,7 +12,8 @@ as dse now describes them (issue 38): dense-first MoE layers, uneven pipelines.
    some; dse's rules and its memory pre-screen (an estimate) decide each configuration with
    the layout Bridge's recipe gives its (PP, VP) set as ``pipeline_model_parallel_layout``
    (the recipe sets it itself at run time: Megatron-Bridge
-   ``set_deepseek_v3_pipeline_model_parallel_layout``, :data:`BRIDGE_DSV3_LAYOUTS`). Printed:
+   ``set_deepseek_v3_pipeline_model_parallel_layout``; the import writes dse's derivation
+   ``pipeline_model_parallel_layout: bridge_deepseek_v3``, dse/space/derive.py). Printed:
    how many each keeps, and every configuration CloudAI keeps that dse refuses, counted by
    its reason (rule name, or ``predicted_oom``).
 2. Bridge's DeepSeek-V3 GB200 performance configuration (TP 1, PP 4, VP 4, EP 64, 256 GPUs,
@@ -26,7 +27,8 @@ as dse now describes them (issue 38): dense-first MoE layers, uneven pipelines.
 
 The catalog model describes Multi-Latent Attention as Megatron-Core builds it; it has no
 multi-token-prediction layer, so Bridge's layouts are used without their ``m`` (MTP) symbol
-(dse/space/catalog/models/deepseek_v3.yaml). Every memory and speed figure is an estimate.
+(dse/space/catalog/models/deepseek_v3.yaml; the table is
+``dse.space.derive.BRIDGE_DEEPSEEK_V3_LAYOUTS``). Every memory and speed figure is an estimate.
 """
 
 from __future__ import annotations
@@ -45,26 +47,13 @@ from dse.model.costmodel.memory import estimate_memory
 from dse.model.costmodel.model import CostModel
 from dse.model.costmodel.throughput import estimate_throughput
 from dse.model.rules import check
+from dse.space.derive import BRIDGE_DEEPSEEK_V3_LAYOUTS
 from dse.space.searchspace import SearchSpace, parse_space
 
 ROOT = Path(__file__).resolve().parents[1]
 CUR = ROOT / "tests" / "fixtures" / "cloudai_current"
 TEST = CUR / "test" / "megatron_bridge_deepseekv3_bayesian.toml"
 SYSTEM = CUR / "system" / "example_slurm_cluster.toml"
-
-#: Megatron-Bridge's DeepSeek-V3 pipeline layouts by (PP, VP)
-#: (src/megatron/bridge/recipes/deepseek/deepseek_v3.py
-#: ``set_deepseek_v3_pipeline_model_parallel_layout``), in Megatron-Core's layout grammar,
-#: without the MTP layer Bridge puts before the loss (dse's catalog model has none).
-BRIDGE_DSV3_LAYOUTS: dict[tuple[int, int], str | None] = {
-    (1, 1): None,
-    (4, 1): "Et*16|t*16|t*16|t*13L",
-    (8, 1): "Et*8|(t*8|)*6t*5L",
-    (4, 2): "Et*8|(t*8|)*6t*5L",
-    (16, 1): "Et*4|(t*4|)*14tL",
-    (8, 2): "Et*4|(t*4|)*14tL",
-    (4, 4): "Et*4|(t*4|)*14tL",
-}
 
 
 def cloudai_keeps(a: dict[str, Any]) -> bool:
@@ -77,20 +66,13 @@ def cloudai_keeps(a: dict[str, Any]) -> bool:
     dp = n // (tp * pp * cp)
     if dp == 0 or a["gb"] % (a["mb"] * dp) or n % (a["et"] * a["ep"] * pp):
         return False
-    return (pp, a["vp"]) in BRIDGE_DSV3_LAYOUTS
-
-
-def with_layout(params: dict[str, Any]) -> dict[str, Any]:
-    """The configuration as Bridge's DeepSeek-V3 recipe runs it: its (PP, VP)'s layout."""
-    pp = int(params.get("pipeline_model_parallel_size") or 1)
-    vp = int(params.get("virtual_pipeline_model_parallel_size") or 1)
-    layout = BRIDGE_DSV3_LAYOUTS.get((pp, vp))
-    return {**params, "pipeline_model_parallel_layout": layout} if layout else dict(params)
+    return (pp, a["vp"]) in BRIDGE_DEEPSEEK_V3_LAYOUTS
 
 
 def decide(space: SearchSpace, cm: CostModel, params: dict[str, Any]) -> tuple[str, float | None]:
-    """``kept``, a rule's name, or ``predicted_oom``; and the predicted peak (GiB)."""
-    full = space.full_params(with_layout(params))
+    """``kept``, a rule's name, or ``predicted_oom``; and the predicted peak (GiB). The
+    space's ``derived`` section gives each configuration Bridge's layout of its (PP, VP)."""
+    full = space.full_params(params)
     bad = check(space, full, space.resources.features)
     if bad:
         return bad[0].rule, None
@@ -108,6 +90,8 @@ def grid() -> dict[str, Any]:
         if cloudai_keeps(a):
             cloudai.append(a)
     space = parse_space(import_scenario(TEST, system=SYSTEM, seq_length=4096).space, "dsv3")
+    # the import derives the layout as Bridge's DeepSeek-V3 recipe sets it (dse.space.derive)
+    assert space.derived.get("pipeline_model_parallel_layout") == "bridge_deepseek_v3"
     cm = CostModel(space.model, space.semantics, space.resources)
     configs = list(space.iter_configs())
     decided = [(c, *decide(space, cm, c)) for c in configs]
@@ -186,7 +170,6 @@ def gb200_layout(variant: str = "fp8cs") -> dict[str, Any]:
         "pipeline_model_parallel_size": 4,
         "virtual_pipeline_model_parallel_size": 4,
         "expert_model_parallel_size": 64,
-        "pipeline_model_parallel_layout": BRIDGE_DSV3_LAYOUTS[(4, 4)],
         "recompute": "selective",
         "recompute_modules": "mlp",
         "fp8": "hybrid",
@@ -213,6 +196,7 @@ def gb200_layout(variant: str = "fp8cs") -> dict[str, Any]:
                 "features": ["transformer_engine", "apex"],
             },  # fmt: skip
             "fixed": fixed,
+            "derived": {"pipeline_model_parallel_layout": "bridge_deepseek_v3"},  # the (4, 4) one
             "knobs": {"micro_batch_size": {"values": [1]}},
         },
         "gb200",

@@ -26,6 +26,13 @@ returns the canonical form):
     optimizer, on exactly when DP > 1; without it, as given. Bridge
     ``CommOverlapConfig._get_optimizer_overlap_cfgs`` (applied only with the distributed
     optimizer).
+  - ``pipeline_model_parallel_layout: bridge_deepseek_v3`` - where no layout is given, the
+    layout Bridge's DeepSeek-V3 recipes give the configuration's (PP, VP)
+    (:data:`BRIDGE_DEEPSEEK_V3_LAYOUTS`); where Bridge has none for the pair, None (the even
+    split, which the rules then judge; a launcher passes it on, so a recipe's own layout
+    for another (PP, VP) is not left in place). Bridge
+    ``set_deepseek_v3_pipeline_model_parallel_layout`` (recipes/deepseek), which the
+    DeepSeek-V3 recipes and the performance launcher's PP / VP overrides call.
 
 * **Inert knobs.** Megatron-Core ignores some knobs in some layouts; two configurations that
   differ only there are the same run. The canonical form puts such a knob at its baseline
@@ -57,6 +64,7 @@ __all__ = [
     "Derivation",
     "DERIVATIONS",
     "INERT",
+    "BRIDGE_DEEPSEEK_V3_LAYOUTS",
     "derive",
     "forced",
     "inert",
@@ -126,6 +134,38 @@ def _dp_overlap(knob: str) -> Derivation:
     )
 
 
+#: Megatron-Bridge's DeepSeek-V3 pipeline layouts by (PP, VP), in Megatron-Core's layout
+#: string grammar (:func:`dse.space.layout.parse_pipeline_layout`): the table of Bridge's
+#: ``_get_deepseek_v3_pipeline_layout`` (recipes/deepseek/h100/deepseek_v3.py), which
+#: ``set_deepseek_v3_pipeline_model_parallel_layout`` applies. (1, 1) is Bridge's own None
+#: (one stage, no layout). For a pair outside the table Bridge's function raises and catches
+#: its ValueError and leaves the field as it was: None in a recipe that set none, a recipe's
+#: own layout otherwise (which Megatron-Core then refuses for another (PP, VP); CloudAI's
+#: MegatronBridge constraint keeps a DeepSeek-V3 test's (PP, VP) among these keys).
+#:
+#: Bridge ends the last stage with ``["mtp"] * mtp_num_layers + ["loss"]``; dse's DeepSeek-V3
+#: (dse/space/catalog/models/deepseek_v3.yaml) has no multi-token-prediction layer, so these
+#: are Bridge's layouts with ``mtp_num_layers`` 0: no ``m`` before the ``L`` (a layout with
+#: ``m`` is refused for a model without MTP layers, :mod:`dse.space.layout`). The layouts place
+#: DeepSeek-V3's 61 decoder layers; for a model of another depth the rules refuse them, as
+#: Megatron-Core would.
+BRIDGE_DEEPSEEK_V3_LAYOUTS: dict[tuple[int, int], str | None] = {
+    (1, 1): None,
+    (4, 1): "Et*16|t*16|t*16|t*13L",
+    (8, 1): "Et*8|(t*8|)*6t*5L",
+    (4, 2): "Et*8|(t*8|)*6t*5L",
+    (16, 1): "Et*4|(t*4|)*14tL",
+    (8, 2): "Et*4|(t*4|)*14tL",
+    (4, 4): "Et*4|(t*4|)*14tL",
+}
+
+
+def _bridge_dsv3_layout(s: Layout) -> str | None:
+    """The layout Bridge's DeepSeek-V3 recipe gives (PP, VP) (VP unset counts as 1, as in
+    Bridge); None where it has none."""
+    return BRIDGE_DEEPSEEK_V3_LAYOUTS.get((s.pp, s.vpp or 1))
+
+
 #: knob -> derivation name -> derivation, in the order they are applied.
 DERIVATIONS: dict[str, dict[str, Derivation]] = {
     "sequence_parallel": {
@@ -167,6 +207,17 @@ DERIVATIONS: dict[str, dict[str, Derivation]] = {
     },
     "overlap_grad_reduce": {"bridge": _dp_overlap("overlap_grad_reduce")},
     "overlap_param_gather": {"bridge": _dp_overlap("overlap_param_gather")},
+    "pipeline_model_parallel_layout": {
+        "bridge_deepseek_v3": Derivation(
+            "pipeline_model_parallel_layout",
+            "bridge_deepseek_v3",
+            "where no layout is given, the one Megatron-Bridge's DeepSeek-V3 recipe gives the "
+            "(PP, VP) pair (set_deepseek_v3_pipeline_model_parallel_layout, without the MTP "
+            "layer dse's model lacks); none where Bridge has none for the pair (the even split)",
+            lambda p, s: _given(p, "pipeline_model_parallel_layout") in (None, ""),
+            lambda p, s: _bridge_dsv3_layout(s),
+        ),
+    },
 }
 
 

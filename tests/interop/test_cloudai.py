@@ -444,7 +444,10 @@ def test_bridge_dse_with_a_bayesian_agent_keeps_its_sweeps_and_agent(kind: str) 
     # model_name / model_size still read; the current names need no note
     assert any("older name" in n for n in got.notes) == (kind == "bridge_dse_bayesian")
     assert not [u for u in got.unmapped if u.key.startswith("cmd_args.model_")]
-    assert any("PP [2, 4, 8] cannot split the model's 61 layers" in n for n in got.notes)
+    # model_recipe_name deepseek_v3: Bridge sets the layout from (PP, VP), so PP 4 / 8 are
+    # not refused for 61 layers that do not split evenly
+    assert space.derived["pipeline_model_parallel_layout"] == "bridge_deepseek_v3"
+    assert not any("cannot split the model's 61 layers" in n for n in got.notes)
 
 
 def test_use_megatron_fsdp_is_the_knob_with_the_performance_launchers_sharding(
@@ -513,11 +516,12 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai(tmp_path: Path) -
     deepseek_v3 turns on CloudAI's constraint 18): dse keeps a subset of what CloudAI's own
     check keeps, and each configuration CloudAI keeps that dse refuses breaks a rule dse
     states for the model it describes. Counted here (docs/interop.md, CloudAI): CloudAI keeps
-    60 of the 192 configurations (12 at PP 1, 36 at PP 4, 12 at PP 8); with no pipeline
-    layout set, dse keeps the 12 at PP 1 (MLP recompute included: the catalog's
-    moe_layer_freq makes the first 3 layers dense, and Megatron-Core accepts it anyway); the
-    48 at PP 4 / 8 split 61 layers unevenly, which needs Bridge's
-    pipeline_model_parallel_layout (bench/deepseek_grid.py counts them with it)."""
+    60 of the 192 configurations (12 at PP 1, 36 at PP 4, 12 at PP 8). The import derives
+    the pipeline layout as Bridge's DeepSeek-V3 recipe sets it from (PP, VP)
+    (bridge_deepseek_v3), and dse's rules then keep exactly CloudAI's 60 (MLP recompute
+    included: the catalog's moe_layer_freq makes the first 3 layers dense, and Megatron-Core
+    accepts it anyway); without the derivation only the 12 at PP 1 pass (61 layers do not
+    split evenly over 4 or 8 stages)."""
     import itertools
 
     from dse.model.rules import check
@@ -544,15 +548,23 @@ def test_deepseek_v3_grid_valid_configurations_against_cloudai(tmp_path: Path) -
     for a in keep_cloudai:
         by_pp[a["pp"]] = by_pp.get(a["pp"], 0) + 1
     assert by_pp == {1: 12, 4: 36, 8: 12}
-    assert len(valid) == 12
-    assert {c["pipeline_model_parallel_size"] for c in valid} == {1}
+    assert len(valid) == 60
+    assert {c["pipeline_model_parallel_size"] for c in valid} == {1, 4, 8}
     by_rule: dict[str, int] = {}
     for c in configs:
         for v in check(space, c, feats)[:1]:
             by_rule[v.rule] = by_rule.get(v.rule, 0) + 1
-    # PP > 1: 61 layers do not split evenly without a layout; VP without PP
-    assert by_rule == {"layers_pp": 144, "vpp_needs_pp": 36}
-    for c in valid:  # dse is never looser than CloudAI
+    # (PP, VP) outside Bridge's layouts: the even split, which 61 layers fail; VP without PP;
+    # PP 8 x EP 64 over 256 GPUs
+    assert by_rule == {"layers_pp": 84, "vpp_needs_pp": 36, "expert_grid": 12}
+    plain = parse_space(
+        {**_import("bridge_dse_bayesian_current").space, "derived": {
+            k: v for k, v in space.derived.items() if k != "pipeline_model_parallel_layout"}},
+        "t",
+    )  # fmt: skip
+    no_layout = [c for c in plain.iter_configs() if not check(plain, c, feats)]
+    assert {c["pipeline_model_parallel_size"] for c in no_layout} == {1} and len(no_layout) == 12
+    for c in valid:  # dse is never looser than CloudAI (here: exactly as loose)
         a = {
             **{k: v[0] if isinstance(v, list) else v for k, v in cmd.items()},
             "tp": c["tensor_model_parallel_size"],

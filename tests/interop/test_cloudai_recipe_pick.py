@@ -183,36 +183,118 @@ def test_the_8_gpu_blackwell_qwen3_30b_tests_fit(gpu: str) -> None:
     assert fits, pred  # an estimate: the predicted GiB
 
 
-def test_deepseek_v3_baseline_is_the_valid_configuration_closest_to_the_recipes_own() -> None:
-    """The DeepSeek-V3 sweep test leaves its layout to the recipe (PP 4, VP 4, EP 64, from
-    deepseek_v3_pretrain_256gpu_gb200_fp8cs_config); PP 4 splits 61 layers unevenly without
-    the recipe's pipeline layout, so dse must move the baseline. It moves the fewest knobs
-    (PP and VP, to 1 and None) and keeps the recipe's EP 64 and TP 1 (the first valid
-    configuration in grid order took EP 32 too), names each value it changed as the
-    recipe's own, and changes no value the study fixes."""
+DEEPSEEK_TESTS = [
+    CURRENT / "test_scenario" / "megatron_bridge_deepseekv3_bayesian.toml",  # current schema
+    CURRENT / "test_scenario" / "megatron_bridge_standalone_deepseekv3.toml",  # model_name/size
+]
+
+
+@pytest.mark.parametrize("path", DEEPSEEK_TESTS, ids=lambda p: p.stem)
+def test_deepseek_v3_baseline_is_the_recipes_own_layout_with_bridges_pipeline_layout(
+    path: Path, tmp_path: Path
+) -> None:
+    """The DeepSeek-V3 sweep tests leave their layout to the recipe (TP 1, PP 4, VP 4, EP 64,
+    deepseek_v3_pretrain_256gpu_gb200_fp8cs_config). Bridge's DeepSeek-V3 recipes set
+    pipeline_model_parallel_layout from (PP, VP), so the import derives it
+    (bridge_deepseek_v3): the baseline stays the recipe's own, passes the rules and
+    ``dse validate``, and a sim dry-run of it is no predicted OOM (the recipe NVIDIA ships).
+    No value the study fixes differs from the recipe's."""
+    from dse.model.costmodel import CostModel
     from dse.model.rules import check
 
-    path = CURRENT / "test_scenario" / "megatron_bridge_deepseekv3_bayesian.toml"
     got = import_scenario(path, tests_dir=TESTS, seq_length=4096)
+    assert got.space["derived"]["pipeline_model_parallel_layout"] == "bridge_deepseek_v3"
     space = parse_space_text(got.to_yaml(path.name), path.name)
     recipe = recipe_defaults("deepseek_v3", "pretrain", gpu="gb200", compute_dtype="fp8_cs",
                              num_gpus=256)  # fmt: skip
     assert recipe is not None and space.workload.launcher.recipe == recipe.name
     own = recipe.layout
-    assert (own["pipeline_model_parallel_size"], own["virtual_pipeline_model_parallel_size"],
-            own["expert_model_parallel_size"]) == (4, 4, 64)  # fmt: skip
+    base = space.baseline()
+    sizes = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "expert_model_parallel_size")  # fmt: skip
+    for knob in sizes:
+        assert base[knob] == own[knob], knob
+    assert (base["pipeline_model_parallel_size"], base["virtual_pipeline_model_parallel_size"],
+            base["expert_model_parallel_size"]) == (4, 4, 64)  # fmt: skip
+    full = space.full_params(base)
+    assert full["pipeline_model_parallel_layout"] == "Et*4|(t*4|)*14tL"  # Bridge's (4, 4)
+    assert space.fixed["fp8_param"] is True  # the fp8_cs preset's fp8_param_gather
+    assert not check(space, full, space.resources.features)  # type: ignore[arg-type]
+    assert not any("breaks a dse rule" in n for n in got.notes)  # the baseline did not move
+    note = next(n for n in got.notes if n.startswith("the baseline ("))
+    assert "pipeline_model_parallel_size 4" in note and "'Et*4|(t*4|)*14tL'" in note
+    assert any("bridge_deepseek_v3" in n and recipe.name in n for n in got.notes)
+    for knob in ("context_parallel_size", "expert_tensor_parallel_size", "micro_batch_size",
+                 "grad_reduce_in_fp32", "cross_entropy_fusion_impl"):  # fmt: skip
+        assert space.fixed[knob] == own[knob], knob  # the values the study fixes stay the recipe's
+    # dse validate: the space and its baseline pass (exit 0)
+    f = tmp_path / "ds.yaml"
+    f.write_text(got.to_yaml(path.name))
+    out, err = StringIO(), StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(["validate", str(f)])
+    assert rc == 0, err.getvalue()
+    assert 'pipeline_model_parallel_size": 4' in out.getvalue()
+    # the sim workload's check (dse.workloads.sim): no predicted OOM of the recipe's layout
+    cm = CostModel(space.model, space.semantics, space.resources)
+    fits, need = cm.fits(full, 0.0)
+    assert fits, need  # an estimate: GiB needed per GPU
+    # the Bridge launcher passes the derived layout on; at PP 1 it clears the recipe's own
+    from dse.workloads.launchers import launcher_for
+
+    launcher = launcher_for(space)
+    pp1 = {**base, "pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": None}
+    for params, want in ((base, "Et*4|(t*4|)*14tL"), (pp1, "null")):
+        argv = launcher.render(space.full_params(params)).argv
+        assert f"model.pipeline_model_parallel_layout={want}" in argv
+
+
+def test_without_the_layout_derivation_the_baseline_moves_the_fewest_knobs() -> None:
+    """Without the recipe's pipeline layout (the derived section taken out), PP 4 splits 61
+    layers unevenly, so the baseline must move: it moves the fewest knobs (PP and VP, to 1
+    and None), keeps the recipe's EP 64 and TP 1 (the first valid configuration in grid
+    order took EP 32 too) and names each value it changed as the recipe's own."""
+    from dse.interop.cloudai.importer import _valid_baseline
+    from dse.model.rules import check
+    from dse.space.searchspace import parse_space
+
+    path = DEEPSEEK_TESTS[0]
+    got = import_scenario(path, tests_dir=TESTS, seq_length=4096)
+    raw = got.space
+    del raw["derived"]["pipeline_model_parallel_layout"]
+    for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+              "virtual_pipeline_model_parallel_size", "expert_model_parallel_size"):  # fmt: skip
+        raw["knobs"][k]["baseline"] = {"virtual_pipeline_model_parallel_size": 4,
+                                       "pipeline_model_parallel_size": 4,
+                                       "expert_model_parallel_size": 64}.get(k, 1)  # fmt: skip
+    notes: list[str] = []
+    recipe_values = {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 4}
+    _valid_baseline(raw, "t", notes, recipe_values)
+    space = parse_space(raw, "t")
     base = space.baseline()
     assert not check(space, base, space.resources.features)  # type: ignore[arg-type]
-    assert base["expert_model_parallel_size"] == 64  # the recipe's, valid at PP 1
-    assert base["tensor_model_parallel_size"] == 1
-    assert base["recompute"] == "selective"
+    assert base["expert_model_parallel_size"] == 64 and base["tensor_model_parallel_size"] == 1
     assert base["pipeline_model_parallel_size"] == 1
     assert base["virtual_pipeline_model_parallel_size"] is None
-    note = next(n for n in got.notes if "breaks a dse rule" in n)
+    note = next(n for n in notes if "breaks a dse rule" in n)
     assert "the recipe's own pipeline_model_parallel_size 4 -> 1" in note
     assert "virtual_pipeline_model_parallel_size 4 -> None" in note
     assert "expert_model_parallel_size" not in note  # not changed
-    for knob in ("context_parallel_size", "expert_tensor_parallel_size", "micro_batch_size",
-                 "grad_reduce_in_fp32", "cross_entropy_fusion_impl"):  # fmt: skip
-        want = own["micro_batch_size"] if knob == "micro_batch_size" else own[knob]
-        assert space.fixed[knob] == want, knob  # the values the study fixes stay the recipe's
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fp8_param"),
+    [("fp8_cs", True), ("fp8_mx", True), ("fp8_ds", True), ("fp8_sc", None), ("bf16", None)],
+)
+def test_fp8_param_follows_bridges_mixed_precision_preset(
+    dtype: str, fp8_param: bool | None, tmp_path: Path
+) -> None:
+    """Bridge's current-scaling, MXFP8 and delayed-scaling presets set fp8_param_gather, which
+    MixedPrecisionConfig copies to fp8_param (FP8 weights: the memory model counts one byte);
+    the subchannel-scaling and BF16 presets do not."""
+    body = (TESTS / "megatron_bridge_qwen_30b.toml").read_text()
+    f = tmp_path / "t.toml"
+    f.write_text(body.replace('compute_dtype = "fp8_cs"', f'compute_dtype = "{dtype}"'))
+    got = import_scenario(f)
+    assert got.space["fixed"].get("fp8_param") is fp8_param
+    assert any(n.startswith("fp8_param on") for n in got.notes) is bool(fp8_param)

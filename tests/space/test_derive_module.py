@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dse.model.rules import check
 from dse.space.derive import DERIVATIONS, INERT, canonical, derive, forced, inert
 from dse.space.knobs import IGNORED
 from tests.conftest import SMALL_MODEL, small_space
@@ -147,3 +148,93 @@ def test_canonical_folds_twins_into_one() -> None:
     d = {"tensor_model_parallel_size": 2, "use_distributed_optimizer": True,
          "sequence_parallel": True}  # fmt: skip
     assert canonical(sp, d, inactive) == d  # DP 2, TP 2: nothing to fold
+
+
+# --- pipeline_model_parallel_layout: bridge_deepseek_v3 ---------------------------------------
+
+
+def _bridge_dsv3(pp: int, vp: int) -> list[list[str]] | None:
+    """Megatron-Bridge's ``_get_deepseek_v3_pipeline_layout(pp, vp, mtp_layers=0)``
+    (recipes/deepseek/h100/deepseek_v3.py), written out here as its map gives it: the first
+    stage opens with the embedding, the last ends with ``["mtp"] * 0 + ["loss"]``; None where
+    the map has None or no entry (Bridge then leaves the field unset)."""
+    last = ["loss"]  # dse's DeepSeek-V3 has no MTP layer: mtp_num_layers 0
+    counts = {
+        (4, 1): [16, 16, 16, 13],
+        (8, 1): [8] * 7 + [5], (4, 2): [8] * 7 + [5],
+        (16, 1): [4] * 15 + [1], (8, 2): [4] * 15 + [1], (4, 4): [4] * 15 + [1],
+    }.get((pp, vp))  # fmt: skip
+    if counts is None:
+        return None
+    stages = [["decoder"] * n for n in counts]
+    stages[0] = ["embedding", *stages[0]]
+    stages[-1] = [*stages[-1], *last]
+    return stages
+
+
+_BRIDGE_PAIRS = [(1, 1), (4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4)]
+_OUTSIDE = [(2, 1), (2, 2), (8, 4), (4, 8), (1, 2), (2, 8)]
+
+
+def _dsv3_space() -> Any:
+    return small_space(
+        "dsv3", {"pipeline_model_parallel_size": {"values": [1, 2, 4, 8, 16]},
+                 "virtual_pipeline_model_parallel_size": {"values": [None, 2, 4, 8]}},
+        world_size=256, model="deepseek_v3",
+        semantics={"global_batch_size": 2048, "seq_length": 4096},
+        resources={"world_size": 256, "gpu_memory_gib": 184.0, "features": []},
+        derived={"pipeline_model_parallel_layout": "bridge_deepseek_v3"},
+    )  # fmt: skip
+
+
+def _pp_vp(pp: int, vp: int) -> dict[str, Any]:
+    return {"pipeline_model_parallel_size": pp,
+            "virtual_pipeline_model_parallel_size": None if vp == 1 else vp}  # fmt: skip
+
+
+_SYMBOL = {"E": "embedding", "t": "decoder", "L": "loss", "m": "mtp"}
+
+
+@pytest.mark.parametrize(("pp", "vp"), _BRIDGE_PAIRS + _OUTSIDE)
+def test_bridge_deepseek_v3_layout_is_bridges_for_each_pp_vp(pp: int, vp: int) -> None:
+    """Each (PP, VP): the derived layout, read back stage by stage, is the list Bridge's
+    function gives with no MTP layer; None where Bridge has none ((1, 1), and every pair
+    outside its map)."""
+    from dse.space.layout import parse_pipeline_layout
+
+    sp = _dsv3_space()
+    got = derive(sp, _pp_vp(pp, vp))["pipeline_model_parallel_layout"]
+    want = _bridge_dsv3(pp, vp)
+    if want is None:
+        assert got is None
+        return
+    assert [[_SYMBOL[c] for c in st] for st in parse_pipeline_layout(got)] == want
+    # the rules take it: 61 layers on PP x VP stages, no divisibility refusal
+    full = sp.full_params(_pp_vp(pp, vp))
+    assert not [v for v in check(sp, full) if v.rule in ("layers_pp", "pipeline_split")]
+
+
+@pytest.mark.parametrize(("pp", "vp"), _BRIDGE_PAIRS[1:])
+def test_bridge_deepseek_v3_layout_as_megatron_core_reads_it(pp: int, vp: int) -> None:
+    """Megatron-Core's own parser of the layout string gives Bridge's stages."""
+    from tests.conftest import require_megatron
+
+    require_megatron()
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    got = derive(_dsv3_space(), _pp_vp(pp, vp))["pipeline_model_parallel_layout"]
+    stages = PipelineParallelLayerLayout.parse_str_to_list(got)
+    assert [[t.name for t in st] for st in stages] == _bridge_dsv3(pp, vp)
+
+
+def test_bridge_deepseek_v3_layout_keeps_a_given_layout_and_is_otherwise_forced() -> None:
+    sp = _dsv3_space()
+    mine = "Et*30|t*31L"
+    p = {**_pp_vp(2, 1), "pipeline_model_parallel_layout": mine}
+    assert derive(sp, p)["pipeline_model_parallel_layout"] == mine  # Bridge: a layout given wins
+    assert not forced(sp, "pipeline_model_parallel_layout", p)
+    assert forced(sp, "pipeline_model_parallel_layout", _pp_vp(4, 4))
+    # outside Bridge's map: none, so the even split is judged, and 61 layers do not split
+    assert "layers_pp" in {v.rule for v in check(sp, sp.full_params(_pp_vp(2, 1)))}

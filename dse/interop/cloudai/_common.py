@@ -66,6 +66,15 @@ _MIXED_PRECISION = {
     "bf16_with_fp8_delayed_scaling_mixed": "fp8_ds",
     "bf16_with_fp8_mixed": "fp8_ds",
 }
+#: The Megatron-Bridge mixed_precision presets that keep the parameters in FP8: they set
+#: ``fp8_param_gather = True``, which Bridge's MixedPrecisionConfig copies to the model's
+#: ``fp8_param`` (src/megatron/bridge/training/mixed_precision.py); the subchannel-scaling,
+#: NVFP4 and BF16 presets leave it False. The performance recipes' ``_perf_precision`` keeps it.
+_FP8_PARAM_PRESETS = frozenset({
+    "bf16_with_fp8_current_scaling_mixed",
+    "bf16_with_mxfp8_mixed",
+    "bf16_with_fp8_delayed_scaling_mixed",
+})  # fmt: skip
 
 #: Training semantics (never knobs): CloudAI field -> ``semantics`` field.
 _SEMANTICS = {

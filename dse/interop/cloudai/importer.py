@@ -17,6 +17,7 @@ from dse.interop.cloudai._common import (
     _BRIDGE_BOOKKEEPING,
     _CATALOG_ALIASES,
     _FAMILIES,
+    _FP8_PARAM_PRESETS,
     _GPU_NAMES,
     _METRICS,
     _MIXED_PRECISION,
@@ -447,6 +448,23 @@ def _recipe_layout(
     if took:
         notes.append(f"the recipe's own layout and settings: {', '.join(took)} ({pick.name})")
     return taken
+
+
+def _recipe_derived(
+    pick: RecipeDefaults | NemoRecipeDefaults, derived: dict[str, str], notes: list[str]
+) -> dict[str, str]:
+    """The fields the recipe sets from the configuration (:attr:`RecipeDefaults.derived`)
+    added to the space's ``derived`` section, each named in a note. Returns them."""
+    from dse.space.derive import DERIVATIONS
+
+    own = dict(pick.derived)
+    for knob, how in own.items():
+        derived[knob] = how
+        notes.append(
+            f"{knob} derived ({knob}: {how}) as {pick.name} sets it: "
+            f"{DERIVATIONS[knob][how].description}"
+        )
+    return own
 
 
 # --- one strategy per CloudAI workload template ---------------------------------------------
@@ -925,6 +943,8 @@ class _Import:
     launcher: dict[str, Any] = dataclasses.field(default_factory=dict)
     pick: RecipeDefaults | NemoRecipeDefaults | None = None  #: the recipe's own defaults
     pinned: str | None = None  #: the Megatron-Bridge commit the test pins
+    #: the fields the recipe sets from the configuration (knob -> derivation)
+    recipe_derived: dict[str, str] = dataclasses.field(default_factory=dict)
     model: Any = None
     base_sem: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -1249,7 +1269,16 @@ def _recipe_settings(
     if st.fsdp_on:
         _megatron_fsdp(st.fsdp_on, fixed, overrides, notes)
     tpl.fp8_preset(fixed, overrides)
+    preset = overrides.get("mixed_precision")
+    if preset in _FP8_PARAM_PRESETS and "fp8_param" not in fixed and "fp8_param" not in knobs:
+        fixed["fp8_param"] = True
+        notes.append(
+            f"fp8_param on: Megatron-Bridge's mixed_precision preset {preset} keeps the "
+            "parameters in FP8 (fp8_param_gather)"
+        )
     derived = tpl.derived(fixed, is_moe, notes)
+    if ctx.pick is not None:
+        ctx.recipe_derived = _recipe_derived(ctx.pick, derived, notes)
     if "use_distributed_optimizer" not in fixed and "use_distributed_optimizer" not in knobs:
         # NeMo 2.0's and Megatron-Bridge's recipes train with the distributed optimizer
         # (distributed_fused_adam_with_cosine_annealing); Megatron-Core's default is off
@@ -1390,7 +1419,7 @@ def import_scenario(
     })  # fmt: skip
     _knobs_from_overrides(space, ctx.where, ctx.notes)
     _uneven_pipeline_note(space, ctx.notes)
-    _valid_baseline(space, ctx.where, ctx.notes, recipe_values)
+    _valid_baseline(space, ctx.where, ctx.notes, recipe_values, ctx.recipe_derived)
     return CloudAIImport(space, ctx.unmapped, ctx.notes)
 
 
@@ -1521,14 +1550,15 @@ def _uneven_pipeline_note(space: dict[str, Any], notes: list[str]) -> None:
     spec = space["knobs"].get("pipeline_model_parallel_size")
     pps = spec["values"] if spec else [space["fixed"].get("pipeline_model_parallel_size", 1)]
     bad = [pp for pp in pps if isinstance(pp, int) and isinstance(n, int) and n % pp]
-    split = any(k in space["knobs"] or k in space["fixed"] for k in PIPELINE_SPLIT_KNOBS)
+    sections = (space["knobs"], space["fixed"], space.get("derived") or {})
+    split = any(k in sec for sec in sections for k in PIPELINE_SPLIT_KNOBS)
     if bad and not split:
         notes.append(
             f"PP {bad} cannot split the model's {n} layers evenly and the test sets no "
             "pipeline split (pipeline_model_parallel_layout, num_layers_in_first/"
             "last_pipeline_stage, account_for_*_in_pipeline_split), so dse refuses those "
-            "configurations; a recipe that picks its own layout (Bridge's DeepSeek-V3) "
-            "needs it given as that knob"
+            "configurations; a recipe that picks its own layout needs it given as that knob "
+            "or derived (dse/space/derive.py)"
         )
 
 
@@ -1588,12 +1618,17 @@ def _closest_valid(
 
 
 def _valid_baseline(
-    space: dict[str, Any], where: str, notes: list[str], recipe_values: Mapping[str, Any]
+    space: dict[str, Any],
+    where: str,
+    notes: list[str],
+    recipe_values: Mapping[str, Any],
+    recipe_derived: Mapping[str, str] | None = None,
 ) -> None:
     """CloudAI's first values (or the recipe's own, ``recipe_values``, where the test leaves
     them to it) as the baseline; where they break a dse rule, the valid configuration that
     changes the fewest knobs (:func:`_closest_valid`), each change named in a note. Only
-    knobs' baselines move: a value the study fixes is never changed."""
+    knobs' baselines move: a value the study fixes is never changed. A note names the
+    baseline's value of each field the recipe derives (``recipe_derived``)."""
     from dse.model.rules import check
     from dse.space.searchspace import parse_space
 
@@ -1605,6 +1640,7 @@ def _valid_baseline(
     base = parsed.baseline()
     broken = check(parsed, base, feats)
     if not broken:
+        _derived_baseline_note(parsed, base, recipe_derived or {}, "passes dse's rules", notes)
         return
     best = _closest_valid(parsed, base, feats)
     if best is None:
@@ -1623,6 +1659,22 @@ def _valid_baseline(
         f"the baseline breaks a dse rule ({broken[0]}); the valid configuration closest to "
         f"it (fewest knobs changed) is the baseline: {', '.join(changes)}"
     )
+    _derived_baseline_note(parsed, best, recipe_derived or {}, "is the baseline", notes)
+
+
+def _derived_baseline_note(
+    parsed: Any, base: Mapping[str, Any], derived: Mapping[str, str], what: str, notes: list[str]
+) -> None:
+    """Name the baseline's layout and the value each field the recipe derives takes there."""
+    if not derived:
+        return
+    full = parsed.full_params(base)
+    sizes = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "context_parallel_size",
+             "expert_model_parallel_size")  # fmt: skip
+    shown = ", ".join(f"{k} {full.get(k)!r}" for k in sizes if k in full)
+    values = ", ".join(f"{k} {full.get(k)!r}" for k in derived)
+    notes.append(f"the baseline ({shown}) {what} with the recipe's derived {values}")
 
 
 def _model_fields(model: Any) -> dict[str, Any]:

@@ -8,6 +8,9 @@ library recipe (``src/megatron/bridge/recipes``) and performance recipe
 MoE dispatcher and recompute it sets itself). :func:`recipe_defaults` picks the recipe
 Megatron-Bridge's performance launcher (``scripts/performance/setup_experiment.py``, what a CloudAI
 MegatronBridge test runs) would build for a test, by the launcher's own naming rules.
+
+Some recipes set a field from the configuration rather than to a value: :data:`RECIPE_DERIVED`
+names them, as derivations of the space's ``derived:`` section (:mod:`dse.space.derive`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ from typing import Any
 
 import yaml
 
-__all__ = ["RecipeDefaults", "bridge_recipe_table", "recipe_defaults", "TABLE_FILE"]
+__all__ = [
+    "RecipeDefaults",
+    "RECIPE_DERIVED",
+    "bridge_recipe_table",
+    "recipe_defaults",
+    "TABLE_FILE",
+]
 
 TABLE_FILE = "bridge_recipe_defaults.yaml"
 
@@ -31,6 +40,17 @@ _PRECISION = {
     "fp8_mx": "fp8mx",
     "fp8_sc": "fp8sc",
     "nvfp4": "nvfp4",
+}
+
+#: Bridge recipes (by the launcher's ``model_recipe_name``, ``-mr``) that set a field from
+#: the configuration: knob -> derivation (:data:`dse.space.derive.DERIVATIONS`). DeepSeek-V3:
+#: its recipes call ``set_deepseek_v3_pipeline_model_parallel_layout`` after setting PP / VP,
+#: and the performance launcher (scripts/performance/utils/overrides.py) calls it again for
+#: ``-mr deepseek_v3`` whenever a test overrides PP or VP (or gives a layout): the layout
+#: follows (PP, VP) in every configuration a test sweeps. Not ``deepseek_v3_32nodes``: the
+#: launcher re-derives for ``deepseek_v3`` only.
+RECIPE_DERIVED: dict[str, dict[str, str]] = {
+    "deepseek_v3": {"pipeline_model_parallel_layout": "bridge_deepseek_v3"},
 }
 
 
@@ -49,6 +69,9 @@ class RecipeDefaults:
     #: the parallel sizes and settings the recipe sets itself (knob name -> value; a field it
     #: leaves to Megatron-Core's default is absent)
     layout: Mapping[str, Any] = field(default_factory=dict)
+    #: the fields the recipe sets from the configuration: knob -> derivation
+    #: (:data:`RECIPE_DERIVED`)
+    derived: Mapping[str, str] = field(default_factory=dict)
 
     def source(self) -> str:
         """Where the values come from, for a note."""
@@ -66,7 +89,9 @@ def bridge_recipe_table() -> dict[str, Any]:
     return data
 
 
-def _entry(section: str, name: str, kind: str, why: str = "") -> RecipeDefaults | None:
+def _entry(
+    section: str, name: str, kind: str, why: str = "", recipe: str = ""
+) -> RecipeDefaults | None:
     data = bridge_recipe_table()
     e = data[section].get(name)
     if e is None:
@@ -83,6 +108,7 @@ def _entry(section: str, name: str, kind: str, why: str = "") -> RecipeDefaults 
         version,
         why,
         dict(e.get("layout") or {}),
+        dict(RECIPE_DERIVED.get(recipe, {})),
     )
 
 
@@ -118,13 +144,13 @@ def recipe_defaults(
     if recipe == "deepseek_v3_32nodes" and task == "pretrain":  # the launcher's one exception
         lib_name = "deepseek_v3_pretrain_config_32nodes"
     if use_recipes:
-        return _entry("recipes", lib_name, "library", "use_recipes")
+        return _entry("recipes", lib_name, "library", "use_recipes", recipe)
     why = ""
     if gpu and compute_dtype:
         prec = _PRECISION.get(compute_dtype.lower(), compute_dtype.lower().replace("_", ""))
         tail = f"gpu_{gpu.lower()}_{prec}{_variant_suffix(config_variant)}_config"
         if num_gpus:
-            got = _entry("perf_recipes", f"{recipe}_{task}_{num_gpus}{tail}", "perf")
+            got = _entry("perf_recipes", f"{recipe}_{task}_{num_gpus}{tail}", "perf", "", recipe)
             if got is not None:
                 return got
         head = f"{recipe}_{task}_"
@@ -140,4 +166,4 @@ def recipe_defaults(
             )
         else:
             why = f"no performance recipe for {gpu.lower()} {compute_dtype}"
-    return _entry("recipes", lib_name, "library", why)
+    return _entry("recipes", lib_name, "library", why, recipe)

@@ -32,6 +32,8 @@ class NemoRecipeDefaults:
     path: str
     version: str  # the NeMo ref and commit of the table
     layout: dict[str, Any] = field(default_factory=dict)
+    #: the fields the recipe sets from the configuration (none known for NeMo 2.0's recipes)
+    derived: dict[str, str] = field(default_factory=dict)
 
     def source(self) -> str:
         """Where the values come from, for a note."""
