@@ -89,22 +89,21 @@ class NemoLauncher(Launcher):
         overrides applied to the recipe NeMo's own factory builds, resolved as NeMo's trainer
         resolves them; a field that ends another value than dse set, or a configuration NeMo
         refuses, is a problem naming it. Nothing is said where NeMo is not installed."""
-        from dse.workloads.launchers.nemo_installed import mismatch_reasons, nemo_python, resolve
+        from dse.workloads.launchers.nemo_installed import (
+            mismatch_reasons,
+            nemo_python,
+            request_for,
+            resolve,
+        )
 
         if not self.spec.recipe or self.spec.module or self.spec.script or not nemo_python():
             return []
         unique = list({tuple(a): a for a in argvs}.values())
-        requests = []
-        for argv in unique:
-            overrides = [a for a in argv[argv.index("-y") + 1 :] if "=" in a]
-            fields = dict(o.split("=", 1) for o in overrides)
-            requests.append({
-                "recipe": self.spec.recipe,
-                "task": self.spec.task or "pretrain",
-                "num_nodes": int(fields.get("trainer.num_nodes", 1)),
-                "gpus_per_node": int(fields.get("trainer.devices", 8)),
-                "overrides": overrides,
-            })  # fmt: skip
+        requests = [
+            req
+            for argv in unique
+            if (req := request_for(self.spec.recipe, self.spec.task, argv)) is not None
+        ]
         got = resolve(requests)
         if not got.get("importable"):
             return []
