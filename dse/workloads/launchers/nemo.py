@@ -12,6 +12,7 @@ executor starts torchrun itself with ``trainer.devices`` processes per node.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from dse.workloads.launchers._core import (
     packing_fields,
     routing_fields,
 )
+from dse.workloads.launchers.nemo_installed import CPU_ENTRY_MODULE, PYTHON_ENV
 
 __all__ = ["NemoLauncher", "python_value"]
 
@@ -65,6 +67,9 @@ class NemoLauncher(Launcher):
     def entry(self, python: str | None) -> list[str]:
         if not self.spec.recipe:
             raise NotTaken("workload.launcher.recipe", None, "a NeMo recipe factory is needed")
+        if self.spec.module == CPU_ENTRY_MODULE and not self.spec.python:
+            # dse's module runs in the interpreter that has NeMo 2.0, where one is named
+            python = os.environ.get(PYTHON_ENV) or python
         if self.spec.module:
             head = [python or "python", "-m", self.spec.module]
         elif self.spec.script:
@@ -93,10 +98,13 @@ class NemoLauncher(Launcher):
             mismatch_reasons,
             nemo_python,
             request_for,
+            resolvable,
             resolve,
         )
 
-        if not self.spec.recipe or self.spec.module or self.spec.script or not nemo_python():
+        if not self.spec.recipe or not nemo_python():
+            return []
+        if not resolvable(self.spec.module, self.spec.script):
             return []
         unique = list({tuple(a): a for a in argvs}.values())
         requests = [

@@ -37,18 +37,24 @@ from dse.workloads.launchers._compare import Mismatch, compare
 __all__ = [
     "PYTHON_ENV",
     "BEFORE_RUN_TIMEOUT_S",
+    "CPU_ENTRY_MODULE",
     "BeforeRun",
     "RESOLVE_TIMEOUT_S",
     "mismatch_reasons",
     "mismatches",
     "nemo_python",
     "request_for",
+    "resolvable",
     "resolve",
     "resolve_before_run",
 ]
 
 #: The environment variable naming an interpreter that has NeMo 2.0.
 PYTHON_ENV = "DSE_NEMO_PYTHON"
+#: dse's module that runs NeMo's own factory recipe in-process, on the CPU too
+#: (``workload.launcher.module``; :mod:`dse.workloads.megatron.nemo_cpu`): its overrides are
+#: NeMo's, resolved as ``nemo llm pretrain``'s are.
+CPU_ENTRY_MODULE = "dse.workloads.megatron.nemo_cpu"
 
 #: Seconds the child may take (importing NeMo takes 15-45 s on a 2-core machine).
 RESOLVE_TIMEOUT_S = 600
@@ -154,6 +160,13 @@ def nemo_python(env: Mapping[str, str] | None = None) -> str | None:
     if named:
         return named
     return sys.executable if importlib.util.find_spec("nemo") is not None else None
+
+
+def resolvable(module: str | None, script: str | None) -> bool:
+    """Whether a NeMo launcher command builds NeMo's factory recipe (``nemo llm``, or dse's
+    :data:`CPU_ENTRY_MODULE`), which :func:`resolve` can rebuild; a module or script of the
+    space's own may build anything."""
+    return not script and module in (None, CPU_ENTRY_MODULE)
 
 
 def request_for(recipe: str, task: str | None, argv: Sequence[str]) -> dict[str, Any] | None:

@@ -242,10 +242,16 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
             return None
         return ResolvedCheck(target, asked, file=Path(trial_dir) / RESOLVED_FILE)
     if target == "nemo":
-        from dse.workloads.launchers.nemo_installed import request_for, resolve_before_run
+        from dse.workloads.launchers.nemo_installed import (
+            request_for,
+            resolvable,
+            resolve_before_run,
+        )
 
         # NeMo's factory by its name; a module or script of the space's own is not resolved
-        if not launcher.get("recipe") or launcher.get("module") or launcher.get("script"):
+        if not launcher.get("recipe") or not resolvable(
+            launcher.get("module"), launcher.get("script")
+        ):
             return None
         req = request_for(launcher["recipe"], launcher.get("task"), argv)
         if req is None:
