@@ -187,7 +187,7 @@ def request_for(recipe: str, task: str | None, argv: Sequence[str]) -> dict[str,
 
 
 def resolve(
-    requests: Sequence[dict[str, Any]],
+    requests: Sequence[Mapping[str, Any]],
     *,
     python: str | None = None,
     timeout_s: float = RESOLVE_TIMEOUT_S,

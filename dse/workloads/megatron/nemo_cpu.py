@@ -7,8 +7,8 @@ the one ``nemo llm pretrain --factory NAME`` calls), the ``KEY=VALUE`` overrides
 NeMo-Run's own command-line parser (``nemo_run.cli.cli_parser.parse_cli_args``), and the built
 ``run.Partial`` is called in this process (``llm.pretrain``: NeMo's ``Trainer`` with its
 ``MegatronStrategy``, as NeMo-Run's direct run does). The space sets the CPU itself, as
-overrides the resolved-configuration check reads back: ``trainer.accelerator=cpu``,
-``trainer.strategy.process_group_backend=gloo``, and a model small enough for a CPU.
+overrides the resolved-configuration check reads back: ``trainer.accelerator=cpu`` (on which
+Lightning's DDP strategy, MegatronStrategy's base, takes gloo) and a model small enough.
 
 Where the trainer is on the CPU, what nemo-toolkit 2.7.3 with megatron-core 0.15 cannot do
 there is worked around from this process (no file of NeMo or Megatron-Core is edited), and
