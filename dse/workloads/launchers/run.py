@@ -151,8 +151,6 @@ def run_rendered(
     if check is not None and check.ahead is not None:
         # a recipe resolved before it runs (NeMo 2.0): a field it overwrites, or a
         # configuration it refuses, ends the trial here, before any GPU time
-        out.write(f"dse: resolving the rendered configuration through the {check.target} recipe\n")
-        out.flush()
         ahead = check.start()
         if ahead is not None:
             out.write(f"dse: not starting the recipe: {ahead}\n")
