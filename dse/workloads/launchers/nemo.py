@@ -12,6 +12,7 @@ executor starts torchrun itself with ``trainer.devices`` processes per node.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from dse.workloads.launchers._core import (
     packing_fields,
     routing_fields,
 )
+from dse.workloads.launchers.nemo_installed import CPU_ENTRY_MODULE, PYTHON_ENV
 
 __all__ = ["NemoLauncher", "python_value"]
 
@@ -65,6 +67,9 @@ class NemoLauncher(Launcher):
     def entry(self, python: str | None) -> list[str]:
         if not self.spec.recipe:
             raise NotTaken("workload.launcher.recipe", None, "a NeMo recipe factory is needed")
+        if self.spec.module == CPU_ENTRY_MODULE and not self.spec.python:
+            # dse's module runs in the interpreter that has NeMo 2.0, where one is named
+            python = os.environ.get(PYTHON_ENV) or python
         if self.spec.module:
             head = [python or "python", "-m", self.spec.module]
         elif self.spec.script:
@@ -89,22 +94,24 @@ class NemoLauncher(Launcher):
         overrides applied to the recipe NeMo's own factory builds, resolved as NeMo's trainer
         resolves them; a field that ends another value than dse set, or a configuration NeMo
         refuses, is a problem naming it. Nothing is said where NeMo is not installed."""
-        from dse.workloads.launchers.nemo_installed import mismatch_reasons, nemo_python, resolve
+        from dse.workloads.launchers.nemo_installed import (
+            mismatch_reasons,
+            nemo_python,
+            request_for,
+            resolvable,
+            resolve,
+        )
 
-        if not self.spec.recipe or self.spec.module or self.spec.script or not nemo_python():
+        if not self.spec.recipe or not nemo_python():
+            return []
+        if not resolvable(self.spec.module, self.spec.script):
             return []
         unique = list({tuple(a): a for a in argvs}.values())
-        requests = []
-        for argv in unique:
-            overrides = [a for a in argv[argv.index("-y") + 1 :] if "=" in a]
-            fields = dict(o.split("=", 1) for o in overrides)
-            requests.append({
-                "recipe": self.spec.recipe,
-                "task": self.spec.task or "pretrain",
-                "num_nodes": int(fields.get("trainer.num_nodes", 1)),
-                "gpus_per_node": int(fields.get("trainer.devices", 8)),
-                "overrides": overrides,
-            })  # fmt: skip
+        requests = [
+            req
+            for argv in unique
+            if (req := request_for(self.spec.recipe, self.spec.task, argv)) is not None
+        ]
         got = resolve(requests)
         if not got.get("importable"):
             return []

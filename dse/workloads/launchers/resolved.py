@@ -16,7 +16,11 @@ What each recipe prints, and who reads it:
   :class:`ArgsTableReader` collects it from the trial's log.
 * Megatron-Bridge: dse's own entry script (:mod:`dse.workloads.launchers.bridge_entry`)
   writes ``resolved.json`` into the trial folder after ``runtime_config_update``.
-* NeMo 2.0: the config dump NeMo-Run writes; read with :func:`flatten`.
+* NeMo 2.0: nothing the recipe prints is read; before the trial starts it, its rendered
+  overrides are resolved by NeMo itself (:mod:`.nemo_installed`: NeMo's own factory, the
+  overrides applied to NeMo-Run's config objects, ``MegatronStrategy.connect``), in an
+  interpreter that has NeMo 2.0 (``DSE_NEMO_PYTHON``, or the trial's own where ``nemo``
+  imports). Without one the trial runs unchecked and its log says so.
 
 The expectations (what dse asked, by the recipe's own field names) come from each target's
 plugin; :func:`compare` is the one comparison.
@@ -25,13 +29,18 @@ plugin; :func:`compare` is the one comparison.
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dse.workloads.launchers._compare import Mismatch, compare, normalize
+
+if TYPE_CHECKING:
+    from dse.workloads.launchers.nemo_installed import BeforeRun
 
 __all__ = [
     "ArgsTableReader",
@@ -125,6 +134,7 @@ def read_resolved_file(path: str | Path) -> ResolvedFile | None:
 class ResolvedCheck:
     """The check of one trial: the fields asked, and where the resolved ones come from.
 
+    ``start`` before the recipe starts (a recipe resolved ahead: NeMo 2.0's, by ``ahead``);
     ``feed`` each log line (Megatron-LM's argument table comes in the log); ``finish`` after
     the recipe exits (a resolved file the entry script wrote). Each returns the ``invalid``
     reason once a field differs, else None; ``note`` says what was checked.
@@ -133,14 +143,42 @@ class ResolvedCheck:
     def __init__(
         self, target: str, asked: Mapping[str, Any], *, table: bool = False,
         file: str | Path | None = None, defaults: Mapping[str, Any] | None = None,
+        ahead: Callable[[], BeforeRun] | None = None,
     ) -> None:  # fmt: skip
         self.target = target
         self.asked = dict(asked)
         self.defaults = dict(defaults or {})
         self.reader = ArgsTableReader() if table else None
         self.file = Path(file) if file is not None else None
+        self.ahead = ahead
         self.checked = False
         self.note = ""
+
+    def start(self) -> str | None:
+        """Before the recipe starts: where it is resolved ahead, the ``invalid`` reason once a
+        field differs or the recipe refuses the configuration; else None (``note`` says what
+        was checked, or why nothing was)."""
+        if self.ahead is None or self.checked:
+            return None
+        got = self.ahead()
+        self.checked = True
+        if got.why_not is not None:
+            self.note = (
+                f"resolved-configuration check: {got.why_not}; "
+                f"{len(self.asked)} fields not checked"
+            )
+            return None
+        if got.error is not None:
+            return (
+                f"the {self.target} recipe refused the configuration dse asked ({got.origin}): "
+                f"{got.error}"
+            )
+        if got.mismatches:
+            return mismatch_reason(self.target, got.mismatches, got.origin)
+        self.note = (
+            f"resolved-configuration check: {len(self.asked)} fields as asked ({got.origin})"
+        )
+        return None
 
     def feed(self, line: str) -> str | None:
         if self.reader is None or self.checked or not self.reader.feed(line):
@@ -172,8 +210,9 @@ class ResolvedCheck:
 
 def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedCheck | None:
     """The resolved-configuration check of a launcher trial (``spec``: its TrialSpec), or None
-    where the space turned it off (``workload.launcher.check_resolved: false``) or the
-    command runs dse's built-in trainer (which resolves nothing of its own)."""
+    where the space turned it off (``workload.launcher.check_resolved: false``), the command
+    runs dse's built-in trainer (which resolves nothing of its own) or a NeMo module or script
+    of the space's own (not NeMo's factory)."""
     from dse.space.searchspace import ModelSpec
 
     wl = spec.workload or {}
@@ -202,4 +241,22 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
         if not asked:
             return None
         return ResolvedCheck(target, asked, file=Path(trial_dir) / RESOLVED_FILE)
+    if target == "nemo":
+        from dse.workloads.launchers.nemo_installed import (
+            request_for,
+            resolvable,
+            resolve_before_run,
+        )
+
+        # NeMo's factory by its name; a module or script of the space's own is not resolved
+        if not launcher.get("recipe") or not resolvable(
+            launcher.get("module"), launcher.get("script")
+        ):
+            return None
+        req = request_for(launcher["recipe"], launcher.get("task"), argv)
+        if req is None:
+            return None
+        env = {**os.environ, **((wl.get("rendered") or {}).get("env") or {})}
+        asked = dict(item.split("=", 1) for item in req["overrides"])
+        return ResolvedCheck(target, asked, ahead=partial(resolve_before_run, req, env))
     return None

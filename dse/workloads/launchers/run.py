@@ -148,6 +148,16 @@ def run_rendered(
     check = check_for(spec, argv, trial_dir)
     if check is not None and check.file is not None:
         env[RESOLVED_ENV] = str(check.file)
+    if check is not None and check.ahead is not None:
+        # a recipe resolved before it runs (NeMo 2.0): a field it overwrites, or a
+        # configuration it refuses, ends the trial here, before any GPU time
+        ahead = check.start()
+        if ahead is not None:
+            out.write(f"dse: not starting the recipe: {ahead}\n")
+            writer.failure("invalid", ahead)
+            return 3
+        out.write(f"dse: {check.note}\n")
+        out.flush()
     may_stop = series.adaptive or series.prune is not None
     # its own process group always: a recipe may be ended after its last step (EXIT_GRACE_S)
     own_group = True
