@@ -24,6 +24,7 @@ from dse.workloads.launchers._core import (
     packing_fields,
     routing_fields,
 )
+from dse.workloads.launchers.nemo_installed import mismatch_reasons, nemo_python, resolve
 
 __all__ = ["NemoLauncher", "python_value"]
 
@@ -89,7 +90,6 @@ class NemoLauncher(Launcher):
         overrides applied to the recipe NeMo's own factory builds, resolved as NeMo's trainer
         resolves them; a field that ends another value than dse set, or a configuration NeMo
         refuses, is a problem naming it. Nothing is said where NeMo is not installed."""
-        from dse.workloads.launchers.nemo_installed import mismatch_reasons, nemo_python, resolve
 
         if not self.spec.recipe or self.spec.module or self.spec.script or not nemo_python():
             return []

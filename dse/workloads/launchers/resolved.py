@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dse.space.searchspace import ModelSpec
 from dse.workloads.launchers._compare import Mismatch, compare, normalize
+from dse.workloads.launchers.bridge import resolved_expectations as bridge_expect
+from dse.workloads.launchers.megatron_lm import ARG_DEFAULTS, BUILTIN_MODULE, resolved_expectations
 
 __all__ = [
     "ArgsTableReader",
@@ -174,7 +177,6 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
     """The resolved-configuration check of a launcher trial (``spec``: its TrialSpec), or None
     where the space turned it off (``workload.launcher.check_resolved: false``) or the
     command runs dse's built-in trainer (which resolves nothing of its own)."""
-    from dse.space.searchspace import ModelSpec
 
     wl = spec.workload or {}
     launcher = wl.get("launcher") or {}
@@ -182,12 +184,6 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
         return None
     target = (wl.get("rendered") or {}).get("launcher") or wl.get("name")
     if target == "megatron_lm":
-        from dse.workloads.launchers.megatron_lm import (
-            ARG_DEFAULTS,
-            BUILTIN_MODULE,
-            resolved_expectations,
-        )
-
         if launcher.get("module") == BUILTIN_MODULE:
             return None
         model = ModelSpec.model_validate(spec.model)
@@ -196,8 +192,6 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
         asked = resolved_expectations(params, model, argv)
         return ResolvedCheck(target, asked, table=True, defaults=ARG_DEFAULTS)
     if target == "bridge":
-        from dse.workloads.launchers.bridge import resolved_expectations as bridge_expect
-
         asked = bridge_expect(argv)
         if not asked:
             return None
