@@ -34,8 +34,6 @@ def _import_heavy_reads() -> None:
     """Import what the heavy reads (insights: Optuna's importance) use."""
     import optuna.importance  # noqa: F401
 
-    import dse.report.plots  # noqa: F401
-
 
 def create_app(storage_url: str | None = None, settings: Settings | None = None) -> FastAPI:
     """Build the app.

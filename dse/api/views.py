@@ -48,6 +48,7 @@ from dse.core.records import (
 )
 from dse.report.plots import pareto_front, running_best
 from dse.results.best_formats import best_payload, best_space, render_best
+from dse.results.gpu_usage import GRID_ATTR, HELD_ATTR_PREFIX, grid_of_study, usage_of_totals
 from dse.results.noise import (
     NoisyBest,
     configuration_intervals,
@@ -58,6 +59,7 @@ from dse.results.noise import (
 from dse.results.run_settings import effective_space
 from dse.space.searchspace import MODEL_FAMILY_FIELDS, SearchSpace, Semantics, family_value
 from dse.storage import Storage
+from dse.workloads.launchers.flags import export_text
 
 __all__ = [
     "clean",
@@ -204,7 +206,6 @@ def gpu_usage(storage: Storage, study: StudyRecord, counts: dict[str, int]) -> d
     :meth:`~dse.storage.Storage.gpu_totals`: one aggregate query, not a read of every
     trial), reused while its trial counts and held-time records are unchanged (a study list
     reads every study's)."""
-    from dse.results.gpu_usage import GRID_ATTR, HELD_ATTR_PREFIX, grid_of_study, usage_of_totals
 
     attrs = storage.get_study_attrs(study.id)
     held = {k: v for k, v in attrs.items() if k.startswith(HELD_ATTR_PREFIX) or k == GRID_ATTR}
@@ -459,7 +460,6 @@ def pareto_public(storage: Storage, study: StudyRecord) -> dict[str, Any]:
 def _exports(payload: dict[str, Any], space: SearchSpace) -> dict[str, str | None]:
     """Each launcher format's text; null and ``<format>_why`` (the knob value the target
     cannot express, and the nearest upstream setting) where it has none."""
-    from dse.workloads.launchers.flags import export_text
 
     out: dict[str, str | None] = {}
     for fmt in ("megatron", "bridge", "nemo"):
@@ -487,7 +487,6 @@ def best_public(storage: Storage, study: StudyRecord, best: NoisyBest | None = N
 
 def best_text(storage: Storage, study: StudyRecord, fmt: BestFormat) -> str:
     """What ``dse best --format fmt`` prints for the study."""
-    from dse.workloads.launchers.flags import export_text
 
     payload = best_payload(storage, study)
     return render_best(clean(payload), fmt, best_space(storage, study), export_text)

@@ -31,9 +31,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dse.agents import AGENTS, create_agent
 from dse.core.exceptions import DSEError
 from dse.core.records import Outcome
+from dse.loop.agent_session import outcome_of_record
+from dse.loop.proposer import cost_model_memory_hint, cost_model_speed_hint
+from dse.loop.study import Progress, StudyRunner
+from dse.model.rules import check
+from dse.runners import InProcessRunner
 from dse.space.searchspace import SearchSpace
+from dse.workloads.replay import ReplayTable
 
 __all__ = ["register", "run", "bench", "RunStats"]
 
@@ -112,7 +119,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; 0 on success, 2 on bad input (message on stderr)."""
-    from dse.agents import AGENTS
 
     agents = [a.strip() for a in str(args.agents).split(",") if a.strip()]
     bad = [a for a in agents if a not in AGENTS]
@@ -167,8 +173,6 @@ def bench(
     estimate: bool = True,
 ) -> dict[str, Any]:
     """The benchmark as a dict (the ``--json`` object)."""
-    from dse.model.rules import check
-    from dse.workloads.replay import ReplayTable
 
     table = ReplayTable.load(table_path)
     space = table.to_space(study="bench")
@@ -289,10 +293,6 @@ def run_one(
     runner that answers each trial from the table, with in-memory storage, until the target
     is measured (or, with ``full_budget``, until ``budget`` trials ran) or the agent is spent.
     """
-    from dse.agents import create_agent
-    from dse.loop.proposer import cost_model_memory_hint, cost_model_speed_hint
-    from dse.loop.study import Progress, StudyRunner
-    from dse.runners import InProcessRunner
     from dse.storage import open_storage
 
     t0 = time.perf_counter()
@@ -374,8 +374,6 @@ def run_one(
 
 
 def _outcome(rec: Any) -> Outcome:
-    from dse.loop.agent_session import outcome_of_record
-
     return outcome_of_record(rec)
 
 

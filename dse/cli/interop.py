@@ -12,23 +12,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dse.core.names import display_name
+from dse.interop.cloudai import dump_toml, export_test_full, figure_label, import_scenario
 from dse.report.page import register as register_report
+from dse.results.best_formats import _stored_space, best_payload
+from dse.space.searchspace import parse_space_text
+from dse.storage.locate import DEFAULT_STORAGE
+from dse.storage.locate import open_existing as _open_existing
+from dse.storage.locate import pick_study as _pick_study
 
 __all__ = ["register", "cmd_cloudai_import", "cmd_cloudai_export"]
 
 
 def _storage(args: argparse.Namespace) -> Any:
     """The storage of a read-only command: a SQLite file that does not exist is an error."""
-    from dse.storage.locate import open_existing as _open_existing
 
     return _open_existing(args)
 
 
 def cmd_cloudai_import(args: argparse.Namespace) -> int:
-    from dse.core.names import display_name
-    from dse.interop.cloudai import import_scenario
-    from dse.space.searchspace import parse_space_text
-
     got = import_scenario(
         args.scenario,
         tests_dir=args.tests,
@@ -58,10 +60,6 @@ def cmd_cloudai_import(args: argparse.Namespace) -> int:
 
 
 def cmd_cloudai_export(args: argparse.Namespace) -> int:
-    from dse.interop.cloudai import dump_toml, export_test_full, figure_label
-    from dse.results.best_formats import _stored_space, best_payload
-    from dse.storage.locate import pick_study as _pick_study
-
     storage = _storage(args)
     try:
         st = _pick_study(storage, args.study)
@@ -88,8 +86,6 @@ def cmd_cloudai_export(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from dse.storage.locate import DEFAULT_STORAGE
-
     cp = sub.add_parser("cloudai", help="CloudAI test scenarios in and out")
     csub = cp.add_subparsers(dest="cloudai_command", required=True, metavar="ACTION")
     sp = csub.add_parser("import", help="a CloudAI test scenario as a space file")

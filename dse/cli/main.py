@@ -20,9 +20,10 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dse import install_hint
+from dse.agents import create_agent
 from dse.cli import bench
 from dse.cli import interop as interop_cli
 from dse.cli import recipe as recipe_cli
@@ -40,8 +41,14 @@ from dse.core.exceptions import (
 )
 from dse.core.figures import figure
 from dse.core.names import display_name, study_name_problem
-from dse.core.records import BEST_FORMATS, IMPORTED_ATTR, VERIFY_ATTR
+from dse.core.records import BEST_FORMATS, IMPORTED_ATTR, VERIFY_ATTR, StudyRecord
 from dse.core.registry import REGISTRY
+from dse.interop.optuna_export import export_to_optuna, follow_study
+from dse.loop.loss_guard import LOSS_PARITY_ATTR
+from dse.loop.proposer import cost_model_memory_hint, cost_model_speed_hint
+from dse.loop.reconcile import Owner
+from dse.loop.study import StudyRunner, detect_trial_features
+from dse.loop.verify import verify_study, verify_table
 from dse.model import rules
 from dse.model.rules import check_space
 from dse.results.best_formats import best_payload, best_space, noise_payload, render_best
@@ -56,11 +63,16 @@ from dse.results.run_settings import (
     with_run_settings,
 )
 from dse.results.trust import trust_label, trust_summary
+from dse.runners import check_runner, make_runner
 from dse.space.searchspace import load_space, parse_space, parse_space_text
 from dse.storage.locate import DEFAULT_STORAGE
 from dse.storage.locate import open_existing as _open_existing
 from dse.storage.locate import pick_study as _pick_study
 from dse.storage.locate import storage_url as _storage_url
+from dse.workloads.launchers.flags import export_text
+
+if TYPE_CHECKING:  # SQLAlchemy: loaded where a command opens its database
+    from dse.storage import Storage
 
 __all__ = ["main", "build_parser", "best_payload", "render_best"]
 
@@ -80,8 +92,6 @@ UNUSABLE_SHOWN = 20
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from dse.runners import check_runner
-
     space = load_space(args.space)
     check_runner(space, args.space)
     got = check_space(space, args.space)
@@ -130,11 +140,6 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from dse.agents import create_agent
-    from dse.loop.proposer import cost_model_memory_hint, cost_model_speed_hint
-    from dse.loop.reconcile import Owner
-    from dse.loop.study import StudyRunner, detect_trial_features
-    from dse.runners import make_runner
     from dse.storage import open_storage  # SQLAlchemy: imported when a command uses it
 
     url = _storage_url(args, space.storage)
@@ -194,8 +199,6 @@ def _run_study(space: Any, space_yaml: str, args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from dse.runners import check_runner
-
     space = load_space(args.space)
     if args.study:
         data = space.model_dump(mode="json")
@@ -224,8 +227,6 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from dse.runners import check_runner
-
     storage = _open_existing(args)
     try:
         rec = _pick_study(storage, args.study)
@@ -278,9 +279,8 @@ def _verify_summary(v: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v.get(k) for k in keys}
 
 
-def _study_status(storage: Any, st: Any) -> dict[str, Any]:
+def _study_status(storage: Storage, st: StudyRecord) -> dict[str, Any]:
     """One study's ``dse status`` record (the JSON format; the text is made from it)."""
-    from dse.loop.loss_guard import LOSS_PARITY_ATTR
 
     trials = storage.list_trials(st.id)
     intervals: dict[int, Any] = {}
@@ -354,8 +354,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from dse.loop.verify import verify_study, verify_table
-
     storage = _open_existing(args)
     try:
         st = _pick_study(storage, args.study)
@@ -577,7 +575,6 @@ def cmd_best(args: argparse.Namespace) -> int:
             label = trust_label(best_trial.metrics)
     finally:
         storage.close()
-    from dse.workloads.launchers.flags import export_text  # the targets' own tables
 
     _out(render_best(payload, args.format, space, export_text))
     noise = payload.get("noise") or {}
@@ -595,8 +592,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         st = _pick_study(storage, args.study)
         if args.format == "optuna":
-            from dse.interop.optuna_export import export_to_optuna, follow_study
-
             if not args.storage_out:
                 raise SpaceError("--format optuna needs --storage-out URL (an Optuna storage)")
             if args.follow:  # keep the Optuna storage in step until the study is done

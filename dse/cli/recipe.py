@@ -14,7 +14,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dse.agents import create_agent
 from dse.core.exceptions import SpaceError
+from dse.loop.proposer import (
+    Proposer,
+    cost_model_memory_hint,
+    cost_model_prescreen,
+    cost_model_speed_hint,
+)
+from dse.loop.study import trial_launch
+from dse.model.flops import model_flops_per_step
+from dse.runners.slurm_runner import dry_run_script
+from dse.space.searchspace import load_space
+from dse.workloads import trial_command
+from dse.workloads.launchers import check_launcher, launcher_for
+from dse.workloads.logs import parse_log
 
 __all__ = ["register", "cmd_parse_log", "dry_run", "check_recipe"]
 
@@ -24,23 +38,17 @@ def check_recipe(space: Any, source: str) -> int:
     overrides (:class:`SpaceError` naming the knob otherwise). Returns renderings checked."""
     if space.workload.launcher is None:
         return 0
-    from dse.workloads.launchers import check_launcher
 
     return check_launcher(space, source)
 
 
 def cmd_parse_log(args: argparse.Namespace) -> int:
-    from dse.workloads.logs import parse_log
-
     try:
         text = Path(args.file).read_text(errors="replace")
     except OSError as e:
         raise SpaceError(f"{args.file}: cannot read the log ({e.strerror})") from e
     flops = world = None
     if args.space:
-        from dse.model.flops import model_flops_per_step
-        from dse.space.searchspace import load_space
-
         space = load_space(args.space)
         tp = space.baseline().get("tensor_model_parallel_size", 1)
         flops = model_flops_per_step(space.model, space.semantics, tensor_model_parallel_size=tp)
@@ -85,16 +93,7 @@ def cmd_parse_log(args: argparse.Namespace) -> int:
 
 def dry_run(space: Any, n: int) -> str:
     """The first ``n`` trials the agent would launch, as text (nothing runs)."""
-    from dse.agents import create_agent
-    from dse.loop.proposer import (
-        Proposer,
-        cost_model_memory_hint,
-        cost_model_prescreen,
-        cost_model_speed_hint,
-    )
-    from dse.loop.study import trial_launch
     from dse.model.costmodel import CostModel  # numpy
-    from dse.workloads import trial_command
 
     cost_model = CostModel(space.model, space.semantics, space.resources)
     feats = space.resources.features
@@ -122,12 +121,8 @@ def dry_run(space: Any, n: int) -> str:
         out.append("")
         out.append(f"## trial {i}: {json.dumps(params, sort_keys=True)}")
         if space.runner.name == "slurm":  # the batch script the runner submits, as it is
-            from dse.runners.slurm_runner import dry_run_script
-
             out.append(dry_run_script(space, i, env, workload).rstrip("\n"))
         elif "rendered" in workload:
-            from dse.workloads.launchers import launcher_for
-
             r = launcher_for(space).render(
                 space.full_params(params), python=space.workload.launcher.python
             )

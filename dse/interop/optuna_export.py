@@ -25,9 +25,15 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dse.core.exceptions import DSEError
+from dse.core.records import StudyRecord, TrialRecord
+from dse.results.best_formats import _stored_space
+from dse.space.searchspace import IntDomain, SearchSpace
+
+if TYPE_CHECKING:  # SQLAlchemy: loaded where a command opens its database
+    from dse.storage import Storage
 
 __all__ = [
     "export_to_optuna",
@@ -42,11 +48,9 @@ _STATES = {"complete": "COMPLETE", "failed": "FAIL", "infeasible": "FAIL", "prun
 _ATTRS = ("tflops_per_gpu", "peak_mem_gib", "peak_reserved_gib", "step_time_s", "loss")
 
 
-def distributions(space: Any) -> dict[str, Any]:
+def distributions(space: SearchSpace) -> dict[str, Any]:
     """Optuna distributions of a space's knobs (int ranges as IntDistribution)."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    from dse.space.searchspace import IntDomain
 
     out: dict[str, Any] = {}
     for name, spec in space.knobs.items():
@@ -62,7 +66,9 @@ def _time(t: float | None) -> dt.datetime | None:
     return None if t is None else dt.datetime.fromtimestamp(t)
 
 
-def export_to_optuna(storage: Any, study: Any, url: str, name: str | None = None) -> int:
+def export_to_optuna(
+    storage: Storage, study: StudyRecord, url: str, name: str | None = None
+) -> int:
     """Write ``study`` (a :class:`dse.core.records.StudyRecord` of ``storage``) into the Optuna
     storage at ``url`` as a new study; returns the trials written.
 
@@ -102,13 +108,11 @@ def inside_params(
 
 
 def frozen_trials(
-    storage: Any, study: Any, records: Sequence[Any] | None = None
+    storage: Storage, study: StudyRecord, records: Sequence[TrialRecord] | None = None
 ) -> tuple[dict[str, Any], list[Any]]:
     """The knob distributions of a study and its finished trials as Optuna trials
     (``records``: the study's trials where the caller has listed them already)."""
     import optuna
-
-    from dse.results.best_formats import _stored_space
 
     space = _stored_space(study.space_yaml, study.name)
     dists = distributions(space)
@@ -146,7 +150,7 @@ def frozen_trials(
     return dists, trials
 
 
-def _open_optuna_study(study: Any, url: str, name: str | None, *, create: bool) -> Any:
+def _open_optuna_study(study: StudyRecord, url: str, name: str | None, *, create: bool) -> Any:
     import optuna
     from optuna.exceptions import DuplicatedStudyError
 
@@ -166,7 +170,7 @@ def _open_optuna_study(study: Any, url: str, name: str | None, *, create: bool) 
     return ost
 
 
-def sync_to_optuna(storage: Any, study: Any, url: str, name: str | None = None) -> int:
+def sync_to_optuna(storage: Storage, study: StudyRecord, url: str, name: str | None = None) -> int:
     """Add the finished trials of ``study`` that the Optuna study at ``url`` does not hold
     yet (created on the first call, keyed by the ``dse_number`` user attribute); returns the
     trials added.
@@ -202,7 +206,7 @@ _DONE = ("complete", "stopped", "interrupted")
 
 
 def follow_study(
-    storage: Any,
+    storage: Storage,
     study_name: str,
     url: str,
     *,

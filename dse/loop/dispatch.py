@@ -13,13 +13,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dse.core.exceptions import TrialLaunchError
+from dse.core.exceptions import SpaceError, TrialLaunchError
 from dse.core.records import Outcome, TrialRecord, TrialSpec
 from dse.loop.context import StudyContext
 from dse.runners import OWNER_ENV, BaseRunner, Launch
+from dse.space.knobs import KNOBS, trial_env
 from dse.space.searchspace import SearchSpace
 from dse.stats.measure import prune_target
 from dse.workloads import trial_command
+from dse.workloads.launchers import NotTaken, launcher_for
 
 if TYPE_CHECKING:
     pass
@@ -175,7 +177,6 @@ def trial_spec(
 def short_params(params: dict[str, Any]) -> str:
     """``params`` for a progress line, each knob by its catalog abbreviation
     (:attr:`dse.space.knobs.Knob.abbrev`) where it has one."""
-    from dse.space.knobs import KNOBS
 
     def short(name: str) -> str:
         knob = KNOBS.get(name)
@@ -187,16 +188,12 @@ def short_params(params: dict[str, Any]) -> str:
 def trial_launch(space: SearchSpace, params: dict[str, Any]) -> tuple[dict[str, str], dict]:
     """(environment of every rank, trial spec ``workload`` dict) of a trial: the space's
     ``env`` section and ``env.*`` knobs; for a recipe launcher also the rendered command."""
-    from dse.space.knobs import trial_env
 
     full = space.full_params(params)
     workload = space.workload.model_dump()
     workload["node_steps"] = list(space.env.node_steps)
     env = trial_env(full, space.env.fixed)
     if space.workload.launcher is not None:
-        from dse.core.exceptions import SpaceError
-        from dse.workloads.launchers import NotTaken, launcher_for
-
         spec = space.workload.launcher
         try:
             rendered = launcher_for(space).render(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from dse.core.exceptions import StudyNotFoundError
+from dse.core.figures import figure
 from dse.core.names import display_name
 from dse.core.records import FINISHED_STATES, Outcome, TrialRecord
 from dse.loop.agent_session import AgentSession
@@ -127,7 +128,6 @@ class StudyResult:
 
 def best_text(nb: NoisyBest) -> str:
     """``451.2 [447.0, 455.4] (trial 3, 2 runs)``, and the tie when there is one."""
-    from dse.core.figures import figure
 
     o = nb.best.objective
     ci = "" if o.ci is None or o.ci[0] >= o.ci[1] else f" [{figure(o.ci[0])}, {figure(o.ci[1])}]"

@@ -19,16 +19,19 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dse.core.exceptions import TrialLaunchError
-from dse.core.records import VERIFY_ATTR, Outcome
+from dse.core.records import VERIFY_ATTR, Outcome, StudyRecord
 from dse.loop.dispatch import trial_launch, trial_spec
 from dse.loop.reconcile import Owner
 from dse.results.best_formats import best_payload, best_space
 from dse.runners import OWNER_ENV, BaseRunner, Launch, make_runner
 from dse.space.searchspace import SearchSpace, params_key
 from dse.workloads import trial_command
+
+if TYPE_CHECKING:  # SQLAlchemy: loaded where a command opens its database
+    from dse.storage import Storage
 
 #: Largest relative difference of the best's last loss from the baseline's that verifies
 #: (the same data and semantics: execution knobs should not move the loss).
@@ -159,7 +162,9 @@ def loss_drift(best: dict[str, Any], baseline: dict[str, Any]) -> float | None:
     return float((a - b) / abs(b))
 
 
-def verify_study(storage: Any, study: Any, steps: int = DEFAULT_STEPS) -> dict[str, Any]:
+def verify_study(
+    storage: Storage, study: StudyRecord, steps: int = DEFAULT_STEPS
+) -> dict[str, Any]:
     """Run the long runs of ``study``'s best and baseline; store and return the result."""
     if steps < 4:
         raise ValueError(f"--steps must be at least 4 (got {steps})")

@@ -23,7 +23,14 @@ from dse.core.bounds import MAX_SPACE_COMBINATIONS
 from dse.core.exceptions import ConstraintEvalError, SpaceError
 from dse.space.knobs import KNOBS, get_knob, modules_list, requires_nothing
 from dse.space.layout import Layout, PipelineSplit, PipelineSplitError, pipeline_chunks
-from dse.space.searchspace import ModelSpec, Resources, SearchSpace, Semantics, constraint_where
+from dse.space.searchspace import (
+    ModelSpec,
+    Resources,
+    SearchSpace,
+    Semantics,
+    constraint_where,
+    params_key,
+)
 
 __all__ = [
     "Violation",
@@ -1184,7 +1191,6 @@ def _key_function(space: SearchSpace) -> Callable[[dict[str, Any]], Hashable]:
     type: 1, 1.0 and True are different configurations), equal for the same configuration
     as :func:`~dse.space.searchspace.params_key` and a few times cheaper (no JSON of every
     knob); a configuration with an unhashable value (a list) falls back to that key."""
-    from dse.space.searchspace import params_key
 
     names = list(space.knobs)
     pick = operator.itemgetter(*names) if len(names) > 1 else (lambda c: (c[names[0]],))

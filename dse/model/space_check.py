@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dse.core.exceptions import SpaceError
+from dse.model.rules import check_space
+from dse.space.searchspace import parse_space_text
 
 __all__ = ["CheckedSpace", "check_space_text", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MIB"]
 
@@ -49,8 +51,6 @@ class CheckedSpace:
 
 def validate(text: str, source: str) -> dict[str, Any]:
     """Parse and check a space file's text (what the child runs): the study fields."""
-    from dse.model.rules import check_space
-    from dse.space.searchspace import parse_space_text
 
     space = parse_space_text(text, source)
     check_space(space, source)

@@ -17,10 +17,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dse import install_hint
 from dse.core.exceptions import DSEError
 from dse.core.figures import figure
 from dse.core.records import VERIFY_ATTR
-from dse.report.plots import slice_label
+from dse.report.plots import slice_label, study_plot_data
+from dse.results.gpu_usage import ACCOUNT_PARTS
+from dse.storage.locate import open_existing as _open_existing
+from dse.storage.locate import pick_study as _pick_study
 
 __all__ = ["register", "write_report", "cmd_report"]
 
@@ -57,8 +61,6 @@ def _plots(data: dict[str, Any], out: Path) -> dict[str, Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        from dse import install_hint
-
         raise DSEError(f"the report needs matplotlib ({install_hint('report')}): {e}") from e
     files: dict[str, Path] = {}
     metric = data["metric"]
@@ -265,8 +267,6 @@ def _busy_rows(g: dict[str, Any]) -> list[tuple[str, str, str]]:
                      f"{med} / {top}"))  # fmt: skip
     acc = g.get("accounting")
     if acc:
-        from dse.results.gpu_usage import ACCOUNT_PARTS
-
         for key, what in ACCOUNT_PARTS:
             rows.append((f"held-{key.replace('_', '-')}", f"held {dev} time: {what}",
                          f"{figure(acc['seconds'][key])} s, {share(acc['shares'][key])}, "
@@ -583,10 +583,6 @@ def write_report(data: dict[str, Any], out: Path) -> dict[str, Path]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dse.report.plots import study_plot_data
-    from dse.storage.locate import open_existing as _open_existing
-    from dse.storage.locate import pick_study as _pick_study
-
     storage = _open_existing(args)  # read-only: a mistyped --storage creates nothing
     try:
         st = _pick_study(storage, args.study)

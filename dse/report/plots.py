@@ -17,9 +17,25 @@ import math
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dse.core.exceptions import (
+    NoCompleteTrialError,
+    SpaceError,
+    StudyNotFoundError,
+    TrialNotFoundError,
+)
+from dse.core.records import StudyRecord, TrialRun, finite, sample_numbers
+from dse.interop.optuna_export import distributions, inside_params
+from dse.results.best_formats import _stored_space, best_payload, best_space, render_best
+from dse.results.gpu_usage import study_gpu_usage_of
+from dse.results.noise import exclude_changed
 from dse.results.trust import trust_summary
+from dse.space.searchspace import params_key
+from dse.workloads.launchers.flags import export_text
+
+if TYPE_CHECKING:  # SQLAlchemy: loaded where a command opens its database
+    from dse.storage import Storage
 
 __all__ = [
     "pareto_front",
@@ -118,9 +134,6 @@ def running_best(
     numerics-changed trials left out where the space leaves them out of the best. A lucky
     single run lifts it only until its configuration's re-measure comes in. ``final``: the
     study's noise-aware best objective, which the last value is (None: as computed)."""
-    from dse.core.records import finite
-    from dse.results.noise import exclude_changed
-    from dse.space.searchspace import params_key
 
     maximize = direction == "maximize"
     skip_changed = exclude_changed(space)
@@ -168,7 +181,7 @@ INSIGHTS_SAMPLE = 1000
 
 
 def insight_sample(
-    storage: Any, study: Any, limit: int | None = None
+    storage: Storage, study: StudyRecord, limit: int | None = None
 ) -> tuple[int, list[tuple[int, dict[str, Any], float]]]:
     """How many complete trials with a value the study has, and at most ``limit`` of them
     (``INSIGHTS_SAMPLE`` when None) as ``(number, params, value)`` (all, or a uniform
@@ -181,7 +194,6 @@ def _sample_of_records(
     records: Sequence[Any], limit: int | None = None
 ) -> tuple[int, list[tuple[int, dict[str, Any], float]]]:
     """:func:`insight_sample` of trial records already listed (the same trials)."""
-    from dse.core.records import sample_numbers
 
     done = {t.number: t for t in records if t.state == "complete" and t.value is not None}
     chosen = sample_numbers(done, limit or INSIGHTS_SAMPLE)
@@ -189,8 +201,8 @@ def _sample_of_records(
 
 
 def knob_importance(
-    storage: Any,
-    study: Any,
+    storage: Storage,
+    study: StudyRecord,
     sample: tuple[int, list[tuple[int, dict[str, Any], float]]] | None = None,
 ) -> tuple[dict[str, float] | None, str]:
     """Optuna's PED-ANOVA importance of each knob on the study's complete trials (a uniform
@@ -199,9 +211,6 @@ def knob_importance(
     import warnings
 
     import optuna
-
-    from dse.interop.optuna_export import distributions, inside_params
-    from dse.results.best_formats import _stored_space
 
     total, rows = insight_sample(storage, study) if sample is None else sample
     if len(rows) < 3:
@@ -245,13 +254,12 @@ def slices_of(
 
 
 def gpu_view(
-    storage: Any, study: Any, space: Any, cost_per_gpu_hour: float | None
+    storage: Storage, study: StudyRecord, space: Any, cost_per_gpu_hour: float | None
 ) -> dict[str, Any]:
     """GPU-hours: spent (recorded by the runner), held and busy, and the full grid
     (estimate: the mean GPU time of a trial that ran, times the valid configurations of the
     space), computed where status and the API compute them (dse.results.gpu_usage); with
     their cost at ``cost_per_gpu_hour``."""
-    from dse.results.gpu_usage import study_gpu_usage_of
 
     usage = study_gpu_usage_of(storage, study)  # the storage's totals, as the API's
     gpu = {
@@ -330,8 +338,8 @@ def projection(
 
 
 def study_insights(
-    storage: Any,
-    study: Any,
+    storage: Storage,
+    study: StudyRecord,
     *,
     cost_per_gpu_hour: float | None = None,
     tokens: float = 1e12,
@@ -341,8 +349,6 @@ def study_insights(
     (the storage's aggregates) and the projection from the best and the baseline: a cost
     bounded by the sample, not by the study's size (the parts :func:`study_plot_data` also
     returns, the same functions)."""
-    from dse.core.exceptions import NoCompleteTrialError
-    from dse.results.best_formats import _stored_space, best_payload
 
     space = _stored_space(study.space_yaml, study.name)
     sample = insight_sample(storage, study)
@@ -371,15 +377,13 @@ def study_insights(
 
 
 def study_plot_data(
-    storage: Any,
-    study: Any,
+    storage: Storage,
+    study: StudyRecord,
     *,
     cost_per_gpu_hour: float | None = None,
     tokens: float = 1e12,
 ) -> dict[str, Any]:
     """Everything the report and the dashboard draw for one study, as plain data."""
-    from dse.results.best_formats import _stored_space, best_payload, best_space, render_best
-    from dse.workloads.launchers.flags import export_text
 
     space = _stored_space(study.space_yaml, study.name)
     trials = storage.list_trials(study.id)
@@ -408,7 +412,7 @@ def study_plot_data(
     ]  # fmt: skip
     source = figure_source(space.workload.name, (t.source for t in trials))
 
-    pts = [
+    pts: list[dict[str, Any]] = [
         {"number": t.number, "tflops_per_gpu": t.metrics.get("tflops_per_gpu"),
          "peak_mem_gib": t.metrics.get("peak_mem_gib")}
         for t in trials
@@ -437,10 +441,8 @@ def study_plot_data(
     proj = projection(space, source, best, base_t, tokens, cost_per_gpu_hour)
     importance, how = knob_importance(storage, study, sample)
     best_n = None if best is None else best["trial"]
-    ranked = sorted(
-        (t for t in trials if t.state == "complete" and t.value is not None),
-        key=lambda t: -t.value if maximize else t.value,
-    )
+    complete = [(t.value, t) for t in trials if t.state == "complete" and t.value is not None]
+    ranked = [t for _, t in sorted(complete, key=lambda vt: -vt[0] if maximize else vt[0])]
     shown = [n for n in [best_n, *(t.number for t in ranked)] if n is not None]
     shown = list(dict.fromkeys(shown))[:LOSS_REPORT_TRIALS]
     others = comparable_studies(storage, study)
@@ -505,7 +507,7 @@ def _numerics(t: Any) -> dict[str, Any]:
 
 
 def find_baseline(
-    storage: Any, study: Any, space: Any = None, hints: Iterable[Any] = ()
+    storage: Storage, study: StudyRecord, space: Any = None, hints: Iterable[Any] = ()
 ) -> Any | None:
     """The trial of the study's baseline configuration (the recipe's own values,
     :meth:`dse.space.searchspace.SearchSpace.baseline`), or None while it has not run.
@@ -514,8 +516,6 @@ def find_baseline(
     of the ``hints``, trial records); without one, the first finished trial (complete or
     infeasible) of the baseline configuration.
     """
-    from dse.core.exceptions import TrialNotFoundError
-    from dse.space.searchspace import params_key
 
     for t in hints:
         n = _numerics(t).get("baseline_trial")
@@ -525,15 +525,11 @@ def find_baseline(
             except TrialNotFoundError:
                 pass
     if space is None:
-        from dse.results.best_formats import _stored_space
-
         space = _stored_space(study.space_yaml, study.name)
     return storage.find_trial(study.id, params_key(space.baseline()))
 
 
 def _curve(t: Any, *, baseline: bool) -> dict[str, Any]:
-    from dse.core.records import finite
-
     steps = [s for s in t.steps if s.step is not None]
     return {
         "number": t.number,
@@ -550,7 +546,7 @@ def _curve(t: Any, *, baseline: bool) -> dict[str, Any]:
 
 
 def loss_curves(
-    storage: Any, study: Any, numbers: Sequence[int] = (), *, space: Any = None
+    storage: Storage, study: StudyRecord, numbers: Sequence[int] = (), *, space: Any = None
 ) -> dict[str, Any]:
     """The per-step losses of the trials ``numbers`` (at most :data:`LOSS_MAX_TRIALS`) and of
     the baseline trial, the baseline's curve first and flagged.
@@ -559,7 +555,6 @@ def loss_curves(
         ValueError: too many numbers, or a number with no trial in the study (the message
             starts with ``trials``).
     """
-    from dse.core.exceptions import TrialNotFoundError
 
     wanted = list(dict.fromkeys(numbers))
     if len(wanted) > LOSS_MAX_TRIALS:
@@ -571,8 +566,6 @@ def loss_curves(
         except TrialNotFoundError:
             raise ValueError(f"trials: study {study.name!r} has no trial {n}") from None
     if space is None:
-        from dse.results.best_formats import _stored_space
-
         space = _stored_space(study.space_yaml, study.name)
     base = find_baseline(storage, study, space, picked)
     how = (
@@ -683,7 +676,6 @@ def timeline(
     (for readers who may not see where trials ran). ``trials_ran``: how many trials of the
     study ran in all, when ``trials`` are only the latest of them.
     """
-    from dse.core.records import TrialRun
 
     now = time.time() if now is None else now
     runs = [t if isinstance(t, TrialRun) else TrialRun.of(t) for t in trials]
@@ -797,7 +789,11 @@ def timeline(
 
 
 def study_timeline(
-    storage: Any, study: Any, *, redact_hosts: bool = False, last: int = TIMELINE_TRIALS
+    storage: Storage,
+    study: StudyRecord,
+    *,
+    redact_hosts: bool = False,
+    last: int = TIMELINE_TRIALS,
 ) -> dict[str, Any]:
     """:func:`timeline` of the latest ``last`` trials of a study that ran."""
     runs = storage.list_trial_runs(study.id, last=last)
@@ -830,13 +826,10 @@ def model_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return [f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
 
 
-def _noisy_best_row(storage: Any, st: Any) -> dict[str, Any] | None:
+def _noisy_best_row(storage: Storage, st: StudyRecord) -> dict[str, Any] | None:
     """A study's noise-aware best (:func:`dse.results.best_formats.best_payload`: pooled figures
     with their intervals, the tie) as a comparison row's ``best``; None while it has none. A stored
     space that no longer loads: its best trial as stored, flagged ``pooled: False``."""
-    from dse.core.exceptions import NoCompleteTrialError, SpaceError
-    from dse.core.records import finite
-    from dse.results.best_formats import best_payload
 
     try:
         p = best_payload(storage, st)
@@ -869,9 +862,7 @@ def _noisy_best_row(storage: Any, st: Any) -> dict[str, Any] | None:
     return best
 
 
-def _study_row(storage: Any, st: Any) -> dict[str, Any]:
-    from dse.results.best_formats import _stored_space
-
+def _study_row(storage: Storage, st: StudyRecord) -> dict[str, Any]:
     try:
         space = _stored_space(st.space_yaml, st.name)
         recipe, workload = space.recipe, space.workload.name
@@ -902,7 +893,7 @@ def _study_row(storage: Any, st: Any) -> dict[str, Any]:
     }
 
 
-def comparable_studies(storage: Any, study: Any) -> list[dict[str, Any]]:
+def comparable_studies(storage: Storage, study: StudyRecord) -> list[dict[str, Any]]:
     """The other studies of the same model (the sequence length aside), oldest first, with
     their hardware and best figures (what :func:`compare_studies` shows for each)."""
     others = [s for s in storage.list_studies()
@@ -911,7 +902,7 @@ def comparable_studies(storage: Any, study: Any) -> list[dict[str, Any]]:
 
 
 def compare_studies(
-    storage: Any, names: Sequence[str], *, where: str = "studies"
+    storage: Storage, names: Sequence[str], *, where: str = "studies"
 ) -> dict[str, Any]:
     """The studies ``names`` (the same model, on other hardware or recipes) side by side:
     for each its hardware, recipe, training settings and its best trial's figures.
@@ -920,7 +911,6 @@ def compare_studies(
         ValueError: fewer than two or more than :data:`COMPARE_MAX` studies, an unknown one,
             or one of another model (the message starts with ``where`` and says which).
     """
-    from dse.core.exceptions import StudyNotFoundError
 
     wanted = list(dict.fromkeys(names))
     if len(wanted) < 2:

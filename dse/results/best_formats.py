@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from dse.core.exceptions import NoCompleteTrialError
-from dse.core.records import BEST_FORMATS, BestFormat
+from dse.core.records import BEST_FORMATS, BestFormat, StudyRecord
 from dse.results.noise import NoisyBest, exclude_changed, study_best
+from dse.results.reads import StudyReads
 from dse.results.run_settings import effective_space
 from dse.results.trust import trust_summary
 from dse.space.searchspace import SearchSpace, parse_space_text
@@ -55,7 +56,9 @@ _POOLED_CI = {
 }
 
 
-def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dict[str, Any]:
+def best_payload(
+    storage: StudyReads, study: StudyRecord, best: NoisyBest | None = None
+) -> dict[str, Any]:
     """The best configuration of a study (or ``best``, its noise-aware best already found)
     as the ``dse best`` / REST payload.
 
@@ -115,7 +118,7 @@ def best_payload(storage: Any, study: Any, best: NoisyBest | None = None) -> dic
     }
 
 
-def _trust(storage: Any, study: Any) -> dict[str, Any] | None:
+def _trust(storage: StudyReads, study: StudyRecord) -> dict[str, Any] | None:
     """What a study of estimates stands on (:func:`dse.results.trust.trust_summary`), the one
     ``trust`` block of the best wherever it is shown (``dse best``, the API)."""
     trials = [
@@ -156,7 +159,7 @@ def noise_payload(nb: NoisyBest) -> dict[str, Any]:
     }
 
 
-def _why_no_best(storage: Any, study: Any, space: SearchSpace) -> str:
+def _why_no_best(storage: StudyReads, study: StudyRecord, space: SearchSpace) -> str:
     base = f"study {study.name!r} has no complete trial yet"
     if exclude_changed(space) and storage.best_trial(study.id, study.direction) is not None:
         return (
@@ -173,7 +176,7 @@ def _stored_space(space_yaml: str, name: str) -> SearchSpace:
     return parse_space_text(space_yaml, f"study {name!r}")
 
 
-def best_space(storage: Any, study: Any) -> SearchSpace:
+def best_space(storage: StudyReads, study: StudyRecord) -> SearchSpace:
     """The space the study's last run used (its stored run settings applied): the one its
     best is judged and its launch commands rendered with.
 

@@ -47,7 +47,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dse.core.records import StepMetrics, TrialRecord, finite
+from dse.core.exceptions import SpaceError
+from dse.core.records import StepMetrics, StudyRecord, TrialRecord, finite
+from dse.model.rules import check_space
+from dse.results.reads import StudyReads
+from dse.space.searchspace import parse_space_text
 from dse.stats.gpu_figures import TRIAL_GPU_FIGURES, GpuTotals, trial_gpu_figures
 
 __all__ = [
@@ -89,7 +93,6 @@ class GridCount:
 
 def count_grid(space: Any) -> GridCount:
     """The space check's count of valid configurations (:func:`dse.model.rules.check_space`)."""
-    from dse.model.rules import check_space
 
     got = check_space(space, f"study {space.study!r}")
     return GridCount(got.estimated_valid, got.looked_at, got.complete)
@@ -97,16 +100,13 @@ def count_grid(space: Any) -> GridCount:
 
 @functools.lru_cache(maxsize=64)
 def _grid_of_text(space_hash: str, space_yaml: str, name: str) -> GridCount | None:
-    from dse.core.exceptions import SpaceError
-    from dse.space.searchspace import parse_space_text
-
     try:
         return count_grid(parse_space_text(space_yaml, f"study {name!r}"))
     except (SpaceError, ValueError):
         return None
 
 
-def grid_of_study(study: Any, attrs: Mapping[str, Any]) -> GridCount | None:
+def grid_of_study(study: StudyRecord, attrs: Mapping[str, Any]) -> GridCount | None:
     """A study's grid: the count its controller stored, else counted here (once per process
     and space)."""
     g = attrs.get(GRID_ATTR)
@@ -389,7 +389,7 @@ def _no_gpu_study(device: str, estimates: int, grid: GridCount | None) -> dict[s
 
 
 def study_gpu_usage_of(
-    storage: Any, study: Any, records: Sequence[Any] | None = None
+    storage: StudyReads, study: StudyRecord, records: Sequence[Any] | None = None
 ) -> dict[str, Any]:
     """:func:`study_gpu_usage` of a stored study (its attributes and grid, and its trials'
     totals: the storage's aggregate of its columns, :meth:`dse.storage.Storage.gpu_totals`,

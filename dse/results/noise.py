@@ -60,9 +60,11 @@ from dse.core.records import (
     ConfigStats,
     Direction,
     Metric,
+    StudyRecord,
     TrialRecord,
     finite,
 )
+from dse.results.reads import StudyReads
 from dse.space.searchspace import SearchSpace, params_key
 from dse.stats.measure import spikes
 
@@ -827,7 +829,7 @@ def remeasure_plan(nb: NoisyBest, n: int) -> list[ConfigEstimate]:
     return out
 
 
-def study_noise(storage: Any, study: Any, space: SearchSpace,
+def study_noise(storage: StudyReads, study: StudyRecord, space: SearchSpace,
                 value_range: tuple[float, float] | None = None) -> NoiseModel:  # fmt: skip
     """A stored study's noise model: the prior of its device and every configuration it
     measured more than once (re-measures, repeats), one grouped walk of an index (no filter
@@ -840,8 +842,15 @@ def study_noise(storage: Any, study: Any, space: SearchSpace,
     return noise_model(prior_rel_sd(space), ((g.n, g.mean, g.m2) for g in merged.values()))
 
 
-def _read_groups(storage: Any, study: Any, groups: Sequence[_Group], *, steps: bool, excl: bool,
-                 value_range: tuple[float, float] | None) -> None:  # fmt: skip
+def _read_groups(
+    storage: StudyReads,
+    study: StudyRecord,
+    groups: Sequence[_Group],
+    *,
+    steps: bool,
+    excl: bool,
+    value_range: tuple[float, float] | None,
+) -> None:
     """Read the eligible trials of ``groups`` (the first MAX_READ of each)."""
     keys = sorted({k for g in groups for k in g.stored_keys})
     if not keys:
@@ -859,8 +868,8 @@ def _read_groups(storage: Any, study: Any, groups: Sequence[_Group], *, steps: b
 
 
 def study_best(
-    storage: Any,
-    study: Any,
+    storage: StudyReads,
+    study: StudyRecord,
     space: SearchSpace,
     *,
     value_range: tuple[float, float] | None = None,
@@ -898,7 +907,7 @@ def study_best(
     return _best_of(ranking, model, metric, direction)
 
 
-def _direction(study: Any) -> Direction:
+def _direction(study: StudyRecord) -> Direction:
     return (
         study.direction if study.direction in ("maximize", "minimize")
         else METRIC_DIRECTION.get(study.metric, "maximize")
@@ -906,7 +915,7 @@ def _direction(study: Any) -> Direction:
 
 
 def configuration_intervals(
-    storage: Any, study: Any, space: SearchSpace, trials: Sequence[TrialRecord],
+    storage: StudyReads, study: StudyRecord, space: SearchSpace, trials: Sequence[TrialRecord],
     best: NoisyBest | None = None,
 ) -> dict[int, ConfigEstimate]:  # fmt: skip
     """The configuration estimate (its pooled figures and THE intervals) of each complete
@@ -962,7 +971,7 @@ def content_key(trial: TrialRecord) -> str:
 
 
 def pooled_best(
-    storage: Any,
+    storage: StudyReads,
     studies: Sequence[tuple[Any, SearchSpace, tuple[float, float] | None]],
     *,
     metric: str,
@@ -1020,7 +1029,7 @@ def pooled_best(
     return _best_of(out, model, metric, direction)
 
 
-def _evidence_signature(study: Any, space: SearchSpace) -> str:
+def _evidence_signature(study: StudyRecord, space: SearchSpace) -> str:
     """What makes runs of one configuration comparable across studies: the model, the
     training semantics, the hardware, the measurement and the objective."""
     import json

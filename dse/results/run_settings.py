@@ -21,7 +21,13 @@ from typing import Any
 
 from dse.core.exceptions import DuplicatedStudyError, SpaceError
 from dse.core.records import IMPORTED_ATTR
-from dse.space.searchspace import IDENTITY_FIELDS, SearchSpace, parse_space
+from dse.space.searchspace import (
+    IDENTITY_FIELDS,
+    RUNNER_OPTIONS,
+    SearchSpace,
+    parse_space,
+    parse_space_text,
+)
 
 __all__ = [
     "RUN_SETTINGS_ATTR",
@@ -135,8 +141,6 @@ def _effective(space_yaml: str, name: str, settings_json: str) -> SearchSpace:
     # cached: a stored space never changes, and spaces are frozen
     import json
 
-    from dse.space.searchspace import parse_space_text
-
     space = parse_space_text(space_yaml, f"study {name!r}")
     if settings_json:
         space = with_run_settings(
@@ -210,7 +214,6 @@ IMPORT_SAFE_OPTIONS: dict[str, frozenset[str]] = {
 def unconfirmed_options(space: SearchSpace) -> dict[str, Any]:
     """The runner options of ``space`` an import may not use unconfirmed: those set to
     anything but their default and not in :data:`IMPORT_SAFE_OPTIONS`."""
-    from dse.space.searchspace import RUNNER_OPTIONS
 
     opts = space.runner.options
     model = RUNNER_OPTIONS[space.runner.name]

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from dse.core.exceptions import SpaceError
 from dse.core.records import FailureClass, Outcome, read_metrics
+from dse.core.registry import REGISTRY
 from dse.runners._base import Launch, classify_log, last_lines
 
 __all__ = [
@@ -73,7 +74,6 @@ def trial_device(space: Any) -> str:
     """Where a space's trials run: replay and sim trials are plain CPU processes whatever
     the space's device is; the workloads that train (the registry's trait ``trains``: the
     built-in trainer and the recipe launchers) use it."""
-    from dse.core.registry import REGISTRY
 
     trains = "trains" in REGISTRY.get("workload", space.workload.name, "workload.name").traits
     return str(space.resources.device) if trains else "cpu"

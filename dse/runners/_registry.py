@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING
 from dse.core.exceptions import SpaceError
 from dse.core.registry import REGISTRY
 from dse.runners._base import BaseRunner
+from dse.runners._cluster import trial_device
+from dse.runners.local import LocalRunner
 from dse.runners.warm import WarmSettings
+from dse.space.knobs import trial_env
+from dse.space.searchspace import LocalOptions
 
 if TYPE_CHECKING:
     from dse.space.searchspace import SearchSpace
@@ -23,8 +27,6 @@ __all__ = ["RUNNERS", "make_runner", "check_runner", "local_runner", "warm_setti
 
 def local_runner(space: SearchSpace) -> BaseRunner:
     """The local process pool of a space (``runner: local``)."""
-    from dse.runners._cluster import trial_device
-    from dse.runners.local import LocalRunner
 
     return LocalRunner(
         device=trial_device(space),
@@ -44,9 +46,6 @@ def warm_settings(space: SearchSpace) -> WarmSettings | None:
     """
     import sys
     from pathlib import Path
-
-    from dse.space.knobs import trial_env
-    from dse.space.searchspace import LocalOptions
 
     opts = space.runner.options
     if not isinstance(opts, LocalOptions):

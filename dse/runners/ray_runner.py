@@ -43,7 +43,7 @@ from dse.runners._cluster import (
     trial_shape,
 )
 from dse.space.searchspace import RayOptions
-from dse.workloads.procgroup import TRIAL_TAG_ENV, new_trial_tag
+from dse.workloads.procgroup import TRIAL_TAG_ENV, kill_trial, new_trial_tag
 
 __all__ = ["RayOptions", "RayRunner", "make_runner"]
 
@@ -97,7 +97,6 @@ def _run_node(
 
 def _kill_node(cwd: str, index: int) -> None:
     """Ray task on the node of bundle ``index``: kill that bundle's trial process group."""
-    from dse.workloads.procgroup import kill_trial
 
     d = Path(cwd)
     (d / f"killed.{index}").touch()

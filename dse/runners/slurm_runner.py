@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from dse.core.envpolicy import IDENTIFIER
-from dse.core.exceptions import TrialLaunchError
-from dse.core.records import FailureClass, Outcome, read_metrics
+from dse.core.exceptions import SpaceError, TrialLaunchError
+from dse.core.records import FailureClass, Outcome, TrialSpec, read_metrics
 from dse.runners._base import BaseRunner, Finished, Launch, trial_environ
 from dse.runners._cluster import (
     PLACEMENT_FILE,
@@ -53,6 +53,8 @@ from dse.runners._cluster import (
     trial_shape,
 )
 from dse.space.searchspace import SLURM_NAME, SLURM_TIME, SlurmOptions, slurm_option_problem
+from dse.workloads import trial_command
+from dse.workloads.launchers._core import shell_word
 
 __all__ = [
     "SlurmOptions",
@@ -175,7 +177,6 @@ def _recipe(launch: Launch) -> dict[str, Any] | None:
 def _shell_words(argv: list[str]) -> str:
     """``argv`` as shell words, quoted, with the rendezvous placeholders left for the batch
     shell to expand (:func:`~dse.workloads.launchers._core.shell_word`)."""
-    from dse.workloads.launchers._core import shell_word
 
     return " ".join(shell_word(a) for a in argv)
 
@@ -662,8 +663,6 @@ def dry_run_script(space: Any, number: int, env: dict[str, str], workload: dict[
     --dry-run``): the runner's own script, with the trial's environment ``env`` and its spec's
     ``workload`` (a recipe's rendered command). It starts the trial from the ``trial.json``
     the controller writes into the trial's folder before it submits."""
-    from dse.core.records import TrialSpec
-    from dse.workloads import trial_command
 
     opts = slurm_options(space)
     device = trial_device(space)
@@ -672,8 +671,6 @@ def dry_run_script(space: Any, number: int, env: dict[str, str], workload: dict[
             space.resources.world_size, device, opts.gpus_per_node or space.resources.gpus_per_node
         )
     except ValueError as e:
-        from dse.core.exceptions import SpaceError
-
         raise SpaceError(str(e)) from e
     workdir = Path(space.runner.workdir).resolve() / space.study
     tdir = workdir / f"trial-{number:05d}"

@@ -35,6 +35,8 @@ from dse.core.expr import ConstraintError, check_expr, eval_expr, joint_values
 from dse.core.names import study_name_problem
 from dse.core.records import AgentName, Direction, Metric, RunnerName, WorkloadName
 from dse.core.safeyaml import safe_load
+from dse.space.catalog import expand_model
+from dse.space.derive import DERIVATIONS, INERT, canonical, derive, ignored
 from dse.space.knobs import ENV_PREFIX, FEATURES, get_knob
 from dse.space.layout import Layout
 from dse.space.recipe_spec import LAUNCHERS, EnvSpec, LauncherSpec
@@ -1385,8 +1387,6 @@ class SearchSpace(_Strict):
     def _model_catalog(cls, data: Any) -> Any:
         # `model: NAME` or `model: {catalog: NAME, <overrides>}` names a catalog entry
         if isinstance(data, Mapping) and "model" in data:
-            from dse.space.catalog import expand_model
-
             data = dict(data)
             try:
                 data["model"] = expand_model(data["model"])
@@ -1508,7 +1508,6 @@ class SearchSpace(_Strict):
         """The knobs :meth:`apply_conditions` may change, in the order of ``knobs``: the
         conditional ones, the ones a ``derived`` rule sets and the ones that can be inert
         (every other knob keeps its value in every configuration)."""
-        from dse.space.derive import INERT
 
         return tuple(n for n, s in self.knobs.items() if s.when or n in self.derived or n in INERT)
 
@@ -1516,7 +1515,6 @@ class SearchSpace(_Strict):
         """:meth:`apply_conditions` for many configurations of this space: which knobs are
         conditional, derived or can be inert is found once, so each configuration costs
         the knobs that can change, not every knob of the space."""
-        from dse.space.derive import INERT, canonical
 
         conditional = tuple(n for n, s in self.knobs.items() if s.when)
         settable = tuple(n for n in self.knobs if n in self.derived or n in INERT)
@@ -1558,7 +1556,6 @@ class SearchSpace(_Strict):
         Megatron-Core does not read under the others' values
         (:func:`dse.space.derive.ignored`, from :data:`dse.space.knobs.IGNORED`). The one
         answer to "is this value live" that :meth:`active_config` and every launcher ask."""
-        from dse.space.derive import ignored
 
         full = self.full_params(params)
         out = {n for n, spec in self.knobs.items() if spec.when and not self.is_active(n, full)}
@@ -1580,7 +1577,6 @@ class SearchSpace(_Strict):
         full = {**self.fixed, **params}
         if not self.derived:
             return full
-        from dse.space.derive import derive
 
         return derive(self, full)
 
@@ -1757,7 +1753,6 @@ def params_key(params: Mapping[str, Any]) -> str:
 def _check_derived(space: SearchSpace) -> None:
     """``derived:`` names a derivation known for each knob; one that always applies leaves
     nothing to explore."""
-    from dse.space.derive import DERIVATIONS
 
     for name, how in space.derived.items():
         table = DERIVATIONS.get(name)

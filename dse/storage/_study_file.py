@@ -57,8 +57,10 @@ from dse.core.bounds import (
     MAX_SPACE_BYTES,
     printable,
 )
-from dse.core.exceptions import StudyFormatError
+from dse.core.exceptions import SpaceError, StudyFormatError
 from dse.core.records import STUDY_STATES, TRIAL_STATES, Direction, numerics_status
+from dse.core.safeyaml import safe_load
+from dse.space.searchspace import parse_space_text
 from dse.stats.gpu_figures import trial_gpu_figures
 from dse.storage._engine import redact_passwords
 from dse.storage._models import (
@@ -171,8 +173,6 @@ class StudyMetaExport(_Strict):
     def _readable_space(cls, v: str) -> str:
         # resume, best and the API parse it later: refuse what the space-file reader refuses
         # (an alias bomb, duplicate keys, ...) now, before it is stored
-        from dse.core.safeyaml import safe_load
-
         try:
             safe_load(v)
         except yaml.YAMLError as e:
@@ -508,8 +508,6 @@ def derive_study_fields(meta: StudyMetaExport) -> dict[str, Any]:
         StudyFormatError: the space file is not one this dse reads, or a stated field
             disagrees with it (naming the field and both values).
     """
-    from dse.core.exceptions import SpaceError
-    from dse.space.searchspace import parse_space_text
 
     try:
         space = parse_space_text(meta.space_yaml, "study.space_yaml")
@@ -560,7 +558,6 @@ def check_trials_of_space(export: StudyExport) -> None:
     Raises:
         StudyFormatError: names the first trials (by number), the parameter and its value.
     """
-    from dse.space.searchspace import parse_space_text
 
     space = parse_space_text(export.study.space_yaml, "study.space_yaml")
     domains = {

@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dse.core.exceptions import StudyNotFoundError
 from dse.core.names import display_name
+from dse.core.records import StudyRecord
+
+if TYPE_CHECKING:  # SQLAlchemy: imported when a command opens its database
+    from dse.storage._repository import Storage
 
 __all__ = ["DEFAULT_STORAGE", "STUDIES_SHOWN", "open_existing", "pick_study", "storage_url"]
 
@@ -33,7 +37,7 @@ def storage_url(args: argparse.Namespace, space_url: str | None = None) -> str:
     return space_url or DEFAULT_STORAGE
 
 
-def open_existing(args: argparse.Namespace) -> Any:
+def open_existing(args: argparse.Namespace) -> Storage:
     """The storage of a read-only command; a SQLite file that does not exist is an error
     (exit 2), never created."""
     from dse.storage import open_storage, sqlite_file
@@ -45,7 +49,7 @@ def open_existing(args: argparse.Namespace) -> Any:
     return open_storage(url)
 
 
-def pick_study(storage: Any, name: str | None) -> Any:
+def pick_study(storage: Storage, name: str | None) -> StudyRecord:
     """The study ``name`` of ``storage`` (the only one when ``name`` is None).
 
     Raises:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dse.core.records import FailureClass
+from dse.model.flops import tflops_per_gpu
 
 __all__ = [
     "LOG_FORMATS",
@@ -254,8 +255,6 @@ class ParsedLog:
         tflops: float | None = None
         source: str | None = None
         if step_time and flops_per_step and world_size:
-            from dse.model.flops import tflops_per_gpu
-
             tflops = tflops_per_gpu(flops_per_step, step_time, world_size)
             source = "computed"
         elif step_time:

@@ -65,6 +65,7 @@ from dse.core.records import (
     SummaryLine,
     TrialSpec,
 )
+from dse.model.costmodel._params import total_params
 from dse.model.costmodel.model import CostModel
 from dse.space.searchspace import ModelSpec, Resources, Semantics
 from dse.stats.measure import StepSeries, series_for
@@ -100,7 +101,6 @@ def simulated_losses(model: ModelSpec, sem: Semantics, n: int) -> list[float]:
     """The simulated loss of steps ``0..n-1``: a function of the step, the model and the
     semantics that define the training (never of the execution knobs); the same for the same
     inputs, on any machine."""
-    from dse.model.costmodel._params import total_params
 
     start = math.log(model.vocab_size) + SIM_LOSS_INIT_EXCESS
     e, a, alpha = SIM_LOSS_FIT

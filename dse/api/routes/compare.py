@@ -11,6 +11,7 @@ from dse.api.deps import StorageDep
 from dse.api.errors import error_responses
 from dse.api.schemas import ComparePublic
 from dse.api.views import json_bytes
+from dse.report.plots import compare_studies
 
 __all__ = ["router"]
 
@@ -48,7 +49,6 @@ def compare(
     and their best trial's figures (TFLOP/s per GPU, step time, peak memory, tokens/s per
     GPU, with intervals when measured) side by side. Fewer than two studies, an unknown
     one, or one of another model is a 422 naming ``query.studies``."""
-    from dse.report.plots import compare_studies
 
     for v in studies:
         if len(v) > 255 * 12 or any(ord(c) < 32 for c in v):  # never a stored name

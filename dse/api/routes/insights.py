@@ -16,6 +16,7 @@ from dse.api.routes.trials import MAX_INT
 from dse.api.schemas import ComparablePublic, LossCurvesPublic, TimelinePublic
 from dse.api.views import json_bytes
 from dse.core.records import StudyRecord
+from dse.report.plots import comparable_studies, loss_curves, study_insights, study_timeline
 
 __all__ = ["router"]
 
@@ -39,8 +40,6 @@ async def get_insights(
     Reused until the study changes; built in the heavy reads' own thread."""
 
     def build(study_of: Callable[[], StudyRecord]) -> bytes:
-        from dse.report.plots import study_insights
-
         study = study_of()
         body = study_insights(storage, study, cost_per_gpu_hour=cost_per_gpu_hour, tokens=tokens)
         return json_bytes(body)
@@ -73,8 +72,6 @@ async def get_timeline(
     the study changes."""
 
     def build(study_of: Callable[[], StudyRecord]) -> bytes:
-        from dse.report.plots import study_timeline
-
         study = study_of()
         return json_bytes(study_timeline(storage, study, redact_hosts=not trusted, last=last))
 
@@ -99,7 +96,6 @@ def get_losses(
     """Per-step losses of the trials ``trials`` over those of the baseline trial (the
     study's baseline configuration, the recipe's own values; listed first with
     ``baseline: true``). A number with no trial is a 422 naming it."""
-    from dse.report.plots import loss_curves
 
     if any(n < 0 or n > MAX_INT for n in trials):
         raise HTTPException(422, detail=f"query.trials: trial numbers are 0..{MAX_INT}")
@@ -118,7 +114,6 @@ def get_losses(
 def get_comparable(storage: StorageDep, study: StudyDep) -> Response:
     """The other studies of the same model (the sequence length aside) with their hardware,
     recipe and best figures: what ``GET /compare`` can put beside this study."""
-    from dse.report.plots import comparable_studies
 
     data = comparable_studies(storage, study)
     return Response(

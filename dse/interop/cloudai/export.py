@@ -18,6 +18,8 @@ from dse.interop.cloudai._common import (
     NEMO_RUN_KNOBS,
 )
 from dse.interop.cloudai.importer import _recipe_key, bridge_recipe_parts
+from dse.space.knobs import trial_env
+from dse.workloads.launchers._core import NotTaken, launcher_for
 
 # --- export -------------------------------------------------------------------------------
 
@@ -38,7 +40,6 @@ def _cloudai_list(mods: Any) -> str:
 def _launcher_overrides(space: Any, params: Mapping[str, Any], out: CloudAIExport) -> list[str]:
     """The recipe launcher's own overrides for ``params`` (knobs it cannot take are named
     and left out)."""
-    from dse.workloads.launchers._core import NotTaken, launcher_for
 
     launcher = launcher_for(space)
     rest = dict(params)
@@ -62,7 +63,6 @@ def export_test_full(space: Any, params: Mapping[str, Any], name: str) -> CloudA
     Raises:
         SpaceError: the space's workload has no CloudAI test template.
     """
-    from dse.space.knobs import trial_env
 
     wl = space.workload
     if wl.name not in ("nemo", "bridge") or wl.launcher is None:

@@ -39,10 +39,15 @@ from dse.interop.cloudai._common import (
 )
 from dse.interop.cloudai.cmd_args import validate_cmd_args
 from dse.interop.cloudai.system import read_system
-from dse.space.catalog.bridge_recipes import RecipeDefaults
+from dse.model.rules import check, is_valid
+from dse.space.catalog import catalog, expand_model
+from dse.space.catalog.bridge_recipes import RecipeDefaults, bridge_recipe_table, recipe_defaults
 from dse.space.catalog.nemo_recipes import NemoRecipeDefaults, nemo_recipe_defaults
+from dse.space.derive import DERIVATIONS
 from dse.space.knobs import KNOBS, ModulesKnob, get_knob
 from dse.space.layout import PIPELINE_SPLIT_KNOBS
+from dse.space.searchspace import params_key, parse_space
+from dse.workloads.launchers._core import NotTaken, launcher_for
 
 
 def _find_test(name: str, tests_dir: Path | None, where: str) -> tuple[Path, dict[str, Any]]:
@@ -79,8 +84,6 @@ def default_catalog() -> Path:
 
 
 def _catalog_entry(key: str) -> str | None:
-    from dse.space.catalog import catalog
-
     name = _CATALOG_ALIASES.get(key, key)
     return name if name in catalog() else None
 
@@ -320,7 +323,6 @@ def _bridge_recipe_defaults(
         SpaceError: no recipe of the table matches, naming the recipe, task, GPU, GPU count
             and compute dtype the launcher would look for.
     """
-    from dse.space.catalog.bridge_recipes import bridge_recipe_table, recipe_defaults
 
     gpu = str(gpu_type or args.get("gpu_type") or "gb200")
     dtypes = args.get("compute_dtype", "bf16")
@@ -455,8 +457,6 @@ def _recipe_derived(
 ) -> dict[str, str]:
     """The fields the recipe sets from the configuration (:attr:`RecipeDefaults.derived`)
     added to the space's ``derived`` section, each named in a note. Returns them."""
-    from dse.space.derive import DERIVATIONS
-
     own = dict(pick.derived)
     for knob, how in own.items():
         derived[knob] = how
@@ -1466,8 +1466,6 @@ def _knobs_from_overrides(space: dict[str, Any], where: str, notes: list[str]) -
     (the export writes a knob CloudAI names no field for that way) become that knob's fixed
     value, so an exported test imports back as knobs and renders without a knob and an
     override setting one field. An override of a knob the test explores stays as written."""
-    from dse.space.searchspace import parse_space
-    from dse.workloads.launchers._core import NotTaken, launcher_for
 
     launcher_sec = space["workload"]["launcher"]
     ov: dict[str, Any] = launcher_sec.get("overrides") or {}
@@ -1590,8 +1588,6 @@ def _closest_valid(
     """The valid configuration closest to ``base``: the fewest knobs changed, then the values
     nearest in each knob's list, then the grid's order. Looks at configurations by the
     number of knobs they change (one, then two, ...), up to :data:`_BASELINE_SEARCH`."""
-    from dse.model.rules import is_valid
-    from dse.space.searchspace import params_key
 
     names = list(parsed.knobs)
     values = {n: list(parsed.knobs[n].values()) for n in names}
@@ -1629,8 +1625,6 @@ def _valid_baseline(
     changes the fewest knobs (:func:`_closest_valid`), each change named in a note. Only
     knobs' baselines move: a value the study fixes is never changed. A note names the
     baseline's value of each field the recipe derives (``recipe_derived``)."""
-    from dse.model.rules import check
-    from dse.space.searchspace import parse_space
 
     try:
         parsed = parse_space(space, where)
@@ -1679,7 +1673,6 @@ def _derived_baseline_note(
 
 def _model_fields(model: Any) -> dict[str, Any]:
     """A space's ``model`` value (a catalog reference or fields) as its fields."""
-    from dse.space.catalog import expand_model
 
     out = expand_model(model)
     return dict(out) if isinstance(out, Mapping) else {}

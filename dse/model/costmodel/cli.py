@@ -13,7 +13,14 @@ import sys
 from typing import Any
 
 from dse.core.exceptions import DSEError, UnknownKnobError
+from dse.model.costmodel.basis import Trust
+from dse.model.costmodel.memory import Coefficients
+from dse.model.costmodel.model import CostModel
+from dse.model.costmodel.table import evaluate_rows, load_table, summarize
+from dse.model.rules import check
 from dse.space.knobs import Knob, get_knob
+from dse.space.searchspace import load_space
+from dse.space.tablemodel import unknown_model_fields
 
 __all__ = ["register", "run", "parse_value"]
 
@@ -109,10 +116,6 @@ def _parse_sets(sets: list[str]) -> dict[str, Any] | str:
 
 
 def _run_space(args: argparse.Namespace) -> int:
-    from dse.model.costmodel.model import CostModel
-    from dse.model.rules import check
-    from dse.space.searchspace import load_space
-
     space = load_space(args.space)
     sets = _parse_sets(args.sets)
     if isinstance(sets, str):
@@ -127,7 +130,6 @@ def _run_space(args: argparse.Namespace) -> int:
             "the configuration breaks a rule (it would be rejected before launch): "
             + "; ".join(str(v) for v in violations)
         )
-    from dse.model.costmodel.memory import Coefficients
 
     co = Coefficients.from_dict(space.prescreen.coefficients)
     cm = CostModel(space.model, space.semantics, space.resources, co)
@@ -233,7 +235,6 @@ def _format_space(out: dict[str, Any], total: float) -> str:
         f"  throughput (estimate, {t['gpu']}): {t['tflops_per_gpu']:.1f} TFLOP/s/GPU, "
         f"step {t['step_time_s']:.3f} s"
     )
-    from dse.model.costmodel.basis import Trust
 
     tr = out["trust"]
     lines.append(f"  trust: {Trust(**{k: tr[k] for k in _TRUST_FIELDS}).describe()}")
@@ -244,9 +245,6 @@ _TRUST_FIELDS = ("label", "basis", "memory_band", "speed_band", "why")
 
 
 def _run_table(args: argparse.Namespace) -> int:
-    from dse.model.costmodel.table import evaluate_rows, load_table, summarize
-    from dse.space.tablemodel import unknown_model_fields
-
     rows = load_table(args.table)
     unknown = sorted({k for r in rows for k in unknown_model_fields(r.model)})
     if unknown:

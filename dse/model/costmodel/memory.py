@@ -41,7 +41,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dse.model.costmodel._layout import CostLayout, padded_vocab, resolve
-from dse.model.costmodel._params import StageParams, layers_on_stage, mlp_factor, stage_params
+from dse.model.costmodel._params import (
+    StageParams,
+    layers_on_stage,
+    mlp_factor,
+    stage_layer_ids,
+    stage_layer_kinds,
+    stage_params,
+)
 from dse.space.searchspace import ModelSpec, Resources, Semantics
 
 __all__ = [
@@ -802,7 +809,6 @@ def _estimate_by_layer_kind(
     """The estimate for hybrid models and per-module selective recompute: saved
     activations summed over the layer kinds of each stage, the largest backward working set
     of a kind, the logits on the last stage and the optimizer step."""
-    from dse.model.costmodel._params import stage_layer_ids, stage_layer_kinds
 
     sh = _shapes(model, semantics, layout)
     kinds = _kind_bytes(model, semantics, layout, sh)

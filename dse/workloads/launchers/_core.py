@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dse.core.exceptions import SpaceError
+from dse.core.registry import REGISTRY
 from dse.model.rules import check
 from dse.space.knobs import FieldAssignment, assignments, effective_params, trial_env
 from dse.space.recipe_spec import NODE_STEPS, LauncherSpec
@@ -331,7 +332,6 @@ def run_node_steps(steps: list[str]) -> list[str]:
 def launcher_for(space: SearchSpace) -> Launcher:
     """The launcher of a space whose workload is a recipe launcher (the ``launcher`` entries
     of :data:`dse.core.registry.REGISTRY`: ``bridge``, ``nemo``, ``megatron_lm``)."""
-    from dse.core.registry import REGISTRY
 
     names = REGISTRY.names("launcher")
     if space.workload.name not in names:

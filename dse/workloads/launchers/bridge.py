@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dse.core.exceptions import SpaceError
+from dse.workloads.launchers._compare import compare
 from dse.workloads.launchers._core import (
     Launcher,
     NotTaken,
@@ -26,6 +27,7 @@ from dse.workloads.launchers._core import (
     packing_fields,
     routing_fields,
 )
+from dse.workloads.launchers.bridge_installed import recipe_problem, resolve_recipe
 
 __all__ = [
     "BridgeLauncher",
@@ -111,16 +113,11 @@ class BridgeLauncher(Launcher):
         return self.spec.check_resolved
 
     def check_installed(self) -> str | None:
-        from dse.workloads.launchers.bridge_installed import recipe_problem
-
         if not self.spec.recipe or self.spec.module or self.spec.script:
             return None  # a script of the user's own builds its own configuration
         return recipe_problem(self.spec.recipe, python=self.spec.python)
 
     def check_resolution(self, argvs: list[list[str]]) -> list[str]:
-        from dse.workloads.launchers._compare import compare
-        from dse.workloads.launchers.bridge_installed import resolve_recipe
-
         if not self.spec.recipe or self.spec.module or self.spec.script:
             return []
         unique = list({tuple(a): a for a in argvs}.values())

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dse.core.exceptions import NoEquivalentError
+from dse.core.registry import REGISTRY
 from dse.space.knobs import trial_env
+from dse.space.recipe_spec import LauncherSpec
+from dse.workloads.launchers._core import NotTaken
+from dse.workloads.launchers.megatron_lm import BUILTIN_MODULE
 
 if TYPE_CHECKING:
     from dse.space.searchspace import SearchSpace
@@ -59,9 +63,6 @@ class LaunchFlags:
 def launch_flags(space: SearchSpace, params: Mapping[str, Any], target: str) -> LaunchFlags:
     """The knob arguments and environment of a trial of ``params`` on ``target`` (raises
     NotTaken for a value the target cannot express, ValueError for an unknown target)."""
-    from dse.core.registry import REGISTRY
-    from dse.space.recipe_spec import LauncherSpec
-    from dse.workloads.launchers.megatron_lm import BUILTIN_MODULE
 
     if target not in TARGETS:
         raise ValueError(f"unknown recipe target {target!r}; known: {', '.join(TARGETS)}")
@@ -93,7 +94,6 @@ def export_text(space: SearchSpace, params: Mapping[str, Any], target: str) -> s
             the target and why (the nearest upstream setting where there is one).
         ValueError: an unknown target.
     """
-    from dse.workloads.launchers._core import NotTaken
 
     try:
         return launch_flags(space, params, target).text()

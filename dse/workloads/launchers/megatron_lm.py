@@ -22,6 +22,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dse.core.exceptions import SpaceError
+from dse.space.knobs import KNOBS
 from dse.space.layout import PipelineSplit
 from dse.space.searchspace import ModelSpec, MoeRouting, SearchSpace
 from dse.workloads.launchers._core import Launcher, NotTaken, dse_only, routing_fields
@@ -133,7 +135,6 @@ BUILTIN_REFUSES: dict[str, str] = {
 def builtin_refusal(name: str, value: Any) -> str | None:
     """Why dse's built-in trainer cannot apply ``name=value`` (None when it can): a value
     of :data:`BUILTIN_REFUSES` other than the knob's default."""
-    from dse.space.knobs import KNOBS
 
     if name in BUILTIN_REFUSES and value not in (None, KNOBS[name].default):
         return BUILTIN_REFUSES[name]
@@ -325,7 +326,6 @@ def knob_flags(params: Mapping[str, Any], model: ModelSpec, *, builtin: bool = F
 
 def _catalog_default(name: str) -> Any:
     """Megatron-Core's default of knob ``name`` (a sentinel no value equals for env knobs)."""
-    from dse.space.knobs import KNOBS
 
     knob = KNOBS.get(name)
     return knob.default if knob is not None and knob.default is not None else object()
@@ -392,7 +392,6 @@ class MegatronLMLauncher(Launcher):
     def _routing_not_overridden(self, argv: Sequence[str]) -> None:
         """A routing flag the declared ``semantics.moe_routing`` leaves out (a None value, a
         switch off) must not come from the base args or fixed overrides either."""
-        from dse.core.exceptions import SpaceError
 
         routing = self.space.semantics.moe_routing
         if routing is None:
@@ -406,8 +405,6 @@ class MegatronLMLauncher(Launcher):
             )
 
     def _no_repeats(self, argv: Sequence[str]) -> None:
-        from dse.core.exceptions import SpaceError
-
         flags = [a for a in argv if a.startswith("--") and "=" not in a]
         dup = sorted({f for f in flags if flags.count(f) > 1} - {"--standalone"})
         if dup:
@@ -675,7 +672,6 @@ def parse_megatron_args(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, 
 def knobs_from_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """Knob values whose field assignments are those of ``fields`` (Megatron-LM defaults
     for the rest): the inverse of the catalog's field mapping for one command line."""
-    from dse.space.knobs import KNOBS
 
     out: dict[str, Any] = {}
     for name, knob in KNOBS.items():

@@ -25,7 +25,15 @@ from dse.workloads.launchers._core import (
     packing_fields,
     routing_fields,
 )
-from dse.workloads.launchers.nemo_installed import CPU_ENTRY_MODULE, PYTHON_ENV
+from dse.workloads.launchers.nemo_installed import (
+    CPU_ENTRY_MODULE,
+    PYTHON_ENV,
+    mismatch_reasons,
+    nemo_python,
+    request_for,
+    resolvable,
+    resolve,
+)
 
 __all__ = ["NemoLauncher", "python_value"]
 
@@ -94,13 +102,6 @@ class NemoLauncher(Launcher):
         overrides applied to the recipe NeMo's own factory builds, resolved as NeMo's trainer
         resolves them; a field that ends another value than dse set, or a configuration NeMo
         refuses, is a problem naming it. Nothing is said where NeMo is not installed."""
-        from dse.workloads.launchers.nemo_installed import (
-            mismatch_reasons,
-            nemo_python,
-            request_for,
-            resolvable,
-            resolve,
-        )
 
         if not self.spec.recipe or not nemo_python():
             return []

@@ -37,7 +37,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dse.space.searchspace import ModelSpec
 from dse.workloads.launchers._compare import Mismatch, compare, normalize
+from dse.workloads.launchers.bridge import resolved_expectations as bridge_expect
+from dse.workloads.launchers.megatron_lm import ARG_DEFAULTS, BUILTIN_MODULE, resolved_expectations
+from dse.workloads.launchers.nemo_installed import request_for, resolvable, resolve_before_run
 
 if TYPE_CHECKING:
     from dse.workloads.launchers.nemo_installed import BeforeRun
@@ -213,7 +217,6 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
     where the space turned it off (``workload.launcher.check_resolved: false``), the command
     runs dse's built-in trainer (which resolves nothing of its own) or a NeMo module or script
     of the space's own (not NeMo's factory)."""
-    from dse.space.searchspace import ModelSpec
 
     wl = spec.workload or {}
     launcher = wl.get("launcher") or {}
@@ -221,12 +224,6 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
         return None
     target = (wl.get("rendered") or {}).get("launcher") or wl.get("name")
     if target == "megatron_lm":
-        from dse.workloads.launchers.megatron_lm import (
-            ARG_DEFAULTS,
-            BUILTIN_MODULE,
-            resolved_expectations,
-        )
-
         if launcher.get("module") == BUILTIN_MODULE:
             return None
         model = ModelSpec.model_validate(spec.model)
@@ -235,19 +232,11 @@ def check_for(spec: Any, argv: list[str], trial_dir: str | Path) -> ResolvedChec
         asked = resolved_expectations(params, model, argv)
         return ResolvedCheck(target, asked, table=True, defaults=ARG_DEFAULTS)
     if target == "bridge":
-        from dse.workloads.launchers.bridge import resolved_expectations as bridge_expect
-
         asked = bridge_expect(argv)
         if not asked:
             return None
         return ResolvedCheck(target, asked, file=Path(trial_dir) / RESOLVED_FILE)
     if target == "nemo":
-        from dse.workloads.launchers.nemo_installed import (
-            request_for,
-            resolvable,
-            resolve_before_run,
-        )
-
         # NeMo's factory by its name; a module or script of the space's own is not resolved
         if not launcher.get("recipe") or not resolvable(
             launcher.get("module"), launcher.get("script")

@@ -33,7 +33,9 @@ from typing import Any
 from dse.core.records import MetricsWriter, StopReason, TrialSpec
 from dse.model.flops import model_flops_per_step
 from dse.stats.measure import series_for
+from dse.workloads.launchers import bridge_entry
 from dse.workloads.launchers._core import run_node_steps
+from dse.workloads.launchers.bridge import ENTRY_FILE
 from dse.workloads.launchers.resolved import RESOLVED_ENV, check_for
 from dse.workloads.logs import LogParser, LogStep
 from dse.workloads.procgroup import kill_process_group
@@ -101,13 +103,10 @@ def _place_entry_script(argv: Sequence[str], trial_dir: str) -> None:
     """Copy dse's Bridge entry script where the recipe's command names it (relative: the
     folder the recipe starts in, this process's and the trial's, which are the same under
     the local runner and Slurm's ``--chdir``/``--container-workdir``)."""
-    from dse.workloads.launchers.bridge import ENTRY_FILE
 
     if ENTRY_FILE not in argv:
         return
     import shutil
-
-    from dse.workloads.launchers import bridge_entry
 
     for folder in {os.getcwd(), trial_dir}:
         shutil.copyfile(bridge_entry.__file__, os.path.join(folder, ENTRY_FILE))

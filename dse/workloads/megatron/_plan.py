@@ -22,6 +22,9 @@ from dse.model import rules
 from dse.space.knobs import FIELD_SOURCES, KNOBS, assignments, get_knob, knob_value
 from dse.space.layout import Layout
 from dse.space.searchspace import ModelSpec, Resources, Semantics
+from dse.workloads.launchers.megatron_lm import builtin_refusal
+from dse.workloads.megatron._lora import lora_refusal
+from dse.workloads.megatron.features import has_feature
 
 __all__ = [
     "EXIT_OK",
@@ -110,8 +113,6 @@ def _hybrid_check(model: ModelSpec, attention_backend: str, device: str) -> None
             "launcher",
         )
     if device == "cuda" and model.layer_counts()["mamba"]:
-        from dse.workloads.megatron.features import has_feature
-
         if not has_feature("mamba_ssm"):
             raise TrialFailure(
                 "invalid",
@@ -127,7 +128,6 @@ def _training_semantics_check(
     """What the built-in trainer cannot train of the study's training semantics (class
     ``invalid``, naming it): packed sequences off its one packing path (:func:`packing_refusal`),
     and LoRA where its adapters cannot go (:func:`dse.workloads.megatron._lora.lora_refusal`)."""
-    from dse.workloads.megatron._lora import lora_refusal
 
     if semantics.packed_sequences:
         why = packing_refusal(model, semantics, params)
@@ -255,7 +255,6 @@ def make_plan(spec: TrialSpec, features: Iterable[str] | None = None) -> TrialPl
         raise TrialFailure("invalid", str(violation))
     if model.is_hybrid:
         _hybrid_check(model, str(knob_value(spec.params, "attention_backend")), spec.device)
-    from dse.workloads.launchers.megatron_lm import builtin_refusal
 
     for name, value in spec.params.items():
         refused = builtin_refusal(name, value)

@@ -23,8 +23,16 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dse.model.flops import padded_vocab_size
 from dse.workloads.launchers._compare import Mismatch, compare
+from dse.workloads.launchers.resolved import ArgsTableReader
 from dse.workloads.megatron._plan import TrialPlan
+from dse.workloads.megatron.trainer import (
+    _KNOWN_WARNINGS,
+    ddp_config_kwargs,
+    optimizer_config_kwargs,
+    transformer_config_kwargs,
+)
 
 __all__ = [
     "SETTINGS",
@@ -113,8 +121,6 @@ _PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new si
 
 
 def _run_settings(plan: TrialPlan) -> dict[str, Any]:
-    from dse.model.flops import padded_vocab_size
-
     sem, m = plan.semantics, plan.model
     return {
         "position_embedding_type": m.position_embedding_type,
@@ -136,13 +142,6 @@ def effective_settings(plan: TrialPlan) -> dict[str, Any]:
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
-
-    from dse.workloads.megatron.trainer import (
-        _KNOWN_WARNINGS,
-        ddp_config_kwargs,
-        optimizer_config_kwargs,
-        transformer_config_kwargs,
-    )
 
     with warnings.catch_warnings():  # the ones every trial process filters too
         for msg in _KNOWN_WARNINGS:
@@ -176,7 +175,6 @@ def upstream_table(text: str) -> dict[str, str]:
     """Upstream's printed argument table of a log (values as printed), with the padded
     vocabulary of its tokenizer line as ``padded_vocab_size``. Raises ValueError when the
     log holds no complete table."""
-    from dse.workloads.launchers.resolved import ArgsTableReader
 
     reader = ArgsTableReader()
     lines = text.splitlines()

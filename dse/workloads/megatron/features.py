@@ -11,6 +11,8 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 
+from dse.workloads.megatron import _mamba_kernels as mk
+
 __all__ = ["FEATURE_PROBES", "detect_features", "has_feature"]
 
 
@@ -46,7 +48,6 @@ def _mamba_ssm() -> bool:
     importable. dse's CPU torch reference does not count. Where the causal-conv1d package is
     installed without its CUDA extension, the labelled torch stand-in for that extension is
     registered first (before mamba-ssm binds it at import; see :mod:`._mamba_kernels`)."""
-    from dse.workloads.megatron import _mamba_kernels as mk
 
     if mk.conv1d_kind() == "absent" and mk.has_module("triton"):
         mk.install_conv1d_stand_in()

@@ -24,7 +24,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dse.core.records import MetricsWriter, StepLine, StepMetrics, TrialSpec
+from dse.workloads.launchers.megatron_lm import parse_megatron_args
 from dse.workloads.megatron._plan import TrialFailure
+from dse.workloads.megatron.trainer import _Dist, _exit, _quiet_known_warnings, run_trial
 
 __all__ = ["main"]
 
@@ -71,9 +73,6 @@ def validate_args(failure: TrialFailure) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dse.workloads.launchers.megatron_lm import parse_megatron_args
-    from dse.workloads.megatron.trainer import _Dist, _exit, _quiet_known_warnings, run_trial
-
     args = list(sys.argv[1:] if argv is None else argv)
     device = "cuda"
     if "--dse-device" in args:

@@ -38,6 +38,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from dse.workloads.megatron import _cpu_shims
+
 __all__ = ["main"]
 
 #: NeMo's default seed of Megatron's RNG (``nemo/lightning/megatron_init.py``).
@@ -51,8 +53,6 @@ def _say(text: str) -> None:
 
 def _install_cpu_shims() -> None:
     import torch
-
-    from dse.workloads.megatron import _cpu_shims
 
     _cpu_shims.install()
     torch.cuda.get_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
@@ -75,8 +75,6 @@ def _cpu_classes() -> tuple[type, type]:
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             # after NeMo's strategy initialised model parallelism, before the model is built
             from megatron.core import parallel_state
-
-            from dse.workloads.megatron import _cpu_shims
 
             rank = parallel_state.get_pipeline_model_parallel_rank()
             _cpu_shims.seed_model_parallel(NEMO_SEED + 100 * rank)

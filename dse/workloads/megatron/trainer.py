@@ -44,7 +44,16 @@ from dse.core.records import MetricsWriter, StepMetrics, TrialSpec, finite, summ
 from dse.model.flops import model_flops_per_step, padded_vocab_size, tflops_per_gpu
 from dse.space.knobs import KNOBS
 from dse.stats.measure import StepSeries, series_for
-from dse.workloads.megatron import verify
+from dse.workloads.launchers import run_node_steps
+from dse.workloads.launchers.megatron_lm import (
+    MEGATRON_LM_DDP_DEFAULTS,
+    MEGATRON_LM_MODEL_DEFAULTS,
+)
+from dse.workloads.logs import classify_failure
+from dse.workloads.megatron import _autotune_cache, _compat, _cpu_shims, mamba, verify
+from dse.workloads.megatron import _mamba_kernels as mk
+from dse.workloads.megatron._cpu_shims import seed_model_parallel
+from dse.workloads.megatron._lora import apply_lora
 from dse.workloads.megatron._plan import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -52,7 +61,16 @@ from dse.workloads.megatron._plan import (
     TrialPlan,
     make_plan,
 )
+from dse.workloads.megatron._speed import (
+    DEFAULT_ADAM_IMPL,
+    adam_impl_of,
+    clear_trial_caches,
+    drop_graph_refs,
+    rng_seed_kwargs,
+    set_adam_impl,
+)
 from dse.workloads.megatron.features import detect_features
+from dse.workloads.megatron.mamba import build_mamba_model
 
 __all__ = ["main", "run_trial", "run_spec", "release_trial_state", "EXIT_OK", "EXIT_FAILURE"]
 
@@ -221,7 +239,6 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
             moe_layer_freq=m.moe_layer_freq,
         )
     kw.update(_hybrid_and_routing_kwargs(plan))
-    from dse.workloads.launchers.megatron_lm import MEGATRON_LM_MODEL_DEFAULTS
 
     kw.update(MEGATRON_LM_MODEL_DEFAULTS)  # Megatron-LM's values where the dataclass differs
     kw.update(plan.fields["model"])
@@ -246,7 +263,6 @@ def transformer_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
 def _hybrid_and_routing_kwargs(plan: TrialPlan) -> dict[str, Any]:
     """TransformerConfig fields of a hybrid model's Mamba mixer and of the MoE routing held
     fixed (``semantics.moe_routing``)."""
-    from dse.workloads.megatron import mamba
 
     kw: dict[str, Any] = {}
     if plan.hybrid:
@@ -258,7 +274,6 @@ def _hybrid_and_routing_kwargs(plan: TrialPlan) -> dict[str, Any]:
 
 def ddp_config_kwargs(plan: TrialPlan) -> dict[str, Any]:
     """The ``DistributedDataParallelConfig`` keyword arguments of a plan."""
-    from dse.workloads.launchers.megatron_lm import MEGATRON_LM_DDP_DEFAULTS
 
     ddp_kw: dict[str, Any] = dict(MEGATRON_LM_DDP_DEFAULTS)
     ddp_kw.update(plan.fields["ddp"])
@@ -356,8 +371,6 @@ def _hybrid_model(plan: TrialPlan, config: Any, vocab: int) -> Any:
     """The MambaModel of a hybrid plan on this pipeline stage (dse's local spec)."""
     from megatron.core import parallel_state, tensor_parallel
 
-    from dse.workloads.megatron.mamba import build_mamba_model
-
     model = build_mamba_model(
         plan,
         config,
@@ -377,7 +390,6 @@ def prepare_mamba_kernels(plan: TrialPlan) -> dict[str, str] | None:
     Raises TrialFailure when the memory-efficient path has no convolution to run."""
     if not plan.model.layer_counts()["mamba"]:
         return None
-    from dse.workloads.megatron import _mamba_kernels as mk
 
     if plan.spec.device == "cpu":
         mk.install_cpu_reference()
@@ -432,12 +444,8 @@ def build(plan: TrialPlan, device: Any) -> _Built:
     )
     seed = plan.semantics.seed
     if plan.spec.device == "cpu":
-        from dse.workloads.megatron._cpu_shims import seed_model_parallel
-
         seed_model_parallel(seed)
     else:
-        from dse.workloads.megatron._speed import rng_seed_kwargs
-
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(
             seed, **rng_seed_kwargs(plan.fields["model"], tensor_parallel)
@@ -481,8 +489,6 @@ def build(plan: TrialPlan, device: Any) -> _Built:
     )
     peft = plan.semantics.peft
     if peft is not None:
-        from dse.workloads.megatron._lora import apply_lora
-
         counts = [apply_lora(m, peft, seed) for m in chunks]
         init += f"+lora(trained={sum(c[0] for c in counts)},frozen={sum(c[1] for c in counts)})"
     for i, model in enumerate(chunks):
@@ -507,7 +513,6 @@ def build(plan: TrialPlan, device: Any) -> _Built:
     opt_kw = optimizer_config_kwargs(plan, config, ddp_config)
     _known_fields(OptimizerConfig, opt_kw, "OptimizerConfig")
     optimizer = get_megatron_optimizer(OptimizerConfig(**opt_kw), chunks)
-    from dse.workloads.megatron._speed import DEFAULT_ADAM_IMPL, set_adam_impl
 
     set_adam_impl(optimizer, DEFAULT_ADAM_IMPL)  # where Megatron fell back to torch's AdamW
 
@@ -731,7 +736,6 @@ def _location(exc: BaseException) -> str:
 def _nan_reason(exc: BaseException) -> str | None:
     """The reason of an exception that reports a NaN or Inf (Megatron's own checks: the
     messages dse's log classification reads as ``nan``), or None."""
-    from dse.workloads.logs import classify_failure
 
     found = classify_failure(str(exc))
     return found[1] if found is not None and found[0] == "nan" else None
@@ -781,17 +785,12 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
 
     notes: list[str] = []
     if spec.workload.get("node_steps") and dist.local_rank == 0:
-        from dse.workloads.launchers import run_node_steps
-
         notes = run_node_steps(list(spec.workload["node_steps"]))
     if spec.device == "cpu":
-        from dse.workloads.megatron import _cpu_shims
-
         _cpu_shims.install()
     else:
         os.environ.update(cuda_environment(os.environ))
     device = dist.init(spec.device)
-    from dse.workloads.megatron import _compat
 
     _compat.apply()
     autotune0 = _autotune_counters(spec.device)
@@ -820,8 +819,6 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     try:
         steps, series = train(plan, built, device, dist, writer if dist.rank == 0 else None)
     finally:  # a graph left on a module keeps the whole model alive (_speed.drop_graph_refs)
-        from dse.workloads.megatron._speed import drop_graph_refs
-
         graph_refs = drop_graph_refs(built.chunks)
     train_s = time.perf_counter() - t_train
 
@@ -862,7 +859,6 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     summary["setup_s"] = t_build - t_entry
     summary["graph_refs_dropped"] = graph_refs
     summary["step_gaps_s"] = max(0.0, train_s - math.fsum(s.step_time_s for s in steps))
-    from dse.workloads.megatron._speed import adam_impl_of
 
     summary["adam_impl"] = adam_impl_of(built.optimizer)
     summary["training_state_bytes"] = training_state_bytes(built)
@@ -871,8 +867,6 @@ def run_trial(spec: TrialSpec, dist: _Dist, writer: MetricsWriter) -> dict[str, 
     if mamba_kernels is not None:
         summary["mamba_kernels"] = mamba_kernels
     if autotune0 is not None:
-        from dse.workloads.megatron import _autotune_cache
-
         now = _autotune_cache.counters()
         summary["triton_autotune"] = {k: now[k] - autotune0.get(k, 0) for k in now}
     if notes:
@@ -979,7 +973,6 @@ def _autotune_counters(device: str) -> dict[str, int] | None:
     Triton here, or a CPU trial)."""
     if device != "cuda":
         return None
-    from dse.workloads.megatron import _autotune_cache
 
     return _autotune_cache.counters() if _autotune_cache.install() else None
 
@@ -1010,8 +1003,6 @@ def release_trial_state(device: str, keep_groups: Collection[Any] = ()) -> dict[
     import torch
     import torch.distributed as tdist
     from megatron.core import parallel_state
-
-    from dse.workloads.megatron._speed import clear_trial_caches
 
     took: dict[str, float] = {}
     t = time.perf_counter()

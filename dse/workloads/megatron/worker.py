@@ -51,6 +51,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dse.core.records import MetricsWriter, TrialSpec
+from dse.workloads.megatron import _autotune_cache, _compat, _cpu_shims, trainer
+from dse.workloads.megatron._plan import EXIT_FAILURE
+from dse.workloads.megatron._speed import live_tensors
 
 __all__ = ["main", "memory_mib"]
 
@@ -161,15 +164,11 @@ class _GroupPool:
 
 def _init_device(device: str) -> Any:
     """Device, default process group and a first collective, once for the worker's life."""
-    from dse.workloads.megatron import _compat, trainer
 
     if device == "cpu":
-        from dse.workloads.megatron import _cpu_shims
-
         _cpu_shims.install()
     else:
         os.environ.update(trainer.cuda_environment(os.environ))
-        from dse.workloads.megatron import _autotune_cache
 
         _autotune_cache.install()  # before any trial imports an autotuned kernel
     dist = trainer._Dist()
@@ -225,8 +224,6 @@ class _Redirect:
 
 def _run_job(job: dict[str, Any], device: str, dist: Any) -> int:
     """One trial: its spec, log and folder; returns the trial's exit status."""
-    from dse.workloads.megatron import trainer
-    from dse.workloads.megatron._plan import EXIT_FAILURE
 
     os.chdir(job["cwd"])
     with _Redirect(job["log"]):
@@ -273,7 +270,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     _die_with_parent(args.parent)
     replies = _Replies(args.reply_fd)
     t0 = time.monotonic()
-    from dse.workloads.megatron import trainer
 
     trainer._quiet_known_warnings()
     _preload()
@@ -314,8 +310,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             took["groups_reused"] = float(pool.reused)
             mem = memory_mib(args.device)
             if args.count_tensors:
-                from dse.workloads.megatron._speed import live_tensors
-
                 took.update({f"live_{k}": v for k, v in live_tensors().items()})
             if args.device == "cuda":
                 import torch
