@@ -95,10 +95,16 @@ def test_timeline_bars_of_the_seeded_study(page: Any, site: tuple[str, ViewSeed]
     _open(page, base, "gpt-h200")
     traces = {t["name"]: t for t in _traces(page, "#chart-timeline")}
     assert set(traces) == {"idle", "complete", "infeasible", "pruned", "running"}
-    # the pruned trial held the last two GPUs from 150 s to 180 s
+    # the pruned trial held the last two GPUs from 150 s to 180 s; the axis is in seconds or,
+    # where the running trial's open bar has grown past 15 minutes since the study was seeded
+    # (a slow machine), in minutes (dse.report.plots picks the unit from the span)
+    title = page.evaluate(
+        "() => document.querySelector('#chart-timeline').layout.xaxis.title.text"
+    )
+    scale = {"(s)": 1.0, "(min)": 60.0}[title.rsplit(" ", 1)[-1]]
     assert traces["pruned"]["y"] == ["node 1:2", "node 1:3"]
-    assert traces["pruned"]["base"] == pytest.approx([150.0, 150.0])
-    assert traces["pruned"]["x"] == pytest.approx([30.0, 30.0])
+    assert traces["pruned"]["base"] == pytest.approx([150.0 / scale] * 2)
+    assert traces["pruned"]["x"] == pytest.approx([30.0 / scale] * 2)
     assert len(traces["complete"]["x"]) == 6  # trials 0, 1, 2 on two GPUs each
     assert sorted(traces["idle"]["y"]) == sorted(["node 1:0", "node 1:1"] * 2
                                                  + ["node 1:2", "node 1:3"] * 2)  # fmt: skip
