@@ -98,9 +98,10 @@ def test_a_difference_planted_on_the_builtin_side_fails_naming_it(
     )
     assert [m.field for m in bad] == ["accumulate_allreduce_grads_in_fp32"]
     # the trainer left at Megatron-Core's dataclass default (fp32 softmax of the scores)
-    from dse.workloads.launchers import megatron_lm
+    # (the trainer holds the table by name since its import moved to module level)
+    from dse.workloads.megatron import trainer
 
-    monkeypatch.setattr(megatron_lm, "MEGATRON_LM_MODEL_DEFAULTS", {})
+    monkeypatch.setattr(trainer, "MEGATRON_LM_MODEL_DEFAULTS", {})
     bad = effective.differences(effective.effective_settings(_plan(1)), table)
     assert [str(m) for m in bad] == ["attention_softmax_in_fp32: asked True, resolved 'False'"]
 
